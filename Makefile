@@ -1,0 +1,34 @@
+# One-line commands; everything lives in bench_lib (python -m bench_lib --help).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: venv bench test env smoke clean help
+
+help:            ## list the commands
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)   ## create .venv and install the project (reused when up to date)
+
+bench: venv      ## run the default sweep for this machine's rig (ARGS="..." adds CLI flags)
+	$(PY) -m bench_lib run --profile default $(ARGS)
+
+smoke: venv      ## the smoke sweep (all seed strategies, tiny grid)
+	$(PY) -m bench_lib run --profile smoke $(ARGS)
+
+env: venv        ## print the environment a run would record
+	$(PY) -m bench_lib env
+
+test: venv       ## run the whole test suite (GPU tests skip without GPUs)
+	$(PY) -m pytest $(ARGS)
+
+clean:           ## remove caches (keeps .venv and results/)
+	rm -rf .pytest_cache build *.egg-info

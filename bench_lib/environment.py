@@ -1,0 +1,91 @@
+"""What a run folder records about the machine and software it ran on (env.json)."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import torchvision
+
+from bench_lib.results import SCHEMA_VERSION, git_info
+from bench_lib.rig import Rig, available_cores
+
+
+def cpu_model() -> str:
+    """The CPU model name (from /proc/cpuinfo on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver version through NVML, or None without one."""
+    try:
+        import pynvml  # provided by nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:  # no driver, no library, no GPU: all mean "none"
+        return None
+
+
+def software_versions() -> dict:
+    """Versions of everything that changes what is measured."""
+    cuda = torch.cuda.is_available()
+    nccl = None
+    if cuda and hasattr(torch.cuda, "nccl"):
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # NCCL missing from this build
+            nccl = None
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": nccl,
+        "driver": nvidia_driver() if cuda else None,
+        "cuda_available": cuda,
+    }
+
+
+def hardware_fingerprint(rig: Rig) -> dict:
+    """What must match for two runs' absolute numbers to be comparable."""
+    return {
+        "rig": rig.label,
+        "device_names": rig.device_names(),
+        "cpu_model": cpu_model(),
+        "cpu_cores": len(available_cores()),
+        "driver": nvidia_driver() if rig.kind == "cuda" else None,
+        "torch": torch.__version__,
+    }
+
+
+def collect(rig: Rig, profile: dict, argv: list[str]) -> dict:
+    """Everything env.json holds."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "versions": software_versions(),
+        "rig": rig.as_dict(),
+        "device_names": rig.device_names(),
+        "cpu_model": cpu_model(),
+        "cpu_cores": len(available_cores()),
+        "git": git_info(),
+        "fingerprint": hardware_fingerprint(rig),
+        "profile": profile,
+        "command_line": argv,
+    }

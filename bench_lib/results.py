@@ -1,0 +1,181 @@
+"""The results schema (versioned), the run folder, its writers and readers.
+
+A run folder ``results/<run_id>/`` holds::
+
+    env.json     environment, rig, profile, command line, schema version
+    cases.csv    exactly one row per case, whatever happened to it
+    steps.csv    every timed step of every rank: run_id, case_id, rank, step, step_time_s
+
+Rows are appended whole and flushed to disk as each case ends, so a crash at any point
+leaves parseable files holding every finished case.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
+
+CASE_COLUMNS = [
+    "run_id", "case_id", "strategy", "model", "rig", "world_size", "threads_per_worker",
+    "image_size", "batch_size", "split_size", "num_microbatches", "precision", "loss",
+    "status", "reason", "warmup_steps", "timed_steps",
+    "step_time_s_median", "step_time_s_mean", "step_time_s_stdev", "step_time_s_p10",
+    "step_time_s_p90", "step_time_s_iqr", "step_time_s_ci_low", "step_time_s_ci_high",
+    "throughput_img_s", "peak_mem_mib_max", "peak_mem_mib_by_device", "case_wall_time_s",
+    "note",
+]
+STEP_COLUMNS = ["run_id", "case_id", "rank", "step", "step_time_s"]
+
+
+class ResultsError(ValueError):
+    """A run folder that cannot be read (missing files, another schema version)."""
+
+
+def git_info(repo: Path | None = None) -> dict:
+    """The git sha and dirty flag of the code that ran (empty when not a git checkout)."""
+    cwd = repo or Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": None, "dirty": None}
+    return {"sha": sha, "dirty": dirty}
+
+
+def new_run_id(sha: str | None) -> str:
+    """``<UTC time>_<host>_<git sha7>``."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    host = socket.gethostname().split(".")[0] or "host"
+    return f"{now}_{host}_{(sha or 'nogit')[:7]}"
+
+
+def create_run_dir(root: Path, run_id: str) -> Path:
+    """Make a fresh run folder; two runs started in the same second get distinct folders."""
+    root.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1000):
+        path = root / (run_id if attempt == 0 else f"{run_id}-{attempt + 1}")
+        try:
+            path.mkdir()  # atomic: exactly one concurrent run wins each name
+            return path
+        except FileExistsError:
+            continue
+    raise ResultsError(f"could not create a run folder under {root}")
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """Write JSON through a temporary file and a rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class _Appender:
+    """A CSV file that gets whole rows appended, flushed and synced one at a time."""
+
+    def __init__(self, path: Path, columns: list[str]) -> None:
+        new = not path.exists() or path.stat().st_size == 0
+        self._file = path.open("a", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=columns, extrasaction="raise")
+        if new:
+            self._writer.writeheader()
+            self._sync()
+
+    def write(self, rows: list[dict]) -> None:
+        self._writer.writerows(rows)
+        self._sync()
+
+    def _sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class RunWriter:
+    """Appends case rows and their step rows to a run folder."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.run_id = run_dir.name
+        # Steps first: a case row is the commit point, written after its steps.
+        self._steps = _Appender(run_dir / "steps.csv", STEP_COLUMNS)
+        self._cases = _Appender(run_dir / "cases.csv", CASE_COLUMNS)
+
+    def write_case(self, row: dict, steps: list[dict] = ()) -> None:
+        """Record one case (its step rows first, then the case row)."""
+        if row["status"] not in STATUSES:
+            raise ValueError(f"bad status {row['status']!r}; valid: {', '.join(STATUSES)}")
+        full = {c: "" for c in CASE_COLUMNS} | {"run_id": self.run_id} | row
+        self._steps.write([{"run_id": self.run_id, "case_id": row["case_id"], **s} for s in steps])
+        self._cases.write([full])
+
+    def close(self) -> None:
+        self._steps.close()
+        self._cases.close()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_env(run_dir: Path) -> dict:
+    """Read env.json, refusing other schema versions."""
+    path = run_dir / "env.json"
+    if not path.is_file():
+        raise ResultsError(f"{run_dir} is not a run folder: env.json is missing")
+    try:
+        env = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path} is not valid JSON: {e}") from None
+    version = env.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ResultsError(
+            f"{run_dir} was written with results schema version {version}; this version of "
+            f"the suite reads version {SCHEMA_VERSION}"
+        )
+    return env
+
+
+def read_cases(run_dir: Path):
+    """cases.csv as a pandas DataFrame, checked against the schema."""
+    import pandas as pd
+
+    read_env(run_dir)
+    path = run_dir / "cases.csv"
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise ResultsError(f"cannot read {path}: {e}") from None
+    missing = [c for c in CASE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ResultsError(f"{path} lacks columns {', '.join(missing)}: not schema {SCHEMA_VERSION}")
+    bad = sorted(set(df["status"].astype(str)) - set(STATUSES))
+    if bad:
+        raise ResultsError(f"{path} has unknown status values {bad}; valid: {', '.join(STATUSES)}")
+    return df
+
+
+def done_case_ids(run_dir: Path) -> set[str]:
+    """Case ids already recorded in a run folder (for resuming)."""
+    path = run_dir / "cases.csv"
+    if not path.exists():
+        return set()
+    with path.open(newline="") as f:
+        return {row["case_id"] for row in csv.DictReader(f) if row.get("case_id")}

@@ -1,0 +1,34 @@
+"""The strategy registry: one explicit dict, ``name -> Strategy``."""
+
+from __future__ import annotations
+
+from bench_lib.strategies import ddp, dp, mp, pipeline, single
+from bench_lib.strategies.base import BuildContext, Strategy, Trainer
+
+__all__ = ["REGISTRY", "BuildContext", "Strategy", "Trainer", "get", "register"]
+
+REGISTRY: dict[str, Strategy] = {}
+
+
+def register(strategy: Strategy) -> Strategy:
+    """Add a strategy; a duplicate name is a ValueError naming the known ones."""
+    if strategy.name in REGISTRY:
+        raise ValueError(
+            f"strategy {strategy.name!r} is already registered; known: {', '.join(sorted(REGISTRY))}"
+        )
+    REGISTRY[strategy.name] = strategy
+    return strategy
+
+
+def get(name: str) -> Strategy:
+    """Look a strategy up; an unknown name is a ValueError naming the known ones."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown strategy {name!r}; valid: {', '.join(sorted(REGISTRY))}"
+        ) from None
+
+
+for _module in (single, dp, ddp, mp, pipeline):
+    register(_module.STRATEGY)

@@ -1,0 +1,129 @@
+"""The strategy interface: a small builder of a ``Trainer`` from (model, devices)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bench_lib.rig import Rig
+from bench_lib.workloads import Workload
+
+LEARNING_RATE = 0.001  # the tutorial's plain SGD; the value does not change step time
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a strategy needs besides the model and its devices."""
+
+    workload: Workload
+    """The workload being trained (loss, precision, batch size)."""
+    split_size: int | None = None
+    """Micro-batch size for strategies that pipeline; None for the others."""
+    rank: int = 0
+    """This process's rank in a per-device strategy (0 otherwise)."""
+    world_size: int = 1
+    """Number of processes of a per-device strategy (1 otherwise)."""
+
+
+class Trainer:
+    """One training step (zero grads, forward, loss, backward, optimizer step) on some devices.
+
+    ``devices`` lists every device the step touches; timing synchronises all of them.
+    Subclasses implement ``forward``; the rest is shared.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        devices: list[torch.device],
+        ctx: BuildContext,
+        params: Iterable[nn.Parameter] | None = None,
+    ) -> None:
+        self.module = module
+        self.devices = devices
+        self.ctx = ctx
+        self.loss_fn = ctx.workload.loss_fn()
+        self.optimizer = torch.optim.SGD(
+            list(params if params is not None else module.parameters()), lr=LEARNING_RATE
+        )
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where input batches must live before ``step``."""
+        return self.devices[0]
+
+    @property
+    def output_device(self) -> torch.device:
+        """Where the logits come out, and so where targets must live."""
+        return self.devices[-1]
+
+    @property
+    def local_batch_size(self) -> int:
+        """Images this process feeds per step (the global batch over the ranks)."""
+        return self.ctx.workload.batch_size // self.ctx.world_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one batch; returns the loss (gradients accumulate)."""
+        with self.ctx.workload.autocast(self.output_device):
+            loss = self.loss_fn(self.forward(x), y)
+        loss.backward()
+        return loss
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One full training step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.forward_backward(x, y)
+        self.optimizer.step()
+
+    def parameters_in_order(self) -> list[nn.Parameter]:
+        """Trained parameters in the model's own order (for transparency tests)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A registered way to train a workload on a rig."""
+
+    name: str
+    """Registry key and CLI name."""
+    description: str
+    """One line for --help and the report."""
+    build: Callable[[nn.Module, list[torch.device], BuildContext], Trainer]
+    """Builds the trainer of this process from the model and its devices."""
+    num_devices: Callable[[Rig], int]
+    """How many of the rig's devices a case uses."""
+    per_device_processes: bool = False
+    """True: one process per device (a process group); False: one process drives all."""
+    uses_split: bool = False
+    """True when the case is parameterised by a micro-batch (split) size."""
+    needs_cuda: bool = False
+    """True when the strategy only means something on GPUs."""
+    cpu_note: str = ""
+    """How to read this strategy's numbers on a cpu rig (written to each case row)."""
+
+    def unsupported_reason(self, rig: Rig) -> str | None:
+        """Why this strategy cannot run on ``rig``, or None when it can."""
+        if self.needs_cuda and rig.kind != "cuda":
+            return f"{self.name} needs CUDA devices; on a {rig.kind} rig it would not be parallel"
+        need = self.num_devices(rig)
+        if need > rig.num_devices:
+            return f"{self.name} needs {need} devices; rig {rig.label} has {rig.num_devices}"
+        return None
+
+
+def all_devices(rig: Rig) -> int:
+    return rig.num_devices
+
+
+def one_device(rig: Rig) -> int:
+    return 1
+
+
+def two_devices(rig: Rig) -> int:
+    return 2

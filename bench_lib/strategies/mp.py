@@ -1,0 +1,41 @@
+"""``mp``: naive model parallelism, the tutorial's ``ModelParallelResNet50``.
+
+The model's blocks are cut in two (by default after layer2, the tutorial's cut); stage 0
+lives on device 0, stage 1 on device 1, and one process runs them one after another.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bench_lib.strategies.base import BuildContext, Strategy, Trainer, two_devices
+from bench_lib.workloads import default_cuts, split_stages
+
+
+class ModelParallelTrainer(Trainer):
+    def __init__(self, model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> None:
+        stages = split_stages(model, default_cuts(model, len(devices)))
+        self.stages = [s.to(d) for s, d in zip(stages, devices)]
+        super().__init__(nn.Sequential(*self.stages), devices, ctx)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stage, device in zip(self.stages, self.devices):
+            x = stage(x.to(device))
+        return x
+
+
+def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
+    return ModelParallelTrainer(model, devices, ctx)
+
+
+STRATEGY = Strategy(
+    name="mp",
+    description="naive model parallel: conv1..layer2 on device 0, layer3..fc on device 1",
+    build=build,
+    num_devices=two_devices,
+    cpu_note=(
+        "cpu rig: one process runs the two stages one after another on one worker's "
+        "threads; as with naive model parallelism on GPUs, one device is busy at a time"
+    ),
+)

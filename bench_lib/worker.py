@@ -1,0 +1,119 @@
+"""The code that runs inside a case's fresh process(es).
+
+    python -m bench_lib.worker SPEC_JSON RANK
+
+Builds the workload, applies the strategy, warms up, times steps (synchronising every
+device), reads peak memory and writes ``rank<RANK>.json`` next to the spec. Any failure
+becomes a result file with a status; the runner turns a missing file into an ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+from bench_lib import strategies
+from bench_lib.results import write_json_atomic
+from bench_lib.rig import Rig, init_process_group, pin_worker
+from bench_lib.strategies import BuildContext
+from bench_lib.sweep import Case
+from bench_lib.timing import StopRule, time_budget, time_steps
+from bench_lib.workloads import Workload
+
+MIB = 2**20
+PROCESS_GROUP_TIMEOUT_S = 120.0
+
+
+def _collective_stop(rule: StopRule, device: torch.device) -> StopRule:
+    """Make every rank stop after the same step: stop when any rank wants to."""
+    import torch.distributed as dist
+
+    def stop(times: list[float]) -> bool:
+        flag = torch.tensor([1.0 if rule(times) else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    return stop
+
+
+def _peak_memory_mib(devices: list[torch.device], device_indices: list[int]) -> dict[str, float]:
+    """Peak memory per device: allocator peak on CUDA, this process's peak RSS on CPU."""
+    if devices[0].type == "cuda":
+        return {
+            str(i): torch.cuda.max_memory_allocated(d) / MIB
+            for i, d in zip(device_indices, devices)
+        }
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"+".join(map(str, device_indices)): rss_kib / 1024}
+
+
+def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
+    """Measure this rank's part of the case; returns the result dict."""
+    spec = strategies.get(case.strategy)
+    n = spec.num_devices(rig)
+    distributed = spec.per_device_processes
+    indices = [rank] if distributed else list(range(n))
+    world = n if distributed else 1
+    pin_worker(rig, indices)
+    if distributed:
+        init_process_group(rig, rank, world, str(workdir / "rendezvous"), PROCESS_GROUP_TIMEOUT_S)
+
+    torch.manual_seed(0)
+    workload = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
+                        precision=case.precision)
+    devices = [rig.device(i) for i in indices]
+    ctx = BuildContext(workload, case.split_size, rank, world)
+    trainer = spec.build(workload.build_model(), devices, ctx)
+    x, y = workload.make_batch(trainer.local_batch_size, trainer.input_device, seed=rank)
+    y = y.to(trainer.output_device)
+
+    settings = case.settings
+    stop = time_budget(settings["max_time_s"])
+    barrier = None
+    if distributed:
+        import torch.distributed as dist
+
+        stop = _collective_stop(stop, devices[0])
+        barrier = dist.barrier
+    times = time_steps(
+        lambda: trainer.step(x, y), trainer.devices, settings["warmup_steps"],
+        settings["timed_steps"], should_stop=stop, barrier=barrier,
+    )
+    result = {
+        "status": "ok",
+        "rank": rank,
+        "step_times_s": times,
+        "peak_mem_mib": _peak_memory_mib(trainer.devices, indices),
+    }
+    if distributed:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec_path, rank = Path(argv[0]), int(argv[1])
+    spec = json.loads(spec_path.read_text())
+    case, rig = Case.from_dict(spec["case"]), Rig.from_dict(spec["rig"])
+    out = spec_path.parent / f"rank{rank}.json"
+    try:
+        result = run_rank(case, rig, rank, spec_path.parent)
+    except torch.OutOfMemoryError as e:
+        result = {"status": "oom", "rank": rank, "reason": f"out of memory: {str(e)[:300]}"}
+    except MemoryError as e:
+        result = {"status": "oom", "rank": rank, "reason": f"host out of memory: {e}"}
+    except Exception as e:  # recorded as the case's error row, with the traceback in the log
+        traceback.print_exc()
+        result = {"status": "error", "rank": rank, "reason": f"{type(e).__name__}: {e}"[:500]}
+    write_json_atomic(out, result)
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
