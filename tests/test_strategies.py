@@ -1,0 +1,53 @@
+"""Every registered strategy gets a smoke test, generated from the registry.
+
+Each runs one real case through the runner (fresh processes, gloo where distributed)
+on a tiny model; on a cpu rig a strategy that needs CUDA must say so instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench_lib import strategies
+from bench_lib.runner import case_row, run_case
+from bench_lib.strategies.base import Strategy
+from bench_lib.sweep import Case
+
+SETTINGS = {"warmup_steps": 1, "timed_steps": 2, "max_time_s": 30, "case_timeout_s": 120}
+
+
+def tiny_case(name: str) -> Case:
+    split = 2 if strategies.get(name).uses_split else None
+    return Case(name, "resnet-tiny", 32, 4, split, "fp32", "ce", settings=SETTINGS)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
+def test_strategy_runs_one_case(name, cpu_rig, tmp_path):
+    spec = strategies.get(name)
+    reason = spec.unsupported_reason(cpu_rig)
+    if reason:
+        assert spec.needs_cuda, f"{name} refuses a 2-worker cpu rig: {reason}"
+        return
+    case = tiny_case(name)
+    outcome = run_case(case, cpu_rig, tmp_path)
+    assert outcome.status == "ok", outcome.reason
+    assert len(outcome.step_times_s) == 2
+    assert all(t > 0 for t in outcome.step_times_s)
+    row = case_row(case, cpu_rig, outcome)
+    assert row["throughput_img_s"] == pytest.approx(4 / row["step_time_s_median"])
+    assert row["world_size"] == spec.num_devices(cpu_rig)
+    assert row["note"], "every strategy says how to read it on a cpu rig"
+
+
+def test_registry_rejects_duplicates_and_unknown_names():
+    with pytest.raises(ValueError, match="already registered; known: .*single"):
+        strategies.register(strategies.get("single"))
+    with pytest.raises(ValueError, match="unknown strategy 'nope'; valid: .*ddp.*mp"):
+        strategies.get("nope")
+
+
+def test_every_strategy_is_documented():
+    for name, spec in strategies.REGISTRY.items():
+        assert isinstance(spec, Strategy) and spec.name == name
+        assert spec.description

@@ -1,0 +1,66 @@
+"""Profiles and their expansion into cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench_lib.rig import Rig
+from bench_lib.sweep import Profile, UsageError, expand, load_profile, profile_names, profile_path
+
+RIG = Rig("cpu", 2, 1, (0, 1))
+
+
+def test_expansion_is_the_product_with_splits_only_where_used():
+    p = Profile(strategies=("single", "pipeline"), image_sizes=(32, 64), batch_sizes=(8,),
+                split_sizes=(2, 4))
+    cases = expand(p, RIG)
+    assert [(c.strategy, c.image_size, c.split_size) for c in cases] == [
+        ("single", 32, None), ("pipeline", 32, 2), ("pipeline", 32, 4),
+        ("single", 64, None), ("pipeline", 64, 2), ("pipeline", 64, 4),
+    ]
+    assert len({c.case_id for c in cases}) == len(cases)
+
+
+def test_combinations_some_cases_cannot_use_become_skipped_rows():
+    p = Profile(strategies=("pipeline", "ddp", "dp"), batch_sizes=(32, 7, 120),
+                split_sizes=(40,))
+    cases = {c.case_id: c for c in expand(p, RIG)}
+    skipped = {k: c.reason for k, c in cases.items() if c.status == "skipped"}
+    assert "split size 40 is larger than batch size 32" in skipped.pop(
+        "pipeline_resnet50_img128_b32_s40_fp32")
+    assert "split size 40 is larger than batch size 7" in skipped.pop(
+        "pipeline_resnet50_img128_b7_s40_fp32")
+    assert "not divisible by world size 2" in skipped.pop("ddp_resnet50_img128_b7_s-_fp32")
+    assert not skipped
+    assert cases["dp_resnet50_img128_b32_s-_fp32"].status == "unsupported"
+    assert cases["pipeline_resnet50_img128_b120_s40_fp32"].status is None
+
+
+def test_shipped_profiles_load_and_expand():
+    names = profile_names()
+    assert {"default", "smoke", "tutorial"} <= set(names)
+    for name in names:
+        profile = load_profile(profile_path(name, RIG))
+        assert profile.description, f"profile {name} needs a description"
+        assert expand(profile, RIG)
+
+
+def test_profile_errors_name_the_file_and_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("strategies = ['single']\nimage_size = [64]\n")
+    with pytest.raises(UsageError, match=r"bad.toml: unknown key 'image_size'"):
+        load_profile(bad)
+    bad.write_text("strategies = 'single'\n")
+    with pytest.raises(UsageError, match=r"bad.toml: key 'strategies' must be a list"):
+        load_profile(bad)
+    bad.write_text("strategies = [\n")
+    with pytest.raises(UsageError, match=r"bad.toml: not valid TOML"):
+        load_profile(bad)
+    bad.write_text("batch_sizes = ['eight']\n")
+    with pytest.raises(UsageError, match=r"bad.toml: batch_sizes must hold positive integers"):
+        load_profile(bad)
+
+
+def test_cli_values_override_the_profile():
+    p = Profile(image_sizes=(64,)).override(image_sizes=(128,), batch_sizes=None)
+    assert p.image_sizes == (128,) and p.batch_sizes == Profile().batch_sizes
