@@ -217,9 +217,11 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
         "case_timeout_s": profile.case_timeout_s,
     }
     cases: list[Case] = []
+    # `single` first in each workload group: every speedup is relative to it, so it is
+    # known by the time the other strategies' rows are written.
+    ordered = sorted(profile.strategies, key=lambda s: s != "single")
     grid = itertools.product(
-        profile.models, profile.precisions, profile.image_sizes, profile.batch_sizes,
-        profile.strategies,
+        profile.models, profile.precisions, profile.image_sizes, profile.batch_sizes, ordered
     )
     for model, precision, image, batch, name in grid:
         spec = strategies.get(name)
