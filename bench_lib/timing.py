@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from bench_lib.stats import Stats
+
 StopRule = Callable[[list[float]], bool]
 
 
@@ -28,6 +30,45 @@ def time_budget(max_time_s: float, min_steps: int = 3) -> StopRule:
     return stop
 
 
+# Fewer steps make the bootstrap interval of the median unreliable: with a handful of
+# values its resampled medians take only a few distinct values.
+MIN_STEPS_FOR_CI = 8
+STOP_REASONS = ("ci_target", "time_cap", "step_cap")
+
+
+class AdaptiveStop:
+    """Stop when the median's 95% CI half-width is under ``target_rel`` of the median, or
+    ``max_time_s`` of timed work is spent; ``reason`` says which fired (None: neither).
+
+    ``target_rel`` 0 disables the CI target (fixed step count or time budget only).
+    """
+
+    def __init__(self, target_rel: float, max_time_s: float,
+                 min_steps: int = MIN_STEPS_FOR_CI) -> None:
+        if target_rel < 0 or max_time_s <= 0:
+            raise ValueError(f"bad stop rule: target {target_rel}, time cap {max_time_s} s")
+        self.target_rel = target_rel
+        self.min_steps = min_steps
+        self._budget = time_budget(max_time_s)
+        self.reason: str | None = None
+
+    def __call__(self, times: list[float]) -> bool:
+        if self.target_rel > 0 and len(times) >= self.min_steps:
+            if Stats.of(times).ci_half_width_rel < self.target_rel:
+                self.reason = "ci_target"
+                return True
+        if self._budget(times):
+            self.reason = "time_cap"
+            return True
+        return False
+
+    def final_reason(self, steps_done: int, timed_steps: int) -> str:
+        """The stop that ended timing: the rule's, else the step cap."""
+        if self.reason is None and steps_done >= timed_steps:
+            return "step_cap"
+        return self.reason or ""
+
+
 def time_steps(
     step: Callable[[], None],
     devices: Iterable[torch.device],
@@ -35,6 +76,7 @@ def time_steps(
     timed_steps: int,
     should_stop: StopRule | None = None,
     barrier: Callable[[], None] | None = None,
+    on_window: Callable[[float, float], None] | None = None,
 ) -> list[float]:
     """Run ``warmup_steps`` discarded steps, then time up to ``timed_steps`` steps.
 
@@ -43,6 +85,8 @@ def time_steps(
     multi-process strategies) makes all ranks start the timed window together.
     ``should_stop`` is asked after each timed step, outside the timed window; in
     multi-process strategies it must give the same answer on every rank.
+    ``on_window`` receives the wall-clock (``time.time()``) start and end of the timed
+    window, so that samples taken outside this process can be matched to it.
     """
     devices = list(devices)
     for _ in range(warmup_steps):
@@ -51,6 +95,7 @@ def time_steps(
     if barrier is not None:
         barrier()
     times: list[float] = []
+    window_start = time.time()
     for _ in range(timed_steps):
         t0 = time.perf_counter()
         step()
@@ -58,4 +103,6 @@ def time_steps(
         times.append(time.perf_counter() - t0)
         if should_stop is not None and should_stop(times):
             break
+    if on_window is not None:
+        on_window(window_start, time.time())
     return times

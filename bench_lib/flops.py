@@ -1,0 +1,114 @@
+"""FLOP efficiency: training FLOPs per image, and the rig's attainable peak (MFU-style).
+
+Counts come from ``torch.utils.flop_counter`` (matmuls and convolutions; normalisation and
+element-wise work are not counted, as in the usual MFU definition). The peak is measured,
+not looked up: a large matrix product per device in the workload's precision, on a CPU rig
+in a process pinned like a worker with its threads.
+
+    python -m bench_lib.flops RIG_JSON PRECISION[,PRECISION]   # prints the peak as JSON
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench_lib.rig import Rig, pin_worker
+from bench_lib.workloads import Workload
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Big enough to reach a device's matmul peak, small enough to measure in about a second.
+PEAK_MATMUL_N = {"cpu": 1024, "cuda": 8192}
+PEAK_MIN_TIME_S = 0.5
+PEAK_TIMEOUT_S = 300
+
+
+def count_train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn) -> int:
+    """FLOPs of one forward and backward pass of ``model`` on the batch ``x``."""
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(x), y).backward()
+    return counter.get_total_flops()
+
+
+@functools.lru_cache(maxsize=None)
+def train_flops_per_image(model: str, image_size: int) -> float:
+    """Training FLOPs (forward + backward) per image of a workload model (cached)."""
+    # Two images, not one: BatchNorm in training mode needs more than one value per channel
+    # where a small image has shrunk to 1x1. Meta tensors count shapes without computing.
+    workload = Workload(model, image_size, batch_size=2)
+    with torch.device("meta"):
+        net = workload.build_model()
+        x = torch.randn(2, 3, image_size, image_size)
+        y = torch.randint(0, workload.num_classes, (2,))
+    return count_train_flops(net, x, y, workload.loss_fn()) / 2
+
+
+def matmul_tflop_s(device: torch.device, dtype: torch.dtype, n: int, min_time_s: float) -> float:
+    """Best TFLOP/s of an n x n matrix product on ``device``, over at least ``min_time_s``."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    torch.mm(a, b)  # warm-up: kernels picked, memory allocated
+    sync(device)
+    best, spent = float("inf"), 0.0
+    while spent < min_time_s or best == float("inf"):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync(device)
+        dt = time.perf_counter() - t0
+        best, spent = min(best, dt), spent + dt
+    return 2 * n**3 / best / 1e12
+
+
+def measure_here(rig: Rig, precisions: list[str], n: int | None = None,
+                 min_time_s: float = PEAK_MIN_TIME_S) -> dict[str, dict[str, float]]:
+    """Attainable TFLOP/s per precision and device, measured in this process."""
+    n = n or PEAK_MATMUL_N[rig.kind]
+    peaks: dict[str, dict[str, float]] = {}
+    for precision in precisions:
+        peaks[precision] = {}
+        for i in range(rig.num_devices):
+            pin_worker(rig, [i])  # on a cpu rig: this worker's cores and threads
+            peaks[precision][str(i)] = matmul_tflop_s(rig.device(i), DTYPES[precision], n,
+                                                      min_time_s)
+    return peaks
+
+
+def measure_peak(rig: Rig, precisions: list[str]) -> dict:
+    """The rig's attainable peak, measured in a fresh process (so the caller stays unpinned)."""
+    cmd = [sys.executable, "-m", "bench_lib.flops", json.dumps(rig.as_dict()),
+           ",".join(precisions)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PEAK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"unsupported": f"peak measurement took over {PEAK_TIMEOUT_S} s"}
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
+        return {"unsupported": f"peak measurement failed: {tail}"}
+    return {"tflop_s": json.loads(proc.stdout), "matmul_n": PEAK_MATMUL_N[rig.kind]}
+
+
+def efficiency(flops_per_img: float, throughput_img_s: float,
+               peak_tflop_s: float | None) -> tuple[float, float | None]:
+    """Achieved TFLOP/s and its percentage of ``peak_tflop_s`` (None without a peak)."""
+    achieved = flops_per_img * throughput_img_s / 1e12
+    if not peak_tflop_s:
+        return achieved, None
+    return achieved, 100 * achieved / peak_tflop_s
+
+
+def main(argv: list[str]) -> int:
+    rig = Rig.from_dict(json.loads(argv[0]))
+    print(json.dumps(measure_here(rig, argv[1].split(","))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
