@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv bench test env smoke clean help
+.PHONY: venv bench test env smoke regress baseline clean help
 
 help:            ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -29,6 +29,12 @@ env: venv        ## print the environment a run would record
 
 test: venv       ## run the whole test suite (GPU tests skip without GPUs)
 	$(PY) -m pytest $(ARGS)
+
+regress: venv    ## run the ci profile, gate it against results/baseline/ (exit 1: regression)
+	run=$$($(PY) -m bench_lib run --profile ci --quiet $(ARGS)) && $(PY) -m bench_lib compare results/baseline $$run --markdown $$run/compare.md --json $$run/compare.json
+
+baseline: venv   ## run the ci profile and store it as this hardware's baseline in results/baseline/
+	run=$$($(PY) -m bench_lib run --profile ci --quiet $(ARGS)) && $(PY) -c 'import sys; from bench_lib.compare import save_baseline as s; print(s(*sys.argv[1:]))' $$run results/baseline
 
 clean:           ## remove caches (keeps .venv and results/)
 	rm -rf .pytest_cache build *.egg-info

@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = sub.add_parser("env", help="print the environment a run would record (JSON)")
     _add_rig_args(env)
+
+    from bench_lib import compare_report
+
+    compare = sub.add_parser(
+        "compare", help="gate a candidate run against a baseline (exit 1 on a regression)")
+    compare_report.add_arguments(compare)
     return parser
 
 
@@ -120,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "env":
             return cmd_env(args)
+        if args.command == "compare":
+            from bench_lib import compare_report
+
+            return compare_report.command(args)
         return cmd_run(args)
     except (UsageError, RigError, WorkloadError) as e:
         print(f"error: {e}", file=sys.stderr)

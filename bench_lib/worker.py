@@ -52,6 +52,33 @@ def _peak_memory_mib(devices: list[torch.device], device_indices: list[int]) -> 
     return {"+".join(map(str, device_indices)): rss_kib / 1024}
 
 
+INJECT_SLOWDOWN_ENV = "PARABENCH_INJECT_SLOWDOWN"
+
+
+def _with_injected_slowdown(step, devices: list[torch.device]):
+    """TEST-ONLY: with PARABENCH_INJECT_SLOWDOWN=0.15 every step sleeps 15% of its own time.
+
+    It plants a known slowdown for demonstrating the regression gate
+    (benchmarks/regression_gate.py); never set it for a real measurement.
+    """
+    import os
+    import time
+
+    from bench_lib.timing import synchronize
+
+    fraction = float(os.environ.get(INJECT_SLOWDOWN_ENV) or 0)
+    if fraction <= 0:
+        return step
+
+    def slow_step() -> None:
+        t0 = time.perf_counter()
+        step()
+        synchronize(devices)  # sleep in proportion to the finished work, not the queued
+        time.sleep(fraction * (time.perf_counter() - t0))
+
+    return slow_step
+
+
 def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
     """Measure this rank's part of the case; returns the result dict."""
     spec = strategies.get(case.strategy)
@@ -80,8 +107,9 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
 
         stop = _collective_stop(stop, devices[0])
         barrier = dist.barrier
+    timed_step = _with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices)
     times = time_steps(
-        lambda: trainer.step(x, y), trainer.devices, settings["warmup_steps"],
+        timed_step, trainer.devices, settings["warmup_steps"],
         settings["timed_steps"], should_stop=stop, barrier=barrier,
     )
     result = {

@@ -1,0 +1,140 @@
+"""What ``python -m bench_lib compare`` prints and writes: a terminal table, a Markdown
+summary for a pull-request comment, and github-action-benchmark's ``customBiggerIsBetter`` JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bench_lib import compare as cmp
+from bench_lib.stats import bootstrap_median_ci
+
+HEADER = ["case", "base_ms", "cand_ms", "step_time_change_pct [95% CI]",
+          "vs_single_change_pct [95% CI]", "verdict (metric)"]
+
+
+def _pct(change: cmp.Change | None) -> str:
+    if change is None:
+        return "-"
+    return f"{change.value:+.1%} [{change.ci_low:+.1%}, {change.ci_high:+.1%}]"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def rows(results: list[cmp.CaseResult]) -> list[list[str]]:
+    """One row of strings per case, in HEADER's order."""
+    return [[r.case_id, _ms(r.base_median_s), _ms(r.cand_median_s),
+             _pct(r.changes.get("step_time")), _pct(r.changes.get("speedup")),
+             f"{r.verdict} ({r.by})"] for r in results]
+
+
+def notes(results: list[cmp.CaseResult]) -> list[str]:
+    """Plain-language warnings a reader needs to judge the verdicts."""
+    out = []
+    singles = [r for r in results if r.by == "step_time" and r.verdict == "regression"]
+    speedups = [r for r in results if "speedup" in r.changes]
+    if singles and speedups and all(r.changes["speedup"].verdict(0) != "regression"
+                                    for r in speedups):
+        out.append("every strategy slowed alike (speedups over single held): either the code "
+                   "got uniformly slower (e.g. a torch upgrade) or this machine was slower "
+                   "than when the baseline was recorded (shared CPU, thermal); rerun to tell")
+    return out
+
+
+def summary(results: list[cmp.CaseResult]) -> str:
+    """``FAIL: 1 regression, 3 unchanged`` or ``PASS: ...``."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    word = "FAIL" if cmp.exit_code(results) else "PASS"
+    return f"{word}: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+
+
+def table(results: list[cmp.CaseResult]) -> str:
+    """The terminal table."""
+    body = [HEADER, *rows(results)]
+    widths = [max(len(row[i]) for row in body) for i in range(len(HEADER))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+                     for row in body)
+
+
+def markdown(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
+             threshold_pct: float, diffs: list[str]) -> str:
+    """A Markdown summary suitable for a pull-request comment."""
+    lines = [f"### parabench regression gate: {summary(results)}", "",
+             f"Baseline `{base.path.name}`, candidate `{cand.path.name}`; threshold "
+             f"{threshold_pct:g}% and a {cmp.CONFIDENCE:.0%} bootstrap interval that excludes 0. "
+             "Changes are + when slower.", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(results)]
+    extra = notes(results) + [f"compared across different hardware: {d}" for d in diffs]
+    if extra:
+        lines += [""] + [f"- {n}" for n in extra]
+    return "\n".join(lines) + "\n"
+
+
+def benchmark_json(results: list[cmp.CaseResult], cand: cmp.Run) -> list[dict]:
+    """github-action-benchmark ``customBiggerIsBetter`` entries: throughput and speedup."""
+    out = []
+    for r in results:
+        if r.cand_median_s is None:
+            continue
+        batch = float(cand.cases[r.case_id]["batch_size"])
+        low, high = bootstrap_median_ci(cand.samples[r.case_id])
+        value = batch / r.cand_median_s
+        out.append({"name": f"{r.case_id} throughput", "unit": "img/s", "value": round(value, 3),
+                    "range": f"{batch / high:.3f}..{batch / low:.3f}",
+                    "extra": f"{r.verdict} ({r.by})"})
+        single = cand.single_of(r.case_id)
+        if single and single != r.case_id:
+            speedup = float(np.median(cand.samples[single])) / r.cand_median_s
+            out.append({"name": f"{r.case_id} speedup over single", "unit": "x",
+                        "value": round(speedup, 4), "extra": f"{r.verdict} ({r.by})"})
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``compare`` subcommand's arguments."""
+    p.add_argument("baseline", type=Path,
+                   help="run folder, its cases.csv, or a baseline store (results/baseline)")
+    p.add_argument("candidate", type=Path, help="run folder or its cases.csv")
+    p.add_argument("--threshold", type=float, default=cmp.DEFAULT_THRESHOLD_PCT,
+                   help=f"smallest change in percent that counts (default "
+                        f"{cmp.DEFAULT_THRESHOLD_PCT:g})")
+    p.add_argument("--metric", choices=cmp.METRICS, default="auto",
+                   help="what decides a verdict: auto (step_time for single, speedup for the "
+                        "others), step_time, or speedup")
+    p.add_argument("--allow-different-hardware", action="store_true",
+                   help="compare runs whose hardware fingerprints differ")
+    p.add_argument("--markdown", type=Path, help="write a Markdown summary here")
+    p.add_argument("--json", type=Path,
+                   help="write github-action-benchmark customBiggerIsBetter JSON here")
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run the comparison; 0 no regression, 1 regression, 2 unusable input."""
+    try:
+        cand = cmp.load_run(args.candidate)
+        base_dir = cmp.resolve_baseline(args.baseline, cand, args.allow_different_hardware)
+        base = cmp.load_run(base_dir)
+        diffs = cmp.check_fingerprints(base, cand, args.allow_different_hardware)
+        results = cmp.compare_runs(base, cand, args.threshold, args.metric)
+    except cmp.CompareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return cmp.EXIT_UNUSABLE
+    print(table(results))
+    for n in notes(results) + [f"different hardware: {d}" for d in diffs]:
+        print(f"note: {n}")
+    print(summary(results))
+    if args.markdown:
+        args.markdown.write_text(markdown(results, base, cand, args.threshold, diffs))
+    if args.json:
+        args.json.write_text(json.dumps(benchmark_json(results, cand), indent=2) + "\n")
+    return cmp.exit_code(results)

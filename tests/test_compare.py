@@ -1,0 +1,181 @@
+"""The regression gate on synthetic run folders: verdicts, thresholds, exit codes, hardware."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench_lib import compare as cmp
+from bench_lib.cli import main
+from bench_lib.results import SCHEMA_VERSION, RunWriter, write_json_atomic
+
+FINGERPRINT = {"rig": "cpu:2x1t", "device_names": ["cpu", "cpu"], "cpu_model": "Test CPU",
+               "cpu_cores": 2, "driver": None, "torch": "2.14.1"}
+# Median step time of each strategy on the synthetic machine, in seconds.
+BASE_S = {"single": 0.30, "ddp": 0.50, "mp": 0.35}
+STEPS = 20
+NOISE = 0.05  # lognormal sigma: ~5% step-to-step spread, like a quiet CPU
+
+
+def make_run(root: Path, name: str, seed: int, slowdown: dict | None = None,
+             machine: float = 1.0, fingerprint: dict | None = None,
+             status: dict | None = None, model: str = "resnet-tiny") -> Path:
+    """A run folder of three cases; ``slowdown`` multiplies a strategy's times."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    write_json_atomic(run_dir / "env.json", {"schema_version": SCHEMA_VERSION,
+                                             "fingerprint": fingerprint or FINGERPRINT})
+    rng = np.random.default_rng(seed)
+    with RunWriter(run_dir) as w:
+        for strategy, median in BASE_S.items():
+            case_id = f"{strategy}_{model}_img32_b8_s-_fp32"
+            row = {"case_id": case_id, "strategy": strategy, "model": model,
+                   "image_size": 32, "batch_size": 8, "precision": "fp32", "loss": "ce",
+                   "status": (status or {}).get(strategy, "ok")}
+            if row["status"] != "ok":
+                w.write_case(row)
+                continue
+            scale = median * machine * (1 + (slowdown or {}).get(strategy, 0.0))
+            ranks = 2 if strategy == "ddp" else 1
+            steps = [{"rank": r, "step": i, "step_time_s": scale * rng.lognormal(0, NOISE)}
+                     for r in range(ranks) for i in range(STEPS)]
+            w.write_case(row, steps)
+    return run_dir
+
+
+def verdicts(results: list[cmp.CaseResult]) -> dict[str, tuple[str, str]]:
+    return {r.strategy: (r.verdict, r.by) for r in results}
+
+
+def test_a_a_runs_from_one_distribution_are_unchanged(tmp_path):
+    for seed in range(5):
+        base = cmp.load_run(make_run(tmp_path, f"a{seed}", seed))
+        cand = cmp.load_run(make_run(tmp_path, f"b{seed}", seed + 100))
+        results = cmp.compare_runs(base, cand)
+        assert {v for v, _ in verdicts(results).values()} == {"unchanged"}
+        assert cmp.exit_code(results) == cmp.EXIT_OK
+
+
+def test_uniform_15pct_slowdown_fails_single_on_step_time(tmp_path):
+    slow = {s: 0.15 for s in BASE_S}
+    base = cmp.load_run(make_run(tmp_path, "base", 1))
+    cand = cmp.load_run(make_run(tmp_path, "cand", 2, slowdown=slow))
+    v = verdicts(cmp.compare_runs(base, cand))
+    assert v["single"] == ("regression", "step_time")
+    # speedups over single held, so the others are not reported a second time
+    assert v["ddp"] == ("unchanged", "speedup") and v["mp"] == ("unchanged", "speedup")
+
+
+def test_one_strategy_slower_is_caught_through_speedup_despite_machine_drift(tmp_path):
+    base = cmp.load_run(make_run(tmp_path, "base", 1))
+    # the whole machine is 20% faster now, yet ddp got 15% slower relative to it
+    cand = cmp.load_run(make_run(tmp_path, "cand", 2, slowdown={"ddp": 0.15}, machine=0.8))
+    results = cmp.compare_runs(base, cand)
+    v = verdicts(results)
+    assert v["ddp"] == ("regression", "speedup")
+    ddp = next(r for r in results if r.strategy == "ddp")
+    assert ddp.changes["step_time"].value < 0  # absolute time alone would call it faster
+    assert v["mp"] == ("unchanged", "speedup")
+
+
+def test_machine_drift_alone_is_not_a_regression_on_the_speedup_metric(tmp_path):
+    base = cmp.load_run(make_run(tmp_path, "base", 1))
+    cand = cmp.load_run(make_run(tmp_path, "cand", 2, machine=1.3))
+    v = verdicts(cmp.compare_runs(base, cand, metric="speedup"))
+    assert v["ddp"][0] == "unchanged" and v["mp"][0] == "unchanged"
+    assert v["single"][0] == "n/a"
+    assert verdicts(cmp.compare_runs(base, cand, metric="step_time"))["ddp"][0] == "regression"
+
+
+def test_threshold_is_respected(tmp_path):
+    base = cmp.load_run(make_run(tmp_path, "base", 1))
+    cand = cmp.load_run(make_run(tmp_path, "cand", 2, slowdown={"single": 0.15}))
+    assert verdicts(cmp.compare_runs(base, cand, 10))["single"][0] == "regression"
+    assert verdicts(cmp.compare_runs(base, cand, 20))["single"][0] == "unchanged"
+
+
+def test_improvement_needs_threshold_and_significance(tmp_path):
+    base = cmp.load_run(make_run(tmp_path, "base", 1))
+    cand = cmp.load_run(make_run(tmp_path, "cand", 2, slowdown={"single": -0.2}))
+    assert verdicts(cmp.compare_runs(base, cand))["single"] == ("improvement", "step_time")
+
+
+def test_multi_rank_steps_take_the_slowest_rank(tmp_path):
+    run = make_run(tmp_path, "r", 1)
+    samples = cmp.step_samples(run)
+    import pandas as pd
+
+    steps = pd.read_csv(run / "steps.csv")
+    ddp = steps[steps.case_id.str.startswith("ddp")]
+    expected = ddp.groupby("step").step_time_s.max().to_numpy()
+    np.testing.assert_allclose(samples["ddp_resnet-tiny_img32_b8_s-_fp32"], expected)
+    assert len(expected) == STEPS
+
+
+def test_cli_exit_codes_and_outputs(tmp_path, capsys):
+    base = make_run(tmp_path, "base", 1)
+    same = make_run(tmp_path, "same", 2)
+    slow = make_run(tmp_path, "slow", 3, slowdown={s: 0.15 for s in BASE_S})
+    md, js = tmp_path / "gate.md", tmp_path / "gate.json"
+    assert main(["compare", str(base), str(same / "cases.csv")]) == 0
+    assert main(["compare", str(base), str(slow), "--markdown", str(md), "--json", str(js)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: 1 regression, 2 unchanged" in out and "slowed alike" in out
+    assert md.read_text().startswith("### parabench regression gate: FAIL")
+    entries = json.loads(js.read_text())
+    names = {e["name"] for e in entries}
+    assert "single_resnet-tiny_img32_b8_s-_fp32 throughput" in names
+    assert "ddp_resnet-tiny_img32_b8_s-_fp32 speedup over single" in names
+    assert all(set(e) >= {"name", "unit", "value"} for e in entries)
+
+
+def test_a_case_that_ran_before_and_fails_now_fails_the_gate(tmp_path, capsys):
+    base = make_run(tmp_path, "base", 1)
+    cand = make_run(tmp_path, "cand", 2, status={"mp": "error"})
+    assert main(["compare", str(base), str(cand)]) == 1
+    assert "broken (candidate status error)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("missing", "does not exist"),
+    ("schema", "schema version"),
+    ("steps", "lacks columns"),
+    ("nomatch", "no matching cases"),
+])
+def test_unusable_input_exits_2(tmp_path, capsys, breakage, message):
+    base = make_run(tmp_path, "base", 1)
+    cand = make_run(tmp_path, "cand", 2, model="resnet18" if breakage == "nomatch" else
+                    "resnet-tiny")
+    if breakage == "missing":
+        cand = tmp_path / "nowhere"
+    elif breakage == "schema":
+        write_json_atomic(cand / "env.json", {"schema_version": 99, "fingerprint": FINGERPRINT})
+    elif breakage == "steps":
+        (cand / "steps.csv").write_text("case_id,seconds\nx,1\n")
+    md = tmp_path / "gate.md"
+    assert main(["compare", str(base), str(cand), "--markdown", str(md)]) == 2
+    assert message in capsys.readouterr().err
+    assert not md.exists()
+
+
+def test_different_hardware_is_refused_unless_allowed(tmp_path, capsys):
+    base = make_run(tmp_path, "base", 1)
+    cand = make_run(tmp_path, "cand", 2, fingerprint=FINGERPRINT | {"cpu_model": "Other"})
+    assert main(["compare", str(base), str(cand)]) == 2
+    err = capsys.readouterr().err
+    assert "different hardware" in err and "cpu_model: 'Test CPU' vs 'Other'" in err
+    assert main(["compare", str(base), str(cand), "--allow-different-hardware"]) == 0
+    assert "different hardware: cpu_model" in capsys.readouterr().out
+
+
+def test_baseline_store_picks_this_hardware_or_says_there_is_none(tmp_path, capsys):
+    store = tmp_path / "store"
+    saved = cmp.save_baseline(make_run(tmp_path, "base", 1), store)
+    assert saved.name == cmp.fingerprint_id(FINGERPRINT)
+    assert main(["compare", str(store), str(make_run(tmp_path, "cand", 2))]) == 0
+    other = make_run(tmp_path, "other", 2, fingerprint=FINGERPRINT | {"cpu_cores": 64})
+    assert main(["compare", str(store), str(other)]) == 2
+    assert "no baseline for this hardware" in capsys.readouterr().err
