@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench_lib.strategies import ddp, dp, mp, pipeline, single
+from bench_lib.strategies import ddp, dp, mp, pipeline, pipelining, single
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer
 
 __all__ = ["REGISTRY", "BuildContext", "Strategy", "Trainer", "get", "register"]
@@ -32,3 +32,5 @@ def get(name: str) -> Strategy:
 
 for _module in (single, dp, ddp, mp, pipeline):
     register(_module.STRATEGY)
+for _strategy in pipelining.STRATEGIES:
+    register(_strategy)

@@ -26,6 +26,10 @@ class BuildContext:
     """This process's rank in a per-device strategy (0 otherwise)."""
     world_size: int = 1
     """Number of processes of a per-device strategy (1 otherwise)."""
+    partition: str = "tutorial"
+    """How strategies that cut the model into stages choose the cut (``partition.PARTITIONS``)."""
+    sync_bn: bool = False
+    """Data-parallel strategies: synchronise BatchNorm statistics across ranks."""
 
 
 class Trainer:
@@ -81,6 +85,15 @@ class Trainer:
         self.forward_backward(x, y)
         self.optimizer.step()
 
+    def timeline_modules(self) -> list[tuple[int, nn.Module]]:
+        """(stage index, stage module) pairs this process drives; empty when not pipelined."""
+        return []
+
+    def compile(self) -> None:
+        """torch.compile this trainer's modules in place (its ``stages`` when it has them)."""
+        for module in getattr(self, "stages", None) or [self.module]:
+            module.compile()
+
     def parameters_in_order(self) -> list[nn.Parameter]:
         """Trained parameters in the model's own order (for transparency tests)."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -102,6 +115,10 @@ class Strategy:
     """True: one process per device (a process group); False: one process drives all."""
     uses_split: bool = False
     """True when the case is parameterised by a micro-batch (split) size."""
+    uses_partition: bool = False
+    """True when the strategy cuts the model into stages (the case's partition applies)."""
+    even_split: bool = False
+    """True when every micro-batch must hold exactly split_size images (batch % split == 0)."""
     needs_cuda: bool = False
     """True when the strategy only means something on GPUs."""
     cpu_note: str = ""

@@ -1,0 +1,131 @@
+"""``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``interleaved-zb``, ``zbv``: torch.distributed.pipelining.
+
+One process per device; the model's blocks are cut into stages (the case's partition) and
+each process drives its stage(s) with one of PyTorch's pipeline schedules, sending
+activations and gradients point-to-point (gloo on CPUs, NCCL on GPUs). With 2 ranks and
+4 micro-batches (F/B = forward/backward of micro-batch n; the bubble is the blanks):
+
+    gpipe   rank0  F0 F1 F2 F3             B0 B1 B2 B3
+            rank1     F0 F1 F2 F3 B0 B1 B2 B3
+    1f1b    rank0  F0 F1    F2 B0 F3 B1    B2    B3
+            rank1     F0 B0 F1 B1 F2 B2 F3 B3
+
+The interleaved and zero-bubble schedules run two stages per rank (4 stages on 2 ranks):
+``interleaved-*`` place stage s on rank s mod world, ``zbv`` folds them in a V (rank r holds
+stages r and 2*world-1-r) and splits backward into input- and weight-gradient parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed import pipelining as pp
+
+from bench_lib.partition import choose
+from bench_lib.strategies.base import BuildContext, Strategy, Trainer, all_devices
+from bench_lib.workloads import split_stages
+
+
+def stage_indices(rank: int, world: int, stages_per_rank: int, style: str) -> list[int]:
+    """Global stage indices this rank drives (``loop``: s mod world; ``v``: folded)."""
+    if stages_per_rank == 1:
+        return [rank]
+    if style == "v":
+        return [rank, 2 * world - 1 - rank]
+    return [rank + k * world for k in range(stages_per_rank)]
+
+
+class PipeliningTrainer(Trainer):
+    """This rank's stage(s) of a torch.distributed.pipelining schedule."""
+
+    def __init__(self, model: nn.Module, devices: list[torch.device], ctx: BuildContext,
+                 schedule_cls: type, stages_per_rank: int, style: str) -> None:
+        (device,) = devices
+        num_stages = ctx.world_size * stages_per_rank
+        self.partition = choose(ctx.partition, model, num_stages, ctx.workload,
+                                ctx.split_size, device)
+        stages = split_stages(model, list(self.partition.cuts))
+        self.stage_ids = stage_indices(ctx.rank, ctx.world_size, stages_per_rank, style)
+        self.stages = [stages[i].to(device) for i in self.stage_ids]
+        self.pipe_stages = [
+            pp.PipelineStage(stages[i], i, num_stages, device) for i in self.stage_ids
+        ]
+        self.owns_first, self.owns_last = 0 in self.stage_ids, num_stages - 1 in self.stage_ids
+        self.num_microbatches = ctx.workload.batch_size // ctx.split_size
+        base_loss, n = ctx.workload.loss_fn(), self.num_microbatches
+
+        def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
+            return base_loss(logits, target) / n
+
+        single = stages_per_rank == 1
+        self.schedule = schedule_cls(
+            self.pipe_stages[0] if single else self.pipe_stages, self.num_microbatches,
+            loss_fn=loss_fn, scale_grads=False,
+        )
+        super().__init__(nn.ModuleList(self.stages), devices, ctx)
+
+    @property
+    def local_batch_size(self) -> int:
+        # Every rank of a pipeline sees the whole batch's micro-batches (or none of them).
+        return self.ctx.workload.batch_size
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Run the schedule over the batch's micro-batches; returns the loss (last stage)."""
+        split = self.ctx.split_size
+        kwargs: dict = {}
+        if self.owns_first:
+            kwargs["arg_mbs"] = [(mb,) for mb in x.split(split)]
+        if self.owns_last:
+            kwargs["target_mbs"] = list(y.split(split))
+        losses: list[torch.Tensor] = []
+        with self.ctx.workload.autocast(self.devices[0]):
+            self.schedule.step(losses=losses, return_outputs=False, **kwargs)
+        if losses:
+            return torch.stack([loss.detach() for loss in losses]).sum()
+        return torch.zeros(())
+
+    def timeline_modules(self) -> list[tuple[int, nn.Module]]:
+        """(stage index, stage module) of each stage this process drives."""
+        return list(zip(self.stage_ids, self.stages))
+
+
+def _builder(schedule_cls: type, stages_per_rank: int, style: str) -> Callable:
+    def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
+        """Build this rank's stages; the process group must already be initialised."""
+        if ctx.split_size is None or ctx.split_size < 1:
+            raise ValueError(f"pipelining needs a split size >= 1, got {ctx.split_size}")
+        if ctx.workload.batch_size % ctx.split_size:
+            raise ValueError(f"pipelining stages need equal micro-batches: batch "
+                             f"{ctx.workload.batch_size} is not a multiple of split {ctx.split_size}")
+        return PipeliningTrainer(model, devices, ctx, schedule_cls, stages_per_rank, style)
+
+    return build
+
+
+_CPU_NOTE = ("one process per cpu worker running its stage(s); activations and gradients "
+             "cross between workers through gloo point-to-point over loopback")
+
+
+def _strategy(name: str, description: str, schedule_cls: type, spr: int, style: str) -> Strategy:
+    return Strategy(
+        name=name, description=description, build=_builder(schedule_cls, spr, style),
+        num_devices=all_devices, per_device_processes=True, uses_split=True,
+        uses_partition=True, even_split=True, cpu_note=_CPU_NOTE,
+    )
+
+
+STRATEGIES = [
+    _strategy("gpipe", "torch.distributed.pipelining GPipe: all forwards, then all backwards",
+              pp.ScheduleGPipe, 1, "loop"),
+    _strategy("1f1b", "torch.distributed.pipelining 1F1B: one forward, one backward in steady state",
+              pp.Schedule1F1B, 1, "loop"),
+    _strategy("interleaved-1f1b", "torch.distributed.pipelining interleaved 1F1B, 2 stages per rank",
+              pp.ScheduleInterleaved1F1B, 2, "loop"),
+    _strategy("interleaved-zb", "torch.distributed.pipelining interleaved zero bubble, 2 stages/rank",
+              pp.ScheduleInterleavedZeroBubble, 2, "loop"),
+    _strategy("zbv", "torch.distributed.pipelining ZB-V zero bubble, 2 stages per rank in a V",
+              pp.ScheduleZBVZeroBubble, 2, "v"),
+]

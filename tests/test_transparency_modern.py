@@ -1,0 +1,85 @@
+"""Transparency of the modern strategies: same gradients as the single-device model.
+
+torch.distributed.pipelining schedules, FSDP2 and gradient accumulation, in float64 with
+BatchNorm in eval mode (running statistics), so results agree to ~1e-12. Distributed
+strategies run on 2 spawned gloo ranks; each returns the gradients of the parameters it
+holds, keyed by their index in the unsplit model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench_lib import strategies
+from bench_lib.strategies import BuildContext
+from bench_lib.workloads import Workload
+from tests.dist_harness import run_ranks
+
+BATCH = 8
+PIPELINING = ["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"]
+
+
+def _workload(loss: str = "ce") -> Workload:
+    return Workload("resnet-tiny", image_size=32, batch_size=BATCH, num_classes=10, loss=loss)
+
+
+def _model(workload: Workload) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return workload.build_model().double().eval()
+
+
+def _batch(workload: Workload) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = workload.make_batch(BATCH, torch.device("cpu"), seed=1)
+    return x.double(), y
+
+
+def _reference_grads(workload: Workload) -> list[torch.Tensor]:
+    model = _model(workload)
+    x, y = _batch(workload)
+    workload.loss_fn()(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _assert_same(grads: dict[int, torch.Tensor], reference: list[torch.Tensor]) -> None:
+    assert sorted(grads) == list(range(len(reference))), "every parameter got a gradient"
+    for i, r in enumerate(reference):
+        assert grads[i].shape == r.shape, f"parameter {i}: shape {grads[i].shape} != {r.shape}"
+        torch.testing.assert_close(grads[i], r, rtol=1e-9, atol=1e-12, msg=f"parameter {i}")
+
+
+def _pipelining_grads(rank, world_size, name, split, partition, loss):
+    workload = _workload(loss)
+    model = _model(workload)
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    ctx = BuildContext(workload, split, rank, world_size, partition=partition)
+    trainer = strategies.get(name).build(model, [torch.device("cpu")], ctx)
+    x, y = _batch(workload)
+    trainer.forward_backward(x, y)
+    assert trainer.timeline_modules(), "a pipelined trainer names the stages it drives"
+    return {index[id(p)]: p.grad.clone() for _, m in trainer.timeline_modules()
+            for p in m.parameters()}
+
+
+def _rank_grads_of_configs(rank, world_size, configs):
+    # One spawn runs every config: starting ranks costs more than the tiny model's steps.
+    torch.set_num_threads(1)
+    return [_pipelining_grads(rank, world_size, *config) for config in configs]
+
+
+PIPELINING_CONFIGS = [
+    (name, split, partition, loss)
+    for name in PIPELINING
+    for split, partition, loss in [(2, "tutorial", "ce"), (4, "balanced-flops", "mse-onehot")]
+]
+
+
+@pytest.mark.timeout(300)
+def test_pipelining_schedules_match_single_device():
+    rank0, rank1 = run_ranks(_rank_grads_of_configs, 2, (PIPELINING_CONFIGS,))
+    for config, grads0, grads1 in zip(PIPELINING_CONFIGS, rank0, rank1):
+        assert not set(grads0) & set(grads1), f"{config}: a parameter lives on both ranks"
+        try:
+            _assert_same(grads0 | grads1, _reference_grads(_workload(config[3])))
+        except AssertionError as e:
+            raise AssertionError(f"{config}: {e}") from None
