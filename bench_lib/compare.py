@@ -246,7 +246,8 @@ def resolve_baseline(path: Path, cand: Run, allow_different: bool) -> Path:
         return path
     stored = sorted(p for p in path.iterdir() if (p / "env.json").is_file())
     if not stored:
-        raise CompareError(f"{path} is neither a run folder nor a baseline store (no env.json)")
+        raise CompareError(f"{path} holds no run folder and no stored baseline (no env.json); "
+                           "record a baseline with `make baseline`")
     want = fingerprint_id(cand.env.get("fingerprint") or {})
     for p in stored:
         if p.name == want:

@@ -42,7 +42,9 @@ def make_run(root: Path, name: str, seed: int, slowdown: dict | None = None,
             ranks = 2 if strategy == "ddp" else 1
             steps = [{"rank": r, "step": i, "step_time_s": scale * rng.lognormal(0, NOISE)}
                      for r in range(ranks) for i in range(STEPS)]
-            w.write_case(row, steps)
+            median = float(np.median([s["step_time_s"] for s in steps]))
+            w.write_case(row | {"step_time_s_median": median, "throughput_img_s": 8 / median},
+                         steps)
     return run_dir
 
 
@@ -173,6 +175,9 @@ def test_different_hardware_is_refused_unless_allowed(tmp_path, capsys):
 
 def test_baseline_store_picks_this_hardware_or_says_there_is_none(tmp_path, capsys):
     store = tmp_path / "store"
+    store.mkdir()
+    assert main(["compare", str(store), str(make_run(tmp_path, "first", 3))]) == 2
+    assert "make baseline" in capsys.readouterr().err
     saved = cmp.save_baseline(make_run(tmp_path, "base", 1), store)
     assert saved.name == cmp.fingerprint_id(FINGERPRINT)
     assert main(["compare", str(store), str(make_run(tmp_path, "cand", 2))]) == 0
