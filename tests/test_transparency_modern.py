@@ -83,3 +83,43 @@ def test_pipelining_schedules_match_single_device():
             _assert_same(grads0 | grads1, _reference_grads(_workload(config[3])))
         except AssertionError as e:
             raise AssertionError(f"{config}: {e}") from None
+
+
+@pytest.mark.parametrize("split", [3, 8])
+@pytest.mark.parametrize("loss", ["ce", "mse-onehot"])
+def test_accum_matches_single_device(split, loss):
+    workload = _workload(loss)
+    model = _model(workload)
+    trainer = strategies.get("accum").build(
+        model, [torch.device("cpu")], BuildContext(workload, split_size=split)
+    )
+    x, y = _batch(workload)
+    trainer.forward_backward(x, y)
+    grads = {i: p.grad for i, p in enumerate(trainer.parameters_in_order())}
+    _assert_same(grads, _reference_grads(workload))
+
+
+def _fsdp_rank_grads(rank, world_size):
+    torch.set_num_threads(1)
+    workload = _workload()
+    trainer = strategies.get("fsdp").build(
+        _model(workload), [torch.device("cpu")],
+        BuildContext(workload, rank=rank, world_size=world_size),
+    )
+    x, y = _batch(workload)
+    shard = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
+    trainer.forward_backward(x[shard], y[shard])
+    params = trainer.parameters_in_order()
+    local = sum(p.to_local().numel() for p in params)
+    # full_tensor() all-gathers each sharded gradient (collective: every rank calls it).
+    return local, {i: p.grad.full_tensor() for i, p in enumerate(params)}
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_matches_single_device_and_shards():
+    per_rank = run_ranks(_fsdp_rank_grads, world_size=2)
+    reference = _reference_grads(_workload())
+    total = sum(r.numel() for r in reference)
+    for local, grads in per_rank:
+        assert local < total, "each rank holds only a shard of the parameters"
+        _assert_same(grads, reference)

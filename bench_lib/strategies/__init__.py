@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench_lib.strategies import ddp, dp, mp, pipeline, pipelining, single
+from bench_lib.strategies import accum, ddp, dp, fsdp, mp, pipeline, pipelining, single
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer
 
 __all__ = ["REGISTRY", "BuildContext", "Strategy", "Trainer", "get", "register"]
@@ -30,7 +30,7 @@ def get(name: str) -> Strategy:
         ) from None
 
 
-for _module in (single, dp, ddp, mp, pipeline):
+for _module in (single, dp, ddp, mp, pipeline, accum, fsdp):
     register(_module.STRATEGY)
 for _strategy in pipelining.STRATEGIES:
     register(_strategy)

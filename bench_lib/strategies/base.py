@@ -119,6 +119,8 @@ class Strategy:
     """True when the strategy cuts the model into stages (the case's partition applies)."""
     even_split: bool = False
     """True when every micro-batch must hold exactly split_size images (batch % split == 0)."""
+    data_parallel: bool = False
+    """True when ranks train replicas (or shards) on parts of the batch: ``sync_bn`` applies."""
     needs_cuda: bool = False
     """True when the strategy only means something on GPUs."""
     cpu_note: str = ""
