@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timed-steps", type=int)
     run.add_argument("--case-timeout", type=float, dest="case_timeout_s",
                      help="seconds before a case is killed and recorded as timeout")
+    run.add_argument("--ci-target-pct", type=float,
+                     help="stop timing once the median's 95%% CI half-width is under this %% "
+                          "of it (0: off; default 2)")
+    run.add_argument("--sample-interval-ms", type=float,
+                     help="utilisation/memory/power sampling interval (default 100)")
     run.add_argument("--out", type=Path, default=Path("results"),
                      help="folder that receives the run folder (default: results)")
     run.add_argument("--quiet", action="store_true", help="print only the run folder")
@@ -88,7 +93,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bench_lib import environment
+    from bench_lib import environment, flops
     from bench_lib.progress import Progress
     from bench_lib.results import RunWriter, create_run_dir, git_info, new_run_id, \
         write_json_atomic
@@ -102,15 +107,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_sizes, split_sizes=args.split_sizes,
         precisions=args.precisions, loss=args.loss, warmup_steps=args.warmup_steps,
         timed_steps=args.timed_steps, case_timeout_s=args.case_timeout_s,
+        ci_target_pct=args.ci_target_pct, sample_interval_ms=args.sample_interval_ms,
     )
     cases = expand(profile, rig)
 
     run_dir = create_run_dir(args.out, new_run_id(git_info()["sha"]))
-    write_json_atomic(run_dir / "env.json", environment.collect(rig, profile.as_dict(), sys.argv))
+    # Measured once per run, before any case, for the MFU columns (bench_lib/flops.py).
+    peak = flops.measure_peak(rig, list(profile.precisions))
+    write_json_atomic(run_dir / "env.json",
+                      environment.collect(rig, profile.as_dict(), sys.argv, peak))
     progress = Progress(len(cases), quiet=args.quiet)
     progress.header(f"run {run_dir.name}: {len(cases)} cases on rig {rig.label}")
     with RunWriter(run_dir) as writer:
-        rows = run_sweep(cases, rig, writer, progress.case_done, progress.case_start)
+        rows = run_sweep(cases, rig, writer, progress.case_done, progress.case_start,
+                         peak=peak)
     progress.close()
     if not args.quiet:
         for line in summary_lines(rows):

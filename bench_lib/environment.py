@@ -73,9 +73,9 @@ def hardware_fingerprint(rig: Rig) -> dict:
     }
 
 
-def collect(rig: Rig, profile: dict, argv: list[str]) -> dict:
-    """Everything env.json holds."""
-    return {
+def collect(rig: Rig, profile: dict, argv: list[str], peak: dict | None = None) -> dict:
+    """Everything env.json holds; ``peak`` is the measured attainable peak (flops.py)."""
+    env = {
         "schema_version": SCHEMA_VERSION,
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
@@ -89,3 +89,6 @@ def collect(rig: Rig, profile: dict, argv: list[str]) -> dict:
         "profile": profile,
         "command_line": argv,
     }
+    if peak is not None:
+        env["attainable_peak"] = peak
+    return env

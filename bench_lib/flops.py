@@ -5,7 +5,7 @@ element-wise work are not counted, as in the usual MFU definition). The peak is 
 not looked up: a large matrix product per device in the workload's precision, on a CPU rig
 in a process pinned like a worker with its threads.
 
-    python -m bench_lib.flops RIG_JSON PRECISION[,PRECISION]   # prints the peak as JSON
+    python -m bench_lib.flops RIG_JSON PRECISION[,PRECISION] N MIN_TIME_S  # peak as JSON
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from bench_lib.rig import Rig, pin_worker
 from bench_lib.workloads import Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPE_NAMES = {k: str(v).removeprefix("torch.") for k, v in DTYPES.items()}
 # Big enough to reach a device's matmul peak, small enough to measure in about a second.
 PEAK_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 PEAK_MIN_TIME_S = 0.5
@@ -81,10 +82,12 @@ def measure_here(rig: Rig, precisions: list[str], n: int | None = None,
     return peaks
 
 
-def measure_peak(rig: Rig, precisions: list[str]) -> dict:
+def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
+                 min_time_s: float = PEAK_MIN_TIME_S) -> dict:
     """The rig's attainable peak, measured in a fresh process (so the caller stays unpinned)."""
+    n = n or PEAK_MATMUL_N[rig.kind]
     cmd = [sys.executable, "-m", "bench_lib.flops", json.dumps(rig.as_dict()),
-           ",".join(precisions)]
+           ",".join(precisions), str(n), str(min_time_s)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PEAK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -92,7 +95,7 @@ def measure_peak(rig: Rig, precisions: list[str]) -> dict:
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
         return {"unsupported": f"peak measurement failed: {tail}"}
-    return {"tflop_s": json.loads(proc.stdout), "matmul_n": PEAK_MATMUL_N[rig.kind]}
+    return {"tflop_s": json.loads(proc.stdout), "matmul_n": n, "dtype_of": DTYPE_NAMES}
 
 
 def efficiency(flops_per_img: float, throughput_img_s: float,
@@ -106,7 +109,7 @@ def efficiency(flops_per_img: float, throughput_img_s: float,
 
 def main(argv: list[str]) -> int:
     rig = Rig.from_dict(json.loads(argv[0]))
-    print(json.dumps(measure_here(rig, argv[1].split(","))))
+    print(json.dumps(measure_here(rig, argv[1].split(","), int(argv[2]), float(argv[3]))))
     return 0
 
 

@@ -5,6 +5,7 @@ A run folder ``results/<run_id>/`` holds::
     env.json     environment, rig, profile, command line, schema version
     cases.csv    exactly one row per case, whatever happened to it
     steps.csv    every timed step of every rank: run_id, case_id, rank, step, step_time_s
+    samples.csv  the sampler's readings while each case ran: time_unix_s, device, metrics
 
 Rows are appended whole and flushed to disk as each case ends, so a crash at any point
 leaves parseable files holding every finished case.
@@ -20,6 +21,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+from bench_lib.monitor import SAMPLE_METRICS
+
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
 
@@ -31,8 +34,14 @@ CASE_COLUMNS = [
     "step_time_s_p90", "step_time_s_iqr", "step_time_s_ci_low", "step_time_s_ci_high",
     "throughput_img_s", "peak_mem_mib_max", "peak_mem_mib_by_device", "case_wall_time_s",
     "note",
+    # Measurement depth: sampler summaries over the timed window, memory, energy, FLOPs.
+    "stop_reason", "util_pct_mean", "util_pct_mean_by_device", "power_w_mean",
+    "energy_j_per_img", "energy_source", "peak_mem_reserved_mib_max",
+    "peak_mem_reserved_mib_by_device", "mem_imbalance_ratio", "flops_per_img",
+    "achieved_tflop_s", "mfu_pct", "speedup_vs_single", "scaling_efficiency",
 ]
 STEP_COLUMNS = ["run_id", "case_id", "rank", "step", "step_time_s"]
+SAMPLE_COLUMNS = ["run_id", "case_id", "time_unix_s", "device", *SAMPLE_METRICS]
 
 
 class ResultsError(ValueError):
@@ -115,18 +124,26 @@ class RunWriter:
         # Steps first: a case row is the commit point, written after its steps.
         self._steps = _Appender(run_dir / "steps.csv", STEP_COLUMNS)
         self._cases = _Appender(run_dir / "cases.csv", CASE_COLUMNS)
+        self._samples: _Appender | None = None  # created by the first sampled case
 
-    def write_case(self, row: dict, steps: list[dict] = ()) -> None:
+    def write_case(self, row: dict, steps: list[dict] = (), samples: list[dict] = ()) -> None:
         """Record one case (its step rows first, then the case row)."""
         if row["status"] not in STATUSES:
             raise ValueError(f"bad status {row['status']!r}; valid: {', '.join(STATUSES)}")
         full = {c: "" for c in CASE_COLUMNS} | {"run_id": self.run_id} | row
-        self._steps.write([{"run_id": self.run_id, "case_id": row["case_id"], **s} for s in steps])
+        ids = {"run_id": self.run_id, "case_id": row["case_id"]}
+        self._steps.write([ids | s for s in steps])
+        if samples:
+            if self._samples is None:
+                self._samples = _Appender(self.run_dir / "samples.csv", SAMPLE_COLUMNS)
+            self._samples.write([ids | s for s in samples])
         self._cases.write([full])
 
     def close(self) -> None:
         self._steps.close()
         self._cases.close()
+        if self._samples is not None:
+            self._samples.close()
 
     def __enter__(self) -> RunWriter:
         return self

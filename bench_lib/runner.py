@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_lib import strategies
+from bench_lib.measures import SpeedupTable, case_sampler, summary_columns
 from bench_lib.results import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.stats import Stats
@@ -41,6 +42,14 @@ class CaseOutcome:
     rank_step_times_s: dict[int, list[float]] = field(default_factory=dict)
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
     wall_time_s: float = 0.0
+    peak_mem_reserved_mib: dict[str, float] = field(default_factory=dict)
+    """CUDA caching allocator's peak reservation per device (empty on CPU)."""
+    window: list[float] = field(default_factory=list)
+    """Wall-clock (unix s) start and end of the timed window, over all ranks."""
+    stop_reason: str = ""
+    """Which stop ended timing: ci_target, time_cap or step_cap (rank 0's; ranks agree)."""
+    samples: list[dict] = field(default_factory=list)
+    """The sampler's rows (samples.csv) over the whole case."""
 
 
 def _launch(spec_path: Path, nproc: int, log_path: Path) -> list[subprocess.Popen]:
@@ -122,7 +131,14 @@ def _combine(case_dir: Path, procs: list[subprocess.Popen], log_path: Path) -> C
     per_rank = {r: res["step_times_s"] for r, res in results.items()}
     slowest = [max(step) for step in zip(*per_rank.values())]
     peak = {k: v for res in results.values() for k, v in res["peak_mem_mib"].items()}
-    return CaseOutcome("ok", "", slowest, per_rank, peak)
+    reserved = {k: v for res in results.values()
+                for k, v in res.get("peak_mem_reserved_mib", {}).items()}
+    windows = [res["timed_window_unix_s"] for res in results.values()
+               if len(res.get("timed_window_unix_s", [])) == 2]
+    window = [min(w[0] for w in windows), max(w[1] for w in windows)] if windows else []
+    return CaseOutcome("ok", "", slowest, per_rank, peak,
+                       peak_mem_reserved_mib=reserved, window=window,
+                       stop_reason=results[0].get("stop_reason", ""))
 
 
 def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
@@ -138,17 +154,20 @@ def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
     start = time.monotonic()
     procs = _launch(spec_path, nproc, log_path)
     timeout_s = case.settings["case_timeout_s"]
-    if _supervise(procs, timeout_s) == "timeout":
+    with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
+        supervised = _supervise(procs, timeout_s)
+    if supervised == "timeout":
         outcome = CaseOutcome("timeout", f"case still running after {timeout_s:g} s; killed")
     else:
         outcome = _combine(case_dir, procs, log_path)
+    outcome.samples = sampler.samples
     outcome.wall_time_s = time.monotonic() - start
     if outcome.status == "ok":
         shutil.rmtree(case_dir, ignore_errors=True)
     return outcome
 
 
-def case_row(case: Case, rig: Rig, outcome: CaseOutcome) -> dict:
+def case_row(case: Case, rig: Rig, outcome: CaseOutcome, peak: dict | None = None) -> dict:
     """The cases.csv row of a case."""
     spec = strategies.get(case.strategy)
     row = {
@@ -188,6 +207,7 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome) -> dict:
             ),
             "case_wall_time_s": round(outcome.wall_time_s, 3),
         }
+        row |= summary_columns(case, rig, outcome, peak)
     elif outcome.wall_time_s:
         row["case_wall_time_s"] = round(outcome.wall_time_s, 3)
     return row
@@ -207,10 +227,15 @@ def run_sweep(
     writer: RunWriter,
     on_case_done: Callable[[int, Case, dict], None] | None = None,
     on_case_start: Callable[[int, Case], None] | None = None,
+    peak: dict | None = None,
 ) -> list[dict]:
-    """Run every case in order, writing its row as soon as it ends; returns the rows."""
+    """Run every case in order, writing its row as soon as it ends; returns the rows.
+
+    ``peak`` is the rig's attainable peak (``flops.measure_peak``) for the MFU columns.
+    """
     work_root = writer.run_dir / ".work"
     rows = []
+    speedups = SpeedupTable()
     for i, case in enumerate(cases):
         if on_case_start:
             on_case_start(i, case)
@@ -218,8 +243,9 @@ def run_sweep(
             outcome = CaseOutcome(case.status, case.reason)
         else:
             outcome = run_case(case, rig, work_root)
-        row = case_row(case, rig, outcome)
-        writer.write_case(row, step_rows(outcome))
+        row = case_row(case, rig, outcome, peak)
+        speedups.fill(case, row)
+        writer.write_case(row, step_rows(outcome), samples=outcome.samples)
         rows.append(row)
         if on_case_done:
             on_case_done(i, case, row)

@@ -57,6 +57,11 @@ class Profile:
     """Timing of a case stops after this many seconds of timed steps (at least 3 steps)."""
     case_timeout_s: float = 600.0
     """A case still running after this many seconds is killed and recorded as ``timeout``."""
+    ci_target_pct: float = 2.0
+    """Timing stops once the median's 95% CI half-width is under this % of it (0: off);
+    ``timed_steps`` and ``max_time_s`` stay caps."""
+    sample_interval_ms: float = 100.0
+    """Interval of the utilisation/memory/power sampler (NVML refreshes every 1/6 s to 1 s)."""
 
     def __post_init__(self) -> None:
         for name in ("image_sizes", "batch_sizes", "split_sizes"):
@@ -88,6 +93,11 @@ class Profile:
             raise UsageError("warmup_steps must be >= 0 and timed_steps >= 1")
         if self.case_timeout_s <= 0 or self.max_time_s <= 0:
             raise UsageError("case_timeout_s and max_time_s must be positive")
+        if self.ci_target_pct < 0 or self.sample_interval_ms <= 0:
+            raise UsageError(
+                f"ci_target_pct must be >= 0 (got {self.ci_target_pct}) and "
+                f"sample_interval_ms > 0 (got {self.sample_interval_ms})"
+            )
 
     def override(self, **changes: object) -> Profile:
         """A copy with the non-None ``changes`` applied (CLI flags)."""
@@ -215,6 +225,8 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
         "timed_steps": profile.timed_steps,
         "max_time_s": profile.max_time_s,
         "case_timeout_s": profile.case_timeout_s,
+        "ci_target_pct": profile.ci_target_pct,
+        "sample_interval_ms": profile.sample_interval_ms,
     }
     cases: list[Case] = []
     # `single` first in each workload group: every speedup is relative to it, so it is

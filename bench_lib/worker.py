@@ -22,7 +22,7 @@ from bench_lib.results import write_json_atomic
 from bench_lib.rig import Rig, init_process_group, pin_worker
 from bench_lib.strategies import BuildContext
 from bench_lib.sweep import Case
-from bench_lib.timing import StopRule, time_budget, time_steps
+from bench_lib.timing import AdaptiveStop, StopRule, time_steps
 from bench_lib.workloads import Workload
 
 MIB = 2**20
@@ -30,11 +30,20 @@ PROCESS_GROUP_TIMEOUT_S = 120.0
 
 
 def _collective_stop(rule: StopRule, device: torch.device) -> StopRule:
-    """Make every rank stop after the same step: stop when any rank wants to."""
+    """Make every rank stop after the same step: stop when any rank wants to.
+
+    Every rank judges the slowest rank's step times (the case's figure), so all ranks see
+    the same numbers; the flag is still reduced, so a rule that disagrees cannot hang a rank.
+    """
     import torch.distributed as dist
 
+    slowest: list[float] = []
+
     def stop(times: list[float]) -> bool:
-        flag = torch.tensor([1.0 if rule(times) else 0.0], device=device)
+        last = torch.tensor([times[-1]], dtype=torch.float64, device=device)
+        dist.all_reduce(last, op=dist.ReduceOp.MAX)
+        slowest.append(last.item())
+        flag = torch.tensor([1.0 if rule(slowest) else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
@@ -50,6 +59,14 @@ def _peak_memory_mib(devices: list[torch.device], device_indices: list[int]) -> 
         }
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {"+".join(map(str, device_indices)): rss_kib / 1024}
+
+
+def _peak_reserved_mib(devices: list[torch.device], device_indices: list[int]) -> dict:
+    """Peak memory the CUDA caching allocator reserved per device (empty on CPU)."""
+    if devices[0].type != "cuda":
+        return {}
+    return {str(i): torch.cuda.max_memory_reserved(d) / MIB
+            for i, d in zip(device_indices, devices)}
 
 
 INJECT_SLOWDOWN_ENV = "PARABENCH_INJECT_SLOWDOWN"
@@ -100,23 +117,29 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
     y = y.to(trainer.output_device)
 
     settings = case.settings
-    stop = time_budget(settings["max_time_s"])
+    rule = AdaptiveStop(settings.get("ci_target_pct", 2.0) / 100, settings["max_time_s"])
+    stop: StopRule = rule
+    window: list[float] = []
     barrier = None
     if distributed:
         import torch.distributed as dist
 
-        stop = _collective_stop(stop, devices[0])
+        stop = _collective_stop(rule, devices[0])
         barrier = dist.barrier
     timed_step = _with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices)
     times = time_steps(
         timed_step, trainer.devices, settings["warmup_steps"],
         settings["timed_steps"], should_stop=stop, barrier=barrier,
+        on_window=lambda t0, t1: window.extend((t0, t1)),
     )
     result = {
         "status": "ok",
         "rank": rank,
         "step_times_s": times,
         "peak_mem_mib": _peak_memory_mib(trainer.devices, indices),
+        "peak_mem_reserved_mib": _peak_reserved_mib(trainer.devices, indices),
+        "timed_window_unix_s": window,
+        "stop_reason": rule.final_reason(len(times), settings["timed_steps"]),
     }
     if distributed:
         import torch.distributed as dist

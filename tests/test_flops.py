@@ -1,0 +1,80 @@
+"""FLOP counts by hand, the measured peak, and the MFU / speedup columns."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from bench_lib import flops
+from bench_lib.measures import SpeedupTable, summary_columns
+from bench_lib.rig import Rig
+from bench_lib.runner import CaseOutcome
+from bench_lib.sweep import Case
+
+
+def test_count_train_flops_of_linear_layers_by_hand():
+    x, y = torch.randn(5, 4), torch.randn(5, 3)
+    net = nn.Sequential(nn.Linear(4, 6, bias=False), nn.ReLU(), nn.Linear(6, 3, bias=False))
+    # forward: 2*5*4*6 + 2*5*6*3 = 420; backward: second layer's weight and input gradients
+    # (180 each), first layer's weight gradient only (240: the input needs no gradient).
+    assert flops.count_train_flops(net, x, y, nn.functional.mse_loss) == 420 + 600
+
+
+def test_train_flops_per_image_scales_with_pixels_and_is_cached():
+    flops.train_flops_per_image.cache_clear()
+    small = flops.train_flops_per_image("resnet-tiny", 32)
+    large = flops.train_flops_per_image("resnet-tiny", 64)
+    # Convolutions scale with the pixel count (4x); only the small classifier head does not.
+    assert 3.9 < large / small < 4.0
+    flops.train_flops_per_image("resnet-tiny", 32)
+    assert flops.train_flops_per_image.cache_info().hits == 1
+
+
+def test_efficiency_hand_computed():
+    achieved, mfu = flops.efficiency(2e9, 500.0, peak_tflop_s=4.0)
+    assert achieved == pytest.approx(1.0) and mfu == pytest.approx(25.0)
+    assert flops.efficiency(2e9, 500.0, None) == (pytest.approx(1.0), None)
+
+
+def test_peak_is_measured_per_device_in_a_pinned_subprocess(cpu_rig):
+    peak = flops.measure_peak(cpu_rig, ["fp32"], n=128, min_time_s=0.02)
+    assert set(peak["tflop_s"]["fp32"]) == {"0", "1"} and peak["matmul_n"] == 128
+    assert all(0 < v < 100 for v in peak["tflop_s"]["fp32"].values())
+    here = flops.measure_here(cpu_rig, ["fp32"], n=64, min_time_s=0.01)
+    assert all(math.isfinite(v) and v > 0 for v in here["fp32"].values())
+
+
+def _outcome(times, mem, window=()):
+    return CaseOutcome("ok", step_times_s=times, peak_mem_mib=mem, window=list(window),
+                       stop_reason="ci_target")
+
+
+def test_summary_columns_mfu_over_the_devices_used(cpu_rig):
+    case = Case("ddp", "resnet-tiny", 32, 8, None, "fp32", "ce")
+    peak = {"tflop_s": {"fp32": {"0": 0.5, "1": 0.3}}}
+    cols = summary_columns(case, cpu_rig, _outcome([0.1, 0.1, 0.1], {"0": 300, "1": 400}), peak)
+    per_img = flops.train_flops_per_image("resnet-tiny", 32)
+    achieved = per_img * 80 / 1e12  # 8 images per 0.1 s
+    assert cols["achieved_tflop_s"] == pytest.approx(achieved)
+    assert cols["mfu_pct"] == pytest.approx(100 * achieved / 0.8)
+    assert cols["mem_imbalance_ratio"] == pytest.approx(400 / 300)
+    assert cols["stop_reason"] == "ci_target"
+    single = Case("single", "resnet-tiny", 32, 8, None, "fp32", "ce")
+    cols = summary_columns(single, cpu_rig, _outcome([0.1], {"0": 300}), {"unsupported": "x"})
+    assert cols["mfu_pct"] is None and cols["mem_imbalance_ratio"] == 1.0
+
+
+def test_speedup_relative_to_single_of_the_same_workload():
+    table = SpeedupTable()
+    mk = lambda s, b=8: Case(s, "resnet-tiny", 32, b, None, "fp32", "ce")  # noqa: E731
+    single = {"status": "ok", "throughput_img_s": 100.0, "world_size": 1}
+    ddp = {"status": "ok", "throughput_img_s": 150.0, "world_size": 2}
+    other = {"status": "ok", "throughput_img_s": 150.0, "world_size": 2}
+    for case, row in ((mk("single"), single), (mk("ddp"), ddp), (mk("ddp", 16), other)):
+        table.fill(case, row)
+    assert single["speedup_vs_single"] == 1.0
+    assert ddp["speedup_vs_single"] == 1.5 and ddp["scaling_efficiency"] == 0.75
+    assert "speedup_vs_single" not in other  # no single case of batch 16 in this run
