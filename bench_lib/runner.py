@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from bench_lib import strategies
 from bench_lib.measures import SpeedupTable, case_sampler, summary_columns
 from bench_lib.results import RunWriter, write_json_atomic
@@ -26,6 +28,7 @@ from bench_lib.stats import Stats
 from bench_lib.sweep import Case
 
 POLL_S = 0.1
+MIB = 2**20
 # After one rank dies, its peers get this long to notice and exit before the group is killed.
 PEER_GRACE_S = 10.0
 LOG_TAIL_CHARS = 400
@@ -42,6 +45,10 @@ class CaseOutcome:
     rank_step_times_s: dict[int, list[float]] = field(default_factory=dict)
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
     wall_time_s: float = 0.0
+    timeline: list[dict] = field(default_factory=list)
+    """Pipeline timeline rows of the traced step (timeline.csv), every rank's."""
+    partition: str = ""
+    """The stage cut the ranks used, e.g. ``balanced:8`` (strategies that cut the model)."""
     peak_mem_reserved_mib: dict[str, float] = field(default_factory=dict)
     """CUDA caching allocator's peak reservation per device (empty on CPU)."""
     window: list[float] = field(default_factory=list)
@@ -50,6 +57,18 @@ class CaseOutcome:
     """Which stop ended timing: ci_target, time_cap or step_cap (rank 0's; ranks agree)."""
     samples: list[dict] = field(default_factory=list)
     """The sampler's rows (samples.csv) over the whole case."""
+
+
+def _die_with_runner() -> None:
+    """In the child before exec: get SIGKILL if the runner dies, so no rank outlives it.
+
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere the runner's own cleanup has to do.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _launch(spec_path: Path, nproc: int, log_path: Path) -> list[subprocess.Popen]:
@@ -62,7 +81,7 @@ def _launch(spec_path: Path, nproc: int, log_path: Path) -> list[subprocess.Pope
             group = procs[0].pid if procs else 0  # 0: a new group led by rank 0
             procs.append(
                 subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 process_group=group)
+                                 process_group=group, preexec_fn=_die_with_runner)
             )
     return procs
 
@@ -88,8 +107,27 @@ def _log_tail(log_path: Path) -> str:
     return " | ".join(text[-LOG_TAIL_CHARS:].splitlines()[-3:])
 
 
-def _supervise(procs: list[subprocess.Popen], timeout_s: float) -> str | None:
-    """Wait for the ranks; returns "timeout" or None. Kills the group in every case."""
+def _rss_over_cap(procs: list[subprocess.Popen], cap_mib: float) -> str | None:
+    """Why a rank (with its children) holds more resident memory than ``cap_mib``, or None."""
+    for rank, proc in enumerate(procs):
+        try:
+            parent = psutil.Process(proc.pid)
+            rss = sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)])
+        except psutil.Error:  # exited between the poll and now
+            continue
+        if rss / MIB > cap_mib:
+            return (f"rank {rank} held {rss / MIB:.0f} MiB resident, over the "
+                    f"{cap_mib:.0f} MiB cap (--max-memory-per-device); killed")
+    return None
+
+
+def _supervise(
+    procs: list[subprocess.Popen], timeout_s: float, max_rss_mib: float = 0.0
+) -> tuple[str, str] | None:
+    """Wait for the ranks; returns (status, reason) when the runner had to stop them.
+
+    Kills the whole process group whatever happens, including on KeyboardInterrupt.
+    """
     pgid = procs[0].pid
     deadline = time.monotonic() + timeout_s
     first_failure: float | None = None
@@ -100,7 +138,9 @@ def _supervise(procs: list[subprocess.Popen], timeout_s: float) -> str | None:
                 return None
             now = time.monotonic()
             if now > deadline:
-                return "timeout"
+                return "timeout", f"case still running after {timeout_s:g} s; killed"
+            if max_rss_mib and (reason := _rss_over_cap(procs, max_rss_mib)):
+                return "oom", reason
             if first_failure is None and any(c not in (None, 0) for c in codes):
                 first_failure = now
             if first_failure is not None and now - first_failure > PEER_GRACE_S:
@@ -131,14 +171,17 @@ def _combine(case_dir: Path, procs: list[subprocess.Popen], log_path: Path) -> C
     per_rank = {r: res["step_times_s"] for r, res in results.items()}
     slowest = [max(step) for step in zip(*per_rank.values())]
     peak = {k: v for res in results.values() for k, v in res["peak_mem_mib"].items()}
+    timeline = [{"rank": rank, **e} for rank, res in results.items()
+                for e in res.get("timeline", [])]
     reserved = {k: v for res in results.values()
                 for k, v in res.get("peak_mem_reserved_mib", {}).items()}
     windows = [res["timed_window_unix_s"] for res in results.values()
                if len(res.get("timed_window_unix_s", [])) == 2]
     window = [min(w[0] for w in windows), max(w[1] for w in windows)] if windows else []
-    return CaseOutcome("ok", "", slowest, per_rank, peak,
+    return CaseOutcome("ok", "", slowest, per_rank, peak, timeline=timeline,
                        peak_mem_reserved_mib=reserved, window=window,
-                       stop_reason=results[0].get("stop_reason", ""))
+                       stop_reason=results[0].get("stop_reason", ""),
+                       partition=results[0].get("partition", ""))
 
 
 def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
@@ -153,11 +196,12 @@ def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
     log_path = case_dir / "worker.log"
     start = time.monotonic()
     procs = _launch(spec_path, nproc, log_path)
-    timeout_s = case.settings["case_timeout_s"]
+    # CPU workers are capped here by resident memory; GPUs by their allocator (worker.py).
+    cap = case.settings.get("max_memory_per_device_mib", 0.0) if rig.kind == "cpu" else 0.0
     with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
-        supervised = _supervise(procs, timeout_s)
-    if supervised == "timeout":
-        outcome = CaseOutcome("timeout", f"case still running after {timeout_s:g} s; killed")
+        stopped = _supervise(procs, case.settings["case_timeout_s"], cap)
+    if stopped:
+        outcome = CaseOutcome(*stopped)
     else:
         outcome = _combine(case_dir, procs, log_path)
     outcome.samples = sampler.samples
@@ -187,6 +231,11 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome, peak: dict | None = Non
         "reason": outcome.reason,
         "warmup_steps": case.settings.get("warmup_steps", ""),
         "note": spec.cpu_note if rig.kind == "cpu" else "",
+        # The cut actually used (with its block indices) once run; the asked-for method before.
+        "partition": outcome.partition or case.partition or "",
+        "channels_last": int(case.channels_last),
+        "compile": int(case.compile),
+        "sync_bn": int(case.sync_bn),
     }
     if outcome.status == "ok":
         s = Stats.of(outcome.step_times_s)
@@ -245,7 +294,7 @@ def run_sweep(
             outcome = run_case(case, rig, work_root)
         row = case_row(case, rig, outcome, peak)
         speedups.fill(case, row)
-        writer.write_case(row, step_rows(outcome), samples=outcome.samples)
+        writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
         rows.append(row)
         if on_case_done:
             on_case_done(i, case, row)

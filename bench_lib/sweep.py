@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_lib import strategies
+from bench_lib.partition import PARTITIONS
 from bench_lib.rig import Rig
 from bench_lib.workloads import LOSSES, MIN_IMAGE_SIZE, MODELS, PRECISIONS
 
@@ -45,8 +46,18 @@ class Profile:
     """Global batch sizes."""
     split_sizes: tuple[int, ...] = (8,)
     """Micro-batch sizes for strategies that pipeline (ignored by the others)."""
+    microbatches: tuple[int, ...] = ()
+    """Micro-batch counts, another way to give splits: count m means split ceil(batch / m)."""
     precisions: tuple[str, ...] = ("fp32",)
     """``fp32`` and/or ``bf16``."""
+    partitions: tuple[str, ...] = ("tutorial",)
+    """Stage cuts for strategies that cut the model (``partition.PARTITIONS``)."""
+    channels_last: bool = False
+    """Train in channels-last memory format (model and inputs)."""
+    compile: bool = False
+    """torch.compile each strategy's modules (in place, before warm-up)."""
+    sync_bn: bool = False
+    """SyncBatchNorm in data-parallel strategies (ddp, fsdp); it needs GPU inputs."""
     loss: str = "ce"
     """``ce`` or ``mse-onehot`` (the tutorial's)."""
     warmup_steps: int = 2
@@ -57,6 +68,8 @@ class Profile:
     """Timing of a case stops after this many seconds of timed steps (at least 3 steps)."""
     case_timeout_s: float = 600.0
     """A case still running after this many seconds is killed and recorded as ``timeout``."""
+    max_memory_per_device_mib: float = 0.0
+    """Memory cap per device in MiB (0: none); a case above it is recorded as ``oom``."""
     ci_target_pct: float = 2.0
     """Timing stops once the median's 95% CI half-width is under this % of it (0: off);
     ``timed_steps`` and ``max_time_s`` stay caps."""
@@ -64,7 +77,7 @@ class Profile:
     """Interval of the utilisation/memory/power sampler (NVML refreshes every 1/6 s to 1 s)."""
 
     def __post_init__(self) -> None:
-        for name in ("image_sizes", "batch_sizes", "split_sizes"):
+        for name in ("image_sizes", "batch_sizes", "split_sizes", "microbatches"):
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     raise UsageError(f"{name} must hold positive integers, got {v!r}")
@@ -78,6 +91,9 @@ class Profile:
         for m in self.models:
             if m not in MODELS:
                 raise UsageError(f"unknown model {m!r}; valid: {', '.join(sorted(MODELS))}")
+        for p in self.partitions:
+            if p not in PARTITIONS:
+                raise UsageError(f"unknown partition {p!r}; valid: {', '.join(PARTITIONS)}")
         for p in self.precisions:
             if p not in PRECISIONS:
                 raise UsageError(f"unknown precision {p!r}; valid: {', '.join(PRECISIONS)}")
@@ -93,6 +109,8 @@ class Profile:
             raise UsageError("warmup_steps must be >= 0 and timed_steps >= 1")
         if self.case_timeout_s <= 0 or self.max_time_s <= 0:
             raise UsageError("case_timeout_s and max_time_s must be positive")
+        if self.max_memory_per_device_mib < 0:
+            raise UsageError("max_memory_per_device_mib must be >= 0 (0: no cap)")
         if self.ci_target_pct < 0 or self.sample_interval_ms <= 0:
             raise UsageError(
                 f"ci_target_pct must be >= 0 (got {self.ci_target_pct}) and "
@@ -105,6 +123,11 @@ class Profile:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Profile:
+        """The inverse of ``as_dict`` (lists become tuples)."""
+        return cls(**{k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in data.items()})
 
 
 _TUPLE_FIELDS = {f.name for f in dataclasses.fields(Profile) if "tuple" in str(f.type)}
@@ -168,14 +191,30 @@ class Case:
     """Why the case is skipped or unsupported."""
     settings: dict = field(default_factory=dict, compare=False, hash=False)
     """Sweep-level settings: warmup_steps, timed_steps, max_time_s, case_timeout_s."""
+    partition: str | None = None
+    """Stage cut of strategies that cut the model (``partition.PARTITIONS``); None otherwise."""
+    channels_last: bool = False
+    """Model and inputs in channels-last memory format."""
+    compile: bool = False
+    """Modules torch.compiled in place before warm-up."""
+    sync_bn: bool = False
+    """SyncBatchNorm across ranks (data-parallel strategies only)."""
 
     @property
     def case_id(self) -> str:
         split = "-" if self.split_size is None else self.split_size
         return (
             f"{self.strategy}_{self.model}_img{self.image_size}_b{self.batch_size}"
-            f"_s{split}_{self.precision}"
+            f"_s{split}_{self.precision}{self.option_suffix}"
         )
+
+    @property
+    def option_suffix(self) -> str:
+        """Case-id suffix of the non-default options (empty for defaults: ids stay stable)."""
+        parts = [f"_p{self.partition}" if self.partition not in (None, "tutorial") else "",
+                 "_cl" if self.channels_last else "", "_compile" if self.compile else "",
+                 "_syncbn" if self.sync_bn else ""]
+        return "".join(parts)
 
     @property
     def num_microbatches(self) -> int | None:
@@ -199,12 +238,21 @@ def validate(profile: Profile, rig: Rig) -> None:
     """Raise ``UsageError`` for values that no case of the sweep can use."""
     specs = [strategies.get(s) for s in profile.strategies]
     if any(s.uses_split for s in specs):
+        biggest = max(profile.batch_sizes)
+        batches = ", ".join(map(str, profile.batch_sizes))
+        if not profile.split_sizes and not profile.microbatches:
+            raise UsageError("pipelined strategies need split sizes or micro-batch counts")
         for split in profile.split_sizes:
-            if split > max(profile.batch_sizes):
+            if split > biggest:
                 raise UsageError(
-                    f"split size {split} is larger than every batch size "
-                    f"({', '.join(map(str, profile.batch_sizes))}); use a split size <= "
-                    f"{max(profile.batch_sizes)}"
+                    f"split size {split} is larger than every batch size ({batches}); "
+                    f"use a split size <= {biggest}"
+                )
+        for count in profile.microbatches:
+            if count > biggest:
+                raise UsageError(
+                    f"{count} micro-batches is more than every batch size ({batches}) holds; "
+                    f"use a count <= {biggest}"
                 )
     for spec in specs:
         if not spec.per_device_processes or spec.unsupported_reason(rig):
@@ -225,6 +273,7 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
         "timed_steps": profile.timed_steps,
         "max_time_s": profile.max_time_s,
         "case_timeout_s": profile.case_timeout_s,
+        "max_memory_per_device_mib": profile.max_memory_per_device_mib,
         "ci_target_pct": profile.ci_target_pct,
         "sample_interval_ms": profile.sample_interval_ms,
     }
@@ -237,14 +286,61 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
     )
     for model, precision, image, batch, name in grid:
         spec = strategies.get(name)
-        splits: tuple[int | None, ...] = profile.split_sizes if spec.uses_split else (None,)
-        for split in splits:
+        for split in _splits(profile, batch) if spec.uses_split else [None]:
             status, reason = _check_case(spec, rig, batch, split)
             cases.append(
                 Case(name, model, image, batch, split, precision, profile.loss, status, reason,
                      settings)
             )
-    return cases
+        if spec.uses_split:
+            for count in (m for m in profile.microbatches if m > batch):
+                # No split size exists for this count: record it under split = count.
+                reason = f"{count} micro-batches do not fit in batch size {batch}"
+                cases.append(Case(name, model, image, batch, count, precision, profile.loss,
+                                  "skipped", reason, settings))
+    cases = [v for case in cases for v in _option_variants(case, profile, rig)]
+    unique: dict[str, Case] = {}
+    for case in cases:
+        unique.setdefault(case.case_id, case)  # first wins: a real split over a count's stand-in
+    return list(unique.values())
+
+
+def _splits(profile: Profile, batch: int) -> list[int]:
+    """Split sizes for one batch size: the given sizes, then those of the given counts.
+
+    A count larger than the batch has no split; it is left out here and reported by
+    ``_count_skips``.
+    """
+    from_counts = [math.ceil(batch / m) for m in profile.microbatches if m <= batch]
+    return list(dict.fromkeys([*profile.split_sizes, *from_counts]))
+
+
+def _option_variants(case: Case, profile: Profile, rig: Rig) -> list[Case]:
+    """The case once per partition (strategies that cut the model), with the sweep's options."""
+    spec = strategies.get(case.strategy)
+    partitions = profile.partitions if spec.uses_partition else (None,)
+    variants = []
+    for partition in partitions:
+        v = dataclasses.replace(case, partition=partition, channels_last=profile.channels_last,
+                                compile=profile.compile,
+                                sync_bn=profile.sync_bn and spec.data_parallel)
+        reason = _option_problem(spec, rig, v) if v.status is None else None
+        variants.append(dataclasses.replace(v, status=reason[0], reason=reason[1])
+                        if reason else v)
+    return variants
+
+
+def _option_problem(spec: strategies.Strategy, rig: Rig, case: Case) -> tuple[str, str] | None:
+    """(status, reason) when the case's options cannot run, else None."""
+    if spec.even_split and case.split_size and case.batch_size % case.split_size:
+        return "skipped", (f"{spec.name} needs equal micro-batches: batch {case.batch_size} "
+                           f"is not a multiple of split {case.split_size}")
+    if case.sync_bn and rig.kind != "cuda":
+        return "unsupported", ("torch.nn.SyncBatchNorm only runs on GPU inputs; "
+                               "a cpu rig cannot synchronise BatchNorm")
+    if case.compile and spec.compile_unsupported:
+        return "unsupported", spec.compile_unsupported
+    return None
 
 
 def _check_case(

@@ -10,8 +10,11 @@ becomes a result file with a status; the runner turns a missing file into an ``e
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from bench_lib.results import write_json_atomic
 from bench_lib.rig import Rig, init_process_group, pin_worker
 from bench_lib.strategies import BuildContext
 from bench_lib.sweep import Case
+from bench_lib.timeline import trace_step
 from bench_lib.timing import AdaptiveStop, StopRule, time_steps
 from bench_lib.workloads import Workload
 
@@ -96,6 +100,41 @@ def _with_injected_slowdown(step, devices: list[torch.device]):
     return slow_step
 
 
+def _cap_cuda_memory(case: Case, rig: Rig, indices: list[int]) -> None:
+    """Apply --max-memory-per-device on GPUs: past it the allocator raises OutOfMemoryError."""
+    cap_mib = case.settings.get("max_memory_per_device_mib", 0.0)
+    if not cap_mib or rig.kind != "cuda":
+        return
+    for i in indices:
+        total = torch.cuda.get_device_properties(i).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mib * MIB / total), i)
+
+
+def _inject_test_fault(case: Case, rank: int) -> None:
+    """Test-only fault injection, off unless PARABENCH_TEST_FAULT is set.
+
+    ``STRATEGY:RANK:KIND`` makes that rank of that strategy's cases misbehave just before
+    timing: ``sigkill`` (dies at once), ``hang`` (sleeps forever, so its peers block in a
+    collective), ``alloc`` (keeps allocating resident memory).
+    """
+    fault = os.environ.get("PARABENCH_TEST_FAULT", "")
+    if fault.count(":") != 2:
+        return
+    strategy, fault_rank, kind = fault.split(":")
+    if strategy != case.strategy or int(fault_rank) != rank:
+        return
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "hang":
+        while True:
+            time.sleep(1)
+    elif kind == "alloc":
+        hoard = []
+        while True:  # 64 MiB at a time, touched so that it is resident
+            hoard.append(b"\x01" * (64 * MIB))
+            time.sleep(0.01)
+
+
 def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
     """Measure this rank's part of the case; returns the result dict."""
     spec = strategies.get(case.strategy)
@@ -107,15 +146,25 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
     if distributed:
         init_process_group(rig, rank, world, str(workdir / "rendezvous"), PROCESS_GROUP_TIMEOUT_S)
 
+    _cap_cuda_memory(case, rig, indices)
     torch.manual_seed(0)
     workload = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
                         precision=case.precision)
     devices = [rig.device(i) for i in indices]
-    ctx = BuildContext(workload, case.split_size, rank, world)
-    trainer = spec.build(workload.build_model(), devices, ctx)
+    ctx = BuildContext(workload, case.split_size, rank, world,
+                       partition=case.partition or "tutorial", sync_bn=case.sync_bn)
+    model = workload.build_model()
+    if case.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    trainer = spec.build(model, devices, ctx)
+    if case.compile:
+        trainer.compile()  # compiles lazily: the warm-up steps pay for it
     x, y = workload.make_batch(trainer.local_batch_size, trainer.input_device, seed=rank)
+    if case.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     y = y.to(trainer.output_device)
 
+    _inject_test_fault(case, rank)
     settings = case.settings
     rule = AdaptiveStop(settings.get("ci_target_pct", 2.0) / 100, settings["max_time_s"])
     stop: StopRule = rule
@@ -141,6 +190,12 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
         "timed_window_unix_s": window,
         "stop_reason": rule.final_reason(len(times), settings["timed_steps"]),
     }
+    if hasattr(trainer, "partition"):  # strategies that cut the model say where
+        result["partition"] = trainer.partition.label
+    stage_modules = trainer.timeline_modules()
+    if stage_modules:  # one extra step, after the timed ones, traced for the pipeline timeline
+        result["timeline"] = trace_step(lambda: trainer.step(x, y), stage_modules,
+                                        trainer.devices)
     if distributed:
         import torch.distributed as dist
 

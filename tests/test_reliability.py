@@ -1,0 +1,172 @@
+"""Faults, hangs, memory exhaustion, interrupts and bad input lose no results.
+
+Faults are injected through the test-only PARABENCH_TEST_FAULT hook in worker.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from tests.conftest import PYTHON, REPO
+
+TINY = ["--profile", "smoke", "--models", "resnet-tiny", "--image-sizes", "32",
+        "--batch-size", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2"]
+
+
+def start(out: Path, *args: str, fault: str = "") -> subprocess.Popen:
+    env = dict(os.environ, PARABENCH_TEST_FAULT=fault)
+    return subprocess.Popen([PYTHON, "-m", "bench_lib", "run", *TINY, *args, "--out", str(out)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def only_run_dir(out: Path) -> Path:
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def workers_of(run_dir: Path) -> list[psutil.Process]:
+    """Live worker processes started for cases of ``run_dir``."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "bench_lib.worker" in cmd and str(run_dir) in cmd:
+            found.append(p)
+    return found
+
+
+def statuses(run_dir: Path) -> dict[str, str]:
+    cases = pd.read_csv(run_dir / "cases.csv", keep_default_na=False)
+    assert cases["case_id"].is_unique
+    return dict(zip(cases.strategy, cases.status))
+
+
+@pytest.mark.timeout(300)
+def test_sigkilled_rank_is_an_error_row_and_the_sweep_goes_on(tmp_path):
+    code, _, err = finish(start(tmp_path, "--strategies", "ddp,single",
+                                fault="ddp:1:sigkill"))
+    run_dir = only_run_dir(tmp_path)
+    assert code == 1, err  # a failed case: exit 1, not a crash
+    assert statuses(run_dir) == {"single": "ok", "ddp": "error"}
+    reason = pd.read_csv(run_dir / "cases.csv").set_index("strategy").loc["ddp", "reason"]
+    assert "rank 1 was killed by SIGKILL" in reason
+    assert not workers_of(run_dir), "no process of the case may be left behind"
+
+
+@pytest.mark.timeout(300)
+def test_hung_rank_times_out_and_its_whole_group_is_killed(tmp_path):
+    code, _, err = finish(start(tmp_path, "--strategies", "ddp,mp", "--case-timeout", "25",
+                                fault="ddp:1:hang"))
+    run_dir = only_run_dir(tmp_path)
+    assert code == 1, err
+    assert statuses(run_dir) == {"ddp": "timeout", "mp": "ok"}
+    assert not workers_of(run_dir)
+
+
+@pytest.mark.timeout(300)
+def test_memory_cap_turns_a_runaway_case_into_an_oom_row(tmp_path):
+    code, _, err = finish(start(tmp_path, "--strategies", "single,mp",
+                                "--max-memory-per-device", "1.5GiB", fault="single:0:alloc"))
+    run_dir = only_run_dir(tmp_path)
+    assert code == 0, err  # oom is an expected outcome, not a failure of the suite
+    assert statuses(run_dir) == {"single": "oom", "mp": "ok"}
+    reason = pd.read_csv(run_dir / "cases.csv").set_index("strategy").loc["single", "reason"]
+    assert "over the 1536 MiB cap" in reason
+    assert not workers_of(run_dir)
+
+
+def _wait_for_rows(run_dir_parent: Path, rows: int, timeout: float = 200) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dirs = [p for p in run_dir_parent.iterdir() if p.is_dir()]
+        if dirs and (dirs[0] / "cases.csv").exists():
+            lines = (dirs[0] / "cases.csv").read_text().splitlines()
+            if len(lines) - 1 >= rows:
+                return dirs[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no {rows} rows within {timeout} s")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_interrupted_sweep_resumes_with_every_case_exactly_once(tmp_path, how):
+    proc = start(tmp_path, "--strategies", "single,ddp,mp,pipeline")
+    run_dir = _wait_for_rows(tmp_path, 2)  # single and the unsupported dp... then ddp runs
+    time.sleep(2)  # let the next case get going, so it is cut mid-way
+    proc.send_signal(how)
+    code, _, err = finish(proc)
+    if how == signal.SIGINT:
+        assert code == 130, err
+        assert "--resume" in err
+    done_before = pd.read_csv(run_dir / "cases.csv")
+    assert len(done_before) < 5, "the sweep was interrupted before its end"
+    # Every CSV still parses, and holds only whole rows of finished cases.
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert set(steps.case_id) <= set(done_before.case_id)
+    assert not workers_of(run_dir)
+
+    resumed = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir)],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    cases = pd.read_csv(run_dir / "cases.csv", keep_default_na=False)
+    assert sorted(cases.strategy) == ["ddp", "mp", "pipeline", "single"] or \
+        sorted(cases.strategy) == ["ddp", "dp", "mp", "pipeline", "single"]
+    assert cases.case_id.is_unique
+    steps = pd.read_csv(run_dir / "steps.csv")
+    ok = cases[cases.status == "ok"]
+    assert set(steps.case_id) == set(ok.case_id)
+    per_case = steps.groupby(["case_id", "rank"]).size()
+    assert (per_case == 2).all(), "each case's steps recorded exactly once"
+
+
+@pytest.mark.timeout(300)
+def test_two_concurrent_runs_do_not_collide(tmp_path):
+    procs = [start(tmp_path, "--strategies", "ddp") for _ in range(2)]
+    results = [finish(p) for p in procs]
+    assert [r[0] for r in results] == [0, 0], [r[2] for r in results]
+    dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert len(dirs) == 2
+    for d in dirs:
+        assert statuses(d) == {"ddp": "ok"}
+
+
+def test_resume_refuses_other_schema_versions_and_extra_flags(tmp_path):
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    (run_dir / "env.json").write_text(json.dumps({"schema_version": 0}))
+    (run_dir / "cases.csv").write_text("run_id,case_id\n")
+    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "schema version 0" in proc.stderr and "reads version 1" in proc.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == ["cases.csv", "env.json"]
+    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir),
+                           "--strategies", "single"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "drop --strategies" in proc.stderr
+
+
+def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path):
+    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", *TINY, "--dry-run",
+                           "--microbatches", "2,8", "--out", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "pipeline_resnet-tiny_img32_b4_s2_fp32" in proc.stdout  # 2 micro-batches of 2
+    assert "8 micro-batches do not fit in batch size 4" in proc.stdout
+    assert "dp needs CUDA" in proc.stdout
+    assert "estimated duration" in proc.stdout
+    assert not (tmp_path / "out").exists()
