@@ -35,9 +35,26 @@ def rows(results: list[cmp.CaseResult]) -> list[list[str]]:
              f"{r.verdict} ({r.by})"] for r in results]
 
 
-def notes(results: list[cmp.CaseResult]) -> list[str]:
+# A run whose steps spread more than this (IQR over median) was measured on a busy machine.
+BUSY_SPREAD = 0.10
+
+
+def busy_cases(run: cmp.Run) -> list[str]:
+    """Strategies whose step times spread beyond BUSY_SPREAD within the run."""
+    spread = {cid: float(np.subtract(*np.percentile(v, [75, 25])) / np.median(v))
+              for cid, v in run.samples.items()}
+    return [f"{run.cases[cid]['strategy']} {s:.0%}" for cid, s in spread.items()
+            if s > BUSY_SPREAD]
+
+
+def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[str]:
     """Plain-language warnings a reader needs to judge the verdicts."""
     out = []
+    for name, run in (("baseline", base), ("candidate", cand)):
+        if busy := busy_cases(run):
+            out.append(f"the {name} ran on a busy machine (step-time IQR/median: "
+                       f"{', '.join(busy)}); its absolute times may have drifted more between "
+                       "runs than the intervals show")
     singles = [r for r in results if r.by == "step_time" and r.verdict == "regression"]
     speedups = [r for r in results if "speedup" in r.changes]
     if singles and speedups and all(r.changes["speedup"].verdict(0) != "regression"
@@ -74,7 +91,7 @@ def markdown(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
              "Changes are + when slower.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(results)]
-    extra = notes(results) + [f"compared across different hardware: {d}" for d in diffs]
+    extra = notes(results, base, cand) + [f"compared across different hardware: {d}" for d in diffs]
     if extra:
         lines += [""] + [f"- {n}" for n in extra]
     return "\n".join(lines) + "\n"
@@ -130,7 +147,7 @@ def command(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return cmp.EXIT_UNUSABLE
     print(table(results))
-    for n in notes(results) + [f"different hardware: {d}" for d in diffs]:
+    for n in notes(results, base, cand) + [f"different hardware: {d}" for d in diffs]:
         print(f"note: {n}")
     print(summary(results))
     if args.markdown:

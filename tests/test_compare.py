@@ -22,7 +22,8 @@ NOISE = 0.05  # lognormal sigma: ~5% step-to-step spread, like a quiet CPU
 
 def make_run(root: Path, name: str, seed: int, slowdown: dict | None = None,
              machine: float = 1.0, fingerprint: dict | None = None,
-             status: dict | None = None, model: str = "resnet-tiny") -> Path:
+             status: dict | None = None, model: str = "resnet-tiny",
+             noise: float = NOISE) -> Path:
     """A run folder of three cases; ``slowdown`` multiplies a strategy's times."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
@@ -40,7 +41,7 @@ def make_run(root: Path, name: str, seed: int, slowdown: dict | None = None,
                 continue
             scale = median * machine * (1 + (slowdown or {}).get(strategy, 0.0))
             ranks = 2 if strategy == "ddp" else 1
-            steps = [{"rank": r, "step": i, "step_time_s": scale * rng.lognormal(0, NOISE)}
+            steps = [{"rank": r, "step": i, "step_time_s": scale * rng.lognormal(0, noise)}
                      for r in range(ranks) for i in range(STEPS)]
             median = float(np.median([s["step_time_s"] for s in steps]))
             w.write_case(row | {"step_time_s_median": median, "throughput_img_s": 8 / median},
@@ -184,3 +185,11 @@ def test_baseline_store_picks_this_hardware_or_says_there_is_none(tmp_path, caps
     other = make_run(tmp_path, "other", 2, fingerprint=FINGERPRINT | {"cpu_cores": 64})
     assert main(["compare", str(store), str(other)]) == 2
     assert "no baseline for this hardware" in capsys.readouterr().err
+
+
+def test_a_run_from_a_busy_machine_is_flagged(tmp_path, capsys):
+    base = make_run(tmp_path, "base", 1)
+    busy = make_run(tmp_path, "busy", 2, noise=0.4)
+    main(["compare", str(base), str(busy)])
+    out = capsys.readouterr().out
+    assert "candidate ran on a busy machine" in out and "baseline ran on a busy" not in out
