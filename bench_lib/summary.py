@@ -1,34 +1,57 @@
-"""The short end-of-run summary: per image size, the best strategy and its speedup."""
+"""The end-of-run summary table: per workload, the best strategy, its speedup, best splits.
+
+    image  batch  prec  best        img/s  vs single  best split per pipelined strategy
+    64     32     fp32  ddp          41.2      1.02x  pipeline 8, 1f1b 4
+    128    32     fp32  1f1b         14.9      1.61x  pipeline 16, 1f1b 4
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 
+def _label(row: dict) -> str:
+    """Strategy name plus what distinguishes its variants (split size, partition)."""
+    part = row.get("partition") or ""
+    return row["strategy"] + (f"[{part}]" if part not in ("", "tutorial") else "")
+
+
+def _best_splits(ok: list[dict]) -> str:
+    best: dict[str, dict] = {}
+    for r in ok:
+        if r.get("split_size") in ("", None):
+            continue
+        key = _label(r)
+        if key not in best or r["throughput_img_s"] > best[key]["throughput_img_s"]:
+            best[key] = r
+    return ", ".join(f"{k} {r['split_size']}" for k, r in sorted(best.items())) or "-"
+
+
 def summary_lines(rows: list[dict]) -> list[str]:
-    """Lines like ``img 128: best ddp 1.92x single (b32); pipeline best split 8``."""
+    """The summary as aligned text lines (a header, then one line per workload)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         groups[(r["model"], r["image_size"], r["batch_size"], r["precision"])].append(r)
-    lines = []
+    header = (f"{'model':<10} {'image':>5} {'batch':>5} {'prec':<4}  {'best':<22} "
+              f"{'img/s':>8} {'vs single':>9}  best split per pipelined strategy")
+    lines = [header]
     for (model, image, batch, precision), group in sorted(groups.items()):
         ok = [r for r in group if r["status"] == "ok"]
-        counts = {s: sum(r["status"] == s for r in group) for s in {r["status"] for r in group}}
-        tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        head = f"{model} img {image} batch {batch} {precision}: "
+        head = f"{model:<10} {image:>5} {batch:>5} {precision:<4}  "
         if not ok:
-            lines.append(head + f"no case ran ({tally})")
+            statuses = sorted({r["status"] for r in group})
+            lines.append(head + f"no case ran ({', '.join(statuses)})")
             continue
         best = max(ok, key=lambda r: r["throughput_img_s"])
         single = next((r for r in ok if r["strategy"] == "single"), None)
-        speed = (f" = {best['throughput_img_s'] / single['throughput_img_s']:.2f}x single"
-                 if single else "")
-        text = (f"best {best['strategy']}"
-                + (f" (split {best['split_size']})" if best["split_size"] != "" else "")
-                + f" {best['throughput_img_s']:.1f} img/s{speed}")
-        for strat in sorted({r["strategy"] for r in ok if r["split_size"] != ""}):
-            cands = [r for r in ok if r["strategy"] == strat]
-            top = max(cands, key=lambda r: r["throughput_img_s"])
-            text += f"; {strat} best split {top['split_size']}"
-        lines.append(head + text + f" [{tally}]")
+        speedup = (f"{best['throughput_img_s'] / single['throughput_img_s']:.2f}x"
+                   if single else "n/a")
+        name = _label(best) + (f" s{best['split_size']}" if best.get("split_size") else "")
+        lines.append(head + f"{name:<22} {best['throughput_img_s']:>8.1f} {speedup:>9}  "
+                     + _best_splits(ok))
+    failed = [r for r in rows if r["status"] in ("error", "timeout", "oom")]
+    if failed:
+        lines.append(f"{len(failed)} case(s) failed: "
+                     + "; ".join(f"{r['case_id']} {r['status']}" for r in failed[:5])
+                     + (" ..." if len(failed) > 5 else ""))
     return lines
