@@ -121,6 +121,8 @@ class Strategy:
     """True when every micro-batch must hold exactly split_size images (batch % split == 0)."""
     data_parallel: bool = False
     """True when ranks train replicas (or shards) on parts of the batch: ``sync_bn`` applies."""
+    compile_unsupported: str = ""
+    """Why ``--compile`` cannot work with this strategy (empty when it can)."""
     needs_cuda: bool = False
     """True when the strategy only means something on GPUs."""
     cpu_note: str = ""

@@ -18,6 +18,8 @@ def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> T
     """Wrap the model for this rank; the process group must already be initialised."""
     (device,) = devices
     model = model.to(device)
+    if ctx.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ids = [device.index] if device.type == "cuda" else None
     wrapped = DistributedDataParallel(model, device_ids=ids)
     return DDPTrainer(wrapped, devices, ctx, params=model.parameters())
@@ -29,5 +31,6 @@ STRATEGY = Strategy(
     build=build,
     num_devices=all_devices,
     per_device_processes=True,
+    data_parallel=True,
     cpu_note="one process per cpu worker, gradients all-reduced through gloo over loopback",
 )

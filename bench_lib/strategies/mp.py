@@ -10,12 +10,16 @@ import torch
 from torch import nn
 
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer, two_devices
-from bench_lib.workloads import default_cuts, split_stages
+from bench_lib.partition import choose
+from bench_lib.workloads import split_stages
 
 
 class ModelParallelTrainer(Trainer):
     def __init__(self, model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> None:
-        stages = split_stages(model, default_cuts(model, len(devices)))
+        # The case's partition (tutorial: after layer2); balanced profiles on device 0.
+        self.partition = choose(ctx.partition, model.to(devices[0]), len(devices),
+                                ctx.workload, ctx.split_size, devices[0])
+        stages = split_stages(model, list(self.partition.cuts))
         self.stages = [s.to(d) for s, d in zip(stages, devices)]
         super().__init__(nn.Sequential(*self.stages), devices, ctx)
 
@@ -34,6 +38,7 @@ STRATEGY = Strategy(
     description="naive model parallel: conv1..layer2 on device 0, layer3..fc on device 1",
     build=build,
     num_devices=two_devices,
+    uses_partition=True,
     cpu_note=(
         "cpu rig: one process runs the two stages one after another on one worker's "
         "threads; as with naive model parallelism on GPUs, one device is busy at a time"

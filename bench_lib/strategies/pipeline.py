@@ -42,6 +42,7 @@ STRATEGY = Strategy(
     build=build,
     num_devices=two_devices,
     uses_split=True,
+    uses_partition=True,
     cpu_note=(
         "cpu rig: one process, no asynchronous device work, so micro-batches run one "
         "after another: this measures the cost of micro-batching, not pipeline overlap"

@@ -44,6 +44,7 @@ class PipeliningTrainer(Trainer):
                  schedule_cls: type, stages_per_rank: int, style: str) -> None:
         (device,) = devices
         num_stages = ctx.world_size * stages_per_rank
+        model = model.to(device)  # the balanced partition profiles the blocks on this device
         self.partition = choose(ctx.partition, model, num_stages, ctx.workload,
                                 ctx.split_size, device)
         stages = split_stages(model, list(self.partition.cuts))
