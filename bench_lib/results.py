@@ -201,10 +201,10 @@ def read_cases(run_dir: Path):
     missing = [c for c in CASE_COLUMNS if c not in df.columns]
     if missing:
         raise ResultsError(f"{path} lacks columns {', '.join(missing)}: not schema {SCHEMA_VERSION}")
+    _check_cases(path, df)
     bad = sorted(set(df["status"].astype(str)) - set(STATUSES))
     if bad:
         raise ResultsError(f"{path} has unknown status values {bad}; valid: {', '.join(STATUSES)}")
-    _check_cases(path, df)
     return df
 
 

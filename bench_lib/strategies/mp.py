@@ -28,6 +28,9 @@ class ModelParallelTrainer(Trainer):
             x = stage(x.to(device))
         return x
 
+    def timeline_modules(self) -> list[tuple[int, nn.Module]]:
+        return list(enumerate(self.stages))
+
 
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
     return ModelParallelTrainer(model, devices, ctx)

@@ -1,0 +1,278 @@
+"""Figures of one or more runs, drawn from their files only (matplotlib, Agg backend).
+
+Every function takes the cases of all compared runs as one DataFrame (``prepare`` adds the
+derived columns) and returns a Figure, or None when the runs hold nothing to draw (the
+report picks the Agg backend; a notebook keeps its own). A case
+that did not run (``skipped``, ``unsupported``, ``oom``, ``timeout``, ``error``) is drawn as
+a hatched bar labelled with its status, never left out.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+
+WORKLOAD = ["model", "image_size", "batch_size", "precision"]
+GROUP = ["run_label", *WORKLOAD]
+ORDER = ["single", "dp", "ddp", "fsdp", "accum", "mp", "pipeline", "gpipe", "1f1b",
+         "interleaved-1f1b"]
+PALETTE = plt.get_cmap("tab10").colors
+FAILED_STYLE = {"facecolor": "#f2f2f2", "edgecolor": "#888888", "hatch": "///", "linewidth": 0.8}
+plt.rcParams.update({"figure.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
+                     "axes.grid": True, "grid.alpha": 0.3, "axes.axisbelow": True})
+
+
+def strategy_color(name: str) -> tuple:
+    """The same colour for a strategy in every figure."""
+    known = ORDER.index(name) if name in ORDER else len(ORDER) + sum(map(ord, name))
+    return PALETTE[known % len(PALETTE)]
+
+
+def strategy_order(names) -> list[str]:
+    """Known strategies in a fixed order, then any others alphabetically."""
+    names = set(names)
+    return [s for s in ORDER if s in names] + sorted(names - set(ORDER))
+
+
+def prepare(cases: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``speedup_vs_single`` and ``scaling_efficiency`` (same run and workload).
+
+    Runs that recorded them keep their values; older runs get them computed the same way.
+    """
+    df = cases.copy()
+    single = (df[(df.strategy == "single") & (df.status == "ok")]
+              .groupby(GROUP)["throughput_img_s"].max().rename("single_img_s"))
+    df = df.join(single, on=GROUP)
+    speedup = df["throughput_img_s"] / df["single_img_s"]
+    efficiency = speedup / df["world_size"]
+    for col, derived in (("speedup_vs_single", speedup), ("scaling_efficiency", efficiency)):
+        recorded = pd.to_numeric(df[col], errors="coerce") if col in df else derived * np.nan
+        df[col] = recorded.fillna(derived)
+    return df.drop(columns="single_img_s")
+
+
+def workload_title(key: tuple) -> str:
+    model, image, batch, precision = key
+    return f"{model} · {image} px · batch {batch} · {precision}"
+
+
+def representatives(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, workload, strategy): the fastest ok case, else the first failure."""
+    df = df.assign(_ok=df.status == "ok", _tp=df.throughput_img_s.fillna(-1.0))
+    df = df.sort_values(["_ok", "_tp"], ascending=False, kind="stable")
+    return df.drop_duplicates([*GROUP, "strategy"]).drop(columns=["_ok", "_tp"])
+
+
+def bar_label(row) -> str:
+    """The strategy, plus its split when it has one (``pipeline s8``)."""
+    split = row["split_size"]
+    return row["strategy"] + (f" s{int(split)}" if pd.notna(split) and split != "" else "")
+
+
+def _facets(n: int, width: float = 5.2, height: float = 3.8, max_cols: int = 3):
+    cols = min(n, max_cols)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows + 0.9),
+                             squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _failed_bar(ax, x: float, width: float, height: float, status: str) -> None:
+    ax.bar(x, height, width, **FAILED_STYLE)
+    ax.text(x, height, status, ha="center", va="bottom", fontsize=8, color="#555555",
+            rotation=90)
+
+
+def grouped_bars(ax, reps: pd.DataFrame, value: str, err: tuple | None, fmt) -> None:
+    """Bars per strategy (x), one per run within a group; failures hatched."""
+    runs = sorted(reps.run_label.unique())
+    strategies = strategy_order(reps.strategy)
+    width = 0.8 / len(runs)
+    top = reps.loc[reps.status == "ok", value].max()
+    fail_h = 0.25 * top if pd.notna(top) and top > 0 else 1.0
+    for i, run in enumerate(runs):
+        for j, strat in enumerate(strategies):
+            sel = reps[(reps.run_label == run) & (reps.strategy == strat)]
+            if sel.empty:
+                continue
+            row, x = sel.iloc[0], j + (i - (len(runs) - 1) / 2) * width
+            if row.status != "ok" or pd.isna(row[value]):
+                _failed_bar(ax, x, width * 0.9, fail_h,
+                            row.status if row.status != "ok" else "no baseline")
+                continue
+            yerr = None
+            if err is not None and pd.notna(row[err[0]]):
+                yerr = [[row[value] - row[err[0]]], [row[err[1]] - row[value]]]
+            ax.bar(x, row[value], width * 0.9, yerr=yerr, capsize=3,
+                   color=strategy_color(strat), alpha=1.0 - 0.35 * i, edgecolor="black",
+                   linewidth=0.5, label=run if j == 0 else None)
+            ax.text(x, row[value], fmt(row), ha="center", va="bottom", fontsize=7)
+    labels = [bar_label(reps[reps.strategy == s].iloc[0]) for s in strategies]
+    ax.set_xticks(range(len(strategies)), labels, rotation=20, ha="right")
+
+
+def _by_workload(df: pd.DataFrame):
+    return sorted(df.groupby(WORKLOAD), key=lambda kv: kv[0])
+
+
+def fig_throughput(cases: pd.DataFrame) -> Figure | None:
+    """1. Throughput per strategy (median, 95% CI error bars), step time over each bar."""
+    reps = representatives(cases)
+    reps = reps.assign(tp_lo=reps.batch_size / reps.step_time_s_ci_high,
+                       tp_hi=reps.batch_size / reps.step_time_s_ci_low)
+    groups = _by_workload(reps)
+    fig, axes = _facets(len(groups))
+    for ax, (key, g) in zip(axes, groups):
+        grouped_bars(ax, g, "throughput_img_s", ("tp_lo", "tp_hi"),
+                     lambda r: f"{r.step_time_s_median:.3g} s")
+        ax.set_title(workload_title(key), fontsize=10)
+        ax.set_ylabel("throughput (images/s)")
+    fig.suptitle("Throughput per strategy (error bars: 95% CI of the median step; "
+                 "label: median step time; pipelined: best split)", fontsize=11)
+    _legend_runs(fig, axes, cases)
+    return fig
+
+
+def _legend_runs(fig, axes, cases) -> None:
+    if cases.run_label.nunique() > 1:
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper right", fontsize=8, title="run")
+
+
+def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
+    """2. Step time against split size per pipelined strategy, the optimum starred."""
+    split = cases[cases.split_size.notna()]
+    if split.empty:
+        return None
+    groups = _by_workload(split)
+    fig, axes = _facets(len(groups))
+    styles = ["-", "--", ":", "-."]
+    for ax, (key, g) in zip(axes, groups):
+        for (run, strat), line in g.groupby(["run_label", "strategy"]):
+            color = strategy_color(strat)
+            ok = line[line.status == "ok"].sort_values("split_size")
+            ls = styles[sorted(cases.run_label.unique()).index(run) % 4]
+            label = strat + (f" ({run})" if cases.run_label.nunique() > 1 else "")
+            ax.errorbar(ok.split_size, ok.step_time_s_median, capsize=3, marker="o",
+                        yerr=[ok.step_time_s_median - ok.step_time_s_ci_low,
+                              ok.step_time_s_ci_high - ok.step_time_s_median],
+                        color=color, linestyle=ls, label=label)
+            if not ok.empty:
+                best = ok.loc[ok.step_time_s_median.idxmin()]
+                ax.plot(best.split_size, best.step_time_s_median, marker="*", markersize=16,
+                        color=color, markeredgecolor="black", zorder=5)
+                ax.annotate(f"best {int(best.split_size)}", (best.split_size,
+                            best.step_time_s_median), textcoords="offset points",
+                            xytext=(0, -16), ha="center", fontsize=8)
+            for r in line[line.status != "ok"].itertuples():
+                ax.plot(r.split_size, 0.04, marker="x", color="red", markersize=9,
+                        transform=ax.get_xaxis_transform(), clip_on=False)
+                ax.annotate(r.status, (r.split_size, 0.04), xycoords=ax.get_xaxis_transform(),
+                            xytext=(4, 2), textcoords="offset points", fontsize=7, color="red")
+        base = cases[(cases.strategy == "single") & (cases.status == "ok")]
+        base = base.set_index(WORKLOAD).step_time_s_median
+        if key in base.index:
+            ax.axhline(np.min(base.loc[[key]]), color="grey", linestyle="--", label="single")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("split size (images per micro-batch)")
+        ax.set_ylabel("median step time (s)")
+        ax.set_title(workload_title(key), fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle("Split-size trade-off: lower is better (★ optimum, ✕ case that did not run)",
+                 fontsize=11)
+    return fig
+
+
+def _grid_cells(g: pd.DataFrame, col: str) -> pd.DataFrame:
+    """Per (image size, column value), the fastest ok case where that value applies."""
+    ok = g[g.status == "ok"]
+    cells = []
+    for image in sorted(g.image_size.unique()):
+        for value in sorted(g[col].dropna().unique()):
+            cand = ok[(ok.image_size == image) & ((ok[col] == value) | ok[col].isna())]
+            if not cand.empty:
+                cells.append(cand.loc[cand.throughput_img_s.idxmax()].to_dict()
+                             | {"grid_row": image, "grid_col": value})
+    return pd.DataFrame(cells)
+
+
+def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
+    """3. Image size x split size (or batch size): the winning strategy and its speedup."""
+    col = "split_size" if cases.split_size.notna().any() else "batch_size"
+    keys = ["run_label", "model", "precision"] + (["batch_size"] if col == "split_size" else [])
+    names = ["", "", "", "batch "]
+    panels = [(k, _grid_cells(g, col)) for k, g in sorted(cases.groupby(keys))]
+    panels = [(k, c) for k, c in panels if not c.empty]
+    if not panels:
+        return None
+    fig, axes = _facets(len(panels), width=6.0, height=3.6, max_cols=2)
+    for ax, (key, cells) in zip(axes, panels):
+        rows, cols = sorted(cells.grid_row.unique()), sorted(cells.grid_col.unique())
+        speed = np.full((len(rows), len(cols)), np.nan)
+        for c in cells.itertuples():
+            speed[rows.index(c.grid_row), cols.index(c.grid_col)] = c.speedup_vs_single
+        finite = speed[np.isfinite(speed)]
+        span = max(1.05, *(abs(np.log2(finite)) if finite.size else [0]))
+        norm = TwoSlopeNorm(vcenter=1.0, vmin=2 ** -span, vmax=2 ** span)
+        im = ax.imshow(np.nan_to_num(speed, nan=1.0), cmap="RdYlGn", norm=norm, aspect="auto")
+        for c in cells.itertuples():
+            r, k = rows.index(c.grid_row), cols.index(c.grid_col)
+            text = c.strategy + (f" s{int(c.split_size)}" if pd.notna(c.split_size) else "")
+            sp = "no single" if pd.isna(c.speedup_vs_single) else f"{c.speedup_vs_single:.2f}x"
+            ax.text(k, r, f"{text}\n{sp}", ha="center", va="center", fontsize=8)
+        _mark_best_split(ax, cases, key, keys, rows, cols, col)
+        ax.set_xticks(range(len(cols)), [str(int(v)) for v in cols])
+        ax.set_yticks(range(len(rows)), [f"{int(v)} px" for v in rows])
+        ax.set_xlabel("split size (images per micro-batch)" if col == "split_size"
+                      else "batch size (images)")
+        ax.set_ylabel("image size")
+        ax.set_title(" · ".join(f"{n}{v}" for n, v in zip(names, key)), fontsize=10)
+        ax.grid(False)
+        ax.set_xticks(np.arange(len(cols) + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(len(rows) + 1) - 0.5, minor=True)
+        ax.grid(which="minor", color="white", linewidth=4, alpha=1)
+        ax.tick_params(which="minor", length=0)
+        fig.colorbar(im, ax=ax, label="speedup over single (x)")
+    fig.suptitle("Winning strategy per cell and its speedup over single\n"
+                 "(black box: best split of a pipelined strategy per image size)", fontsize=11)
+    return fig
+
+
+def _mark_best_split(ax, cases, key, keys, rows, cols, col) -> None:
+    if col != "split_size":
+        return
+    g = cases[(cases[keys] == pd.Series(key, index=keys)).all(axis=1)]
+    piped = g[(g.status == "ok") & g.split_size.notna()]
+    for image, sel in piped.groupby("image_size"):
+        best = sel.loc[sel.throughput_img_s.idxmax()]
+        if image in rows and best.split_size in cols:
+            x, y = cols.index(best.split_size), rows.index(image)
+            ax.add_patch(plt.Rectangle((x - 0.42, y - 0.42), 0.84, 0.84, fill=False,
+                                       edgecolor="black", linewidth=2))
+            ax.text(x, y + 0.3, f"best {best.strategy} split", ha="center", fontsize=7)
+
+
+def fig_scaling(cases: pd.DataFrame) -> Figure | None:
+    """7. Scaling efficiency: speedup over single divided by the devices used."""
+    reps = representatives(cases)
+    reps = reps[reps.strategy != "single"]
+    if reps.empty:
+        return None
+    groups = _by_workload(reps)
+    fig, axes = _facets(len(groups))
+    for ax, (key, g) in zip(axes, groups):
+        grouped_bars(ax, g, "scaling_efficiency", None,
+                     lambda r: f"{r.speedup_vs_single:.2f}x\non {int(r.world_size)}")
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        ax.text(ax.get_xlim()[1], 1.0, " ideal", va="center", fontsize=8)
+        ax.set_ylabel("scaling efficiency (speedup / devices)")
+        ax.set_title(workload_title(key), fontsize=10)
+    fig.suptitle("Scaling efficiency per strategy (label: speedup over single on N devices)",
+                 fontsize=11)
+    _legend_runs(fig, axes, cases)
+    return fig

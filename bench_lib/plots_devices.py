@@ -1,0 +1,153 @@
+"""Figures about devices: peak memory per device, samples over time, the pipeline timeline."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from bench_lib.plots import (FAILED_STYLE, PALETTE, WORKLOAD, _by_workload, _facets, bar_label,
+                             representatives, strategy_order, workload_title)
+from bench_lib.timeline import bubble, draw_gantt
+
+# samples.csv columns in order of preference: GPUs' own counters first, then the CPU rig's.
+TIME_COLUMNS = ("t_s", "time_s", "elapsed_s", "time_unix_s")
+UTIL_COLUMNS = ("util_gpu_pct", "sm_util_pct", "cpu_pct")
+MEM_COLUMNS = ("mem_used_mib", "rss_mib")
+MAX_CASES = 4
+DEVICE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3"]
+
+
+def parse_by_device(text) -> dict[str, float]:
+    """``"0:812.5;1:655.0"`` -> ``{"0": 812.5, "1": 655.0}`` (empty for a missing value)."""
+    if not isinstance(text, str) or not text:
+        return {}
+    return {k: float(v) for k, v in (item.rsplit(":", 1) for item in text.split(";"))}
+
+
+def fig_memory(cases: pd.DataFrame) -> Figure | None:
+    """4. Peak memory per device for each strategy (device imbalance shows as uneven bars)."""
+    reps = representatives(cases)
+    groups = _by_workload(reps)
+    if not groups:
+        return None
+    fig, axes = _facets(len(groups))
+    for ax, (key, g) in zip(axes, groups):
+        labels, peaks = [], g.loc[g.status == "ok", "peak_mem_mib_max"]
+        fail_h = 0.25 * peaks.max() if peaks.notna().any() else 1.0
+        for x, (_, row) in enumerate(g.sort_values(["strategy", "run_label"], key=_order).iterrows()):
+            mem = parse_by_device(row.peak_mem_mib_by_device)
+            label = bar_label(row) + (f"\n{row.run_label}" if g.run_label.nunique() > 1 else "")
+            if len(mem) > 1 and min(mem.values()) > 0:
+                label += f"\nmax/min {max(mem.values()) / min(mem.values()):.2f}"
+            labels.append(label)
+            if row.status != "ok" or not mem:
+                ax.bar(x, fail_h, 0.8, **FAILED_STYLE)
+                ax.text(x, fail_h, row.status, rotation=90, ha="center", va="bottom",
+                        fontsize=8, color="#555555")
+                continue
+            width = 0.8 / len(mem)
+            for i, (dev, mib) in enumerate(sorted(mem.items())):
+                bx = x + (i - (len(mem) - 1) / 2) * width
+                ax.bar(bx, mib, width * 0.92, color=_device_color(dev), edgecolor="black",
+                       linewidth=0.5, label=f"device {dev}")
+                ax.text(bx, mib, f"{mib:.0f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+        ax.set_ylabel("peak memory per device (MiB)")
+        ax.set_title(workload_title(key), fontsize=10)
+        handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+        ax.legend(handles.values(), handles.keys(), fontsize=8)
+    what = ("CPU rig: peak resident memory of each worker process"
+            if cases.rig.astype(str).str.startswith("cpu").all() else "CUDA allocator peak")
+    fig.suptitle(f"Peak memory per device ({what}; device '0+1': one process drives both)",
+                 fontsize=11)
+    return fig
+
+
+def _device_color(dev: str) -> str:
+    """Device 0, 1, ... get fixed colours; a process driving several ('0+1') gets grey."""
+    return DEVICE_COLORS[int(dev) % len(DEVICE_COLORS)] if dev.isdigit() else "#9a9a9a"
+
+
+def _order(col: pd.Series) -> pd.Series:
+    if col.name != "strategy":
+        return col
+    order = strategy_order(col)
+    return col.map(order.index)
+
+
+def _pick(cases: pd.DataFrame, have: set) -> pd.DataFrame:
+    """The cases to draw over time: per strategy, the fastest at the largest image size."""
+    ok = cases[(cases.status == "ok") & cases.case_key.isin(have)]
+    ok = ok[ok.image_size == ok.image_size.max()]
+    best = representatives(ok)
+    best = best.sort_values("strategy", key=_order)
+    return best.head(MAX_CASES)
+
+
+def _first(df: pd.DataFrame, names) -> str | None:
+    return next((c for c in names if c in df.columns and df[c].notna().any()), None)
+
+
+def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | None:
+    """5. Utilisation and memory over time per device, for one case per strategy."""
+    if samples is None or samples.empty:
+        return None
+    t_col, u_col, m_col = (_first(samples, c) for c in (TIME_COLUMNS, UTIL_COLUMNS, MEM_COLUMNS))
+    if t_col is None or (u_col is None and m_col is None):
+        return None
+    chosen = _pick(cases, set(samples.case_key))
+    if chosen.empty:
+        return None
+    metrics = [c for c in (u_col, m_col) if c is not None]
+    fig, axes = plt.subplots(len(metrics), len(chosen), squeeze=False, sharex="col",
+                             figsize=(4.6 * len(chosen), 2.9 * len(metrics) + 0.9))
+    for j, case in enumerate(chosen.itertuples()):
+        s = samples[samples.case_key == case.case_key]
+        t = s[t_col] - s[t_col].min()
+        for i, metric in enumerate(metrics):
+            ax = axes[i][j]
+            for k, (dev, d) in enumerate(s.assign(_t=t).groupby("device")):
+                d = d[d[metric].notna()]
+                if not d.empty:
+                    ax.plot(d._t, d[metric], color=PALETTE[k % 10], label=f"device {dev}")
+            ax.set_ylabel(metric.replace("_pct", " (%)").replace("_mib", " (MiB)"))
+            if i == 0:
+                ax.set_title(f"{bar_label(case._asdict())} · {case.image_size} px", fontsize=10)
+            ax.legend(fontsize=7)
+        axes[-1][j].set_xlabel("time since case start (s)")
+    fig.suptitle("Utilisation and memory over time per device (whole case: build, warm-up, "
+                 "timed steps)", fontsize=11)
+    return fig
+
+
+def fig_timeline(cases: pd.DataFrame, timeline: pd.DataFrame | None) -> Figure | None:
+    """6. Measured pipeline timeline: a Gantt chart per pipelined case, bubble measured."""
+    if timeline is None or timeline.empty:
+        return None
+    chosen = _pick(cases, set(timeline.case_key))
+    if chosen.empty:
+        return None
+    rows = [timeline[timeline.case_key == c] for c in chosen.case_key]
+    heights = [1.2 + 0.5 * r.groupby(["rank", "stage"]).ngroups for r in rows]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(11, sum(heights) + 0.9), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, case, events in zip(axes[:, 0], chosen.itertuples(), rows):
+        title = f"{bar_label(case._asdict())} · {workload_title(tuple(getattr(case, k) for k in WORKLOAD))}"
+        draw_gantt(ax, events, title)
+    fig.suptitle("Measured pipeline timeline of one traced step (after the timed steps); "
+                 "numbers are micro-batches", fontsize=11)
+    return fig
+
+
+def bubble_table(cases: pd.DataFrame, timeline: pd.DataFrame | None) -> pd.DataFrame:
+    """Measured and theoretical idle fraction of every case that has a timeline."""
+    if timeline is None or timeline.empty:
+        return pd.DataFrame()
+    rows = []
+    for key, events in timeline.groupby("case_key"):
+        case = cases[cases.case_key == key].iloc[0]
+        rows.append({"run": case.run_label, "case_id": case.case_id,
+                     "strategy": case.strategy, "split_size": case.split_size}
+                    | bubble(events))
+    return pd.DataFrame(rows)

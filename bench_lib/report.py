@@ -1,0 +1,151 @@
+"""The report: PNG figures and one self-contained report.html from one or more run folders.
+
+    python -m bench_lib report RUN_DIR [RUN_DIR ...]
+
+Reads only files (env.json, cases.csv, steps.csv, and samples.csv / timeline.csv where
+present); it never imports the runner or touches a device. Everything is read and checked
+before anything is written, so an unusable folder writes nothing. Several runs are drawn
+side by side; the report goes into the first run's folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+
+matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+
+from bench_lib import plots, plots_devices  # noqa: E402  (after the backend is chosen)
+from bench_lib.report_html import render  # noqa: E402
+from bench_lib.results import TIMELINE_COLUMNS, ResultsError, read_cases, read_env  # noqa: E402
+
+REPORT_NAME = "report.html"
+
+
+@dataclass
+class Runs:
+    """Every compared run's files, concatenated; ``case_key`` is ``<run label>/<case id>``."""
+
+    envs: dict[str, dict]
+    """Run label -> env.json."""
+    cases: pd.DataFrame
+    samples: pd.DataFrame | None
+    timeline: pd.DataFrame | None
+
+
+def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
+    """A CSV that a run may lack; present but unreadable or missing columns is an error."""
+    if not path.exists():
+        return None
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ResultsError(f"cannot read {path}: {e}") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ResultsError(f"{path} lacks columns {', '.join(missing)}")
+    return df
+
+
+def _keyed(df: pd.DataFrame | None, label: str) -> pd.DataFrame | None:
+    if df is None:
+        return None
+    return df.assign(run_label=label, case_key=label + "/" + df["case_id"].astype(str))
+
+
+def load_runs(run_dirs: list[Path]) -> Runs:
+    """Read and check every run folder (raises ResultsError on an unusable one)."""
+    envs, cases, samples, timelines = {}, [], [], []
+    for i, run_dir in enumerate(run_dirs):
+        if not run_dir.is_dir():
+            raise ResultsError(f"{run_dir} is not a folder")
+        label = run_dir.resolve().name
+        label = label if label not in envs else f"{label}#{i + 1}"
+        envs[label] = read_env(run_dir)
+        cases.append(_keyed(read_cases(run_dir), label))
+        _read_optional(run_dir / "steps.csv", ["case_id", "rank", "step", "step_time_s"])
+        samples.append(_keyed(_read_optional(run_dir / "samples.csv", ["case_id", "device"]),
+                              label))
+        timelines.append(_keyed(_read_optional(run_dir / "timeline.csv", TIMELINE_COLUMNS),
+                                label))
+    samples = [s for s in samples if s is not None]
+    timelines = [t for t in timelines if t is not None]
+    return Runs(envs, plots.prepare(pd.concat(cases, ignore_index=True)),
+                pd.concat(samples, ignore_index=True) if samples else None,
+                pd.concat(timelines, ignore_index=True) if timelines else None)
+
+
+def caption(label: str, env: dict) -> str:
+    """One line naming the rig, devices and versions a run was measured with."""
+    v, git = env.get("versions", {}), env.get("git", {})
+    devices = env.get("device_names") or []
+    names = ", ".join(sorted(set(devices))) if devices else "?"
+    cuda = f"CUDA {v['cuda']}" if v.get("cuda") else "no CUDA"
+    sha = (git.get("sha") or "nogit")[:7] + ("+dirty" if git.get("dirty") else "")
+    return (f"{label}: rig {env.get('rig', {}).get('label', '?')} ({len(devices)}x {names}); "
+            f"CPU {env.get('cpu_model', '?')}; torch {v.get('torch')}, torchvision "
+            f"{v.get('torchvision')}, {cuda}; git {sha}")
+
+
+# (number, file stem, title, what it needs when absent)
+FIGURES = [
+    (1, "throughput", "Throughput and step time per strategy", "no case"),
+    (2, "split_tradeoff", "Split-size trade-off", "no pipelined case with a split size"),
+    (3, "winner_grid", "Winning strategy per image size and split", "no case ran"),
+    (4, "memory", "Peak memory per device", "no case"),
+    (5, "samples", "Utilisation and memory over time",
+     "not measured in this run (no samples.csv with utilisation or memory columns)"),
+    (6, "timeline", "Measured pipeline timeline",
+     "not measured in this run (no timeline.csv: no pipelined case ran)"),
+    (7, "scaling", "Scaling efficiency", "no case besides single"),
+]
+
+
+def draw_figures(runs: Runs) -> dict[int, object]:
+    """Every figure the runs hold data for, by number (absent: nothing to draw)."""
+    c = runs.cases
+    figs = {1: plots.fig_throughput(c), 2: plots.fig_split_tradeoff(c),
+            3: plots.fig_winner_grid(c), 4: plots_devices.fig_memory(c),
+            5: plots_devices.fig_samples(c, runs.samples),
+            6: plots_devices.fig_timeline(c, runs.timeline), 7: plots.fig_scaling(c)}
+    return {n: f for n, f in figs.items() if f is not None}
+
+
+def _png(fig, captions: list[str]) -> bytes:
+    """The figure as PNG bytes, with the runs' rig and versions written under it."""
+    import matplotlib.pyplot as plt
+
+    fig.text(0.01, 0.005, "\n".join(captions), fontsize=7, color="#444444", va="bottom",
+             ha="left", wrap=True)
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(captions), 1, 0.95))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_report(run_dirs: list[Path]) -> Path:
+    """Write the PNGs and report.html into the first run folder; returns the HTML's path."""
+    runs = load_runs(run_dirs)
+    captions = [caption(label, env) for label, env in runs.envs.items()]
+    pngs = {n: _png(f, captions) for n, f in draw_figures(runs).items()}
+    sections = []
+    for number, stem, title, absent in FIGURES:
+        data = pngs.get(number)
+        sections.append({"number": number, "title": title, "file": f"fig{number}_{stem}.png",
+                         "png_b64": base64.b64encode(data).decode() if data else None,
+                         "absent": absent})
+    html = render(runs, sections, captions,
+                  plots_devices.bubble_table(runs.cases, runs.timeline))
+    out = run_dirs[0]
+    for s in sections:
+        if s["png_b64"]:
+            (out / s["file"]).write_bytes(pngs[s["number"]])
+    path = out / REPORT_NAME
+    path.write_text(html, encoding="utf-8")
+    return path

@@ -1,0 +1,138 @@
+"""report.html: one self-contained page (inline CSS, figures as data: URIs, no script)."""
+
+from __future__ import annotations
+
+import datetime
+import html
+
+import pandas as pd
+
+from bench_lib.plots import GROUP, bar_label
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1200px;
+color:#222;padding:0 1rem;line-height:1.45}
+h1{margin-bottom:.2rem}h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2.2rem}
+.sub{color:#666;margin-top:0}figure{margin:1rem 0}
+figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption,.caption{color:#555;font-size:.85rem}
+table{border-collapse:collapse;font-size:.85rem;margin:.6rem 0;width:100%}
+th,td{border-bottom:1px solid #e4e4e4;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f6f6f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.notok td{background:repeating-linear-gradient(135deg,#fafafa 0 6px,#f0f0f0 6px 12px)}
+.status{font-weight:600}.missing{color:#8a6d3b;background:#fcf8e3;padding:.5rem .8rem;
+border-left:4px solid #e0c36c}.best{font-weight:600}
+"""
+
+
+def _e(value: object) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return html.escape(str(value))
+
+
+def _num(value: object, fmt: str) -> str:
+    return "" if value is None or pd.isna(value) else format(value, fmt)
+
+
+def _headlines(cases: pd.DataFrame) -> str:
+    """Per run and workload: the fastest strategy and its speedup over single."""
+    items = []
+    for key, g in sorted(cases.groupby(GROUP), key=lambda kv: kv[0]):
+        ok = g[g.status == "ok"]
+        run, model, image, batch, precision = key
+        head = f"{_e(run)} · {_e(model)} {image} px batch {batch} {_e(precision)}: "
+        if ok.empty:
+            items.append(f"<li>{head}no case ran</li>")
+            continue
+        best = ok.loc[ok.throughput_img_s.idxmax()]
+        speed = best.speedup_vs_single
+        items.append(
+            f"<li>{head}<span class=best>{_e(bar_label(best))}</span> "
+            f"{best.throughput_img_s:.1f} images/s"
+            + (f", {speed:.2f}x single" if pd.notna(speed) else ", no single baseline")
+            + f" ({(g.status != 'ok').sum()} of {len(g)} cases did not run)</li>")
+    return "<ul>" + "".join(items) + "</ul>"
+
+
+def _runs_table(envs: dict[str, dict], cases: pd.DataFrame) -> str:
+    rows = []
+    for label, env in envs.items():
+        c = cases[cases.run_label == label]
+        tally = ", ".join(f"{n} {s}" for s, n in c.status.value_counts().sort_index().items())
+        v = env.get("versions", {})
+        rows.append("<tr>" + "".join(f"<td>{_e(x)}</td>" for x in (
+            label, env.get("rig", {}).get("label"), ", ".join(env.get("device_names") or []),
+            env.get("cpu_model"), v.get("torch"), v.get("cuda") or "none",
+            (env.get("git", {}).get("sha") or "")[:7], tally)) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("run", "rig", "devices", "CPU", "torch", "CUDA",
+                                              "git", "cases"))
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _cases_table(cases: pd.DataFrame) -> str:
+    cols = [("run", "run_label", None), ("strategy", "strategy", None),
+            ("image (px)", "image_size", None), ("batch", "batch_size", None),
+            ("split", "split_size", ".0f"), ("status", "status", None),
+            ("median step (s)", "step_time_s_median", ".4f"),
+            ("95% CI (s)", None, None), ("throughput (img/s)", "throughput_img_s", ".1f"),
+            ("speedup vs single", "speedup_vs_single", ".2f"),
+            ("peak mem max (MiB)", "peak_mem_mib_max", ".0f"), ("reason / note", None, None)]
+    head = "".join(f"<th>{h}</th>" for h, _, _ in cols)
+    body = []
+    for r in cases.itertuples():
+        cells = []
+        for _, col, fmt in cols[:7]:
+            value = getattr(r, col)
+            cells.append(f"<td class=num>{_num(value, fmt)}</td>" if fmt else
+                         f"<td{' class=status' if col == 'status' else ''}>{_e(value)}</td>")
+        ci = (f"{r.step_time_s_ci_low:.4f}–{r.step_time_s_ci_high:.4f}"
+              if pd.notna(r.step_time_s_ci_low) else "")
+        cells.append(f"<td class=num>{ci}</td>")
+        for _, col, fmt in cols[8:11]:
+            cells.append(f"<td class=num>{_num(getattr(r, col), fmt)}</td>")
+        cells.append(f"<td>{_e(r.reason) or _e(r.note)}</td>")
+        cls = "" if r.status == "ok" else " class=notok"
+        body.append(f"<tr{cls}>{''.join(cells)}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _bubble_table(table: pd.DataFrame) -> str:
+    if table.empty:
+        return ""
+    head = ("<tr><th>run</th><th>case</th><th>stages S</th><th>micro-batches M</th>"
+            "<th>traced step (s)</th><th>idle measured</th><th>idle theoretical (S-1)/(M+S-1)"
+            "</th></tr>")
+    body = "".join(
+        f"<tr><td>{_e(r.run)}</td><td>{_e(r.case_id)}</td><td class=num>{r.stages}</td>"
+        f"<td class=num>{r.microbatches}</td><td class=num>{r.span_s:.4f}</td>"
+        f"<td class=num>{r.bubble_measured:.1%}</td>"
+        f"<td class=num>{r.bubble_theoretical:.1%}</td></tr>" for r in table.itertuples())
+    return f"<h3>Idle (bubble) fraction per pipelined case</h3><table>{head}{body}</table>"
+
+
+def _section(s: dict, captions: list[str], extra: str) -> str:
+    title = f"<h2 id=fig{s['number']}>{s['number']}. {_e(s['title'])}</h2>"
+    if not s["png_b64"]:
+        return f"{title}<p class=missing>{_e(s['absent'])}.</p>{extra}"
+    cap = "<br>".join(_e(c) for c in captions)
+    return (f"{title}<figure><img src=\"data:image/png;base64,{s['png_b64']}\" "
+            f"alt=\"figure {s['number']}: {_e(s['title'])}\"><figcaption>{_e(s['file'])}<br>"
+            f"{cap}</figcaption></figure>{extra}")
+
+
+def render(runs, sections: list[dict], captions: list[str], bubbles: pd.DataFrame) -> str:
+    """The whole page."""
+    labels = ", ".join(runs.envs)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = [f"<h1>parabench report</h1><p class=sub>{_e(labels)} · written {now}</p>",
+            "<h2>Runs</h2>", _runs_table(runs.envs, runs.cases),
+            "<h2>Headlines</h2>", _headlines(runs.cases)]
+    for s in sections:
+        body.append(_section(s, captions, _bubble_table(bubbles) if s["number"] == 6 else ""))
+    body += ["<h2 id=cases>All cases</h2><p class=caption>Hatched rows did not run; "
+             "their reason is in the last column.</p>", _cases_table(runs.cases)]
+    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><link rel=icon href=\"data:,\">"
+            "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
+            f"<title>parabench report: {_e(labels)}</title><style>{CSS}</style></head>"
+            f"<body>{''.join(body)}</body></html>\n")

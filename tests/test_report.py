@@ -1,0 +1,232 @@
+"""The report: figures from files, failures drawn as such, bad folders refused, the notebook."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from bench_lib import cli, plots, plots_devices, report
+from bench_lib.results import SCHEMA_VERSION, RunWriter, write_json_atomic
+from tests.conftest import PYTHON, REPO
+from tests.test_timeline import gpipe_events
+
+BATCH = 16
+# Hand-chosen median step times (s) per (strategy, split) at each image size.
+STEP_S = {64: {("single", None): 0.80, ("ddp", None): 0.50, ("mp", None): 0.90,
+               ("pipeline", 2): 0.70, ("pipeline", 4): 0.60, ("pipeline", 8): 0.75},
+          128: {("single", None): 2.00, ("ddp", None): 1.25, ("mp", None): 2.10,
+                ("pipeline", 2): 1.90, ("pipeline", 4): 1.80, ("pipeline", 8): 1.60}}
+MEM = {"single": "0:800.0", "ddp": "0:700.0;1:350.0", "mp": "0+1:900.0", "pipeline": "0+1:950.0"}
+
+
+def env(torch_version: str = "2.14.1") -> dict:
+    return {"schema_version": SCHEMA_VERSION, "rig": {"label": "cpu:2x1t", "kind": "cpu"},
+            "device_names": ["cpu worker 0 (cores 0)", "cpu worker 1 (cores 1)"],
+            "cpu_model": "Test CPU", "versions": {"torch": torch_version,
+                                                  "torchvision": "0.29.1", "cuda": None},
+            "git": {"sha": "abcdef0123", "dirty": False}}
+
+
+def ok_row(strategy: str, image: int, split: int | None, step_s: float) -> dict:
+    case_id = f"{strategy}_img{image}_s{split or '-'}"
+    return {"case_id": case_id, "strategy": strategy, "model": "resnet50", "rig": "cpu:2x1t",
+            "world_size": 1 if strategy == "single" else 2, "image_size": image,
+            "batch_size": BATCH, "split_size": "" if split is None else split,
+            "num_microbatches": BATCH // split if split else "", "precision": "fp32",
+            "loss": "ce", "status": "ok", "timed_steps": 3, "step_time_s_median": step_s,
+            "step_time_s_ci_low": 0.95 * step_s, "step_time_s_ci_high": 1.05 * step_s,
+            "throughput_img_s": BATCH / step_s, "peak_mem_mib_max": 950.0,
+            "peak_mem_mib_by_device": MEM[strategy]}
+
+
+def failed_row(strategy: str, image: int, split, status: str, reason: str) -> dict:
+    return {"case_id": f"{strategy}_img{image}_s{split}", "strategy": strategy,
+            "model": "resnet50", "rig": "cpu:2x1t", "world_size": 2, "image_size": image,
+            "batch_size": BATCH, "split_size": split, "precision": "fp32", "loss": "ce",
+            "status": status, "reason": reason}
+
+
+def synthetic_run(root: Path, name: str = "20260101T000000Z_host_abcdef0", scale: float = 1.0,
+                  samples: bool = True, timeline: bool = True) -> Path:
+    """A run folder with hand-chosen numbers, written through the real RunWriter."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    write_json_atomic(run_dir / "env.json", env())
+    with RunWriter(run_dir) as writer:
+        for image, steps in STEP_S.items():
+            for (strategy, split), step_s in steps.items():
+                row = ok_row(strategy, image, split, step_s * scale)
+                events = gpipe_events(2, BATCH // (split or BATCH), 0.01)
+                ticks = [{"time_unix_s": 1e9 + t / 10, "device": d, "cpu_pct": 50.0 + t,
+                          "rss_mib": 100.0 * t} for t in range(5) for d in ("0", "1")]
+                writer.write_case(
+                    row, [{"rank": 0, "step": i, "step_time_s": step_s} for i in range(3)],
+                    timeline=events.to_dict("records") if split and timeline
+                    else (), samples=ticks if samples else ())
+            writer.write_case(failed_row("dp", image, "", "unsupported", "dp needs CUDA"))
+            writer.write_case(failed_row("pipeline", image, 32, "skipped",
+                                         "split size 32 is larger than batch 16"))
+    return run_dir
+
+
+def load(*dirs: Path) -> report.Runs:
+    return report.load_runs(list(dirs))
+
+
+def test_speedup_and_efficiency_computed_from_the_files(tmp_path):
+    cases = load(synthetic_run(tmp_path)).cases.set_index("case_id")
+    assert cases.loc["ddp_img64_s-", "speedup_vs_single"] == pytest.approx(0.80 / 0.50)
+    assert cases.loc["ddp_img64_s-", "scaling_efficiency"] == pytest.approx(0.8)
+    assert cases.loc["pipeline_img128_s8", "speedup_vs_single"] == pytest.approx(2.0 / 1.6)
+    assert pd.isna(cases.loc["dp_img64_s", "speedup_vs_single"])
+
+
+def hatched(fig) -> list:
+    return [p for ax in fig.axes for p in ax.patches if p.get_hatch()]
+
+
+def test_failed_cases_are_hatched_bars_not_missing_bars(tmp_path):
+    cases = load(synthetic_run(tmp_path)).cases
+    for draw in (plots.fig_throughput, plots_devices.fig_memory, plots.fig_scaling):
+        fig = draw(cases)
+        # One representative per strategy: dp (unsupported) in each of the 2 image sizes.
+        assert len(hatched(fig)) == 2, draw.__name__
+        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+        assert texts.count("unsupported") == 2
+        plt.close(fig)
+
+
+def test_split_tradeoff_stars_the_optimum_and_crosses_the_skipped(tmp_path):
+    fig = plots.fig_split_tradeoff(load(synthetic_run(tmp_path)).cases)
+    stars = {ax.get_title(): line.get_xdata()[0] for ax in fig.axes for line in ax.lines
+             if line.get_marker() == "*"}
+    assert stars == {"resnet50 · 64 px · batch 16 · fp32": 4,
+                     "resnet50 · 128 px · batch 16 · fp32": 8}
+    crosses = [line for ax in fig.axes for line in ax.lines if line.get_marker() == "x"]
+    assert [c.get_xdata()[0] for c in crosses] == [32, 32]
+    plt.close(fig)
+
+
+def test_winner_grid_names_the_winner_and_its_speedup(tmp_path):
+    fig = plots.fig_winner_grid(load(synthetic_run(tmp_path)).cases)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    # ddp (1.60x at both sizes) wins every cell: splits 2, 4, 8 and the skipped 32.
+    assert texts.count("ddp\n1.60x") == 8
+    assert texts.count("best pipeline split") == 2
+    plt.close(fig)
+
+
+def test_memory_bars_show_each_device(tmp_path):
+    fig = plots_devices.fig_memory(load(synthetic_run(tmp_path)).cases)
+    heights = sorted(p.get_height() for p in fig.axes[0].patches if not p.get_hatch())
+    assert heights == [350.0, 700.0, 800.0, 900.0, 950.0]
+    assert any("max/min 2.00" in t.get_text() for t in fig.axes[0].get_xticklabels())
+    plt.close(fig)
+
+
+def test_report_html_is_self_contained_with_every_figure(tmp_path):
+    run_dir = synthetic_run(tmp_path)
+    path = report.write_report([run_dir])
+    assert path == run_dir / "report.html"
+    html = path.read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(images) == 7
+    for data in images:
+        assert base64.b64decode(data).startswith(b"\x89PNG")
+    assert sorted(p.name for p in run_dir.glob("fig*.png")) == [
+        "fig1_throughput.png", "fig2_split_tradeoff.png", "fig3_winner_grid.png",
+        "fig4_memory.png", "fig5_samples.png", "fig6_timeline.png", "fig7_scaling.png"]
+    assert "http" not in html.replace("http-equiv", "") and "<script" not in html
+    assert "dp needs CUDA" in html and "split size 32 is larger than batch 16" in html
+    assert "torch 2.14.1" in html and "Test CPU" in html
+    assert "20.0%" in html  # theoretical bubble of S=2, M=4 beside the measured one
+
+
+def test_missing_samples_and_timeline_say_not_measured(tmp_path):
+    run_dir = synthetic_run(tmp_path, samples=False, timeline=False)
+    html = report.write_report([run_dir]).read_text()
+    assert html.count("not measured in this run") == 2
+    assert not (run_dir / "fig5_samples.png").exists()
+    assert not (run_dir / "fig6_timeline.png").exists()
+
+
+def test_two_runs_side_by_side(tmp_path):
+    a = synthetic_run(tmp_path, "20260101T000000Z_boxa_abcdef0")
+    b = synthetic_run(tmp_path, "20260102T000000Z_boxb_abcdef0", scale=0.5)
+    runs = load(a, b)
+    fig = plots.fig_throughput(runs.cases)
+    legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert legend == [a.name, b.name]
+    plt.close(fig)
+    html = report.write_report([a, b]).read_text()
+    assert a.name in html and b.name in html
+    assert not (b / "report.html").exists()  # written into the first run folder only
+
+
+def test_cli_report_prints_the_path(tmp_path):
+    run_dir = synthetic_run(tmp_path)
+    proc = subprocess.run([PYTHON, "-m", "bench_lib", "report", str(run_dir)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(run_dir / "report.html")
+
+
+def _truncate(run_dir: Path) -> None:
+    data = (run_dir / "cases.csv").read_bytes()
+    (run_dir / "cases.csv").write_bytes(data[:-40])
+
+
+def _ragged(run_dir: Path) -> None:
+    lines = (run_dir / "cases.csv").read_text().splitlines(keepends=True)
+    lines[2] = ",".join(lines[2].split(",")[:10]) + "\n"
+    (run_dir / "cases.csv").write_text("".join(lines))
+
+
+def _word_in_number(run_dir: Path) -> None:
+    df = pd.read_csv(run_dir / "cases.csv", dtype=str, keep_default_na=False)
+    df.loc[0, "step_time_s_median"] = "fast"
+    df.to_csv(run_dir / "cases.csv", index=False)
+
+
+def _old_schema(run_dir: Path) -> None:
+    data = json.loads((run_dir / "env.json").read_text())
+    (run_dir / "env.json").write_text(json.dumps(data | {"schema_version": 0}))
+
+
+@pytest.mark.parametrize("spoil,message", [
+    (None, "is not a folder"), (_truncate, "truncated"), (_ragged, "fields, the header"),
+    (_word_in_number, "column step_time_s_median holds 'fast'"),
+    (_old_schema, "schema version 0"),
+])
+def test_unusable_run_folder_exits_2_and_writes_nothing(tmp_path, capsys, spoil, message):
+    run_dir = tmp_path / "missing"
+    if spoil is not None:
+        run_dir = synthetic_run(tmp_path)
+        spoil(run_dir)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert cli.main(["report", str(run_dir)]) == 2
+    assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.timeout(300)
+def test_notebook_runs_against_a_run_folder(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    run_dir = synthetic_run(tmp_path)
+    nb = nbformat.read(REPO / "notebooks" / "analysis.ipynb", as_version=4)
+    nb.cells[0].source = re.sub(r"RUN_DIR = .*", f"RUN_DIR = {str(run_dir)!r}",
+                                nb.cells[0].source)
+    nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    pngs = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(pngs) == 7  # every figure, drawn inline

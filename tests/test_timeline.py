@@ -1,0 +1,122 @@
+"""The measured pipeline timeline: hooks on real stages, the bubble arithmetic, timeline.csv."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pandas as pd
+import pytest
+import torch
+
+from bench_lib import strategies
+from bench_lib.strategies import BuildContext
+from bench_lib.timeline import _union_length, bubble, theoretical_bubble, trace_step
+from bench_lib.workloads import Workload
+from tests.conftest import PYTHON, REPO
+
+
+def gpipe_events(stages: int, microbatches: int, unit_s: float = 1.0) -> pd.DataFrame:
+    """An ideal GPipe step: all forwards, then all backwards, each taking ``unit_s``."""
+    rows, fwd_end = [], (microbatches + stages - 1) * unit_s
+    for s in range(stages):
+        for m in range(microbatches):
+            rows.append({"rank": 0, "stage": s, "device": f"cpu:{s}", "microbatch": m,
+                         "phase": "fwd", "start_s": (m + s) * unit_s,
+                         "end_s": (m + s + 1) * unit_s})
+            back = fwd_end + (microbatches - 1 - m + stages - 1 - s) * unit_s
+            rows.append({"rank": 0, "stage": s, "device": f"cpu:{s}", "microbatch": m,
+                         "phase": "bwd", "start_s": back, "end_s": back + unit_s})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("stages,microbatches,expected", [(2, 1, 1 / 2), (2, 4, 1 / 5),
+                                                          (4, 8, 3 / 11), (1, 6, 0.0)])
+def test_theoretical_bubble_by_hand(stages, microbatches, expected):
+    assert theoretical_bubble(stages, microbatches) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 8), (3, 1)])
+def test_ideal_gpipe_schedule_measures_its_theoretical_bubble(stages, microbatches):
+    stats = bubble(gpipe_events(stages, microbatches, unit_s=0.01))
+    assert stats["stages"] == stages and stats["microbatches"] == microbatches
+    assert stats["bubble_measured"] == pytest.approx(stats["bubble_theoretical"])
+    # Span: forwards and backwards each take M+S-1 units.
+    assert stats["span_s"] == pytest.approx(2 * (microbatches + stages - 1) * 0.01)
+
+
+def test_idle_counts_overlapping_work_once():
+    assert _union_length([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == pytest.approx(4.0)
+    events = gpipe_events(2, 2)
+    busier = pd.concat([events, events.assign(start_s=events.start_s + 0.5,
+                                              end_s=events.end_s + 0.5)])
+    # Shifted copies overlap the originals: idle shrinks but stays non-negative.
+    assert 0.0 <= bubble(busier)["bubble_measured"] < bubble(events)["bubble_measured"]
+
+
+def build_trainer(name: str, batch: int = 8, split: int | None = 2):
+    torch.manual_seed(0)
+    workload = Workload("resnet-tiny", 32, batch)
+    devices = [torch.device("cpu")] * strategies.get(name).num_devices(_two_rig())
+    ctx = BuildContext(workload, split)
+    trainer = strategies.get(name).build(workload.build_model(), devices, ctx)
+    x, y = workload.make_batch(batch, trainer.input_device, seed=0)
+    return trainer, x, y
+
+
+def _two_rig():
+    from bench_lib.rig import Rig
+
+    return Rig("cpu", 2, 1, (0, 0))
+
+
+def test_timeline_modules_are_the_stages():
+    pipe, _, _ = build_trainer("pipeline")
+    assert [s for s, _ in pipe.timeline_modules()] == [0, 1]
+    assert [m for _, m in pipe.timeline_modules()] == pipe.stages
+    mp, _, _ = build_trainer("mp", split=None)
+    assert len(mp.timeline_modules()) == 2
+    single, _, _ = build_trainer("single", split=None)
+    assert single.timeline_modules() == []
+
+
+def test_trace_step_stamps_every_stage_microbatch_and_phase():
+    trainer, x, y = build_trainer("pipeline", batch=8, split=2)
+    events = pd.DataFrame(trace_step(lambda: trainer.step(x, y), trainer.timeline_modules(),
+                                     trainer.devices)).assign(rank=0)
+    assert len(events) == 2 * 4 * 2  # stages x micro-batches x phases
+    assert set(events.phase) == {"fwd", "bwd"} and (events.end_s >= events.start_s).all()
+    at = events.set_index(["stage", "microbatch", "phase"])
+    for m in range(4):
+        # Stage 1 runs a micro-batch forward after stage 0 has, and backward before it.
+        assert at.loc[(0, m, "fwd"), "end_s"] <= at.loc[(1, m, "fwd"), "start_s"]
+        assert at.loc[(1, m, "bwd"), "start_s"] <= at.loc[(0, m, "bwd"), "start_s"]
+        assert at.loc[(1, m, "fwd"), "end_s"] <= at.loc[(1, m, "bwd"), "start_s"]
+    assert 0.0 < bubble(events)["bubble_measured"] < 1.0
+    for _, module in trainer.timeline_modules():  # hooks are gone after the traced step
+        assert not module._forward_hooks and not module._forward_pre_hooks
+
+
+def test_traced_step_computes_the_same_gradients():
+    traced, x, y = build_trainer("pipeline")
+    plain, _, _ = build_trainer("pipeline")
+    for t in (traced, plain):
+        t.optimizer.param_groups[0]["lr"] = 0.0  # keep weights fixed; compare gradients
+    trace_step(lambda: traced.step(x, y), traced.timeline_modules(), traced.devices)
+    plain.step(x, y)
+    for a, b in zip(traced.parameters_in_order(), plain.parameters_in_order()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.timeout(300)
+def test_run_writes_timeline_csv_for_pipelined_cases_only(tmp_path):
+    proc = subprocess.run(
+        [PYTHON, "-m", "bench_lib", "run", "--profile", "smoke", "--strategies",
+         "single,pipeline", "--models", "resnet-tiny", "--image-sizes", "32", "--batch-size",
+         "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2", "--quiet",
+         "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = next(tmp_path.iterdir())
+    timeline = pd.read_csv(run_dir / "timeline.csv")
+    assert set(timeline.case_id) == {"pipeline_resnet-tiny_img32_b4_s2_fp32"}
+    assert len(timeline) == 2 * 2 * 2  # stages x micro-batches x phases
+    assert (timeline.run_id == run_dir.name).all() and set(timeline["rank"]) == {0}
