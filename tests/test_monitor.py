@@ -196,3 +196,15 @@ def test_samples_csv_has_empty_cells_for_missing_metrics(tmp_path):
 def test_bad_interval_is_refused():
     with pytest.raises(ValueError, match="positive"):
         Sampler([], interval_s=0)
+
+
+@pytest.mark.gpu
+def test_real_nvml_reads_the_first_gpu():
+    import torch
+
+    keys = measures._cuda_bus_ids(1)
+    with Sampler([NvmlSource(keys)], interval_s=0.05) as s:
+        torch.ones(1, device="cuda").sum().item()
+    assert s.samples and all(r["device"] == "0" for r in s.samples)
+    assert all(r["mem_used_mib"] is not None and r["mem_used_mib"] > 0 for r in s.samples)
+    assert all(r["util_gpu_pct"] is not None for r in s.samples)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench_lib import timing
 from bench_lib.timing import MIN_STEPS_FOR_CI, AdaptiveStop, time_steps
 from bench_lib.worker import _collective_stop
 from tests.dist_harness import run_ranks
@@ -84,3 +85,18 @@ def test_ranks_stop_after_the_same_step_with_the_same_reason():
     (steps0, reason0), (steps1, reason1) = run_ranks(_rank_stops, world_size=2, timeout_s=120)
     assert steps0 == steps1 and reason0 == reason1
     assert steps0 > MIN_STEPS_FOR_CI  # the quiet rank alone would have stopped at the minimum
+
+
+def test_ci_is_checked_at_geometrically_spaced_counts(monkeypatch):
+    checked: list[int] = []
+    real = timing.Stats.of
+
+    def spy(values):
+        checked.append(len(values))
+        return real(values)
+
+    monkeypatch.setattr(timing.Stats, "of", spy)
+    rule = AdaptiveStop(0.02, max_time_s=1e9, min_steps=8)
+    _steps_until_stop(rule, [1.0, 2.0] * 60, cap=120)
+    assert checked[:6] == [8, 9, 10, 11, 13, 15]
+    assert len(checked) < 30  # instead of 113 checks, one per step
