@@ -7,6 +7,8 @@ worker child that trains, exactly as ``bench_lib.runner`` does for a case.
 Each pair runs one block with the sampler on and one with it off, in alternating order
 (on-off, off-on, ...) so that drift in the machine's load cancels; the figure is the median
 of the pairs' relative differences of median step time, with its bootstrap 95% CI.
+It also prints the sampler's own CPU cost (this process's CPU time while sampling, its
+only work then): an upper bound on what it can take from the workers on a CPU rig.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -83,14 +86,17 @@ def main() -> int:
     cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--image-size",
            str(args.image_size), "--batch-size", str(args.batch_size), "--rig", rig.kind]
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    diffs, samples = [], 0
+    diffs, samples, cpu_s, wall_s = [], 0, 0.0, 0.0
     try:
         for i in range(args.pairs):
             result = {}
             for on in ((True, False) if i % 2 == 0 else (False, True)):
                 if on:
+                    cpu0, wall0 = time.process_time(), time.monotonic()
                     with case_sampler(case, rig, [child.pid]) as sampler:
                         result[on] = block(child, args.steps_per_block)
+                    cpu_s += time.process_time() - cpu0
+                    wall_s += time.monotonic() - wall0
                     samples += len(sampler.samples)
                 else:
                     result[on] = block(child, args.steps_per_block)
@@ -106,6 +112,8 @@ def main() -> int:
     print(f"step time with sampler vs without: median {s.median:+.2f}% "
           f"(95% CI {s.ci_low:+.2f}% .. {s.ci_high:+.2f}%; pairs' IQR {s.iqr:.2f} points): "
           f"{verdict}")
+    print(f"sampler's own CPU time: {1000 * cpu_s / wall_s:.1f} ms per second sampled "
+          f"({100 * cpu_s / wall_s:.2f}% of one core)")
     return 0
 
 

@@ -18,6 +18,7 @@ from bench_lib.rig import Rig
 from bench_lib.sweep import Case
 
 MIB = 2**20
+BUS_IDS = {"00000000:3B:00.0": 0, "00000000:5E:00.0": 1}
 
 
 class FakeNvmlError(Exception):
@@ -45,9 +46,10 @@ def fake_nvml(gpm: bool = True, power: bool = True) -> types.SimpleNamespace:
         return get
 
     def metrics_struct():
-        metric = lambda: types.SimpleNamespace(metricId=None, value=None, nvmlReturn=None)  # noqa: E731
+        metrics = [types.SimpleNamespace(metricId=None, value=None, nvmlReturn=None)
+                   for _ in range(2)]
         return types.SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None,
-                                     metrics=[metric(), metric()])
+                                     metrics=metrics)
 
     return types.SimpleNamespace(
         state=state, NVMLError=FakeNvmlError, NVML_SUCCESS=0, NVML_CLOCK_SM=1,
@@ -56,7 +58,7 @@ def fake_nvml(gpm: bool = True, power: bool = True) -> types.SimpleNamespace:
         nvmlInit=lambda: None,
         nvmlShutdown=lambda: state.update(shutdown=True),
         nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetHandleByPciBusId=lambda bus: {"00000000:3B:00.0": 0, "00000000:5E:00.0": 1}[bus],
+        nvmlDeviceGetHandleByPciBusId=lambda bus: BUS_IDS[bus],
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=90 + h, memory=40),
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=(1024 + h) * MIB),
         nvmlDeviceGetPowerUsage=(lambda h: 250_000) if power else not_supported,
