@@ -193,3 +193,21 @@ def test_a_run_from_a_busy_machine_is_flagged(tmp_path, capsys):
     main(["compare", str(base), str(busy)])
     out = capsys.readouterr().out
     assert "candidate ran on a busy machine" in out and "baseline ran on a busy" not in out
+
+
+def test_the_test_only_slowdown_hook_sleeps_its_fraction_of_each_step(monkeypatch):
+    import time
+
+    from bench_lib import worker
+
+    clock = iter([10.0, 10.4])  # the step takes 0.4 s on a fake clock
+    slept = []
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(time, "sleep", slept.append)
+    calls = []
+    step = lambda: calls.append(1)  # noqa: E731
+    monkeypatch.delenv(worker.INJECT_SLOWDOWN_ENV, raising=False)
+    assert worker._with_injected_slowdown(step, []) is step
+    monkeypatch.setenv(worker.INJECT_SLOWDOWN_ENV, "0.15")
+    worker._with_injected_slowdown(step, [])()
+    assert calls == [1] and slept == [pytest.approx(0.06)]
