@@ -110,11 +110,18 @@ _CPU_NOTE = ("one process per cpu worker running its stage(s); activations and g
              "cross between workers through gloo point-to-point over loopback")
 
 
+_NO_COMPILE_ZB = ("zero-bubble schedules split backward into input- and weight-gradient "
+                  "passes, which torch.distributed.pipelining does not support for "
+                  "torch.compile'd stages")
+
+
 def _strategy(name: str, description: str, schedule_cls: type, spr: int, style: str) -> Strategy:
+    zero_bubble = "ZeroBubble" in schedule_cls.__name__
     return Strategy(
         name=name, description=description, build=_builder(schedule_cls, spr, style),
         num_devices=all_devices, per_device_processes=True, uses_split=True,
         uses_partition=True, even_split=True, cpu_note=_CPU_NOTE,
+        compile_unsupported=_NO_COMPILE_ZB if zero_bubble else "",
     )
 
 

@@ -1,0 +1,94 @@
+"""How much do today's pipeline schedules gain over ``single``, and what bounds the gain?
+
+    .venv/bin/python benchmarks/modern_speedup.py [--split-sizes 4,8] [--timed-steps 5]
+
+First it profiles every block's forward+backward at each split size on one cpu worker and
+prints the per-stage times of the balanced and the tutorial 2-stage cuts: a 2-stage pipeline
+cannot beat ``single`` by more than (sum of stages) / (slowest stage). Then it runs a real
+sweep (fresh processes per case, like ``make bench``) of ``single``, ``accum`` and the
+pipelining schedules on both cuts, and prints each case's throughput relative to ``single``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_lib import cli  # noqa: E402
+from bench_lib.partition import Partition, choose  # noqa: E402
+from bench_lib.results import read_cases  # noqa: E402
+from bench_lib.rig import detect_rig, pin_worker  # noqa: E402
+from bench_lib.workloads import Workload, default_cuts  # noqa: E402
+
+STRATEGIES = "single,accum,gpipe,1f1b,interleaved-1f1b"
+
+
+def stage_times(model_name: str, image: int, batch: int, split: int) -> list[str]:
+    """Lines giving the per-stage forward+backward times of the balanced and tutorial cuts."""
+    import torch
+
+    pin_worker(detect_rig("cpu"), [0])  # one worker's cores and threads, as a stage gets
+    torch.manual_seed(0)
+    workload = Workload(model_name, image, batch)
+    model = workload.build_model()
+    balanced = choose("balanced", model, 2, workload, split, torch.device("cpu"))
+    tutorial = Partition("tutorial", tuple(default_cuts(model, 2)), balanced.block_costs)
+    lines = [f"split {split} ({batch // split} micro-batches), per micro-batch:"]
+    for p in (balanced, tutorial):
+        stages = p.stage_costs()
+        ms = " + ".join(f"{t * 1e3:.0f}" for t in stages)
+        bound = sum(stages) / max(stages)
+        lines.append(f"  {p.label:<14} stages {ms} ms  -> 2-stage bound {bound:.2f}x single")
+    return lines
+
+
+def run_sweep(args: argparse.Namespace) -> Path:
+    """Run the sweep through the CLI; returns the run folder."""
+    argv = ["run", "--profile", "smoke", "--strategies", args.strategies,
+            "--models", args.model, "--image-sizes", str(args.image_size),
+            "--batch-size", str(args.batch_size), "--split-sizes", args.split_sizes,
+            "--partition", "tutorial,balanced", "--warmup-steps", "2",
+            "--timed-steps", str(args.timed_steps), "--case-timeout", "900",
+            "--out", str(args.out)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(argv)
+    if code == cli.EXIT_USAGE:
+        raise SystemExit(code)
+    return Path(out.getvalue().strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--split-sizes", default="4,8")
+    p.add_argument("--strategies", default=STRATEGIES)
+    p.add_argument("--timed-steps", type=int, default=5)
+    p.add_argument("--out", type=Path, default=Path("results"))
+    args = p.parse_args()
+    for split in (int(s) for s in args.split_sizes.split(",")):
+        print("\n".join(stage_times(args.model, args.image_size, args.batch_size, split)))
+    df = read_cases(run_sweep(args))
+    ok = df[df["status"] == "ok"]
+    single = ok[ok["strategy"] == "single"]["throughput_img_s"]
+    base = float(single.iloc[0]) if len(single) else float("nan")
+    print(f"\n{'case':<52} {'partition':<14} {'img/s':>7} {'x single':>8}")
+    for _, r in df.iterrows():
+        if r["status"] != "ok":
+            print(f"{r['case_id']:<52} {r['status']}: {str(r['reason'])[:60]}")
+            continue
+        part = "" if str(r["partition"]) == "nan" else r["partition"]
+        print(f"{r['case_id']:<52} {part:<14} {r['throughput_img_s']:>7.2f} "
+              f"{r['throughput_img_s'] / base:>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
