@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv bench test env smoke regress baseline clean help
+.PHONY: venv bench test env smoke regress baseline report clean help
 
 help:            ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -18,8 +18,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)   ## create .venv and install the project (reused when up to date)
 
-bench: venv      ## run the default sweep for this machine's rig (ARGS="..." adds CLI flags)
-	$(PY) -m bench_lib run --profile default $(ARGS)
+bench: venv      ## run the default sweep for this machine's rig, then write its report (ARGS="..." adds CLI flags)
+	out=$$($(PY) -m bench_lib run --profile default $(ARGS)); rc=$$?; printf '%s\n' "$$out"; \
+	run=$$(printf '%s\n' "$$out" | tail -n1); \
+	if [ -f "$$run/cases.csv" ]; then $(PY) -m bench_lib report "$$run" || exit $$?; fi; exit $$rc
+
+report: venv     ## write report.html (+ PNGs) for the latest run under results/, or RUNS="dir1 dir2"
+	@runs="$(RUNS)"; test -n "$$runs" || runs=$$(ls -d results/[0-9]*/ 2>/dev/null | sort | tail -n1); \
+	test -n "$$runs" || { echo "error: no run folder under results/; run make bench first" >&2; exit 2; }; \
+	$(PY) -m bench_lib report $$runs
 
 smoke: venv      ## the smoke sweep (all seed strategies, tiny grid)
 	$(PY) -m bench_lib run --profile smoke $(ARGS)

@@ -111,14 +111,14 @@ def _bubble_table(table: pd.DataFrame) -> str:
     return f"<h3>Idle (bubble) fraction per pipelined case</h3><table>{head}{body}</table>"
 
 
-def _section(s: dict, captions: list[str], extra: str) -> str:
+def _section(s: dict, extra: str) -> str:
     title = f"<h2 id=fig{s['number']}>{s['number']}. {_e(s['title'])}</h2>"
     if not s["png_b64"]:
         return f"{title}<p class=missing>{_e(s['absent'])}.</p>{extra}"
-    cap = "<br>".join(_e(c) for c in captions)
     return (f"{title}<figure><img src=\"data:image/png;base64,{s['png_b64']}\" "
-            f"alt=\"figure {s['number']}: {_e(s['title'])}\"><figcaption>{_e(s['file'])}<br>"
-            f"{cap}</figcaption></figure>{extra}")
+            f"alt=\"figure {s['number']}: {_e(s['title'])}\"><figcaption>{_e(s['file'])} "
+            f"(rig and versions under the figure and in the runs table)</figcaption></figure>"
+            f"{extra}")
 
 
 def render(runs, sections: list[dict], captions: list[str], bubbles: pd.DataFrame) -> str:
@@ -127,9 +127,10 @@ def render(runs, sections: list[dict], captions: list[str], bubbles: pd.DataFram
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = [f"<h1>parabench report</h1><p class=sub>{_e(labels)} · written {now}</p>",
             "<h2>Runs</h2>", _runs_table(runs.envs, runs.cases),
+            "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>",
             "<h2>Headlines</h2>", _headlines(runs.cases)]
     for s in sections:
-        body.append(_section(s, captions, _bubble_table(bubbles) if s["number"] == 6 else ""))
+        body.append(_section(s, _bubble_table(bubbles) if s["number"] == 6 else ""))
     body += ["<h2 id=cases>All cases</h2><p class=caption>Hatched rows did not run; "
              "their reason is in the last column.</p>", _cases_table(runs.cases)]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><link rel=icon href=\"data:,\">"
