@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -114,13 +115,16 @@ def test_case_sampler_on_a_cuda_rig_uses_nvml_by_bus_id(monkeypatch):
 
 
 def test_process_source_measures_a_real_busy_process():
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
     try:
+        assert busy.stdout.readline() == "up\n"  # sample Python, not a half-started process
         with Sampler([ProcessSource({"0": busy.pid})], interval_s=0.05) as s:
-            subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"], check=True)
+            time.sleep(0.5)
     finally:
         busy.kill()
         busy.wait()
+        busy.stdout.close()
     rows = s.samples
     assert len(rows) >= 3 and {r["device"] for r in rows} == {"0"}
     assert rows[0]["cpu_pct"] is None  # no interval yet
@@ -210,3 +214,26 @@ def test_real_nvml_reads_the_first_gpu():
     assert s.samples and all(r["device"] == "0" for r in s.samples)
     assert all(r["mem_used_mib"] is not None and r["mem_used_mib"] > 0 for r in s.samples)
     assert all(r["util_gpu_pct"] is not None for r in s.samples)
+
+
+@pytest.mark.timeout(180)
+def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path):
+    from bench_lib.runner import case_row, run_case
+    from bench_lib.timing import STOP_REASONS
+
+    settings = {"warmup_steps": 1, "timed_steps": 12, "max_time_s": 1e6, "case_timeout_s": 150,
+                "ci_target_pct": 2.0, "sample_interval_ms": 20}
+    case = Case("ddp", "resnet-tiny", 32, 4, None, "fp32", "ce", settings=settings)
+    outcome = run_case(case, cpu_rig, tmp_path)
+    assert outcome.status == "ok", outcome.reason
+    assert {s["device"] for s in outcome.samples} == {"0", "1"}
+    t0, t1 = outcome.window
+    assert outcome.samples[0]["time_unix_s"] <= t0 < t1 <= outcome.samples[-1]["time_unix_s"]
+    assert outcome.stop_reason in STOP_REASONS and outcome.stop_reason != "time_cap"
+    if outcome.stop_reason == "step_cap":
+        assert len(outcome.step_times_s) == 12
+    row = case_row(case, cpu_rig, outcome, peak={"tflop_s": {"fp32": {"0": 1.0, "1": 1.0}}})
+    util = row["util_pct_mean_by_device"]
+    assert util.startswith("0:") and ";1:" in util
+    assert row["mem_imbalance_ratio"] >= 1.0
+    assert row["mfu_pct"] == pytest.approx(100 * row["achieved_tflop_s"] / 2.0)
