@@ -100,3 +100,13 @@ def test_ci_is_checked_at_geometrically_spaced_counts(monkeypatch):
     _steps_until_stop(rule, [1.0, 2.0] * 60, cap=120)
     assert checked[:6] == [8, 9, 10, 11, 13, 15]
     assert len(checked) < 30  # instead of 113 checks, one per step
+
+
+def test_profile_refuses_a_negative_target_or_interval():
+    from bench_lib.sweep import Profile, UsageError
+
+    with pytest.raises(UsageError, match="ci_target_pct must be >= 0"):
+        Profile(ci_target_pct=-1)
+    with pytest.raises(UsageError, match="sample_interval_ms > 0"):
+        Profile(sample_interval_ms=0)
+    assert Profile().ci_target_pct == 2.0 and Profile().sample_interval_ms == 100.0
