@@ -3,8 +3,10 @@ case's summary columns (utilisation, memory, energy, FLOP efficiency, speedup)."
 
 from __future__ import annotations
 
+import csv
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
 from bench_lib import strategies
 from bench_lib.flops import efficiency, train_flops_per_image
@@ -90,6 +92,17 @@ class SpeedupTable:
 
     def __init__(self) -> None:
         self._single: dict[tuple, float] = {}
+
+    def seed(self, cases_csv: Path) -> None:
+        """Learn the `single` rows a run folder already holds (a resumed run)."""
+        if not cases_csv.is_file():
+            return
+        with cases_csv.open(newline="") as f:
+            for r in csv.DictReader(f):
+                if r["strategy"] == "single" and r["status"] == "ok" and r["throughput_img_s"]:
+                    key = (r["model"], int(r["image_size"]), int(r["batch_size"]),
+                           r["precision"], r["loss"])
+                    self._single[key] = float(r["throughput_img_s"])
 
     def fill(self, case: Case, row: dict) -> None:
         if row.get("status") != "ok":

@@ -285,6 +285,7 @@ def run_sweep(
     work_root = writer.run_dir / ".work"
     rows = []
     speedups = SpeedupTable()
+    speedups.seed(writer.run_dir / "cases.csv")  # a resumed run's earlier `single` rows
     for i, case in enumerate(cases):
         if on_case_start:
             on_case_start(i, case)

@@ -78,3 +78,17 @@ def test_speedup_relative_to_single_of_the_same_workload():
     assert single["speedup_vs_single"] == 1.0
     assert ddp["speedup_vs_single"] == 1.5 and ddp["scaling_efficiency"] == 0.75
     assert "speedup_vs_single" not in other  # no single case of batch 16 in this run
+
+
+def test_speedup_table_learns_single_rows_of_a_resumed_run(tmp_path):
+    from bench_lib.results import RunWriter
+
+    with RunWriter(tmp_path) as w:
+        w.write_case({"case_id": "s", "strategy": "single", "model": "resnet-tiny",
+                      "image_size": 32, "batch_size": 8, "precision": "fp32", "loss": "ce",
+                      "status": "ok", "throughput_img_s": 50.0})
+    table = SpeedupTable()
+    table.seed(tmp_path / "cases.csv")
+    row = {"status": "ok", "throughput_img_s": 75.0, "world_size": 2}
+    table.fill(Case("ddp", "resnet-tiny", 32, 8, None, "fp32", "ce"), row)
+    assert row["speedup_vs_single"] == 1.5 and row["scaling_efficiency"] == 0.75
