@@ -26,6 +26,7 @@ from bench_lib.results import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.stats import Stats
 from bench_lib.sweep import Case
+from bench_lib.timeline import align
 
 POLL_S = 0.1
 MIB = 2**20
@@ -171,8 +172,8 @@ def _combine(case_dir: Path, procs: list[subprocess.Popen], log_path: Path) -> C
     per_rank = {r: res["step_times_s"] for r, res in results.items()}
     slowest = [max(step) for step in zip(*per_rank.values())]
     peak = {k: v for res in results.values() for k, v in res["peak_mem_mib"].items()}
-    timeline = [{"rank": rank, **e} for rank, res in results.items()
-                for e in res.get("timeline", [])]
+    timeline = align([{"rank": rank, **e} for rank, res in results.items()
+                      for e in res.get("timeline", [])])  # one time axis for all ranks
     reserved = {k: v for res in results.values()
                 for k, v in res.get("peak_mem_reserved_mib", {}).items()}
     windows = [res["timed_window_unix_s"] for res in results.values()

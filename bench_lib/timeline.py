@@ -13,7 +13,9 @@ first stage whose input needs no gradient gets a detached copy that does: the on
 the traced step sees is one extra input-gradient of its first layer.
 
 Stamps are ``time.perf_counter`` on CPU and CUDA events on GPUs (resolved after a
-synchronize), in seconds from the step's start. An idle fraction per stage row, next to the
+synchronize against an event recorded at the step's start), in seconds on the host's
+monotonic clock: one clock for every rank on a host, so the runner can put the ranks of a
+case on one time axis (``align``). An idle fraction per stage row, next to the
 schedule's theoretical bubble (S-1)/(M+S-1), turns a Gantt chart into one number::
 
     stage 0 |F0|F1|F2|F3|          |B3|B2|B1|B0|
@@ -36,7 +38,7 @@ PHASES = ("fwd", "bwd")
 
 
 class _Clock:
-    """Stamps relative to the step start: perf_counter on CPU, CUDA events on GPUs."""
+    """Stamps on the monotonic clock: perf_counter on CPU, CUDA events on GPUs."""
 
     def __init__(self, devices: Iterable[torch.device]) -> None:
         import torch
@@ -54,14 +56,15 @@ class _Clock:
             event = self._torch.cuda.Event(enable_timing=True)
             event.record(self._torch.cuda.current_stream(device))
             return device, event
-        return time.perf_counter() - self._t0
+        return time.perf_counter()
 
     def seconds(self, stamp: object) -> float:
-        """A stamp in seconds since the step start (CUDA events must have completed)."""
+        """A stamp in perf_counter seconds (CUDA events must have completed)."""
         if isinstance(stamp, float):
             return stamp
         device, event = stamp
-        return self._refs[device].elapsed_time(event) / 1000.0
+        # The reference event was recorded right after a synchronize, i.e. at _t0.
+        return self._t0 + self._refs[device].elapsed_time(event) / 1000.0
 
 
 class _Recorder:
@@ -131,6 +134,12 @@ def trace_step(step: Callable[[], None], modules: list[tuple[int, torch.nn.Modul
     return recorder.events()
 
 
+def align(events: list[dict]) -> list[dict]:
+    """Shift a case's events (all ranks) so that the first start is at 0 s."""
+    t0 = min((e["start_s"] for e in events), default=0.0)
+    return [e | {"start_s": e["start_s"] - t0, "end_s": e["end_s"] - t0} for e in events]
+
+
 def theoretical_bubble(stages: int, microbatches: int) -> float:
     """GPipe's idle fraction (S-1)/(M+S-1) for S stages and M micro-batches."""
     return (stages - 1) / (microbatches + stages - 1)
@@ -165,14 +174,16 @@ def draw_gantt(ax: Axes, events: pd.DataFrame, title: str) -> dict:
     colors = {"fwd": "#4C72B0", "bwd": "#DD8452"}
     keys = sorted({(r, s) for r, s in zip(events["rank"], events["stage"])})
     t0 = events["start_s"].min()
+    span_ms = (events["end_s"].max() - t0) * 1e3
     for y, (rank, stage) in enumerate(keys):
         rows = events[(events["rank"] == rank) & (events["stage"] == stage)]
         for r in rows.itertuples():
             width_ms = (r.end_s - r.start_s) * 1e3
             ax.barh(y, width_ms, left=(r.start_s - t0) * 1e3, height=0.7,
                     color=colors[r.phase], edgecolor="white", linewidth=0.6)
-            ax.text((r.start_s - t0) * 1e3 + width_ms / 2, y, str(r.microbatch),
-                    ha="center", va="center", fontsize=7, color="white", clip_on=True)
+            if width_ms > 0.015 * span_ms:  # a label wider than its bar is noise
+                ax.text((r.start_s - t0) * 1e3 + width_ms / 2, y, str(r.microbatch),
+                        ha="center", va="center", fontsize=7, color="white", clip_on=True)
     labels = [f"stage {s}\n{events.loc[events['stage'] == s, 'device'].iloc[0]}"
               + (f" r{r}" if events["rank"].nunique() > 1 else "") for r, s in keys]
     ax.set_yticks(range(len(keys)), labels)

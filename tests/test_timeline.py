@@ -10,7 +10,7 @@ import torch
 
 from bench_lib import strategies
 from bench_lib.strategies import BuildContext
-from bench_lib.timeline import _union_length, bubble, theoretical_bubble, trace_step
+from bench_lib.timeline import _union_length, align, bubble, theoretical_bubble, trace_step
 from bench_lib.workloads import Workload
 from tests.conftest import PYTHON, REPO
 
@@ -51,6 +51,14 @@ def test_idle_counts_overlapping_work_once():
                                               end_s=events.end_s + 0.5)])
     # Shifted copies overlap the originals: idle shrinks but stays non-negative.
     assert 0.0 <= bubble(busier)["bubble_measured"] < bubble(events)["bubble_measured"]
+
+
+def test_align_puts_the_first_start_at_zero():
+    events = [{"rank": 1, "start_s": 105.5, "end_s": 106.0},
+              {"rank": 0, "start_s": 105.0, "end_s": 105.25}]
+    assert align(events) == [{"rank": 1, "start_s": 0.5, "end_s": 1.0},
+                             {"rank": 0, "start_s": 0.0, "end_s": 0.25}]
+    assert align([]) == []
 
 
 def build_trainer(name: str, batch: int = 8, split: int | None = 2):
@@ -107,16 +115,44 @@ def test_traced_step_computes_the_same_gradients():
         torch.testing.assert_close(a.grad, b.grad)
 
 
+@pytest.mark.gpu
+def test_trace_step_with_cuda_events():
+    trainer, x, y = build_trainer("pipeline", batch=8, split=2)
+    cuda = torch.device("cuda", 0)
+    trainer.stages = [s.to(cuda) for s in trainer.stages]
+    trainer.devices = [cuda, cuda]
+    x, y = x.to(cuda), y.to(cuda)
+    events = pd.DataFrame(align(trace_step(lambda: trainer.step(x, y),
+                                           trainer.timeline_modules(), trainer.devices)))
+    assert len(events) == 16 and set(events.device) == {"cuda:0"}
+    assert (events.end_s >= events.start_s).all() and events.start_s.min() == 0.0
+    at = events.set_index(["stage", "microbatch", "phase"])
+    assert at.loc[(0, 0, "fwd"), "end_s"] <= at.loc[(1, 0, "fwd"), "start_s"]
+
+
 @pytest.mark.timeout(300)
 def test_run_writes_timeline_csv_for_pipelined_cases_only(tmp_path):
     proc = subprocess.run(
         [PYTHON, "-m", "bench_lib", "run", "--profile", "smoke", "--strategies",
-         "single,pipeline", "--models", "resnet-tiny", "--image-sizes", "32", "--batch-size",
+         "single,pipeline,gpipe", "--models", "resnet-tiny", "--image-sizes", "32", "--batch-size",
          "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2", "--quiet",
          "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr
     run_dir = next(tmp_path.iterdir())
     timeline = pd.read_csv(run_dir / "timeline.csv")
-    assert set(timeline.case_id) == {"pipeline_resnet-tiny_img32_b4_s2_fp32"}
-    assert len(timeline) == 2 * 2 * 2  # stages x micro-batches x phases
-    assert (timeline.run_id == run_dir.name).all() and set(timeline["rank"]) == {0}
+    assert (timeline.run_id == run_dir.name).all()
+    cases = {c: t for c, t in timeline.groupby("case_id")}
+    assert sorted(cases) == ["gpipe_resnet-tiny_img32_b4_s2_fp32",
+                             "pipeline_resnet-tiny_img32_b4_s2_fp32"]  # no single
+    for events in cases.values():
+        assert len(events) == 2 * 2 * 2  # stages x micro-batches x phases
+        assert events.start_s.min() == 0.0
+    assert set(cases["pipeline_resnet-tiny_img32_b4_s2_fp32"]["rank"]) == {0}
+    # gpipe: one stage per rank; on one time axis, stage 1 gets each micro-batch after
+    # stage 0 sent it, and stage 0 its gradient after stage 1 computed it.
+    gpipe = cases["gpipe_resnet-tiny_img32_b4_s2_fp32"].set_index(["stage", "microbatch",
+                                                                    "phase"])
+    assert set(gpipe["rank"]) == {0, 1}
+    for m in range(2):
+        assert gpipe.loc[(0, m, "fwd"), "end_s"] <= gpipe.loc[(1, m, "fwd"), "start_s"]
+        assert gpipe.loc[(1, m, "bwd"), "end_s"] <= gpipe.loc[(0, m, "bwd"), "start_s"]
