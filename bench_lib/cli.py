@@ -204,7 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench_lib.results import RunWriter, create_run_dir, git_info, new_run_id, read_env, \
         write_json_atomic
     from bench_lib.runner import run_sweep
-    from bench_lib.summary import summary_lines
+    from bench_lib.summary import summary_lines, tutorial_lines
 
     # Everything is validated before the run folder exists: bad input writes nothing.
     rig, profile, cases = _plan_resume(args) if args.resume else _plan(args)
@@ -239,7 +239,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     progress.close()
     if not args.quiet:
-        for line in summary_lines(rows):
+        lines = summary_lines(rows)
+        if profile.name == "tutorial":
+            lines += tutorial_lines(rows)
+        for line in lines:
             print(line, file=sys.stderr)
         print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
     print(run_dir)

@@ -55,3 +55,22 @@ def summary_lines(rows: list[dict]) -> list[str]:
                      + "; ".join(f"{r['case_id']} {r['status']}" for r in failed[:5])
                      + (" ..." if len(failed) > 5 else ""))
     return lines
+
+
+# The PyTorch model-parallel tutorial's published timings: seconds for 3 training steps of
+# ResNet50, batch 120, 128 px, one-hot MSELoss, on its (unnamed) 2-GPU machine.
+TUTORIAL_PUBLISHED_S = {("single", ""): 3.75, ("mp", ""): 4.02, ("pipeline", 20): 2.51,
+                        ("pipeline", 12): 2.43}
+
+
+def tutorial_lines(rows: list[dict]) -> list[str]:
+    """Set the tutorial's published numbers beside this run's, for 3 steps as it reports."""
+    lines = []
+    for (strategy, split), published in TUTORIAL_PUBLISHED_S.items():
+        match = [r for r in rows if r["strategy"] == strategy and r["status"] == "ok"
+                 and r["batch_size"] == 120 and r["image_size"] == 128
+                 and str(r.get("split_size", "")) == str(split)]
+        name = strategy + (f" split {split}" if split else "")
+        yours = f"{3 * match[0]['step_time_s_median']:.2f} s" if match else "not run"
+        lines.append(f"  {name:<18} tutorial {published:.2f} s   this machine {yours}")
+    return ["3 steps of batch 120 at 128 px, tutorial (2 GPUs) vs this machine:", *lines]

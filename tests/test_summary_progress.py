@@ -7,7 +7,7 @@ import io
 import pytest
 
 from bench_lib.progress import Progress
-from bench_lib.summary import summary_lines
+from bench_lib.summary import summary_lines, tutorial_lines
 
 
 def row(strategy, img, thr, split="", status="ok", partition=""):
@@ -52,3 +52,12 @@ def test_quiet_and_non_terminal_output():
     quiet = io.StringIO()
     Progress([1.0], quiet=True, stream=quiet).header("hello")
     assert quiet.getvalue() == ""
+
+
+def test_tutorial_lines_put_published_numbers_beside_ours():
+    rows = [dict(row("single", 128, 40.0), batch_size=120, step_time_s_median=1.5),
+            dict(row("pipeline", 128, 50.0, 20), batch_size=120, step_time_s_median=0.9)]
+    text = "\n".join(tutorial_lines(rows))
+    assert "single             tutorial 3.75 s   this machine 4.50 s" in text
+    assert "pipeline split 20  tutorial 2.51 s   this machine 2.70 s" in text
+    assert "pipeline split 12  tutorial 2.43 s   this machine not run" in text
