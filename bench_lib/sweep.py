@@ -340,6 +340,8 @@ def _option_problem(spec: strategies.Strategy, rig: Rig, case: Case) -> tuple[st
                                "a cpu rig cannot synchronise BatchNorm")
     if case.compile and spec.compile_unsupported:
         return "unsupported", spec.compile_unsupported
+    if case.channels_last and spec.channels_last_unsupported:
+        return "unsupported", spec.channels_last_unsupported
     return None
 
 

@@ -123,6 +123,8 @@ class Strategy:
     """True when ranks train replicas (or shards) on parts of the batch: ``sync_bn`` applies."""
     compile_unsupported: str = ""
     """Why ``--compile`` cannot work with this strategy (empty when it can)."""
+    channels_last_unsupported: str = ""
+    """Why ``--channels-last`` cannot work with this strategy (empty when it can)."""
     needs_cuda: bool = False
     """True when the strategy only means something on GPUs."""
     cpu_note: str = ""

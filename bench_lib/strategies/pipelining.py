@@ -37,6 +37,29 @@ def stage_indices(rank: int, world: int, stages_per_rank: int, style: str) -> li
     return [rank + k * world for k in range(stages_per_rank)]
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous (it is sent to the previous stage)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+class _Boundary(nn.Module):
+    """Stage edge: point-to-point sends need contiguous tensors, channels-last ones are not."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(_ContiguousGrad.apply(x)).contiguous()
+
+
 class PipeliningTrainer(Trainer):
     """This rank's stage(s) of a torch.distributed.pipelining schedule."""
 
@@ -47,7 +70,7 @@ class PipeliningTrainer(Trainer):
         model = model.to(device)  # the balanced partition profiles the blocks on this device
         self.partition = choose(ctx.partition, model, num_stages, ctx.workload,
                                 ctx.split_size, device)
-        stages = split_stages(model, list(self.partition.cuts))
+        stages = [_Boundary(s) for s in split_stages(model, list(self.partition.cuts))]
         self.stage_ids = stage_indices(ctx.rank, ctx.world_size, stages_per_rank, style)
         self.stages = [stages[i].to(device) for i in self.stage_ids]
         self.pipe_stages = [
@@ -87,6 +110,11 @@ class PipeliningTrainer(Trainer):
         if losses:
             return torch.stack([loss.detach() for loss in losses]).sum()
         return torch.zeros(())
+
+    def compile(self) -> None:
+        """Compile each stage's blocks; the boundary stays eager (Inductor drops .contiguous())."""
+        for stage in self.stages:
+            stage.body.compile()
 
     def timeline_modules(self) -> list[tuple[int, nn.Module]]:
         """(stage index, stage module) of each stage this process drives."""
