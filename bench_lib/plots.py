@@ -95,6 +95,7 @@ def grouped_bars(ax, reps: pd.DataFrame, value: str, err: tuple | None, fmt) -> 
     width = 0.8 / len(runs)
     top = reps.loc[reps.status == "ok", value].max()
     fail_h = 0.25 * top if pd.notna(top) and top > 0 else 1.0
+    labelled = set()  # the first drawn bar of each run carries its legend entry
     for i, run in enumerate(runs):
         for j, strat in enumerate(strategies):
             sel = reps[(reps.run_label == run) & (reps.strategy == strat)]
@@ -110,8 +111,12 @@ def grouped_bars(ax, reps: pd.DataFrame, value: str, err: tuple | None, fmt) -> 
                 yerr = [[row[value] - row[err[0]]], [row[err[1]] - row[value]]]
             ax.bar(x, row[value], width * 0.9, yerr=yerr, capsize=3,
                    color=strategy_color(strat), alpha=1.0 - 0.35 * i, edgecolor="black",
-                   linewidth=0.5, label=run if j == 0 else None)
-            ax.text(x, row[value], fmt(row), ha="center", va="bottom", fontsize=7)
+                   linewidth=0.5, label=None if run in labelled else run)
+            labelled.add(run)
+            # Inside the bar, at its foot: clear of the error bars above it.
+            ax.text(x, 0, fmt(row), ha="center", va="bottom", fontsize=7,
+                    rotation=90 if len(runs) > 1 else 0,
+                    bbox={"facecolor": "white", "alpha": 0.75, "pad": 1, "linewidth": 0})
     labels = [bar_label(reps[reps.strategy == s].iloc[0]) for s in strategies]
     ax.set_xticks(range(len(strategies)), labels, rotation=20, ha="right")
 
@@ -127,7 +132,7 @@ def fig_throughput(cases: pd.DataFrame) -> Figure | None:
                        tp_hi=reps.batch_size / reps.step_time_s_ci_low)
     groups = _by_workload(reps)
     fig, axes = _facets(len(groups))
-    for ax, (key, g) in zip(axes, groups):
+    for ax, (key, g) in zip(axes, groups, strict=True):
         grouped_bars(ax, g, "throughput_img_s", ("tp_lo", "tp_hi"),
                      lambda r: f"{r.step_time_s_median:.3g} s")
         ax.set_title(workload_title(key), fontsize=10)
@@ -140,8 +145,7 @@ def fig_throughput(cases: pd.DataFrame) -> Figure | None:
 
 def _legend_runs(fig, axes, cases) -> None:
     if cases.run_label.nunique() > 1:
-        handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper right", fontsize=8, title="run")
+        axes[0].legend(fontsize=8, title="run", loc="upper left")
 
 
 def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
@@ -152,7 +156,7 @@ def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
     groups = _by_workload(split)
     fig, axes = _facets(len(groups))
     styles = ["-", "--", ":", "-."]
-    for ax, (key, g) in zip(axes, groups):
+    for ax, (key, g) in zip(axes, groups, strict=True):
         for (run, strat), line in g.groupby(["run_label", "strategy"]):
             color = strategy_color(strat)
             ok = line[line.status == "ok"].sort_values("split_size")
@@ -211,7 +215,7 @@ def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
     if not panels:
         return None
     fig, axes = _facets(len(panels), width=6.0, height=3.6, max_cols=2)
-    for ax, (key, cells) in zip(axes, panels):
+    for ax, (key, cells) in zip(axes, panels, strict=True):
         rows, cols = sorted(cells.grid_row.unique()), sorted(cells.grid_col.unique())
         speed = np.full((len(rows), len(cols)), np.nan)
         for c in cells.itertuples():
@@ -231,7 +235,7 @@ def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
         ax.set_xlabel("split size (images per micro-batch)" if col == "split_size"
                       else "batch size (images)")
         ax.set_ylabel("image size")
-        ax.set_title(" · ".join(f"{n}{v}" for n, v in zip(names, key)), fontsize=10)
+        ax.set_title(" · ".join(f"{n}{v}" for n, v in zip(names, key, strict=False)), fontsize=10)
         ax.grid(False)
         ax.set_xticks(np.arange(len(cols) + 1) - 0.5, minor=True)
         ax.set_yticks(np.arange(len(rows) + 1) - 0.5, minor=True)
@@ -265,9 +269,9 @@ def fig_scaling(cases: pd.DataFrame) -> Figure | None:
         return None
     groups = _by_workload(reps)
     fig, axes = _facets(len(groups))
-    for ax, (key, g) in zip(axes, groups):
+    for ax, (key, g) in zip(axes, groups, strict=True):
         grouped_bars(ax, g, "scaling_efficiency", None,
-                     lambda r: f"{r.speedup_vs_single:.2f}x\non {int(r.world_size)}")
+                     lambda r: f"{r.speedup_vs_single:.2f}x on {int(r.world_size)}")
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
         ax.text(ax.get_xlim()[1], 1.0, " ideal", va="center", fontsize=8)
         ax.set_ylabel("scaling efficiency (speedup / devices)")

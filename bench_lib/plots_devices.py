@@ -6,8 +6,17 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench_lib.plots import (FAILED_STYLE, PALETTE, WORKLOAD, _by_workload, _facets, bar_label,
-                             representatives, strategy_order, workload_title)
+from bench_lib.plots import (
+    FAILED_STYLE,
+    PALETTE,
+    WORKLOAD,
+    _by_workload,
+    _facets,
+    bar_label,
+    representatives,
+    strategy_order,
+    workload_title,
+)
 from bench_lib.timeline import bubble, draw_gantt
 
 # samples.csv columns in order of preference: GPUs' own counters first, then the CPU rig's.
@@ -31,15 +40,17 @@ def fig_memory(cases: pd.DataFrame) -> Figure | None:
     groups = _by_workload(reps)
     if not groups:
         return None
-    fig, axes = _facets(len(groups))
-    for ax, (key, g) in zip(axes, groups):
+    most = max(len(g) for _, g in groups)
+    fig, axes = _facets(len(groups), width=max(5.2, 0.75 * most + 1.5))
+    for ax, (key, g) in zip(axes, groups, strict=True):
         labels, peaks = [], g.loc[g.status == "ok", "peak_mem_mib_max"]
         fail_h = 0.25 * peaks.max() if peaks.notna().any() else 1.0
-        for x, (_, row) in enumerate(g.sort_values(["strategy", "run_label"], key=_order).iterrows()):
+        ordered = g.sort_values(["strategy", "run_label"], key=_order)
+        for x, (_, row) in enumerate(ordered.iterrows()):
             mem = parse_by_device(row.peak_mem_mib_by_device)
             label = bar_label(row) + (f"\n{row.run_label}" if g.run_label.nunique() > 1 else "")
             if len(mem) > 1 and min(mem.values()) > 0:
-                label += f"\nmax/min {max(mem.values()) / min(mem.values()):.2f}"
+                label += f"\n{max(mem.values()) / min(mem.values()):.2f}x max/min"
             labels.append(label)
             if row.status != "ok" or not mem:
                 ax.bar(x, fail_h, 0.8, **FAILED_STYLE)
@@ -52,11 +63,12 @@ def fig_memory(cases: pd.DataFrame) -> Figure | None:
                 ax.bar(bx, mib, width * 0.92, color=_device_color(dev), edgecolor="black",
                        linewidth=0.5, label=f"device {dev}")
                 ax.text(bx, mib, f"{mib:.0f}", ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
         ax.set_ylabel("peak memory per device (MiB)")
         ax.set_title(workload_title(key), fontsize=10)
-        handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
-        ax.legend(handles.values(), handles.keys(), fontsize=8)
+        handles = dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
+        ax.legend(handles.values(), handles.keys(), fontsize=8, loc="upper left",
+                  bbox_to_anchor=(1.0, 1.0), frameon=False)
     what = ("CPU rig: peak resident memory of each worker process"
             if cases.rig.astype(str).str.startswith("cpu").all() else "CUDA allocator peak")
     fig.suptitle(f"Peak memory per device ({what}; device '0+1': one process drives both)",
@@ -132,8 +144,9 @@ def fig_timeline(cases: pd.DataFrame, timeline: pd.DataFrame | None) -> Figure |
     heights = [1.2 + 0.5 * r.groupby(["rank", "stage"]).ngroups for r in rows]
     fig, axes = plt.subplots(len(rows), 1, figsize=(11, sum(heights) + 0.9), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
-    for ax, case, events in zip(axes[:, 0], chosen.itertuples(), rows):
-        title = f"{bar_label(case._asdict())} · {workload_title(tuple(getattr(case, k) for k in WORKLOAD))}"
+    for ax, case, events in zip(axes[:, 0], chosen.itertuples(), rows, strict=True):
+        workload = workload_title(tuple(getattr(case, k) for k in WORKLOAD))
+        title = f"{bar_label(case._asdict())} · {workload}"
         draw_gantt(ax, events, title)
     fig.suptitle("Measured pipeline timeline of one traced step (after the timed steps); "
                  "numbers are micro-batches", fontsize=11)

@@ -32,7 +32,9 @@ class Runs:
     """Every compared run's files, concatenated; ``case_key`` is ``<run label>/<case id>``."""
 
     envs: dict[str, dict]
-    """Run label -> env.json."""
+    """Run label -> env.json. One run: its folder's name; several: A, B, ... (see names)."""
+    names: dict[str, str]
+    """Run label -> run folder name."""
     cases: pd.DataFrame
     samples: pd.DataFrame | None
     timeline: pd.DataFrame | None
@@ -60,12 +62,14 @@ def _keyed(df: pd.DataFrame | None, label: str) -> pd.DataFrame | None:
 
 def load_runs(run_dirs: list[Path]) -> Runs:
     """Read and check every run folder (raises ResultsError on an unusable one)."""
-    envs, cases, samples, timelines = {}, [], [], []
+    envs, names, cases, samples, timelines = {}, {}, [], [], []
     for i, run_dir in enumerate(run_dirs):
         if not run_dir.is_dir():
             raise ResultsError(f"{run_dir} is not a folder")
-        label = run_dir.resolve().name
-        label = label if label not in envs else f"{label}#{i + 1}"
+        # Run ids are long: compared runs get letters, which fit under a bar.
+        label = run_dir.resolve().name if len(run_dirs) == 1 else chr(ord("A") + i % 26) * (
+            1 + i // 26)
+        names[label] = run_dir.resolve().name
         envs[label] = read_env(run_dir)
         cases.append(_keyed(read_cases(run_dir), label))
         _read_optional(run_dir / "steps.csv", ["case_id", "rank", "step", "step_time_s"])
@@ -75,19 +79,20 @@ def load_runs(run_dirs: list[Path]) -> Runs:
                                 label))
     samples = [s for s in samples if s is not None]
     timelines = [t for t in timelines if t is not None]
-    return Runs(envs, plots.prepare(pd.concat(cases, ignore_index=True)),
+    return Runs(envs, names, plots.prepare(pd.concat(cases, ignore_index=True)),
                 pd.concat(samples, ignore_index=True) if samples else None,
                 pd.concat(timelines, ignore_index=True) if timelines else None)
 
 
-def caption(label: str, env: dict) -> str:
+def caption(label: str, env: dict, name: str | None = None) -> str:
     """One line naming the rig, devices and versions a run was measured with."""
     v, git = env.get("versions", {}), env.get("git", {})
     devices = env.get("device_names") or []
     names = ", ".join(sorted(set(devices))) if devices else "?"
     cuda = f"CUDA {v['cuda']}" if v.get("cuda") else "no CUDA"
     sha = (git.get("sha") or "nogit")[:7] + ("+dirty" if git.get("dirty") else "")
-    return (f"{label}: rig {env.get('rig', {}).get('label', '?')} ({len(devices)}x {names}); "
+    head = label if name in (None, label) else f"{label} = {name}"
+    return (f"{head}: rig {env.get('rig', {}).get('label', '?')} ({len(devices)}x {names}); "
             f"CPU {env.get('cpu_model', '?')}; torch {v.get('torch')}, torchvision "
             f"{v.get('torchvision')}, {cuda}; git {sha}")
 
@@ -132,7 +137,7 @@ def _png(fig, captions: list[str]) -> bytes:
 def write_report(run_dirs: list[Path]) -> Path:
     """Write the PNGs and report.html into the first run folder; returns the HTML's path."""
     runs = load_runs(run_dirs)
-    captions = [caption(label, env) for label, env in runs.envs.items()]
+    captions = [caption(label, env, runs.names[label]) for label, env in runs.envs.items()]
     pngs = {n: _png(f, captions) for n, f in draw_figures(runs).items()}
     sections = []
     for number, stem, title, absent in FIGURES:

@@ -55,14 +55,15 @@ def _headlines(cases: pd.DataFrame) -> str:
     return "<ul>" + "".join(items) + "</ul>"
 
 
-def _runs_table(envs: dict[str, dict], cases: pd.DataFrame) -> str:
+def _runs_table(envs: dict[str, dict], names: dict[str, str], cases: pd.DataFrame) -> str:
     rows = []
     for label, env in envs.items():
         c = cases[cases.run_label == label]
         tally = ", ".join(f"{n} {s}" for s, n in c.status.value_counts().sort_index().items())
         v = env.get("versions", {})
         rows.append("<tr>" + "".join(f"<td>{_e(x)}</td>" for x in (
-            label, env.get("rig", {}).get("label"), ", ".join(env.get("device_names") or []),
+            label if label == names[label] else f"{label} = {names[label]}",
+            env.get("rig", {}).get("label"), ", ".join(env.get("device_names") or []),
             env.get("cpu_model"), v.get("torch"), v.get("cuda") or "none",
             (env.get("git", {}).get("sha") or "")[:7], tally)) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("run", "rig", "devices", "CPU", "torch", "CUDA",
@@ -123,10 +124,10 @@ def _section(s: dict, extra: str) -> str:
 
 def render(runs, sections: list[dict], captions: list[str], bubbles: pd.DataFrame) -> str:
     """The whole page."""
-    labels = ", ".join(runs.envs)
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    labels = ", ".join(runs.names.values())
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = [f"<h1>parabench report</h1><p class=sub>{_e(labels)} · written {now}</p>",
-            "<h2>Runs</h2>", _runs_table(runs.envs, runs.cases),
+            "<h2>Runs</h2>", _runs_table(runs.envs, runs.names, runs.cases),
             "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>",
             "<h2>Headlines</h2>", _headlines(runs.cases)]
     for s in sections:

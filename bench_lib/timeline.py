@@ -162,7 +162,8 @@ def bubble(events: pd.DataFrame) -> dict:
     """
     lo, hi = events["start_s"].min(), events["end_s"].max()
     rows = events.groupby(["rank", "stage"])
-    idle = [1 - _union_length(list(zip(g.start_s, g.end_s))) / (hi - lo) for _, g in rows]
+    idle = [1 - _union_length(list(zip(g.start_s, g.end_s, strict=True))) / (hi - lo)
+            for _, g in rows]
     stages, microbatches = rows.ngroups, int(events["microbatch"].max()) + 1
     return {"stages": stages, "microbatches": microbatches, "span_s": hi - lo,
             "bubble_measured": sum(idle) / len(idle),
@@ -172,7 +173,7 @@ def bubble(events: pd.DataFrame) -> dict:
 def draw_gantt(ax: Axes, events: pd.DataFrame, title: str) -> dict:
     """One Gantt row per (rank, stage): forward and backward bars labelled by micro-batch."""
     colors = {"fwd": "#4C72B0", "bwd": "#DD8452"}
-    keys = sorted({(r, s) for r, s in zip(events["rank"], events["stage"])})
+    keys = sorted({(r, s) for r, s in zip(events["rank"], events["stage"], strict=True)})
     t0 = events["start_s"].min()
     span_ms = (events["end_s"].max() - t0) * 1e3
     for y, (rank, stage) in enumerate(keys):

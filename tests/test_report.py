@@ -127,7 +127,7 @@ def test_memory_bars_show_each_device(tmp_path):
     fig = plots_devices.fig_memory(load(synthetic_run(tmp_path)).cases)
     heights = sorted(p.get_height() for p in fig.axes[0].patches if not p.get_hatch())
     assert heights == [350.0, 700.0, 800.0, 900.0, 950.0]
-    assert any("max/min 2.00" in t.get_text() for t in fig.axes[0].get_xticklabels())
+    assert any("2.00x max/min" in t.get_text() for t in fig.axes[0].get_xticklabels())
     plt.close(fig)
 
 
@@ -162,11 +162,15 @@ def test_two_runs_side_by_side(tmp_path):
     b = synthetic_run(tmp_path, "20260102T000000Z_boxb_abcdef0", scale=0.5)
     runs = load(a, b)
     fig = plots.fig_throughput(runs.cases)
-    legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-    assert legend == [a.name, b.name]
+    assert runs.names == {"A": a.name, "B": b.name}
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["A", "B"]
+    # Each strategy has a bar per run: B ran twice as fast, so twice the throughput.
+    bars = sorted((p.get_x(), p.get_height()) for p in fig.axes[0].patches if not p.get_hatch())
+    assert [round(h2 / h1, 6) for (_, h1), (_, h2) in zip(bars[::2], bars[1::2],
+                                                          strict=True)] == [2.0] * 4
     plt.close(fig)
     html = report.write_report([a, b]).read_text()
-    assert a.name in html and b.name in html
+    assert f"A = {a.name}" in html and f"B = {b.name}" in html
     assert not (b / "report.html").exists()  # written into the first run folder only
 
 

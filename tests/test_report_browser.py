@@ -26,8 +26,8 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromiu
 # load, caught in the capture phase) and images decoded with a size, into the DOM.
 PROBE = """<script>
 window.__errors = [];
-window.addEventListener("error", e => window.__errors.push(String(e.message || e.target.src).slice(0, 120)),
-                        true);
+window.addEventListener("error",
+  e => window.__errors.push(String(e.message || e.target.src).slice(0, 120)), true);
 const origError = console.error;
 console.error = (...a) => { window.__errors.push(a.join(" ")); origError(...a); };
 window.addEventListener("load", () => {

@@ -111,7 +111,7 @@ def test_traced_step_computes_the_same_gradients():
         t.optimizer.param_groups[0]["lr"] = 0.0  # keep weights fixed; compare gradients
     trace_step(lambda: traced.step(x, y), traced.timeline_modules(), traced.devices)
     plain.step(x, y)
-    for a, b in zip(traced.parameters_in_order(), plain.parameters_in_order()):
+    for a, b in zip(traced.parameters_in_order(), plain.parameters_in_order(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)
 
 
