@@ -71,7 +71,10 @@ def load_runs(run_dirs: list[Path]) -> Runs:
             1 + i // 26)
         names[label] = run_dir.resolve().name
         envs[label] = read_env(run_dir)
-        cases.append(_keyed(read_cases(run_dir), label))
+        run_cases = read_cases(run_dir)
+        if run_cases.empty:
+            raise ResultsError(f"{run_dir} holds no case yet: nothing to report")
+        cases.append(_keyed(run_cases, label))
         _read_optional(run_dir / "steps.csv", ["case_id", "rank", "step", "step_time_s"])
         samples.append(_keyed(_read_optional(run_dir / "samples.csv", ["case_id", "device"]),
                               label))

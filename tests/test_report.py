@@ -174,6 +174,24 @@ def test_two_runs_side_by_side(tmp_path):
     assert not (b / "report.html").exists()  # written into the first run folder only
 
 
+def test_run_where_nothing_ran_still_gets_a_report(tmp_path):
+    run_dir = tmp_path / "20260101T000000Z_host_abcdef0"
+    run_dir.mkdir()
+    write_json_atomic(run_dir / "env.json", env())
+    with RunWriter(run_dir) as writer:
+        writer.write_case(failed_row("dp", 64, "", "unsupported", "dp needs CUDA"))
+        writer.write_case(failed_row("pipeline", 64, 4, "oom", "rank 0: out of memory"))
+        writer.write_case(failed_row("ddp", 64, "", "timeout", "still running after 300 s"))
+    runs = load(run_dir)
+    fig = plots.fig_throughput(runs.cases)
+    assert len(hatched(fig)) == 3  # every case is there, as a hatched bar
+    plt.close(fig)
+    html = report.write_report([run_dir]).read_text()
+    for reason in ("dp needs CUDA", "rank 0: out of memory", "still running after 300 s"):
+        assert reason in html
+    assert "no case ran" in html
+
+
 def test_cli_report_prints_the_path(tmp_path):
     run_dir = synthetic_run(tmp_path)
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "report", str(run_dir)], cwd=REPO,
@@ -199,6 +217,11 @@ def _word_in_number(run_dir: Path) -> None:
     df.to_csv(run_dir / "cases.csv", index=False)
 
 
+def _no_case(run_dir: Path) -> None:
+    header = (run_dir / "cases.csv").read_text().splitlines(keepends=True)[0]
+    (run_dir / "cases.csv").write_text(header)
+
+
 def _old_schema(run_dir: Path) -> None:
     data = json.loads((run_dir / "env.json").read_text())
     (run_dir / "env.json").write_text(json.dumps(data | {"schema_version": 0}))
@@ -207,7 +230,7 @@ def _old_schema(run_dir: Path) -> None:
 @pytest.mark.parametrize("spoil,message", [
     (None, "is not a folder"), (_truncate, "truncated"), (_ragged, "fields, the header"),
     (_word_in_number, "column step_time_s_median holds 'fast'"),
-    (_old_schema, "schema version 0"),
+    (_old_schema, "schema version 0"), (_no_case, "holds no case yet"),
 ])
 def test_unusable_run_folder_exits_2_and_writes_nothing(tmp_path, capsys, spoil, message):
     run_dir = tmp_path / "missing"
