@@ -132,13 +132,13 @@ def block_costs(
     return [_time_block(b, i, workload) for b, i in zip(bs, inputs)]
 
 
-def _agree(costs: list[float]) -> list[float]:
+def _agree(costs: list[float], device: torch.device) -> list[float]:
     """Average the costs over the ranks, so every rank of a process group picks the same cut."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return costs
-    t = torch.tensor(costs, dtype=torch.float64)
+    t = torch.tensor(costs, dtype=torch.float64, device=device)  # NCCL reduces only on GPUs
     dist.all_reduce(t)
     return (t / dist.get_world_size()).tolist()
 
@@ -154,5 +154,5 @@ def choose(
         return Partition(name, tuple(default_cuts(model, num_stages)))
     method = "flops" if name == "balanced-flops" else "time"
     mb = micro_batch or workload.batch_size
-    costs = _agree(block_costs(model, workload, mb, device, method))
+    costs = _agree(block_costs(model, workload, mb, device, method), device)
     return Partition(name, tuple(min_max_cuts(costs, num_stages)), tuple(costs))

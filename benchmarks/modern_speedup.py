@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def stage_times(model_name: str, image: int, batch: int, split: int) -> list[str
     """Lines giving the per-stage forward+backward times of the balanced and tutorial cuts."""
     import torch
 
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
     pin_worker(detect_rig("cpu"), [0])  # one worker's cores and threads, as a stage gets
     torch.manual_seed(0)
     workload = Workload(model_name, image, batch)
@@ -44,6 +46,9 @@ def stage_times(model_name: str, image: int, batch: int, split: int) -> list[str
         ms = " + ".join(f"{t * 1e3:.0f}" for t in stages)
         bound = sum(stages) / max(stages)
         lines.append(f"  {p.label:<14} stages {ms} ms  -> 2-stage bound {bound:.2f}x single")
+    # Unpin: the sweep detects its rig from this process's cores.
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
     return lines
 
 
