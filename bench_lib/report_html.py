@@ -18,7 +18,7 @@ figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption,.caption{color:#555;font-size:.85rem}
 table{border-collapse:collapse;font-size:.85rem;margin:.6rem 0;width:100%}
 th,td{border-bottom:1px solid #e4e4e4;padding:.25rem .5rem;text-align:left;vertical-align:top}
-th{background:#f6f6f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f6f6f6}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.notok td{background:repeating-linear-gradient(135deg,#fafafa 0 6px,#f0f0f0 6px 12px)}
 .status{font-weight:600}.missing{color:#8a6d3b;background:#fcf8e3;padding:.5rem .8rem;
 border-left:4px solid #e0c36c}.best{font-weight:600}
@@ -78,12 +78,13 @@ def _cases_table(cases: pd.DataFrame) -> str:
             ("median step (s)", "step_time_s_median", ".4f"),
             ("95% CI (s)", None, None), ("throughput (img/s)", "throughput_img_s", ".1f"),
             ("speedup vs single", "speedup_vs_single", ".2f"),
-            ("peak mem max (MiB)", "peak_mem_mib_max", ".0f"), ("reason / note", None, None)]
-    head = "".join(f"<th>{h}</th>" for h, _, _ in cols)
+            ("peak mem max (MiB)", "peak_mem_mib_max", ".0f"), ("reason", None, None)]
+    first = 0 if cases.run_label.nunique() > 1 else 1  # one run: no run column
+    head = "".join(f"<th>{h}</th>" for h, _, _ in cols[first:])
     body = []
     for r in cases.itertuples():
         cells = []
-        for _, col, fmt in cols[:7]:
+        for _, col, fmt in cols[first:7]:
             value = getattr(r, col)
             cells.append(f"<td class=num>{_num(value, fmt)}</td>" if fmt else
                          f"<td{' class=status' if col == 'status' else ''}>{_e(value)}</td>")
@@ -92,10 +93,13 @@ def _cases_table(cases: pd.DataFrame) -> str:
         cells.append(f"<td class=num>{ci}</td>")
         for _, col, fmt in cols[8:11]:
             cells.append(f"<td class=num>{_num(getattr(r, col), fmt)}</td>")
-        cells.append(f"<td>{_e(r.reason) or _e(r.note)}</td>")
+        cells.append(f"<td>{_e(r.reason)}</td>")
         cls = "" if r.status == "ok" else " class=notok"
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    notes = cases[cases.note.notna()].drop_duplicates(["strategy", "note"])
+    items = "".join(f"<li><b>{_e(n.strategy)}</b>: {_e(n.note)}</li>" for n in notes.itertuples())
+    reading = f"<h3>How to read each strategy here</h3><ul>{items}</ul>" if items else ""
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>{reading}"
 
 
 def _bubble_table(table: pd.DataFrame) -> str:
