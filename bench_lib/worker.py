@@ -204,7 +204,8 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    spec_path, rank = Path(argv[0]), int(argv[1])
+    # Absolute: a relative path would make the file:// rendezvous URL name a host, and hang.
+    spec_path, rank = Path(argv[0]).resolve(), int(argv[1])
     spec = json.loads(spec_path.read_text())
     case, rig = Case.from_dict(spec["case"]), Rig.from_dict(spec["rig"])
     out = spec_path.parent / f"rank{rank}.json"
