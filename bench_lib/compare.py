@@ -22,6 +22,12 @@ The rule that turns metrics into a case's verdict (``metric="auto"``):
 
 One pair of runs cannot tell a uniformly slower machine from code that made every strategy
 uniformly slower (a torch upgrade): both fail ``single``'s step time. The table says so.
+
+Limits: the intervals cover step-to-step noise within each run, not a change of load between
+runs. On a CPU shared with other jobs, wall-clock step times swing several-fold between runs
+(and between cases of one run, which the speedup metric cannot cancel); the output flags a run
+whose steps spread widely as measured on a busy machine. Per-step CPU time, which contention
+barely moves, is the metric that would make the gate hold there (not recorded yet).
 """
 
 from __future__ import annotations
