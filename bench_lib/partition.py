@@ -19,7 +19,7 @@ from torch import nn
 from bench_lib.workloads import Workload, WorkloadError, blocks, default_cuts
 
 PARTITIONS = ("tutorial", "balanced", "balanced-flops")
-PROFILE_REPEATS = 3  # timed passes per block after one warm-up; the median is kept
+PROFILE_REPEATS = 3  # timed passes per block after one warm-up; the fastest is kept
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,10 @@ def _block_inputs(bs: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _time_block(block: nn.Module, x: torch.Tensor, workload: Workload) -> float:
-    """Median seconds of one forward+backward of ``block`` on input ``x``."""
+    """Least seconds of one forward+backward of ``block`` on input ``x``.
+
+    The minimum, not the median: on a shared machine interference only ever adds time.
+    """
     times = []
     for i in range(PROFILE_REPEATS + 1):
         inp = x.detach().requires_grad_(x.is_floating_point())
@@ -101,7 +104,7 @@ def _time_block(block: nn.Module, x: torch.Tensor, workload: Workload) -> float:
         if i:  # the first pass warms up allocators and kernels
             times.append(time.perf_counter() - t0)
     block.zero_grad(set_to_none=True)
-    return sorted(times)[len(times) // 2]
+    return min(times)
 
 
 def _block_flops(block: nn.Module, x: torch.Tensor) -> float:

@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/modern_speedup.py [--split-sizes 4,8] [--timed-steps 5]
 
-First it profiles every block's forward+backward at each split size on one cpu worker and
-prints the per-stage times of the balanced and the tutorial 2-stage cuts: a 2-stage pipeline
-cannot beat ``single`` by more than (sum of stages) / (slowest stage). Then it runs a real
+First it profiles every block's forward+backward on one cpu worker, on the whole batch and
+at each split size, and prints the per-stage times of the balanced and tutorial 2-stage cuts
+with the speedup they allow 1F1B: single time / ((micro-batches + 1) x slowest stage), which
+counts both the bubble and what small micro-batches cost per image. Then it runs a real
 sweep (fresh processes per case, like ``make bench``) of ``single``, ``accum`` and the
 pipelining schedules on both cuts, and prints each case's throughput relative to ``single``.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_lib import cli  # noqa: E402
-from bench_lib.partition import Partition, choose  # noqa: E402
+from bench_lib.partition import Partition, block_costs, choose  # noqa: E402
 from bench_lib.results import read_cases  # noqa: E402
 from bench_lib.rig import detect_rig, pin_worker  # noqa: E402
 from bench_lib.workloads import Workload, default_cuts  # noqa: E402
@@ -29,8 +30,19 @@ from bench_lib.workloads import Workload, default_cuts  # noqa: E402
 STRATEGIES = "single,accum,gpipe,1f1b,interleaved-1f1b"
 
 
-def stage_times(model_name: str, image: int, batch: int, split: int) -> list[str]:
-    """Lines giving the per-stage forward+backward times of the balanced and tutorial cuts."""
+def _stage_lines(p: Partition, batch: int, split: int, single_s: float) -> str:
+    """One cut's per-stage times and what they allow a 2-stage 1F1B pipeline."""
+    stages = p.stage_costs()
+    ms = " + ".join(f"{t * 1e3:.0f}" for t in stages)
+    m = batch // split
+    # 1F1B on 2 stages: m + 1 slots of the slowest stage's forward+backward (one bubble).
+    bound = single_s / ((m + 1) * max(stages))
+    return f"  {p.label:<14} stages {ms} ms per micro-batch -> 1F1B bound {bound:.2f}x single"
+
+
+def stage_times(model_name: str, image: int, batch: int, splits: list[int]) -> list[str]:
+    """Per-stage forward+backward times of the balanced and tutorial 2-stage cuts, and the
+    1F1B speedup they allow against the blocks' time on the whole batch (``single``)."""
     import torch
 
     cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
@@ -38,14 +50,16 @@ def stage_times(model_name: str, image: int, batch: int, split: int) -> list[str
     torch.manual_seed(0)
     workload = Workload(model_name, image, batch)
     model = workload.build_model()
-    balanced = choose("balanced", model, 2, workload, split, torch.device("cpu"))
-    tutorial = Partition("tutorial", tuple(default_cuts(model, 2)), balanced.block_costs)
-    lines = [f"split {split} ({batch // split} micro-batches), per micro-batch:"]
-    for p in (balanced, tutorial):
-        stages = p.stage_costs()
-        ms = " + ".join(f"{t * 1e3:.0f}" for t in stages)
-        bound = sum(stages) / max(stages)
-        lines.append(f"  {p.label:<14} stages {ms} ms  -> 2-stage bound {bound:.2f}x single")
+    cpu = torch.device("cpu")
+    single_s = sum(block_costs(model, workload, batch, cpu, "time"))
+    lines = [f"single: blocks' forward+backward on the whole batch {single_s:.3f} s"]
+    for split in splits:
+        balanced = choose("balanced", model, 2, workload, split, cpu)
+        tutorial = Partition("tutorial", tuple(default_cuts(model, 2)), balanced.block_costs)
+        per_img = sum(balanced.block_costs) * batch / split / single_s
+        lines.append(f"split {split} ({batch // split} micro-batches; micro-batching costs "
+                     f"{per_img:.2f}x per image):")
+        lines += [_stage_lines(p, batch, split, single_s) for p in (balanced, tutorial)]
     # Unpin: the sweep detects its rig from this process's cores.
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
@@ -57,7 +71,7 @@ def run_sweep(args: argparse.Namespace) -> Path:
     argv = ["run", "--profile", "smoke", "--strategies", args.strategies,
             "--models", args.model, "--image-sizes", str(args.image_size),
             "--batch-size", str(args.batch_size), "--split-sizes", args.split_sizes,
-            "--partition", "tutorial,balanced", "--warmup-steps", "2",
+            "--partition", args.partitions, "--warmup-steps", "2",
             "--timed-steps", str(args.timed_steps), "--case-timeout", "900",
             "--out", str(args.out)]
     out = io.StringIO()
@@ -75,11 +89,12 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--split-sizes", default="4,8")
     p.add_argument("--strategies", default=STRATEGIES)
+    p.add_argument("--partitions", default="tutorial,balanced")
     p.add_argument("--timed-steps", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("results"))
     args = p.parse_args()
-    for split in (int(s) for s in args.split_sizes.split(",")):
-        print("\n".join(stage_times(args.model, args.image_size, args.batch_size, split)))
+    splits = [int(s) for s in args.split_sizes.split(",")]
+    print("\n".join(stage_times(args.model, args.image_size, args.batch_size, splits)))
     df = read_cases(run_sweep(args))
     ok = df[df["status"] == "ok"]
     single = ok[ok["strategy"] == "single"]["throughput_img_s"]
