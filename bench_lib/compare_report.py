@@ -59,9 +59,9 @@ def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[s
     speedups = [r for r in results if "speedup" in r.changes]
     if singles and speedups and all(r.changes["speedup"].verdict(0) != "regression"
                                     for r in speedups):
-        out.append("every strategy slowed alike (speedups over single held): either the code "
-                   "got uniformly slower (e.g. a torch upgrade) or this machine was slower "
-                   "than when the baseline was recorded (shared CPU, thermal); rerun to tell")
+        out.append("single is slower and no strategy lost speedup over it: either the code "
+                   "got slower for every strategy (e.g. a torch upgrade) or this machine was "
+                   "slower or busier than when the baseline was recorded; rerun to tell")
     return out
 
 

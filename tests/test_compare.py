@@ -126,7 +126,7 @@ def test_cli_exit_codes_and_outputs(tmp_path, capsys):
     assert main(["compare", str(base), str(same / "cases.csv")]) == 0
     assert main(["compare", str(base), str(slow), "--markdown", str(md), "--json", str(js)]) == 1
     out = capsys.readouterr().out
-    assert "FAIL: 1 regression, 2 unchanged" in out and "slowed alike" in out
+    assert "FAIL: 1 regression, 2 unchanged" in out and "no strategy lost speedup" in out
     assert md.read_text().startswith("### parabench regression gate: FAIL")
     entries = json.loads(js.read_text())
     names = {e["name"] for e in entries}
