@@ -52,7 +52,7 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--strategies", "single,warp"], "unknown strategy 'warp'; valid: ddp, dp, mp"),
+        (["--strategies", "single,warp"], "unknown strategy 'warp'; valid: 1f1b, accum, ddp"),
         (["--strategies", "pipeline", "--split-sizes", "16"],
          "split size 16 is larger than every batch size"),
         (["--strategies", "ddp", "--batch-size", "3"], "is divisible by ddp's world size 2"),
