@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "multi_gpu" in item.keywords and gpus < 2:
             item.add_marker(skip_multi)
+
+
+@pytest.fixture(autouse=True)
+def _restore_affinity_and_threads():
+    """Undo any pinning a test does in this process (pin_worker, peak measurement, ...).
+
+    Subprocesses inherit the affinity, so a leak would shrink every later CLI run's rig.
+    """
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
+    yield
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -162,7 +162,8 @@ def test_resume_refuses_other_schema_versions_and_extra_flags(tmp_path):
 
 def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path):
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", *TINY, "--dry-run",
-                           "--microbatches", "2,8", "--out", str(tmp_path / "out")],
+                           "--batch-size", "4,16", "--microbatches", "2,8",
+                           "--out", str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "pipeline_resnet-tiny_img32_b4_s2_fp32" in proc.stdout  # 2 micro-batches of 2
