@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import sys
@@ -88,6 +89,9 @@ def collect(rig: Rig, profile: dict, argv: list[str], peak: dict | None = None) 
         "fingerprint": hardware_fingerprint(rig),
         "profile": profile,
         "command_line": argv,
+        # Test-only fault/slowdown hooks: a run made with one is not a real measurement.
+        "test_hooks": {k: v for k, v in os.environ.items()
+                       if k in ("PARABENCH_INJECT_SLOWDOWN", "PARABENCH_TEST_FAULT") and v},
     }
     if peak is not None:
         env["attainable_peak"] = peak
