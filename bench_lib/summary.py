@@ -12,7 +12,7 @@ from collections import defaultdict
 
 def _label(row: dict) -> str:
     """Strategy name plus what distinguishes its variants (split size, partition)."""
-    part = row.get("partition") or ""
+    part = str(row.get("partition") or "").split(":")[0]  # "balanced:9" -> "balanced"
     return row["strategy"] + (f"[{part}]" if part not in ("", "tutorial") else "")
 
 

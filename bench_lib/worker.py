@@ -77,10 +77,13 @@ INJECT_SLOWDOWN_ENV = "PARABENCH_INJECT_SLOWDOWN"
 
 
 def _with_injected_slowdown(step, devices: list[torch.device]):
-    """TEST-ONLY: with PARABENCH_INJECT_SLOWDOWN=0.15 every step sleeps 15% of its own time.
+    """TEST-ONLY: with PARABENCH_INJECT_SLOWDOWN=0.15 every step does 15% more work.
 
     It plants a known slowdown for demonstrating the regression gate
-    (benchmarks/regression_gate.py); never set it for a real measurement.
+    (benchmarks/regression_gate.py); never set it for a real measurement. The extra work
+    is a busy loop on the step's own core, not a sleep: on the shared VMs we measured on,
+    a process that sleeps part of each step runs the rest faster, so a planted 15% sleep
+    showed up as only +8% to +13%.
     """
     import os
     import time
@@ -94,8 +97,10 @@ def _with_injected_slowdown(step, devices: list[torch.device]):
     def slow_step() -> None:
         t0 = time.perf_counter()
         step()
-        synchronize(devices)  # sleep in proportion to the finished work, not the queued
-        time.sleep(fraction * (time.perf_counter() - t0))
+        synchronize(devices)  # extra work in proportion to the finished work, not the queued
+        end = time.perf_counter() + fraction * (time.perf_counter() - t0)
+        while time.perf_counter() < end:
+            pass
 
     return slow_step
 

@@ -3,7 +3,7 @@
     python benchmarks/regression_gate.py [--pairs 5] [--slowdown 0.15] [-- RUN ARGS...]
 
 Runs a chain of real sweeps, alternating plain runs and runs with the test-only hook
-PARABENCH_INJECT_SLOWDOWN (every timed step sleeps that fraction of its own time):
+PARABENCH_INJECT_SLOWDOWN (every timed step does that fraction more work):
 
     plain0  slow1  plain2  slow3  plain4 ...
 

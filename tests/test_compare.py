@@ -195,19 +195,29 @@ def test_a_run_from_a_busy_machine_is_flagged(tmp_path, capsys):
     assert "candidate ran on a busy machine" in out and "baseline ran on a busy" not in out
 
 
-def test_the_test_only_slowdown_hook_sleeps_its_fraction_of_each_step(monkeypatch):
+def test_the_test_only_slowdown_hook_adds_its_fraction_of_each_step(monkeypatch):
     import time
 
     from bench_lib import worker
 
-    clock = iter([10.0, 10.4])  # the step takes 0.4 s on a fake clock
-    slept = []
-    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(time, "sleep", slept.append)
+    now = [10.0]  # a fake clock: the step takes 0.4 s, every later reading 1 ms
+
+    def clock() -> float:
+        now[0] += 0.001
+        return now[0]
+
+    monkeypatch.setattr(time, "perf_counter", clock)
     calls = []
-    step = lambda: calls.append(1)  # noqa: E731
+
+    def step() -> None:
+        calls.append(1)
+        now[0] += 0.4
+
     monkeypatch.delenv(worker.INJECT_SLOWDOWN_ENV, raising=False)
     assert worker._with_injected_slowdown(step, []) is step
     monkeypatch.setenv(worker.INJECT_SLOWDOWN_ENV, "0.15")
+    start = now[0]
     worker._with_injected_slowdown(step, [])()
-    assert calls == [1] and slept == [pytest.approx(0.06)]
+    assert calls == [1]
+    # 0.4 s of step, then busy work for 15% of it (0.06 s), to within the fake clock's ticks
+    assert now[0] - start == pytest.approx(0.4 + 0.06, abs=0.005)
