@@ -171,3 +171,24 @@ def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path):
     assert "dp needs CUDA" in proc.stdout
     assert "estimated duration" in proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(300)
+def test_single_node_ranks_listen_on_loopback_only(tmp_path):
+    # Hold a ddp case open (rank 1 hangs after joining the group), look at its sockets.
+    proc = start(tmp_path, "--strategies", "ddp", "--case-timeout", "20", fault="ddp:1:hang")
+    deadline = time.monotonic() + 60
+    bound: list[str] = []  # local addresses of the ranks' listening and connected sockets
+    while time.monotonic() < deadline and not bound:
+        time.sleep(1)
+        dirs = [p for p in tmp_path.iterdir() if p.is_dir()]
+        for worker in workers_of(dirs[0]) if dirs else []:
+            try:
+                conns = worker.net_connections(kind="inet")
+            except psutil.Error:
+                continue
+            bound += [c.laddr.ip for c in conns
+                      if c.status in (psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED)]
+    finish(proc)
+    assert bound, "the ranks never opened a socket"
+    assert set(bound) <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, bound
