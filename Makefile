@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv bench test env smoke regress baseline report clean help
+.PHONY: venv bench test lint env smoke regress baseline report clean help
 
 help:            ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -42,6 +42,9 @@ regress: venv    ## run the ci profile, gate it against results/baseline/ (exit 
 
 baseline: venv   ## run the ci profile and store it as this hardware's baseline in results/baseline/
 	run=$$($(PY) -m bench_lib run --profile ci --quiet $(ARGS)) && $(PY) -c 'import sys; from bench_lib.compare import save_baseline as s; print(s(*sys.argv[1:]))' $$run results/baseline
+
+lint: venv       ## ruff over the library, tests and benchmarks (config in pyproject.toml)
+	$(PY) -m ruff check bench_lib tests benchmarks
 
 clean:           ## remove caches (keeps .venv and results/)
 	rm -rf .pytest_cache build *.egg-info

@@ -25,7 +25,9 @@ def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
     return values
@@ -40,7 +42,9 @@ def _memory_mib(text: str) -> float:
     try:
         value, unit = (float(t[:-1]), t[-1]) if t and t[-1] in _UNITS_MIB else (float(t), "m")
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 12GiB or 512MiB, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a size like 12GiB or 512MiB, got {text!r}"
+        ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"memory cap must be positive, got {text!r}")
     return value * _UNITS_MIB[unit]
@@ -201,8 +205,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench_lib import environment, flops
     from bench_lib.estimate import case_seconds
     from bench_lib.progress import Progress
-    from bench_lib.results import RunWriter, create_run_dir, git_info, new_run_id, read_env, \
-        write_json_atomic
+    from bench_lib.results import (
+        RunWriter,
+        create_run_dir,
+        git_info,
+        new_run_id,
+        read_env,
+        write_json_atomic,
+    )
     from bench_lib.runner import run_sweep
     from bench_lib.summary import summary_lines, tutorial_lines
 

@@ -39,7 +39,7 @@ def count_train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
     return counter.get_total_flops()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def train_flops_per_image(model: str, image_size: int) -> float:
     """Training FLOPs (forward + backward) per image of a workload model (cached)."""
     # Two images, not one: BatchNorm in training mode needs more than one value per channel

@@ -150,7 +150,10 @@ def choose(
     name: str, model: nn.Module, num_stages: int, workload: Workload,
     micro_batch: int | None, device: torch.device,
 ) -> Partition:
-    """The partition ``name`` of ``model`` into ``num_stages`` stages (collective when distributed)."""
+    """The partition ``name`` of ``model`` into ``num_stages`` stages.
+
+    Collective when a process group is up: every rank gets the same cut.
+    """
     if name not in PARTITIONS:
         raise WorkloadError(f"unknown partition {name!r}; valid: {', '.join(PARTITIONS)}")
     if name == "tutorial":

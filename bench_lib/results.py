@@ -74,7 +74,7 @@ def git_info(repo: Path | None = None) -> dict:
 
 def new_run_id(sha: str | None) -> str:
     """``<UTC time>_<host>_<git sha7>``."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     host = socket.gethostname().split(".")[0] or "host"
     return f"{now}_{host}_{(sha or 'nogit')[:7]}"
 
@@ -200,7 +200,9 @@ def read_cases(run_dir: Path):
             df[col] = default
     missing = [c for c in CASE_COLUMNS if c not in df.columns]
     if missing:
-        raise ResultsError(f"{path} lacks columns {', '.join(missing)}: not schema {SCHEMA_VERSION}")
+        raise ResultsError(
+            f"{path} lacks columns {', '.join(missing)}: not schema {SCHEMA_VERSION}"
+        )
     _check_cases(path, df)
     bad = sorted(set(df["status"].astype(str)) - set(STATUSES))
     if bad:

@@ -10,7 +10,6 @@ from torch import nn
 
 from bench_lib import flops
 from bench_lib.measures import SpeedupTable, summary_columns
-from bench_lib.rig import Rig
 from bench_lib.runner import CaseOutcome
 from bench_lib.sweep import Case
 

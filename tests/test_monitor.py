@@ -12,7 +12,12 @@ import pytest
 
 from bench_lib import measures
 from bench_lib.monitor import (
-    SAMPLE_METRICS, NvmlSource, ProcessSource, RaplSource, Sampler, window_summary,
+    SAMPLE_METRICS,
+    NvmlSource,
+    ProcessSource,
+    RaplSource,
+    Sampler,
+    window_summary,
 )
 from bench_lib.results import SAMPLE_COLUMNS, RunWriter
 from bench_lib.rig import Rig

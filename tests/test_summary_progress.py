@@ -18,7 +18,8 @@ def row(strategy, img, thr, split="", status="ok", partition=""):
 
 def test_summary_names_best_strategy_speedup_and_best_splits():
     rows = [row("single", 64, 10.0), row("ddp", 64, 12.5), row("pipeline", 64, 8.0, 4),
-            row("pipeline", 64, 9.0, 8), row("single", 128, 2.0), row("1f1b", 128, 3.3, 4, partition="tutorial:8"),
+            row("pipeline", 64, 9.0, 8), row("single", 128, 2.0),
+            row("1f1b", 128, 3.3, 4, partition="tutorial:8"),
             row("1f1b", 128, 3.0, 8, partition="balanced:9"), row("dp", 128, None, "",
                                                                 "unsupported")]
     header, line64, line128 = summary_lines(rows)

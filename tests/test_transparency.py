@@ -13,25 +13,7 @@ from bench_lib import strategies
 from bench_lib.strategies import BuildContext
 from bench_lib.workloads import Workload
 from tests.dist_harness import run_ranks
-
-BATCH = 8
-
-
-def _model(workload: Workload) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return workload.build_model().double().eval()
-
-
-def _batch(workload: Workload) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = workload.make_batch(BATCH, torch.device("cpu"), seed=1)
-    return x.double(), y
-
-
-def _reference_grads(workload: Workload) -> list[torch.Tensor]:
-    model = _model(workload)
-    x, y = _batch(workload)
-    workload.loss_fn()(model(x), y).backward()
-    return [p.grad.clone() for p in model.parameters()]
+from tests.reference import BATCH, reference_batch, reference_grads, reference_model
 
 
 def _assert_same(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> None:
@@ -48,20 +30,20 @@ def test_single_process_strategies_match_single_device(name, split, model, loss)
     workload = Workload(model, image_size=32, batch_size=BATCH, num_classes=10, loss=loss)
     cpu = torch.device("cpu")
     trainer = strategies.get(name).build(
-        _model(workload), [cpu, cpu], BuildContext(workload, split_size=split)
+        reference_model(workload), [cpu, cpu], BuildContext(workload, split_size=split)
     )
-    x, y = _batch(workload)
+    x, y = reference_batch(workload)
     trainer.forward_backward(x, y)
-    _assert_same([p.grad for p in trainer.parameters_in_order()], _reference_grads(workload))
+    _assert_same([p.grad for p in trainer.parameters_in_order()], reference_grads(workload))
 
 
 def _ddp_rank_grads(rank: int, world_size: int, workload: Workload) -> list[torch.Tensor]:
     torch.set_num_threads(1)
     trainer = strategies.get("ddp").build(
-        _model(workload), [torch.device("cpu")],
+        reference_model(workload), [torch.device("cpu")],
         BuildContext(workload, rank=rank, world_size=world_size),
     )
-    x, y = _batch(workload)
+    x, y = reference_batch(workload)
     shard = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
     trainer.forward_backward(x[shard], y[shard])
     return [p.grad.clone() for p in trainer.parameters_in_order()]
@@ -71,6 +53,6 @@ def _ddp_rank_grads(rank: int, world_size: int, workload: Workload) -> list[torc
 def test_ddp_matches_single_device():
     workload = Workload("resnet-tiny", image_size=32, batch_size=BATCH, num_classes=10)
     per_rank = run_ranks(_ddp_rank_grads, world_size=2, args=(workload,))
-    reference = _reference_grads(workload)
+    reference = reference_grads(workload)
     for grads in per_rank:
         _assert_same(grads, reference)

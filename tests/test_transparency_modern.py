@@ -15,30 +15,13 @@ from bench_lib import strategies
 from bench_lib.strategies import BuildContext
 from bench_lib.workloads import Workload
 from tests.dist_harness import run_ranks
+from tests.reference import BATCH, reference_batch, reference_grads, reference_model
 
-BATCH = 8
 PIPELINING = ["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"]
 
 
 def _workload(loss: str = "ce") -> Workload:
     return Workload("resnet-tiny", image_size=32, batch_size=BATCH, num_classes=10, loss=loss)
-
-
-def _model(workload: Workload) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return workload.build_model().double().eval()
-
-
-def _batch(workload: Workload) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = workload.make_batch(BATCH, torch.device("cpu"), seed=1)
-    return x.double(), y
-
-
-def _reference_grads(workload: Workload) -> list[torch.Tensor]:
-    model = _model(workload)
-    x, y = _batch(workload)
-    workload.loss_fn()(model(x), y).backward()
-    return [p.grad.clone() for p in model.parameters()]
 
 
 def _assert_same(grads: dict[int, torch.Tensor], reference: list[torch.Tensor]) -> None:
@@ -50,11 +33,11 @@ def _assert_same(grads: dict[int, torch.Tensor], reference: list[torch.Tensor]) 
 
 def _pipelining_grads(rank, world_size, name, split, partition, loss):
     workload = _workload(loss)
-    model = _model(workload)
+    model = reference_model(workload)
     index = {id(p): i for i, p in enumerate(model.parameters())}
     ctx = BuildContext(workload, split, rank, world_size, partition=partition)
     trainer = strategies.get(name).build(model, [torch.device("cpu")], ctx)
-    x, y = _batch(workload)
+    x, y = reference_batch(workload)
     trainer.forward_backward(x, y)
     assert trainer.timeline_modules(), "a pipelined trainer names the stages it drives"
     return {index[id(p)]: p.grad.clone() for _, m in trainer.timeline_modules()
@@ -80,7 +63,7 @@ def test_pipelining_schedules_match_single_device():
     for config, grads0, grads1 in zip(PIPELINING_CONFIGS, rank0, rank1):
         assert not set(grads0) & set(grads1), f"{config}: a parameter lives on both ranks"
         try:
-            _assert_same(grads0 | grads1, _reference_grads(_workload(config[3])))
+            _assert_same(grads0 | grads1, reference_grads(_workload(config[3])))
         except AssertionError as e:
             raise AssertionError(f"{config}: {e}") from None
 
@@ -89,24 +72,24 @@ def test_pipelining_schedules_match_single_device():
 @pytest.mark.parametrize("loss", ["ce", "mse-onehot"])
 def test_accum_matches_single_device(split, loss):
     workload = _workload(loss)
-    model = _model(workload)
+    model = reference_model(workload)
     trainer = strategies.get("accum").build(
         model, [torch.device("cpu")], BuildContext(workload, split_size=split)
     )
-    x, y = _batch(workload)
+    x, y = reference_batch(workload)
     trainer.forward_backward(x, y)
     grads = {i: p.grad for i, p in enumerate(trainer.parameters_in_order())}
-    _assert_same(grads, _reference_grads(workload))
+    _assert_same(grads, reference_grads(workload))
 
 
 def _fsdp_rank_grads(rank, world_size):
     torch.set_num_threads(1)
     workload = _workload()
     trainer = strategies.get("fsdp").build(
-        _model(workload), [torch.device("cpu")],
+        reference_model(workload), [torch.device("cpu")],
         BuildContext(workload, rank=rank, world_size=world_size),
     )
-    x, y = _batch(workload)
+    x, y = reference_batch(workload)
     shard = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
     trainer.forward_backward(x[shard], y[shard])
     params = trainer.parameters_in_order()
@@ -118,7 +101,7 @@ def _fsdp_rank_grads(rank, world_size):
 @pytest.mark.timeout(300)
 def test_fsdp_matches_single_device_and_shards():
     per_rank = run_ranks(_fsdp_rank_grads, world_size=2)
-    reference = _reference_grads(_workload())
+    reference = reference_grads(_workload())
     total = sum(r.numel() for r in reference)
     for local, grads in per_rank:
         assert local < total, "each rank holds only a shard of the parameters"

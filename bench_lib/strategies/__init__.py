@@ -14,7 +14,8 @@ def register(strategy: Strategy) -> Strategy:
     """Add a strategy; a duplicate name is a ValueError naming the known ones."""
     if strategy.name in REGISTRY:
         raise ValueError(
-            f"strategy {strategy.name!r} is already registered; known: {', '.join(sorted(REGISTRY))}"
+            f"strategy {strategy.name!r} is already registered; "
+            f"known: {', '.join(sorted(REGISTRY))}"
         )
     REGISTRY[strategy.name] = strategy
     return strategy

@@ -42,7 +42,8 @@ def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> T
 
 STRATEGY = Strategy(
     name="fsdp",
-    description="FSDP2 fully_shard per ResNet stage, one process per device, batch split over ranks",
+    description="FSDP2 fully_shard per ResNet stage, one process per device, batch split "
+    "over ranks",
     build=build,
     num_devices=all_devices,
     per_device_processes=True,

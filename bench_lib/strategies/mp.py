@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench_lib.strategies.base import BuildContext, Strategy, Trainer, two_devices
 from bench_lib.partition import choose
+from bench_lib.strategies.base import BuildContext, Strategy, Trainer, two_devices
 from bench_lib.workloads import split_stages
 
 

@@ -1,4 +1,4 @@
-"""``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``interleaved-zb``, ``zbv``: torch.distributed.pipelining.
+"""torch.distributed.pipelining schedules: ``gpipe``, ``1f1b``, ``interleaved-*``, ``zbv``.
 
 One process per device; the model's blocks are cut into stages (the case's partition) and
 each process drives its stage(s) with one of PyTorch's pipeline schedules, sending
@@ -128,7 +128,8 @@ def _builder(schedule_cls: type, stages_per_rank: int, style: str) -> Callable:
             raise ValueError(f"pipelining needs a split size >= 1, got {ctx.split_size}")
         if ctx.workload.batch_size % ctx.split_size:
             raise ValueError(f"pipelining stages need equal micro-batches: batch "
-                             f"{ctx.workload.batch_size} is not a multiple of split {ctx.split_size}")
+                             f"{ctx.workload.batch_size} is not a multiple of split "
+                             f"{ctx.split_size}")
         return PipeliningTrainer(model, devices, ctx, schedule_cls, stages_per_rank, style)
 
     return build
@@ -156,11 +157,14 @@ def _strategy(name: str, description: str, schedule_cls: type, spr: int, style: 
 STRATEGIES = [
     _strategy("gpipe", "torch.distributed.pipelining GPipe: all forwards, then all backwards",
               pp.ScheduleGPipe, 1, "loop"),
-    _strategy("1f1b", "torch.distributed.pipelining 1F1B: one forward, one backward in steady state",
+    _strategy("1f1b", "torch.distributed.pipelining 1F1B: one forward, one backward in "
+              "steady state",
               pp.Schedule1F1B, 1, "loop"),
-    _strategy("interleaved-1f1b", "torch.distributed.pipelining interleaved 1F1B, 2 stages per rank",
+    _strategy("interleaved-1f1b", "torch.distributed.pipelining interleaved 1F1B, 2 stages per "
+              "rank",
               pp.ScheduleInterleaved1F1B, 2, "loop"),
-    _strategy("interleaved-zb", "torch.distributed.pipelining interleaved zero bubble, 2 stages/rank",
+    _strategy("interleaved-zb", "torch.distributed.pipelining interleaved zero bubble, 2 "
+              "stages/rank",
               pp.ScheduleInterleavedZeroBubble, 2, "loop"),
     _strategy("zbv", "torch.distributed.pipelining ZB-V zero bubble, 2 stages per rank in a V",
               pp.ScheduleZBVZeroBubble, 2, "v"),

@@ -1,0 +1,33 @@
+"""The single-device reference that transparency tests compare strategies against.
+
+Float64 with BatchNorm in eval mode (running statistics): micro-batches and ranks then
+compute exactly what the whole batch does, to ~1e-12.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench_lib.workloads import Workload
+
+BATCH = 8
+
+
+def reference_model(workload: Workload) -> torch.nn.Module:
+    """The workload's model, seeded, in float64 and BN eval mode."""
+    torch.manual_seed(0)
+    return workload.build_model().double().eval()
+
+
+def reference_batch(workload: Workload) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed float64 batch of ``BATCH`` images and their targets."""
+    x, y = workload.make_batch(BATCH, torch.device("cpu"), seed=1)
+    return x.double(), y
+
+
+def reference_grads(workload: Workload) -> list[torch.Tensor]:
+    """Gradients of one whole-batch forward and backward, in parameter order."""
+    model = reference_model(workload)
+    x, y = reference_batch(workload)
+    workload.loss_fn()(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
