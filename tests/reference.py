@@ -25,6 +25,15 @@ def reference_batch(workload: Workload) -> tuple[torch.Tensor, torch.Tensor]:
     return x.double(), y
 
 
+def reference_shard(
+    workload: Workload, rank: int, world_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's equal share of the reference batch (data-parallel strategies)."""
+    x, y = reference_batch(workload)
+    shard = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
+    return x[shard], y[shard]
+
+
 def reference_grads(workload: Workload) -> list[torch.Tensor]:
     """Gradients of one whole-batch forward and backward, in parameter order."""
     model = reference_model(workload)

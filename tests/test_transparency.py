@@ -13,7 +13,13 @@ from bench_lib import strategies
 from bench_lib.strategies import BuildContext
 from bench_lib.workloads import Workload
 from tests.dist_harness import run_ranks
-from tests.reference import BATCH, reference_batch, reference_grads, reference_model
+from tests.reference import (
+    BATCH,
+    reference_batch,
+    reference_grads,
+    reference_model,
+    reference_shard,
+)
 
 
 def _assert_same(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> None:
@@ -43,9 +49,7 @@ def _ddp_rank_grads(rank: int, world_size: int, workload: Workload) -> list[torc
         reference_model(workload), [torch.device("cpu")],
         BuildContext(workload, rank=rank, world_size=world_size),
     )
-    x, y = reference_batch(workload)
-    shard = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
-    trainer.forward_backward(x[shard], y[shard])
+    trainer.forward_backward(*reference_shard(workload, rank, world_size))
     return [p.grad.clone() for p in trainer.parameters_in_order()]
 
 

@@ -15,7 +15,13 @@ from bench_lib import strategies
 from bench_lib.strategies import BuildContext
 from bench_lib.workloads import Workload
 from tests.dist_harness import run_ranks
-from tests.reference import BATCH, reference_batch, reference_grads, reference_model
+from tests.reference import (
+    BATCH,
+    reference_batch,
+    reference_grads,
+    reference_model,
+    reference_shard,
+)
 
 PIPELINING = ["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"]
 
@@ -89,9 +95,7 @@ def _fsdp_rank_grads(rank, world_size):
         reference_model(workload), [torch.device("cpu")],
         BuildContext(workload, rank=rank, world_size=world_size),
     )
-    x, y = reference_batch(workload)
-    shard = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
-    trainer.forward_backward(x[shard], y[shard])
+    trainer.forward_backward(*reference_shard(workload, rank, world_size))
     params = trainer.parameters_in_order()
     local = sum(p.to_local().numel() for p in params)
     # full_tensor() all-gathers each sharded gradient (collective: every rank calls it).

@@ -12,12 +12,10 @@ import torch
 from torch import nn
 
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer, one_device
+from bench_lib.strategies.single import SingleTrainer
 
 
-class AccumulationTrainer(Trainer):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
-
+class AccumulationTrainer(SingleTrainer):
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward+backward each micro-batch; gradients sum to the full batch's."""
         batch, total = x.shape[0], torch.zeros((), device=self.output_device)
