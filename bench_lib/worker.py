@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from bench_lib import strategies
 from bench_lib.results import write_json_atomic
@@ -26,7 +27,7 @@ from bench_lib.rig import Rig, init_process_group, pin_worker
 from bench_lib.strategies import BuildContext
 from bench_lib.sweep import Case
 from bench_lib.timeline import trace_step
-from bench_lib.timing import AdaptiveStop, StopRule, time_steps
+from bench_lib.timing import AdaptiveStop, StopRule, synchronize, time_steps
 from bench_lib.workloads import Workload
 
 MIB = 2**20
@@ -39,8 +40,6 @@ def _collective_stop(rule: StopRule, device: torch.device) -> StopRule:
     Every rank judges the slowest rank's step times (the case's figure), so all ranks see
     the same numbers; the flag is still reduced, so a rule that disagrees cannot hang a rank.
     """
-    import torch.distributed as dist
-
     slowest: list[float] = []
 
     def stop(times: list[float]) -> bool:
@@ -85,11 +84,6 @@ def _with_injected_slowdown(step, devices: list[torch.device]):
     a process that sleeps part of each step runs the rest faster, so a planted 15% sleep
     showed up as only +8% to +13%.
     """
-    import os
-    import time
-
-    from bench_lib.timing import synchronize
-
     fraction = float(os.environ.get(INJECT_SLOWDOWN_ENV) or 0)
     if fraction <= 0:
         return step
@@ -176,8 +170,6 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
     window: list[float] = []
     barrier = None
     if distributed:
-        import torch.distributed as dist
-
         stop = _collective_stop(rule, devices[0])
         barrier = dist.barrier
     timed_step = _with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices)
@@ -202,8 +194,6 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> dict:
         result["timeline"] = trace_step(lambda: trainer.step(x, y), stage_modules,
                                         trainer.devices)
     if distributed:
-        import torch.distributed as dist
-
         dist.destroy_process_group()
     return result
 

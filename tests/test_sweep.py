@@ -45,19 +45,19 @@ def test_shipped_profiles_load_and_expand():
         assert expand(profile, RIG)
 
 
-def test_profile_errors_name_the_file_and_key(tmp_path):
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("strategies = ['single']\nimage_size = [64]\n", r"bad.toml: unknown key 'image_size'"),
+        ("strategies = 'single'\n", r"bad.toml: key 'strategies' must be a list"),
+        ("strategies = [\n", r"bad.toml: not valid TOML"),
+        ("batch_sizes = ['eight']\n", r"bad.toml: batch_sizes must hold positive integers"),
+    ],
+)
+def test_profile_errors_name_the_file_and_key(tmp_path, text, message):
     bad = tmp_path / "bad.toml"
-    bad.write_text("strategies = ['single']\nimage_size = [64]\n")
-    with pytest.raises(UsageError, match=r"bad.toml: unknown key 'image_size'"):
-        load_profile(bad)
-    bad.write_text("strategies = 'single'\n")
-    with pytest.raises(UsageError, match=r"bad.toml: key 'strategies' must be a list"):
-        load_profile(bad)
-    bad.write_text("strategies = [\n")
-    with pytest.raises(UsageError, match=r"bad.toml: not valid TOML"):
-        load_profile(bad)
-    bad.write_text("batch_sizes = ['eight']\n")
-    with pytest.raises(UsageError, match=r"bad.toml: batch_sizes must hold positive integers"):
+    bad.write_text(text)
+    with pytest.raises(UsageError, match=message):
         load_profile(bad)
 
 

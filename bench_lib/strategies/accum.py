@@ -30,8 +30,7 @@ class AccumulationTrainer(SingleTrainer):
 
 
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
-    if ctx.split_size is None or ctx.split_size < 1:
-        raise ValueError(f"accum needs a split size >= 1, got {ctx.split_size}")
+    ctx.require_split("accum")
     return AccumulationTrainer(model.to(devices[0]), devices[:1], ctx)
 
 

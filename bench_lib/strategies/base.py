@@ -31,6 +31,12 @@ class BuildContext:
     sync_bn: bool = False
     """Data-parallel strategies: synchronise BatchNorm statistics across ranks."""
 
+    def require_split(self, strategy: str) -> int:
+        """The split size, for strategies that cannot run without one."""
+        if self.split_size is None or self.split_size < 1:
+            raise ValueError(f"{strategy} needs a split size >= 1, got {self.split_size}")
+        return self.split_size
+
 
 class Trainer:
     """One training step (zero grads, forward, loss, backward, optimizer step) on some devices.

@@ -29,8 +29,7 @@ class PipelineTrainer(ModelParallelTrainer):
 
 
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
-    if ctx.split_size is None or ctx.split_size < 1:
-        raise ValueError(f"pipeline needs a split size >= 1, got {ctx.split_size}")
+    ctx.require_split("pipeline")
     if len(devices) != 2:
         raise ValueError(f"pipeline runs on exactly 2 devices, got {len(devices)}")
     return PipelineTrainer(model, devices, ctx)

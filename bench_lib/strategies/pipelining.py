@@ -124,12 +124,10 @@ class PipeliningTrainer(Trainer):
 def _builder(schedule_cls: type, stages_per_rank: int, style: str) -> Callable:
     def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
         """Build this rank's stages; the process group must already be initialised."""
-        if ctx.split_size is None or ctx.split_size < 1:
-            raise ValueError(f"pipelining needs a split size >= 1, got {ctx.split_size}")
-        if ctx.workload.batch_size % ctx.split_size:
+        split = ctx.require_split("pipelining")
+        if ctx.workload.batch_size % split:
             raise ValueError(f"pipelining stages need equal micro-batches: batch "
-                             f"{ctx.workload.batch_size} is not a multiple of split "
-                             f"{ctx.split_size}")
+                             f"{ctx.workload.batch_size} is not a multiple of split {split}")
         return PipeliningTrainer(model, devices, ctx, schedule_cls, stages_per_rank, style)
 
     return build
