@@ -19,9 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)   ## create .venv and install the project (reused when up to date)
 
 bench: venv      ## run the default sweep for this machine's rig, then write its report (ARGS="..." adds CLI flags)
-	out=$$($(PY) -m bench_lib run --profile default $(ARGS)); rc=$$?; printf '%s\n' "$$out"; \
-	run=$$(printf '%s\n' "$$out" | tail -n1); \
-	if [ -f "$$run/cases.csv" ]; then $(PY) -m bench_lib report "$$run" || exit $$?; fi; exit $$rc
+	$(PY) -m bench_lib run --profile default --report $(ARGS)
 
 report: venv     ## write report.html (+ PNGs) for the latest run under results/, or RUNS="dir1 dir2"
 	@runs="$(RUNS)"; test -n "$$runs" || runs=$$(ls -d results/[0-9]*/ 2>/dev/null | sort | tail -n1); \
@@ -38,13 +36,14 @@ test: venv       ## run the whole test suite (GPU tests skip without GPUs)
 	$(PY) -m pytest $(ARGS)
 
 regress: venv    ## run the ci profile, gate it against results/baseline/ (exit 1: regression)
-	run=$$($(PY) -m bench_lib run --profile ci --quiet $(ARGS)) && $(PY) -m bench_lib compare results/baseline $$run --markdown $$run/compare.md --json $$run/compare.json
+	$(PY) -m bench_lib run --profile ci --quiet --compare-to results/baseline $(ARGS)
 
 baseline: venv   ## run the ci profile and store it as this hardware's baseline in results/baseline/
-	run=$$($(PY) -m bench_lib run --profile ci --quiet $(ARGS)) && $(PY) -c 'import sys; from bench_lib.compare import save_baseline as s; print(s(*sys.argv[1:]))' $$run results/baseline
+	$(PY) -m bench_lib run --profile ci --quiet --save-baseline results/baseline $(ARGS)
 
-lint: venv       ## ruff over the library, tests and benchmarks (config in pyproject.toml)
+lint: venv       ## ruff over the library, tests and benchmarks; mypy --strict over bench_lib (config in pyproject.toml)
 	$(PY) -m ruff check bench_lib tests benchmarks
+	$(PY) -m mypy
 
 clean:           ## remove caches (keeps .venv and results/)
 	rm -rf .pytest_cache build *.egg-info

@@ -1,7 +1,7 @@
-"""Command line: ``python -m bench_lib <command>``.
+"""Command line: ``python -m bench_lib <command>``: parse -> plan -> run | report | compare.
 
-Exit codes: 0 success, 1 the run ended with failed cases (error/timeout), 2 bad input
-(nothing written), 130 interrupted (finished cases kept; finish with --resume).
+Exit codes: 0 success, 1 the run ended with failed cases (error/timeout) or a regression,
+2 bad input (nothing written), 130 interrupted (finished cases kept; finish with --resume).
 """
 
 from __future__ import annotations
@@ -11,14 +11,26 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from bench_lib import strategies
-from bench_lib.results import ResultsError
-from bench_lib.rig import RIG_KINDS, RigError, detect_rig
-from bench_lib.sweep import UsageError, expand, load_profile, profile_names, profile_path
+from bench_lib.results.schema import ResultsError
+from bench_lib.rig import RIG_KINDS, Rig, RigError, detect_rig
+from bench_lib.sweep.cases import Case, expand
+from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_names, profile_path
 from bench_lib.workloads import WorkloadError
 
 EXIT_OK, EXIT_FAILED_CASES, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+SWEEP_GROUP = "sweep (flags > profile file > defaults; --resume takes them from the run folder)"
+RIG_GROUP = "rig (detected; these override)"
+
+
+class SweepFlag(NamedTuple):
+    """A run flag that shapes the sweep (a profile key, ``--profile`` or a rig flag)."""
+
+    flag: str
+    dest: str
+    takes_value: bool
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -54,11 +66,56 @@ def _str_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
-def _add_rig_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("rig (detected; these override)")
-    g.add_argument("--rig", choices=RIG_KINDS, help="device kind (default: cuda if available)")
-    g.add_argument("--devices", type=int, help="number of devices (GPUs or CPU workers)")
-    g.add_argument("--threads-per-worker", type=int, help="intra-op threads per CPU worker")
+def _add_rig_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    g = p.add_argument_group(RIG_GROUP)
+    return [
+        g.add_argument("--rig", choices=RIG_KINDS, help="device kind (default: cuda if available)"),
+        g.add_argument("--devices", type=int, help="number of devices (GPUs or CPU workers)"),
+        g.add_argument("--threads-per-worker", type=int, help="intra-op threads per CPU worker"),
+    ]
+
+
+def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The flags that shape a sweep; every dest but ``profile_flag`` is a ``Profile`` key."""
+    g = run.add_argument_group(SWEEP_GROUP)
+    add = g.add_argument
+    return [
+        add("--profile", dest="profile_flag", metavar="NAME|PATH",
+            help=f"profile name ({', '.join(profile_names())}) or a .toml path (default: default)"),
+        add("--strategies", type=_str_list,
+            help=f"comma-separated, from: {', '.join(sorted(strategies.REGISTRY))}"),
+        add("--models", type=_str_list, help="comma-separated model names"),
+        add("--image-sizes", type=_int_list, help="comma-separated pixel sizes"),
+        add("--batch-size", type=_int_list, dest="batch_sizes",
+            help="global batch size(s), comma-separated"),
+        add("--split-sizes", type=_int_list, help="micro-batch sizes, comma-separated"),
+        add("--microbatches", type=_int_list,
+            help="micro-batch counts, comma-separated (split = ceil(batch / count))"),
+        add("--precision", type=_str_list, dest="precisions", help="fp32 and/or bf16"),
+        add("--partition", type=_str_list, dest="partitions",
+            help="stage cuts, comma-separated: tutorial, balanced (profiled block times), "
+                 "balanced-flops"),
+        add("--channels-last", action="store_true", default=None,
+            help="channels-last memory format for model and inputs"),
+        add("--compile", action="store_true", default=None,
+            help="torch.compile each strategy's modules"),
+        add("--sync-bn", action="store_true", default=None,
+            help="SyncBatchNorm in ddp/fsdp (GPU rigs only)"),
+        add("--loss", help="ce or mse-onehot"),
+        add("--warmup-steps", type=int),
+        add("--timed-steps", type=int),
+        add("--case-timeout", type=float, dest="case_timeout_s",
+            help="seconds before a case is killed and recorded as timeout"),
+        add("--ci-target-pct", type=float,
+            help="stop timing once the median's 95%% CI half-width is under this %% of it "
+                 "(0: off; default 2)"),
+        add("--sample-interval-ms", type=float,
+            help="utilisation/memory/power sampling interval (default 100)"),
+        add("--max-memory-per-device", type=_memory_mib, dest="max_memory_per_device_mib",
+            metavar="SIZE",
+            help="memory cap per device, e.g. 12GiB: a case above it is recorded as oom "
+                 "(CPU workers: resident memory; GPUs: allocator limit)"),
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,38 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a sweep and write a run folder under results/")
-    run.add_argument("--profile", dest="profile_flag", metavar="NAME|PATH",
-                     help=f"profile name ({', '.join(profile_names())}) or a .toml path "
-                          "(default: default)")
-    run.add_argument("--strategies", type=_str_list,
-                     help=f"comma-separated, from: {', '.join(sorted(strategies.REGISTRY))}")
-    run.add_argument("--models", type=_str_list, help="comma-separated model names")
-    run.add_argument("--image-sizes", type=_int_list, help="comma-separated pixel sizes")
-    run.add_argument("--batch-size", type=_int_list, dest="batch_sizes",
-                     help="global batch size(s), comma-separated")
-    run.add_argument("--split-sizes", type=_int_list, help="micro-batch sizes, comma-separated")
-    run.add_argument("--microbatches", type=_int_list,
-                     help="micro-batch counts, comma-separated (split = ceil(batch / count))")
-    run.add_argument("--precision", type=_str_list, dest="precisions", help="fp32 and/or bf16")
-    run.add_argument("--partition", type=_str_list, dest="partitions",
-                     help="stage cuts, comma-separated: tutorial, balanced (profiled block "
-                          "times), balanced-flops")
-    run.add_argument("--channels-last", action="store_true", default=None,
-                     help="channels-last memory format for model and inputs")
-    run.add_argument("--compile", action="store_true", default=None,
-                     help="torch.compile each strategy's modules")
-    run.add_argument("--sync-bn", action="store_true", default=None,
-                     help="SyncBatchNorm in ddp/fsdp (GPU rigs only)")
-    run.add_argument("--loss", help="ce or mse-onehot")
-    run.add_argument("--warmup-steps", type=int)
-    run.add_argument("--timed-steps", type=int)
-    run.add_argument("--case-timeout", type=float, dest="case_timeout_s",
-                     help="seconds before a case is killed and recorded as timeout")
-    run.add_argument("--ci-target-pct", type=float,
-                     help="stop timing once the median's 95%% CI half-width is under this %% "
-                          "of it (0: off; default 2)")
-    run.add_argument("--sample-interval-ms", type=float,
-                     help="utilisation/memory/power sampling interval (default 100)")
+    shaping = _add_sweep_args(run) + _add_rig_args(run)
+    # One list: the profile overrides and --resume's refusals both come from it.
+    run.set_defaults(sweep_flags=tuple(SweepFlag(a.option_strings[0], a.dest, a.nargs != 0)
+                                       for a in shaping))
     run.add_argument("--out", type=Path, default=Path("results"),
                      help="folder that receives the run folder (default: results)")
     run.add_argument("--quiet", action="store_true", help="print only the run folder")
@@ -108,20 +137,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="list the cases and an estimated duration; run nothing")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR",
                      help="finish an interrupted run: skip the cases it already recorded")
-    run.add_argument("--max-memory-per-device", type=_memory_mib,
-                     dest="max_memory_per_device_mib", metavar="SIZE",
-                     help="memory cap per device, e.g. 12GiB: a case above it is recorded as "
-                          "oom (CPU workers: resident memory; GPUs: allocator limit)")
-    _add_rig_args(run)
+    after = run.add_argument_group("after the sweep (each acts on the run folder it wrote)")
+    after.add_argument("--report", action="store_true",
+                       help="write report.html and the figures into the run folder")
+    after.add_argument("--compare-to", type=Path, metavar="BASELINE",
+                       help="gate the run against BASELINE (a run folder or a baseline store), "
+                            "writing compare.md and compare.json; exit 1 on a regression")
+    after.add_argument("--save-baseline", type=Path, metavar="STORE",
+                       help="store the run as this hardware's baseline in STORE")
 
     env = sub.add_parser("env", help="print the environment a run would record (JSON)")
     _add_rig_args(env)
 
-    from bench_lib import compare_report
+    from bench_lib.compare import output as compare_output
 
     compare = sub.add_parser(
         "compare", help="gate a candidate run against a baseline (exit 1 on a regression)")
-    compare_report.add_arguments(compare)
+    compare_output.add_arguments(compare)
+
+    baseline = sub.add_parser(
+        "baseline", help="store a run folder as its hardware's baseline (for compare)")
+    baseline.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    baseline.add_argument("--store", type=Path, default=Path("results/baseline"),
+                          help="baseline store (default: results/baseline)")
 
     report = sub.add_parser(
         "report", help="write figures and report.html into the first run folder")
@@ -130,67 +168,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from bench_lib.report import write_report
-
-    print(write_report(args.run_dirs))
-    return EXIT_OK
-
-
-def cmd_env(args: argparse.Namespace) -> int:
-    from bench_lib import environment
-
-    rig = detect_rig(args.rig, args.devices, args.threads_per_worker)
-    print(json.dumps(environment.collect(rig, {}, sys.argv), indent=2, default=str))
-    return EXIT_OK
+def _profile_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The sweep flags given, by ``Profile`` key."""
+    keys = set(Profile.keys())
+    given = {f.dest: getattr(args, f.dest) for f in args.sweep_flags if f.dest in keys}
+    if args.microbatches is not None and args.split_sizes is None:
+        given["split_sizes"] = ()  # counts given alone replace the profile's split sizes
+    return given
 
 
-# Flags that shape a sweep; --resume takes all of them from the run folder instead.
-SWEEP_FLAGS = ("profile_flag", "strategies", "models", "image_sizes", "batch_sizes",
-               "split_sizes", "microbatches", "precisions", "loss", "warmup_steps",
-               "timed_steps", "case_timeout_s", "max_memory_per_device_mib", "rig", "devices",
-               "ci_target_pct", "sample_interval_ms",
-               "threads_per_worker")
-
-
-def _plan(args: argparse.Namespace):
+def plan_new(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     """The rig, profile and cases of a new sweep, validated (raises on bad input)."""
     rig = detect_rig(args.rig, args.devices, args.threads_per_worker)
-    split_sizes = args.split_sizes
-    if args.microbatches is not None and split_sizes is None:
-        split_sizes = ()  # counts given alone replace the profile's split sizes
-    profile = load_profile(profile_path(args.profile_flag or "default", rig)).override(
-        strategies=args.strategies, models=args.models, image_sizes=args.image_sizes,
-        batch_sizes=args.batch_sizes, split_sizes=split_sizes, microbatches=args.microbatches,
-        precisions=args.precisions, loss=args.loss, warmup_steps=args.warmup_steps,
-        timed_steps=args.timed_steps, case_timeout_s=args.case_timeout_s,
-        max_memory_per_device_mib=args.max_memory_per_device_mib,
-        ci_target_pct=args.ci_target_pct, sample_interval_ms=args.sample_interval_ms,
-        partitions=args.partitions, channels_last=args.channels_last, compile=args.compile,
-        sync_bn=args.sync_bn,
-    )
+    profile = load_profile(profile_path(args.profile_flag or "default", rig))
+    profile = profile.override(**_profile_overrides(args))
     return rig, profile, expand(profile, rig)
 
 
-def _plan_resume(args: argparse.Namespace):
-    """The rig, profile and remaining cases of an interrupted run folder."""
-    from bench_lib.results import done_case_ids, prepare_resume, read_env
-    from bench_lib.rig import Rig
-    from bench_lib.sweep import Profile
+def plan_resume(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
+    """The rig, profile and remaining cases of an interrupted run folder.
 
-    given = [f for f in SWEEP_FLAGS if getattr(args, f) is not None]
+    Checks the folder can be read as this schema before anything; repairs what the
+    interruption left behind (``prepare_resume``) unless it is a dry run.
+    """
+    from bench_lib.results.read import done_case_ids, read_env
+    from bench_lib.results.store import check_resumable, prepare_resume
+
+    given = [f.flag for f in args.sweep_flags if getattr(args, f.dest) is not None]
     if given:
-        flags = ", ".join("--" + f.replace("_flag", "").replace("_", "-") for f in given)
-        raise UsageError(f"--resume takes the sweep from the run folder's env.json; drop {flags}")
+        raise UsageError("--resume takes the sweep from the run folder's env.json; drop "
+                         + ", ".join(given))
     env = read_env(args.resume)
-    rig = Rig.from_dict(env["rig"])
-    profile = Profile.from_dict(env["profile"])
+    rig, profile = Rig.from_dict(env["rig"]), Profile.from_dict(env["profile"])
+    cases = expand(profile, rig)
+    check_resumable(args.resume)
     done = done_case_ids(args.resume) if args.dry_run else prepare_resume(args.resume)
-    return rig, profile, [c for c in expand(profile, rig) if c.case_id not in done]
+    return rig, profile, [c for c in cases if c.case_id not in done]
 
 
-def _print_plan(cases, rig, estimates: list[float]) -> None:
-    from bench_lib.estimate import format_duration
+def _print_plan(cases: list[Case], rig: Rig, estimates: list[float]) -> None:
+    from bench_lib.sweep.estimate import format_duration
 
     width = max((len(c.case_id) for c in cases), default=10)
     print(f"{'case':<{width}}  {'will':<11}  estimate  reason")
@@ -202,22 +219,16 @@ def _print_plan(cases, rig, estimates: list[float]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bench_lib import environment, flops
-    from bench_lib.estimate import case_seconds
-    from bench_lib.progress import Progress
-    from bench_lib.results import (
-        RunWriter,
-        create_run_dir,
-        git_info,
-        new_run_id,
-        read_env,
-        write_json_atomic,
-    )
-    from bench_lib.runner import run_sweep
-    from bench_lib.summary import summary_lines, tutorial_lines
+    from bench_lib.measure import environment, flops
+    from bench_lib.report.headlines import headline_lines, tutorial_lines
+    from bench_lib.results.read import read_env
+    from bench_lib.results.store import RunWriter, create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.run.progress import Progress
+    from bench_lib.run.runner import run_sweep
+    from bench_lib.sweep.estimate import case_seconds
 
     # Everything is validated before the run folder exists: bad input writes nothing.
-    rig, profile, cases = _plan_resume(args) if args.resume else _plan(args)
+    rig, profile, cases = plan_resume(args) if args.resume else plan_new(args)
     estimates = [case_seconds(c, rig) for c in cases]
     if args.dry_run:
         _print_plan(cases, rig, estimates)
@@ -225,12 +236,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume:
         run_dir = args.resume
-        peak = read_env(run_dir).get("attainable_peak")
+        peak = flops.AttainablePeak.from_dict(read_env(run_dir).get("attainable_peak"))
     else:
-        run_dir = create_run_dir(args.out, new_run_id(git_info()["sha"]))
-        # Measured once per run, before any case, for the MFU columns (bench_lib/flops.py).
+        run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
+        # Measured once per run, before any case, for the MFU columns.
         peak = flops.measure_peak(rig, list(profile.precisions))
-        env = environment.collect(rig, profile.as_dict(), sys.argv, peak)
+        env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict())
         write_json_atomic(run_dir / "env.json", env)
     # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -240,7 +251,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with RunWriter(run_dir) as writer:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.case_start,
-                             peak=peak)
+                             attainable_peak=peak)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the case that was "
@@ -249,15 +260,60 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     progress.close()
     if not args.quiet:
-        lines = summary_lines(rows)
+        lines = headline_lines(rows)
         if profile.name == "tutorial":
             lines += tutorial_lines(rows)
         for line in lines:
             print(line, file=sys.stderr)
         print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
     print(run_dir)
-    failed = [r for r in rows if r["status"] in ("error", "timeout")]
-    return EXIT_FAILED_CASES if failed else EXIT_OK
+    failed = any(r["status"] in ("error", "timeout") for r in rows)
+    return _after_run(args, run_dir) or (EXIT_FAILED_CASES if failed else EXIT_OK)
+
+
+def _after_run(args: argparse.Namespace, run_dir: Path) -> int:
+    """The post-sweep actions asked for, on the run folder just written; their exit code."""
+    code = EXIT_OK
+    if args.report:
+        from bench_lib.report.build import write_report
+
+        print(f"report: {write_report([run_dir])}", file=sys.stderr)
+    if args.compare_to:
+        from bench_lib.compare.output import gate
+
+        code = gate(args.compare_to, run_dir, markdown=run_dir / "compare.md",
+                    json_path=run_dir / "compare.json")
+    if args.save_baseline:
+        from bench_lib.compare.baseline import save_baseline
+
+        print(f"baseline: {save_baseline(run_dir, args.save_baseline)}", file=sys.stderr)
+    return code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from bench_lib.report.build import write_report
+
+    print(write_report(args.run_dirs))
+    return EXIT_OK
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from bench_lib.measure import environment
+
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker)
+    print(json.dumps(environment.collect(rig, {}, sys.argv), indent=2, default=str))
+    return EXIT_OK
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from bench_lib.compare.baseline import save_baseline
+    from bench_lib.compare.gate import CompareError
+
+    try:
+        print(save_baseline(args.run_dir, args.store))
+    except CompareError as e:
+        raise UsageError(str(e)) from None
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,9 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "env":
             return cmd_env(args)
         if args.command == "compare":
-            from bench_lib import compare_report
+            from bench_lib.compare import output as compare_output
 
-            return compare_report.command(args)
+            return compare_output.command(args)
+        if args.command == "baseline":
+            return cmd_baseline(args)
         if args.command == "report":
             return cmd_report(args)
         return cmd_run(args)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -87,7 +89,7 @@ class Rig:
             for i in range(self.num_devices)
         ]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "num_devices": self.num_devices,
@@ -97,7 +99,7 @@ class Rig:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> Rig:
+    def from_dict(cls, d: dict[str, Any]) -> Rig:
         return cls(d["kind"], d["num_devices"], d["threads_per_worker"], tuple(d["cores"]))
 
     def _check_index(self, index: int) -> None:
@@ -153,6 +155,17 @@ def pin_worker(rig: Rig, device_indices: list[int]) -> None:
         pass
 
 
+def synchronize(devices: Iterable[torch.device]) -> None:
+    """Wait until every CUDA device in ``devices`` has finished its queued work.
+
+    One ``torch.cuda.synchronize`` per distinct CUDA device; CPU work is synchronous, so
+    CPU devices need nothing. Every clock read in the suite (timed steps, partition
+    profiling, the FLOP-peak probe, the traced step) goes through here.
+    """
+    for device in sorted({d for d in devices if d.type == "cuda"}, key=str):
+        torch.cuda.synchronize(device)
+
+
 def init_process_group(
     rig: Rig, rank: int, world_size: int, init_file: str, timeout_s: float
 ) -> None:
@@ -165,15 +178,15 @@ def init_process_group(
     if platform.system() == "Linux":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     timeout = datetime.timedelta(seconds=timeout_s)
-    kwargs = {}
+    device_id = None
     if rig.kind == "cuda":
         torch.cuda.set_device(rank)
-        kwargs["device_id"] = torch.device("cuda", rank)
+        device_id = torch.device("cuda", rank)
     dist.init_process_group(
         backend="nccl" if rig.kind == "cuda" else "gloo",
         init_method=f"file://{init_file}",
         rank=rank,
         world_size=world_size,
         timeout=timeout,
-        **kwargs,
+        device_id=device_id,
     )

@@ -16,16 +16,20 @@ from torch import nn
 from torchvision.models import resnet
 from torchvision.models.resnet import BasicBlock
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""A loss taking logits and class indices."""
+
 LOSSES = ("ce", "mse-onehot")
 PRECISIONS = ("fp32", "bf16")
 
 
 def _tiny_resnet(num_classes: int) -> nn.Module:
     """A ResNet of one BasicBlock per stage: same structure as ResNet50, ~50x cheaper (tests)."""
-    return resnet.ResNet(BasicBlock, [1, 1, 1, 1], num_classes=num_classes)
+    model: nn.Module = resnet.ResNet(BasicBlock, [1, 1, 1, 1], num_classes=num_classes)
+    return model
 
 
-MODELS: dict[str, Callable[[int], nn.Module]] = {
+MODELS: dict[str, Callable[[int], nn.Module]] = {  # name -> builder(num_classes)
     "resnet50": lambda num_classes: resnet.resnet50(weights=None, num_classes=num_classes),
     "resnet18": lambda num_classes: resnet.resnet18(weights=None, num_classes=num_classes),
     "resnet-tiny": _tiny_resnet,
@@ -86,7 +90,7 @@ class Workload:
         y = torch.randint(0, self.num_classes, (batch_size,), generator=g)
         return x.to(device), y.to(device)
 
-    def loss_fn(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def loss_fn(self) -> LossFn:
         """The loss, taking logits and class indices."""
         if self.loss == "ce":
             return nn.functional.cross_entropy

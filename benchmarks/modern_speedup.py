@@ -13,18 +13,17 @@ pipelining schedules on both cuts, and prints each case's throughput relative to
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_lib import cli  # noqa: E402
-from bench_lib.partition import Partition, block_costs, choose  # noqa: E402
-from bench_lib.results import read_cases  # noqa: E402
+from bench_lib.results.read import read_cases, run_dirs_in  # noqa: E402
 from bench_lib.rig import detect_rig, pin_worker  # noqa: E402
+from bench_lib.strategies.partition import Partition, block_costs, choose  # noqa: E402
 from bench_lib.workloads import Workload, default_cuts  # noqa: E402
 
 STRATEGIES = "single,accum,gpipe,1f1b,interleaved-1f1b"
@@ -67,19 +66,20 @@ def stage_times(model_name: str, image: int, batch: int, splits: list[int]) -> l
 
 
 def run_sweep(args: argparse.Namespace) -> Path:
-    """Run the sweep through the CLI; returns the run folder."""
+    """Run the sweep through the CLI into a fresh folder; returns the run folder."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="modern-speedup-", dir=args.out))
     argv = ["run", "--profile", "smoke", "--strategies", args.strategies,
             "--models", args.model, "--image-sizes", str(args.image_size),
             "--batch-size", str(args.batch_size), "--split-sizes", args.split_sizes,
             "--partition", args.partitions, "--warmup-steps", "2",
             "--timed-steps", str(args.timed_steps), "--case-timeout", "900",
-            "--out", str(args.out)]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cli.main(argv)
-    if code == cli.EXIT_USAGE:
-        raise SystemExit(code)
-    return Path(out.getvalue().strip().splitlines()[-1])
+            "--out", str(out)]
+    code = cli.main(argv)
+    runs = run_dirs_in(out)
+    if code == cli.EXIT_USAGE or len(runs) != 1:
+        raise SystemExit(code or 2)
+    return runs[0]
 
 
 def main() -> int:

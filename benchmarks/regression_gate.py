@@ -22,18 +22,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_lib import compare as cmp
-from bench_lib.worker import INJECT_SLOWDOWN_ENV
+from bench_lib.compare import gate as cmp
+from bench_lib.measure.environment import INJECT_SLOWDOWN_ENV
+from bench_lib.results.read import run_dirs_in
 
 
 def run_sweep(out: Path, run_args: list[str], slowdown: float) -> Path:
-    """One real sweep; returns its run folder."""
+    """One real sweep into the fresh folder ``out``; returns its run folder."""
     env = dict(os.environ, **{INJECT_SLOWDOWN_ENV: str(slowdown)})
     cmd = [sys.executable, "-m", "bench_lib", "run", "--out", str(out), "--quiet", *run_args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
+    runs = run_dirs_in(out)
+    if proc.returncode != 0 or len(runs) != 1:
         sys.exit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return runs[0]
 
 
 def judge(base: Path, cand: Path, threshold: float) -> list[cmp.CaseResult]:
@@ -66,11 +68,11 @@ def main(argv: list[str]) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="regression-gate-"))
     print(f"run folders under {out}; run args: {' '.join(run_args)}", flush=True)
 
-    plain = [run_sweep(out, run_args, 0.0)]
+    plain = [run_sweep(out / "plain0", run_args, 0.0)]
     aa_fail = planted_caught = 0
     for k in range(args.pairs):
-        slow = run_sweep(out, run_args, args.slowdown)
-        plain.append(run_sweep(out, run_args, 0.0))
+        slow = run_sweep(out / f"slow{2 * k + 1}", run_args, args.slowdown)
+        plain.append(run_sweep(out / f"plain{2 * k + 2}", run_args, 0.0))
         aa = judge(plain[k], plain[k + 1], args.threshold)
         planted = judge(plain[k], slow, args.threshold)
         aa_fail += bool(cmp.exit_code(aa))

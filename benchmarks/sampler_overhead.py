@@ -1,6 +1,6 @@
 """Does the sampler disturb what it measures? Paired, interleaved blocks of training steps
 with the sampler on and off, in one process tree: the runner-like parent samples a pinned
-worker child that trains, exactly as ``bench_lib.runner`` does for a case.
+worker child that trains, exactly as ``bench_lib.run.runner`` does for a case.
 
     .venv/bin/python benchmarks/sampler_overhead.py [--pairs 12] [--interval-ms 100]
 
@@ -23,10 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_lib.measures import case_sampler  # noqa: E402
+from bench_lib.measure.stats import Stats  # noqa: E402
 from bench_lib.rig import detect_rig  # noqa: E402
-from bench_lib.stats import Stats  # noqa: E402
-from bench_lib.sweep import Case  # noqa: E402
+from bench_lib.run.runner import case_sampler  # noqa: E402
+from bench_lib.sweep.cases import new_case  # noqa: E402
+from bench_lib.sweep.profile import Measurement  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -34,9 +35,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from bench_lib import strategies
+    from bench_lib.measure.timing import time_steps
     from bench_lib.rig import pin_worker
     from bench_lib.strategies import BuildContext
-    from bench_lib.timing import time_steps
     from bench_lib.workloads import Workload
 
     rig = detect_rig(args.rig)
@@ -81,8 +82,8 @@ def main() -> int:
         return 2
 
     rig = detect_rig(args.rig)
-    case = Case("single", args.model, args.image_size, args.batch_size, None, "fp32", "ce",
-                settings={"sample_interval_ms": args.interval_ms})
+    case = new_case(rig, "single", args.model, args.image_size, args.batch_size,
+                    measurement=Measurement(sample_interval_ms=args.interval_ms))
     cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--image-size",
            str(args.image_size), "--batch-size", str(args.batch_size), "--rig", rig.kind]
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -19,9 +19,8 @@ import pytest
 import torch
 
 from bench_lib import strategies
-from bench_lib.rig import detect_rig, pin_worker
-from bench_lib.strategies import BuildContext
-from bench_lib.timing import synchronize
+from bench_lib.rig import detect_rig, pin_worker, synchronize
+from bench_lib.strategies import BuildContext, Microbatching
 from bench_lib.workloads import Workload
 
 MODEL = os.environ.get("PARABENCH_BENCH_MODEL", "resnet50")
@@ -54,12 +53,13 @@ def test_train_step(benchmark, pinned_rig, name):
     pin_worker(pinned_rig, list(range(n)))
     torch.manual_seed(0)
     workload = Workload(MODEL, IMAGE, BATCH)
-    ctx = BuildContext(workload, SPLIT if spec.uses_split else None)
+    ctx = BuildContext(workload, Microbatching.of(BATCH, SPLIT) if spec.uses_split else None)
     trainer = spec.build(workload.build_model(), pinned_rig.devices(n), ctx)
     x, y = workload.make_batch(trainer.local_batch_size, trainer.input_device, seed=0)
     y = y.to(trainer.output_device)
     benchmark.extra_info.update(model=MODEL, image_size=IMAGE, batch_size=BATCH,
-                                split_size=ctx.split_size, rig=pinned_rig.label)
+                                split_size=SPLIT if ctx.micro else None,
+                                rig=pinned_rig.label)
 
     def step() -> None:
         trainer.step(x, y)

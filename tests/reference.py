@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from bench_lib.strategies import Microbatching
 from bench_lib.workloads import Workload
 
 BATCH = 8
@@ -40,3 +41,8 @@ def reference_grads(workload: Workload) -> list[torch.Tensor]:
     x, y = reference_batch(workload)
     workload.loss_fn()(model(x), y).backward()
     return [p.grad.clone() for p in model.parameters()]
+
+
+def micro(workload: Workload, split: int | None) -> Microbatching | None:
+    """The micro-batching of a split size over the workload's batch (None: no split)."""
+    return None if split is None else Microbatching.of(workload.batch_size, split)

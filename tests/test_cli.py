@@ -8,7 +8,14 @@ import subprocess
 import pandas as pd
 import pytest
 
-from bench_lib.results import CASE_COLUMNS, read_cases
+from bench_lib import cli
+from bench_lib.results.read import read_cases
+from bench_lib.results.schema import CASE_COLUMNS
+from bench_lib.rig import Rig
+from bench_lib.run.protocol import CaseOutcome
+from bench_lib.run.rows import case_row
+from bench_lib.sweep.cases import expand
+from bench_lib.sweep.profile import Profile
 from tests.conftest import PYTHON, REPO
 
 TINY = ["--models", "resnet-tiny", "--image-sizes", "32", "--batch-size", "4",
@@ -77,3 +84,56 @@ def test_env_command_prints_versions():
     assert proc.returncode == 0, proc.stderr
     env = json.loads(proc.stdout)
     assert env["versions"]["torch"] and env["rig"]["kind"] in ("cpu", "cuda")
+
+
+def _sweep_flags() -> list:
+    return list(cli.build_parser().parse_args(["run"]).sweep_flags)
+
+
+def test_every_sweep_flag_reaches_the_profile_or_the_rig():
+    rig_dests = {"rig", "devices", "threads_per_worker"}
+    dests = {f.dest for f in _sweep_flags()} - rig_dests - {"profile_flag"}
+    assert dests <= set(Profile.keys()), dests - set(Profile.keys())
+    # What a profile file can set and the command line cannot:
+    assert set(Profile.keys()) - dests == {"name", "description", "max_time_s"}
+
+
+# A value each flag parses; flags not listed take "1".
+SAMPLE_VALUES = {"--profile": "smoke", "--rig": "cpu", "--max-memory-per-device": "1GiB",
+                 "--strategies": "single", "--loss": "ce", "--precision": "fp32"}
+
+
+@pytest.mark.parametrize("flag", [f for f in _sweep_flags()], ids=lambda f: f.flag)
+def test_resume_refuses_each_sweep_flag_given_beside_it(tmp_path, capsys, flag):
+    value = [SAMPLE_VALUES.get(flag.flag, "1")] if flag.takes_value else []
+    code = cli.main(["run", "--resume", str(tmp_path), flag.flag, *value])
+    assert code == cli.EXIT_USAGE
+    assert f"drop {flag.flag}" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "a refused resume writes nothing"
+
+
+def test_a_count_with_no_split_is_a_skipped_row_with_an_empty_split_size():
+    rig = Rig("cpu", 2, 1, (0, 1))
+    profile = Profile(strategies=("pipeline",), batch_sizes=(8, 32), split_sizes=(),
+                      microbatches=(2, 16))
+    cases = {c.case_id: c for c in expand(profile, rig)}
+    skipped = cases["pipeline_resnet50_img128_b8_m16_fp32"]
+    assert skipped.status == "skipped"
+    assert skipped.reason == "16 micro-batches do not fit in batch size 8"
+    row = case_row(skipped, rig, CaseOutcome(skipped.status, skipped.reason))
+    assert row["split_size"] == "" and row["num_microbatches"] == 16
+    runs = cases["pipeline_resnet50_img128_b32_s2_fp32"]  # 16 micro-batches of 2
+    assert runs.status is None and runs.num_microbatches == 16
+    assert case_row(runs, rig, CaseOutcome("skipped"))["split_size"] == 2
+
+
+@pytest.mark.parametrize("out", ["/proc/parabench-results", "FILE/sub"])
+def test_an_out_folder_that_cannot_be_created_is_a_usage_error(tmp_path, out):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    out = out.replace("FILE", str(blocker))
+    proc = bench("run", "--profile", "smoke", *TINY, "--strategies", "single", "--out", out,
+                 timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: cannot create") and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -8,9 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench_lib import compare as cmp
 from bench_lib.cli import main
-from bench_lib.results import SCHEMA_VERSION, RunWriter, write_json_atomic
+from bench_lib.compare import gate as cmp
+from bench_lib.compare.baseline import fingerprint_id, save_baseline
+from bench_lib.compare.output import gate
+from bench_lib.results.schema import SCHEMA_VERSION
+from bench_lib.results.store import RunWriter, write_json_atomic
 
 FINGERPRINT = {"rig": "cpu:2x1t", "device_names": ["cpu", "cpu"], "cpu_model": "Test CPU",
                "cpu_cores": 2, "driver": None, "torch": "2.14.1"}
@@ -135,6 +138,22 @@ def test_cli_exit_codes_and_outputs(tmp_path, capsys):
     assert all(set(e) >= {"name", "unit", "value"} for e in entries)
 
 
+def test_gate_is_the_compare_command_as_a_function(tmp_path, capsys):
+    base = make_run(tmp_path, "base", 1)
+    slow = make_run(tmp_path, "slow", 3, slowdown={s: 0.15 for s in BASE_S})
+    md, js = tmp_path / "gate.md", tmp_path / "gate.json"
+    assert gate(base, make_run(tmp_path, "same", 2)) == cmp.EXIT_OK
+    assert capsys.readouterr().out.splitlines()[-1].startswith("PASS: ")
+    assert gate(base, slow, markdown=md, json_path=js) == cmp.EXIT_REGRESSION
+    assert capsys.readouterr().out.splitlines()[-1] == "FAIL: 1 regression, 2 unchanged"
+    assert md.read_text().startswith("### parabench regression gate: FAIL") and js.exists()
+    assert gate(base, slow, threshold_pct=20) == cmp.EXIT_OK
+    assert gate(base, slow, metric="speedup") == cmp.EXIT_OK  # single: n/a; others held
+    md.unlink()
+    assert gate(tmp_path / "nowhere", slow, markdown=md) == cmp.EXIT_UNUSABLE
+    assert "does not exist" in capsys.readouterr().err and not md.exists()
+
+
 def test_a_case_that_ran_before_and_fails_now_fails_the_gate(tmp_path, capsys):
     base = make_run(tmp_path, "base", 1)
     cand = make_run(tmp_path, "cand", 2, status={"mp": "error"})
@@ -147,6 +166,7 @@ def test_a_case_that_ran_before_and_fails_now_fails_the_gate(tmp_path, capsys):
     ("schema", "schema version"),
     ("steps", "lacks columns"),
     ("nomatch", "no matching cases"),
+    ("ranks", "ranks timed different numbers of steps"),
 ])
 def test_unusable_input_exits_2(tmp_path, capsys, breakage, message):
     base = make_run(tmp_path, "base", 1)
@@ -158,6 +178,11 @@ def test_unusable_input_exits_2(tmp_path, capsys, breakage, message):
         write_json_atomic(cand / "env.json", {"schema_version": 99, "fingerprint": FINGERPRINT})
     elif breakage == "steps":
         (cand / "steps.csv").write_text("case_id,seconds\nx,1\n")
+    elif breakage == "ranks":  # ddp's rank 1 lost its last step
+        lines = (cand / "steps.csv").read_text().splitlines(keepends=True)
+        last = max(i for i, ln in enumerate(lines) if ln.split(",")[1:3] == [
+            "ddp_resnet-tiny_img32_b8_s-_fp32", "1"])
+        (cand / "steps.csv").write_text("".join(lines[:last] + lines[last + 1:]))
     md = tmp_path / "gate.md"
     assert main(["compare", str(base), str(cand), "--markdown", str(md)]) == 2
     assert message in capsys.readouterr().err
@@ -179,8 +204,8 @@ def test_baseline_store_picks_this_hardware_or_says_there_is_none(tmp_path, caps
     store.mkdir()
     assert main(["compare", str(store), str(make_run(tmp_path, "first", 3))]) == 2
     assert "make baseline" in capsys.readouterr().err
-    saved = cmp.save_baseline(make_run(tmp_path, "base", 1), store)
-    assert saved.name == cmp.fingerprint_id(FINGERPRINT)
+    saved = save_baseline(make_run(tmp_path, "base", 1), store)
+    assert saved.name == fingerprint_id(FINGERPRINT)
     assert main(["compare", str(store), str(make_run(tmp_path, "cand", 2))]) == 0
     other = make_run(tmp_path, "other", 2, fingerprint=FINGERPRINT | {"cpu_cores": 64})
     assert main(["compare", str(store), str(other)]) == 2
@@ -198,7 +223,7 @@ def test_a_run_from_a_busy_machine_is_flagged(tmp_path, capsys):
 def test_the_test_only_slowdown_hook_adds_its_fraction_of_each_step(monkeypatch):
     import time
 
-    from bench_lib import worker
+    from bench_lib.run import faults
 
     now = [10.0]  # a fake clock: the step takes 0.4 s, every later reading 1 ms
 
@@ -213,11 +238,11 @@ def test_the_test_only_slowdown_hook_adds_its_fraction_of_each_step(monkeypatch)
         calls.append(1)
         now[0] += 0.4
 
-    monkeypatch.delenv(worker.INJECT_SLOWDOWN_ENV, raising=False)
-    assert worker._with_injected_slowdown(step, []) is step
-    monkeypatch.setenv(worker.INJECT_SLOWDOWN_ENV, "0.15")
+    monkeypatch.delenv(faults.INJECT_SLOWDOWN_ENV, raising=False)
+    assert faults.with_injected_slowdown(step, []) is step
+    monkeypatch.setenv(faults.INJECT_SLOWDOWN_ENV, "0.15")
     start = now[0]
-    worker._with_injected_slowdown(step, [])()
+    faults.with_injected_slowdown(step, [])()
     assert calls == [1]
     # 0.4 s of step, then busy work for 15% of it (0.06 s), to within the fake clock's ticks
     assert now[0] - start == pytest.approx(0.4 + 0.06, abs=0.005)

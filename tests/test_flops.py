@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
 from torch import nn
 
-from bench_lib import flops
-from bench_lib.measures import SpeedupTable, summary_columns
-from bench_lib.runner import CaseOutcome
-from bench_lib.sweep import Case
+from bench_lib.measure import flops
+from bench_lib.run.protocol import CaseOutcome
+from bench_lib.run.rows import SpeedupTable, derived_columns, efficiency
+from bench_lib.sweep.cases import new_case
 
 
 def test_count_train_flops_of_linear_layers_by_hand():
@@ -33,42 +34,47 @@ def test_train_flops_per_image_scales_with_pixels_and_is_cached():
 
 
 def test_efficiency_hand_computed():
-    achieved, mfu = flops.efficiency(2e9, 500.0, peak_tflop_s=4.0)
+    achieved, mfu = efficiency(2e9, 500.0, peak_tflop_s=4.0)
     assert achieved == pytest.approx(1.0) and mfu == pytest.approx(25.0)
-    assert flops.efficiency(2e9, 500.0, None) == (pytest.approx(1.0), None)
+    assert efficiency(2e9, 500.0, None) == (pytest.approx(1.0), None)
 
 
 def test_peak_is_measured_per_device_in_a_pinned_subprocess(cpu_rig):
     peak = flops.measure_peak(cpu_rig, ["fp32"], n=128, min_time_s=0.02)
-    assert set(peak["tflop_s"]["fp32"]) == {"0", "1"} and peak["matmul_n"] == 128
-    assert all(0 < v < 100 for v in peak["tflop_s"]["fp32"].values())
+    assert set(peak.tflop_s["fp32"]) == {"0", "1"} and peak.matmul_n == 128
+    assert all(0 < v < 100 for v in peak.tflop_s["fp32"].values())
+    assert flops.AttainablePeak.from_dict(peak.as_dict()) == peak
     here = flops.measure_here(cpu_rig, ["fp32"], n=64, min_time_s=0.01)
     assert all(math.isfinite(v) and v > 0 for v in here["fp32"].values())
 
 
-def _outcome(times, mem, window=()):
-    return CaseOutcome("ok", step_times_s=times, peak_mem_mib=mem, window=list(window),
-                       stop_reason="ci_target")
+def _outcome(times, mem):
+    return CaseOutcome("ok", step_times_s=times, peak_mem_mib=mem, stop_reason="ci_target")
 
 
-def test_summary_columns_mfu_over_the_devices_used(cpu_rig):
-    case = Case("ddp", "resnet-tiny", 32, 8, None, "fp32", "ce")
-    peak = {"tflop_s": {"fp32": {"0": 0.5, "1": 0.3}}}
-    cols = summary_columns(case, cpu_rig, _outcome([0.1, 0.1, 0.1], {"0": 300, "1": 400}), peak)
+def _columns(case, outcome, peak):
+    return derived_columns(case, outcome, case.batch_size / statistics.median(outcome.step_times_s),
+                           peak)
+
+
+def test_derived_columns_mfu_over_the_devices_used(cpu_rig):
+    case = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8)
+    peak = flops.AttainablePeak({"fp32": {"0": 0.5, "1": 0.3}})
+    cols = _columns(case, _outcome([0.1, 0.1, 0.1], {"0": 300, "1": 400}), peak)
     per_img = flops.train_flops_per_image("resnet-tiny", 32)
     achieved = per_img * 80 / 1e12  # 8 images per 0.1 s
     assert cols["achieved_tflop_s"] == pytest.approx(achieved)
     assert cols["mfu_pct"] == pytest.approx(100 * achieved / 0.8)
     assert cols["mem_imbalance_ratio"] == pytest.approx(400 / 300)
     assert cols["stop_reason"] == "ci_target"
-    single = Case("single", "resnet-tiny", 32, 8, None, "fp32", "ce")
-    cols = summary_columns(single, cpu_rig, _outcome([0.1], {"0": 300}), {"unsupported": "x"})
+    single = new_case(cpu_rig, "single", "resnet-tiny", 32, 8)
+    cols = _columns(single, _outcome([0.1], {"0": 300}), flops.AttainablePeak(unsupported="x"))
     assert cols["mfu_pct"] is None and cols["mem_imbalance_ratio"] == 1.0
 
 
-def test_speedup_relative_to_single_of_the_same_workload():
+def test_speedup_relative_to_single_of_the_same_workload(cpu_rig):
     table = SpeedupTable()
-    mk = lambda s, b=8: Case(s, "resnet-tiny", 32, b, None, "fp32", "ce")  # noqa: E731
+    mk = lambda s, b=8: new_case(cpu_rig, s, "resnet-tiny", 32, b)  # noqa: E731
     single = {"status": "ok", "throughput_img_s": 100.0, "world_size": 1}
     ddp = {"status": "ok", "throughput_img_s": 150.0, "world_size": 2}
     other = {"status": "ok", "throughput_img_s": 150.0, "world_size": 2}
@@ -79,8 +85,8 @@ def test_speedup_relative_to_single_of_the_same_workload():
     assert "speedup_vs_single" not in other  # no single case of batch 16 in this run
 
 
-def test_speedup_table_learns_single_rows_of_a_resumed_run(tmp_path):
-    from bench_lib.results import RunWriter
+def test_speedup_table_learns_single_rows_of_a_resumed_run(tmp_path, cpu_rig):
+    from bench_lib.results.store import RunWriter
 
     with RunWriter(tmp_path) as w:
         w.write_case({"case_id": "s", "strategy": "single", "model": "resnet-tiny",
@@ -89,5 +95,5 @@ def test_speedup_table_learns_single_rows_of_a_resumed_run(tmp_path):
     table = SpeedupTable()
     table.seed(tmp_path / "cases.csv")
     row = {"status": "ok", "throughput_img_s": 75.0, "world_size": 2}
-    table.fill(Case("ddp", "resnet-tiny", 32, 8, None, "fp32", "ce"), row)
+    table.fill(new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8), row)
     assert row["speedup_vs_single"] == 1.5 and row["scaling_efficiency"] == 0.75

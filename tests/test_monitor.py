@@ -10,18 +10,15 @@ import types
 
 import pytest
 
-from bench_lib import measures
-from bench_lib.monitor import (
-    SAMPLE_METRICS,
-    NvmlSource,
-    ProcessSource,
-    RaplSource,
-    Sampler,
-    window_summary,
-)
-from bench_lib.results import SAMPLE_COLUMNS, RunWriter
+from bench_lib.measure.sampler import NvmlSource, ProcessSource, RaplSource, Sampler
+from bench_lib.results.schema import SAMPLE_COLUMNS
+from bench_lib.results.schema import SAMPLE_METRIC_NAMES as SAMPLE_METRICS
+from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
-from bench_lib.sweep import Case
+from bench_lib.run import runner
+from bench_lib.run.rows import window_columns
+from bench_lib.sweep.cases import new_case
+from bench_lib.sweep.profile import Measurement
 
 MIB = 2**20
 BUS_IDS = {"00000000:3B:00.0": 0, "00000000:5E:00.0": 1}
@@ -108,11 +105,12 @@ def test_nvml_missing_metrics_are_empty_not_zero():
 def test_case_sampler_on_a_cuda_rig_uses_nvml_by_bus_id(monkeypatch):
     nvml = fake_nvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(measures, "_cuda_bus_ids",
+    monkeypatch.setattr(runner, "_cuda_bus_ids",
                         lambda n: {"0": "00000000:3B:00.0", "1": "00000000:5E:00.0"})
-    case = Case("ddp", "resnet-tiny", 32, 8, None, "fp32", "ce",
-                settings={"sample_interval_ms": 20})
-    with measures.case_sampler(case, Rig("cuda", 2), [1, 2]) as s:
+    rig = Rig("cuda", 2)
+    case = new_case(rig, "ddp", "resnet-tiny", 32, 8,
+                    measurement=Measurement(sample_interval_ms=20))
+    with runner.case_sampler(case, rig, [1, 2]) as s:
         pass
     devices = {r["device"] for r in s.samples}
     assert devices == {"0", "1"} and s.interval_s == 0.02
@@ -173,7 +171,7 @@ def test_rapl_unreadable_or_absent_gives_nothing(tmp_path):
     assert RaplSource(root).read() == []
 
 
-def test_window_summary_hand_computed():
+def test_window_columns_hand_computed():
     def s(t, device, energy=None, cpu=None):
         return {"time_unix_s": t, "device": device, **dict.fromkeys(SAMPLE_METRICS),
                 "energy_j": energy, "cpu_pct": cpu}
@@ -184,13 +182,13 @@ def test_window_summary_hand_computed():
         s(11.0, "0", cpu=100.0), s(11.0, "1", cpu=60.0), s(11.0, "host", energy=130.0),
         s(12.0, "0", cpu=90.0), s(12.0, "host", energy=160.0),
     ]
-    out = window_summary(samples, 10.0, 12.0, images=60)
+    out = window_columns(samples, 10.0, 12.0, images=60)
     assert out["util_pct_mean_by_device"] == "0:90.0;1:60.0"
     assert out["util_pct_mean"] == pytest.approx(75.0)
     assert out["power_w_mean"] == pytest.approx(30.0)  # (160 - 100) J over 2 s
     assert out["energy_j_per_img"] == pytest.approx(1.0)  # 30 W * 2 s / 60 images
     assert out["energy_source"] == "rapl-host-packages"
-    empty = window_summary(samples, 20.0, 21.0, images=60)
+    empty = window_columns(samples, 20.0, 21.0, images=60)
     assert empty["energy_j_per_img"] is None and empty["util_pct_mean"] is None
 
 
@@ -213,7 +211,7 @@ def test_bad_interval_is_refused():
 def test_real_nvml_reads_the_first_gpu():
     import torch
 
-    keys = measures._cuda_bus_ids(1)
+    keys = runner._cuda_bus_ids(1)
     with Sampler([NvmlSource(keys)], interval_s=0.05) as s:
         torch.ones(1, device="cuda").sum().item()
     assert s.samples and all(r["device"] == "0" for r in s.samples)
@@ -223,21 +221,22 @@ def test_real_nvml_reads_the_first_gpu():
 
 @pytest.mark.timeout(180)
 def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path):
-    from bench_lib.runner import case_row, run_case
-    from bench_lib.timing import STOP_REASONS
+    from bench_lib.measure.flops import AttainablePeak
+    from bench_lib.measure.timing import STOP_REASONS
+    from bench_lib.run.rows import case_row
 
-    settings = {"warmup_steps": 1, "timed_steps": 12, "max_time_s": 1e6, "case_timeout_s": 150,
-                "ci_target_pct": 2.0, "sample_interval_ms": 20}
-    case = Case("ddp", "resnet-tiny", 32, 4, None, "fp32", "ce", settings=settings)
-    outcome = run_case(case, cpu_rig, tmp_path)
+    measurement = Measurement(warmup_steps=1, timed_steps=12, max_time_s=1e6,
+                              case_timeout_s=150, ci_target_pct=2.0, sample_interval_ms=20)
+    case = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 4, measurement=measurement)
+    outcome = runner.run_case(case, cpu_rig, tmp_path)
     assert outcome.status == "ok", outcome.reason
     assert {s["device"] for s in outcome.samples} == {"0", "1"}
-    t0, t1 = outcome.window
+    t0, t1 = outcome.timed_window_unix_s
     assert outcome.samples[0]["time_unix_s"] <= t0 < t1 <= outcome.samples[-1]["time_unix_s"]
     assert outcome.stop_reason in STOP_REASONS and outcome.stop_reason != "time_cap"
     if outcome.stop_reason == "step_cap":
         assert len(outcome.step_times_s) == 12
-    row = case_row(case, cpu_rig, outcome, peak={"tflop_s": {"fp32": {"0": 1.0, "1": 1.0}}})
+    row = case_row(case, cpu_rig, outcome, AttainablePeak({"fp32": {"0": 1.0, "1": 1.0}}))
     util = row["util_pct_mean_by_device"]
     assert util.startswith("0:") and ";1:" in util
     assert row["mem_imbalance_ratio"] >= 1.0

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from bench_lib import cli
-from bench_lib.partition import PARTITIONS, Partition, choose, min_max_cuts
 from bench_lib.rig import Rig
-from bench_lib.sweep import Profile, UsageError, expand
+from bench_lib.strategies.partition import PARTITIONS, Partition, choose, min_max_cuts
+from bench_lib.sweep.cases import expand
+from bench_lib.sweep.profile import Profile, UsageError
 from bench_lib.workloads import Workload, WorkloadError, blocks, tutorial_cut
 
 CPU = torch.device("cpu")

@@ -1,6 +1,6 @@
 """Faults, hangs, memory exhaustion, interrupts and bad input lose no results.
 
-Faults are injected through the test-only PARABENCH_TEST_FAULT hook in worker.py.
+Faults are injected through the test-only PARABENCH_TEST_FAULT hook (bench_lib/run/faults.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ import pandas as pd
 import psutil
 import pytest
 
+from bench_lib.results.schema import SCHEMA_VERSION
+from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
+from bench_lib.rig import Rig
+from bench_lib.sweep.cases import expand
+from bench_lib.sweep.profile import Profile
 from tests.conftest import PYTHON, REPO
 
 TINY = ["--profile", "smoke", "--models", "resnet-tiny", "--image-sizes", "32",
@@ -44,7 +49,7 @@ def workers_of(run_dir: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "bench_lib.worker" in cmd and str(run_dir) in cmd:
+        if "bench_lib.run.worker" in cmd and str(run_dir) in cmd:
             found.append(p)
     return found
 
@@ -152,7 +157,7 @@ def test_resume_refuses_other_schema_versions_and_extra_flags(tmp_path):
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "schema version 0" in proc.stderr and "reads version 1" in proc.stderr
+    assert "schema version 0" in proc.stderr and "reads version 2" in proc.stderr
     assert sorted(p.name for p in run_dir.iterdir()) == ["cases.csv", "env.json"]
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir),
                            "--strategies", "single"], cwd=REPO, capture_output=True, text=True,
@@ -192,3 +197,51 @@ def test_single_node_ranks_listen_on_loopback_only(tmp_path):
     finish(proc)
     assert bound, "the ranks never opened a socket"
     assert set(bound) <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, bound
+
+
+def _recorded_run(run_dir: Path) -> None:
+    """A run folder as a real run leaves it: env.json, two cases with steps and samples."""
+    rig = Rig("cpu", 2, 1, (0, 1))
+    profile = Profile(strategies=("single", "ddp"), models=("resnet-tiny",), image_sizes=(32,),
+                      batch_sizes=(4,))
+    run_dir.mkdir()
+    write_json_atomic(run_dir / "env.json", {"schema_version": SCHEMA_VERSION,
+                                             "rig": rig.as_dict(), "profile": profile.as_dict()})
+    with RunWriter(run_dir) as w:
+        for case in expand(profile, rig):
+            row = {"case_id": case.case_id, "strategy": case.strategy, "status": "ok",
+                   "step_time_s_median": 0.1, "throughput_img_s": 40.0}
+            w.write_case(row, steps=[{"rank": 0, "step": 0, "step_time_s": 0.1}],
+                         samples=[{"time_unix_s": 1.0, "device": "0", "cpu_pct": 99.0}])
+
+
+def _cut_header(run_dir: Path) -> None:
+    path = run_dir / "cases.csv"
+    path.write_bytes(path.read_bytes()[:300])  # the header alone is longer
+
+
+def _no_case_id(run_dir: Path) -> None:
+    path = run_dir / "cases.csv"
+    path.write_text(path.read_text().replace("case_id", "case", 1))
+
+
+@pytest.mark.parametrize("damage", [_cut_header, _no_case_id])
+def test_resume_refuses_an_unreadable_run_folder_before_touching_it(tmp_path, damage):
+    run_dir = tmp_path / "run"
+    _recorded_run(run_dir)
+    damage(run_dir)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: cannot resume") and "nothing was changed" in proc.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_resume_of_an_undamaged_folder_keeps_every_recorded_row(tmp_path):
+    run_dir = tmp_path / "run"
+    _recorded_run(run_dir)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    assert prepare_resume(run_dir) == {"single_resnet-tiny_img32_b4_s-_fp32",
+                                       "ddp_resnet-tiny_img32_b4_s-_fp32"}
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before

@@ -12,8 +12,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from bench_lib import cli, plots, plots_devices, report
-from bench_lib.results import SCHEMA_VERSION, RunWriter, write_json_atomic
+from bench_lib import cli
+from bench_lib.report import build, device_figures, figures
+from bench_lib.results.schema import SCHEMA_VERSION
+from bench_lib.results.store import RunWriter, write_json_atomic
 from tests.conftest import PYTHON, REPO
 from tests.test_timeline import gpipe_events
 
@@ -61,8 +63,13 @@ def synthetic_run(root: Path, name: str = "20260101T000000Z_host_abcdef0", scale
     write_json_atomic(run_dir / "env.json", env())
     with RunWriter(run_dir) as writer:
         for image, steps in STEP_S.items():
+            single_img_s = BATCH / (steps[("single", None)] * scale)
             for (strategy, split), step_s in steps.items():
                 row = ok_row(strategy, image, split, step_s * scale)
+                # Filled as the runner fills them (run.rows.SpeedupTable): single runs first.
+                speedup = row["throughput_img_s"] / single_img_s
+                row |= {"speedup_vs_single": speedup,
+                        "scaling_efficiency": speedup / row["world_size"]}
                 events = gpipe_events(2, BATCH // (split or BATCH), 0.01)
                 ticks = [{"time_unix_s": 1e9 + t / 10, "device": d, "cpu_pct": 50.0 + t,
                           "rss_mib": 100.0 * t} for t in range(5) for d in ("0", "1")]
@@ -76,8 +83,8 @@ def synthetic_run(root: Path, name: str = "20260101T000000Z_host_abcdef0", scale
     return run_dir
 
 
-def load(*dirs: Path) -> report.Runs:
-    return report.load_runs(list(dirs))
+def load(*dirs: Path) -> build.Runs:
+    return build.load_runs(list(dirs))
 
 
 def test_speedup_and_efficiency_computed_from_the_files(tmp_path):
@@ -94,7 +101,7 @@ def hatched(fig) -> list:
 
 def test_failed_cases_are_hatched_bars_not_missing_bars(tmp_path):
     cases = load(synthetic_run(tmp_path)).cases
-    for draw in (plots.fig_throughput, plots_devices.fig_memory, plots.fig_scaling):
+    for draw in (figures.fig_throughput, device_figures.fig_memory, figures.fig_scaling):
         fig = draw(cases)
         # One representative per strategy: dp (unsupported) in each of the 2 image sizes.
         assert len(hatched(fig)) == 2, draw.__name__
@@ -104,7 +111,7 @@ def test_failed_cases_are_hatched_bars_not_missing_bars(tmp_path):
 
 
 def test_split_tradeoff_stars_the_optimum_and_crosses_the_skipped(tmp_path):
-    fig = plots.fig_split_tradeoff(load(synthetic_run(tmp_path)).cases)
+    fig = figures.fig_split_tradeoff(load(synthetic_run(tmp_path)).cases)
     stars = {ax.get_title(): line.get_xdata()[0] for ax in fig.axes for line in ax.lines
              if line.get_marker() == "*"}
     assert stars == {"resnet50 · 64 px · batch 16 · fp32": 4,
@@ -115,7 +122,7 @@ def test_split_tradeoff_stars_the_optimum_and_crosses_the_skipped(tmp_path):
 
 
 def test_winner_grid_names_the_winner_and_its_speedup(tmp_path):
-    fig = plots.fig_winner_grid(load(synthetic_run(tmp_path)).cases)
+    fig = figures.fig_winner_grid(load(synthetic_run(tmp_path)).cases)
     texts = [t.get_text() for t in fig.axes[0].texts]
     # ddp (1.60x at both sizes) wins every cell: splits 2, 4, 8 and the skipped 32.
     assert texts.count("ddp\n1.60x") == 8
@@ -124,7 +131,7 @@ def test_winner_grid_names_the_winner_and_its_speedup(tmp_path):
 
 
 def test_memory_bars_show_each_device(tmp_path):
-    fig = plots_devices.fig_memory(load(synthetic_run(tmp_path)).cases)
+    fig = device_figures.fig_memory(load(synthetic_run(tmp_path)).cases)
     heights = sorted(p.get_height() for p in fig.axes[0].patches if not p.get_hatch())
     assert heights == [350.0, 700.0, 800.0, 900.0, 950.0]
     assert any("2.00x max/min" in t.get_text() for t in fig.axes[0].get_xticklabels())
@@ -133,7 +140,7 @@ def test_memory_bars_show_each_device(tmp_path):
 
 def test_report_html_is_self_contained_with_every_figure(tmp_path):
     run_dir = synthetic_run(tmp_path)
-    path = report.write_report([run_dir])
+    path = build.write_report([run_dir])
     assert path == run_dir / "report.html"
     html = path.read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
@@ -151,7 +158,7 @@ def test_report_html_is_self_contained_with_every_figure(tmp_path):
 
 def test_missing_samples_and_timeline_say_not_measured(tmp_path):
     run_dir = synthetic_run(tmp_path, samples=False, timeline=False)
-    html = report.write_report([run_dir]).read_text()
+    html = build.write_report([run_dir]).read_text()
     assert html.count("not measured in this run") == 2
     assert not (run_dir / "fig5_samples.png").exists()
     assert not (run_dir / "fig6_timeline.png").exists()
@@ -161,7 +168,7 @@ def test_two_runs_side_by_side(tmp_path):
     a = synthetic_run(tmp_path, "20260101T000000Z_boxa_abcdef0")
     b = synthetic_run(tmp_path, "20260102T000000Z_boxb_abcdef0", scale=0.5)
     runs = load(a, b)
-    fig = plots.fig_throughput(runs.cases)
+    fig = figures.fig_throughput(runs.cases)
     assert runs.names == {"A": a.name, "B": b.name}
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["A", "B"]
     # Each strategy has a bar per run: B ran twice as fast, so twice the throughput.
@@ -169,7 +176,7 @@ def test_two_runs_side_by_side(tmp_path):
     assert [round(h2 / h1, 6) for (_, h1), (_, h2) in zip(bars[::2], bars[1::2],
                                                           strict=True)] == [2.0] * 4
     plt.close(fig)
-    html = report.write_report([a, b]).read_text()
+    html = build.write_report([a, b]).read_text()
     assert f"A = {a.name}" in html and f"B = {b.name}" in html
     assert not (b / "report.html").exists()  # written into the first run folder only
 
@@ -183,13 +190,61 @@ def test_run_where_nothing_ran_still_gets_a_report(tmp_path):
         writer.write_case(failed_row("pipeline", 64, 4, "oom", "rank 0: out of memory"))
         writer.write_case(failed_row("ddp", 64, "", "timeout", "still running after 300 s"))
     runs = load(run_dir)
-    fig = plots.fig_throughput(runs.cases)
+    fig = figures.fig_throughput(runs.cases)
     assert len(hatched(fig)) == 3  # every case is there, as a hatched bar
     plt.close(fig)
-    html = report.write_report([run_dir]).read_text()
+    html = build.write_report([run_dir]).read_text()
     for reason in ("dp needs CUDA", "rank 0: out of memory", "still running after 300 s"):
         assert reason in html
     assert "no case ran" in html
+
+
+# Run in a fresh interpreter that picked its own backend and style, as a notebook does.
+KEEPS_MATPLOTLIB = """
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("svg")
+matplotlib.rcParams["axes.grid"] = False
+matplotlib.rcParams["figure.dpi"] = 72.0
+before = dict(matplotlib.rcParams)
+
+from bench_lib.report import build, device_figures, figures, gantt, headlines, html  # noqa
+
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+assert dict(matplotlib.rcParams) == before, "importing the report changed rcParams"
+path = build.write_report([Path(sys.argv[1])])
+assert path.exists()
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+changed = {k for k, v in matplotlib.rcParams.items() if before[k] != v}
+assert not changed, f"writing a report changed rcParams {sorted(changed)}"
+assert matplotlib.rcParams["axes.grid"] is False and matplotlib.rcParams["figure.dpi"] == 72.0
+assert "matplotlib.pyplot" not in sys.modules, "the report went through pyplot"
+"""
+
+
+def test_report_leaves_the_callers_matplotlib_backend_and_style_alone(tmp_path):
+    run_dir = synthetic_run(tmp_path)
+    proc = subprocess.run([PYTHON, "-c", KEEPS_MATPLOTLIB, str(run_dir)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(run_dir.glob("fig*.png"))) == 7
+
+
+def test_figures_are_drawn_in_the_report_style_without_keeping_it(tmp_path):
+    import matplotlib
+
+    cases = load(synthetic_run(tmp_path)).cases
+    with matplotlib.rc_context({"axes.grid": False, "figure.dpi": 72.0}):
+        fig = figures.fig_throughput(cases)
+        assert matplotlib.rcParams["axes.grid"] is False
+        assert matplotlib.rcParams["figure.dpi"] == 72.0
+    assert fig.dpi == figures.STYLE["figure.dpi"]
+    ax = fig.axes[0]
+    assert not ax.spines["top"].get_visible() and ax.spines["left"].get_visible()
+    assert any(line.get_visible() for line in ax.yaxis.get_gridlines())
 
 
 def test_cli_report_prints_the_path(tmp_path):

@@ -15,7 +15,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from bench_lib import report
+from bench_lib.report.build import write_report
 from tests.test_report import synthetic_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -70,7 +70,7 @@ def probe(tmp_path: Path, html: str) -> dict:
 
 @pytest.fixture(scope="module")
 def report_html(tmp_path_factory) -> Path:
-    return report.write_report([synthetic_run(tmp_path_factory.mktemp("runs"))])
+    return write_report([synthetic_run(tmp_path_factory.mktemp("runs"))])
 
 
 def test_report_loads_without_errors_and_shows_every_figure(report_html, tmp_path):

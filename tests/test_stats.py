@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from bench_lib.stats import Stats, bootstrap_median_ci, percentile
+from bench_lib.measure.stats import Stats, bootstrap_median_ci, percentile
 
 
 def test_stats_of_hand_computed_sample():

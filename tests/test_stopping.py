@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from bench_lib import timing
-from bench_lib.timing import MIN_STEPS_FOR_CI, AdaptiveStop, time_steps
-from bench_lib.worker import _collective_stop
+from bench_lib.measure import timing
+from bench_lib.measure.timing import MIN_STEPS_FOR_CI, AdaptiveStop, collective_stop, time_steps
 from tests.dist_harness import run_ranks
 
 
@@ -72,7 +71,7 @@ def _rank_stops(rank: int, world: int) -> tuple[int, str]:
     spread = 0.3 if rank == 0 else 0.001
     stream = 0.1 * (1 + spread * np.abs(rng.standard_normal(60)))
     rule = AdaptiveStop(0.02, max_time_s=1e9)
-    stop = _collective_stop(rule, torch.device("cpu"))
+    stop = collective_stop(rule, torch.device("cpu"))
     times: list[float] = []
     for t in stream:
         times.append(float(t))
@@ -103,10 +102,11 @@ def test_ci_is_checked_at_geometrically_spaced_counts(monkeypatch):
 
 
 def test_profile_refuses_a_negative_target_or_interval():
-    from bench_lib.sweep import Profile, UsageError
+    from bench_lib.sweep.profile import Measurement, Profile, UsageError
 
     with pytest.raises(UsageError, match="ci_target_pct must be >= 0"):
-        Profile(ci_target_pct=-1)
+        Measurement(ci_target_pct=-1)
     with pytest.raises(UsageError, match="sample_interval_ms > 0"):
-        Profile(sample_interval_ms=0)
-    assert Profile().ci_target_pct == 2.0 and Profile().sample_interval_ms == 100.0
+        Profile.from_dict({"sample_interval_ms": 0})
+    m = Profile().measurement
+    assert m.ci_target_pct == 2.0 and m.sample_interval_ms == 100.0

@@ -9,16 +9,18 @@ from __future__ import annotations
 import pytest
 
 from bench_lib import strategies
-from bench_lib.runner import case_row, run_case
+from bench_lib.rig import Rig
+from bench_lib.run.rows import case_row
+from bench_lib.run.runner import run_case
 from bench_lib.strategies.base import Strategy
-from bench_lib.sweep import Case
+from bench_lib.sweep.cases import Case, new_case
+from bench_lib.sweep.profile import Measurement
 
-SETTINGS = {"warmup_steps": 1, "timed_steps": 2, "max_time_s": 30, "case_timeout_s": 120}
+MEASUREMENT = Measurement(warmup_steps=1, timed_steps=2, max_time_s=30, case_timeout_s=120)
 
 
-def tiny_case(name: str) -> Case:
-    split = 2 if strategies.get(name).uses_split else None
-    return Case(name, "resnet-tiny", 32, 4, split, "fp32", "ce", settings=SETTINGS)
+def tiny_case(name: str, rig: Rig) -> Case:
+    return new_case(rig, name, "resnet-tiny", 32, 4, split_size=2, measurement=MEASUREMENT)
 
 
 @pytest.mark.timeout(180)
@@ -29,7 +31,8 @@ def test_strategy_runs_one_case(name, cpu_rig, tmp_path):
     if reason:
         assert spec.needs_cuda, f"{name} refuses a 2-worker cpu rig: {reason}"
         return
-    case = tiny_case(name)
+    case = tiny_case(name, cpu_rig)
+    assert case.status is None, case.reason
     outcome = run_case(case, cpu_rig, tmp_path)
     assert outcome.status == "ok", outcome.reason
     assert len(outcome.step_times_s) == 2

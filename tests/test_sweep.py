@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from bench_lib.rig import Rig
-from bench_lib.sweep import Profile, UsageError, expand, load_profile, profile_names, profile_path
+from bench_lib.run.protocol import CaseSpec, RankResult
+from bench_lib.strategies import Microbatching
+from bench_lib.sweep.cases import baselines_first, expand
+from bench_lib.sweep.profile import (
+    Measurement,
+    Profile,
+    UsageError,
+    load_profile,
+    profile_names,
+    profile_path,
+)
 
 RIG = Rig("cpu", 2, 1, (0, 1))
 
@@ -64,3 +74,38 @@ def test_profile_errors_name_the_file_and_key(tmp_path, text, message):
 def test_cli_values_override_the_profile():
     p = Profile(image_sizes=(64,)).override(image_sizes=(128,), batch_sizes=None)
     assert p.image_sizes == (128,) and p.batch_sizes == Profile().batch_sizes
+
+
+def test_each_workloads_single_case_runs_before_its_other_cases():
+    p = Profile(strategies=("ddp", "pipeline", "single"), image_sizes=(32, 64),
+                batch_sizes=(8,), split_sizes=(2,))
+    order = [(c.image_size, c.strategy) for c in expand(p, RIG)]
+    assert order == [(32, "single"), (32, "ddp"), (32, "pipeline"),
+                     (64, "single"), (64, "ddp"), (64, "pipeline")]
+    shuffled = list(reversed(expand(p, RIG)))
+    assert [c.strategy for c in baselines_first(shuffled)][::3] == ["single", "single"]
+
+
+def test_a_case_carries_its_resolved_facts():
+    (ddp, pipeline) = expand(Profile(strategies=("ddp", "gpipe"), batch_sizes=(12,),
+                                     split_sizes=(5,)), RIG)
+    assert (ddp.world_size, ddp.processes, ddp.micro) == (2, 2, None)
+    assert "gloo" in ddp.note
+    assert pipeline.micro == Microbatching(5, 3, even=False)
+    assert pipeline.status == "skipped" and "equal micro-batches" in pipeline.reason
+
+
+def test_case_spec_and_rank_result_survive_their_json(tmp_path):
+    profile = Profile(strategies=("1f1b",), microbatches=(4,), split_sizes=(),
+                      partitions=("balanced",), measurement=Measurement(0, 3))
+    (case,) = expand(profile, RIG)
+    CaseSpec(case, RIG).write(tmp_path / "spec.json")
+    back = CaseSpec.read(tmp_path / "spec.json")
+    assert back == CaseSpec(case, RIG) and back.case.measurement == case.measurement
+    result = RankResult(1, "ok", step_times_s=(0.5, 0.25), timed_window_unix_s=(1.0, 2.0),
+                        stop_reason="step_cap", peak_mem_mib={"1": 12.5}, partition="balanced:9",
+                        timeline=({"stage": 1, "phase": "fwd", "start_s": 0.0, "end_s": 1.0},))
+    result.write(tmp_path / "rank1.json")
+    assert RankResult.read(tmp_path / "rank1.json") == result
+    with pytest.raises(ValueError, match="bad rank status"):
+        RankResult(0, "fine")

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from bench_lib import strategies
+from bench_lib.measure.trace import align, trace_step
+from bench_lib.report.gantt import _union_length, bubble, theoretical_bubble
 from bench_lib.strategies import BuildContext
-from bench_lib.timeline import _union_length, align, bubble, theoretical_bubble, trace_step
 from bench_lib.workloads import Workload
 from tests.conftest import PYTHON, REPO
+from tests.reference import micro
 
 
 def gpipe_events(stages: int, microbatches: int, unit_s: float = 1.0) -> pd.DataFrame:
@@ -65,7 +67,7 @@ def build_trainer(name: str, batch: int = 8, split: int | None = 2):
     torch.manual_seed(0)
     workload = Workload("resnet-tiny", 32, batch)
     devices = [torch.device("cpu")] * strategies.get(name).num_devices(_two_rig())
-    ctx = BuildContext(workload, split)
+    ctx = BuildContext(workload, micro(workload, split))
     trainer = strategies.get(name).build(workload.build_model(), devices, ctx)
     x, y = workload.make_batch(batch, trainer.input_device, seed=0)
     return trainer, x, y

@@ -15,6 +15,7 @@ from bench_lib.workloads import Workload
 from tests.dist_harness import run_ranks
 from tests.reference import (
     BATCH,
+    micro,
     reference_batch,
     reference_grads,
     reference_model,
@@ -36,7 +37,7 @@ def test_single_process_strategies_match_single_device(name, split, model, loss)
     workload = Workload(model, image_size=32, batch_size=BATCH, num_classes=10, loss=loss)
     cpu = torch.device("cpu")
     trainer = strategies.get(name).build(
-        reference_model(workload), [cpu, cpu], BuildContext(workload, split_size=split)
+        reference_model(workload), [cpu, cpu], BuildContext(workload, micro(workload, split))
     )
     x, y = reference_batch(workload)
     trainer.forward_backward(x, y)

@@ -17,6 +17,7 @@ from bench_lib.workloads import Workload
 from tests.dist_harness import run_ranks
 from tests.reference import (
     BATCH,
+    micro,
     reference_batch,
     reference_grads,
     reference_model,
@@ -41,7 +42,7 @@ def _pipelining_grads(rank, world_size, name, split, partition, loss):
     workload = _workload(loss)
     model = reference_model(workload)
     index = {id(p): i for i, p in enumerate(model.parameters())}
-    ctx = BuildContext(workload, split, rank, world_size, partition=partition)
+    ctx = BuildContext(workload, micro(workload, split), rank, world_size, partition=partition)
     trainer = strategies.get(name).build(model, [torch.device("cpu")], ctx)
     x, y = reference_batch(workload)
     trainer.forward_backward(x, y)
@@ -80,7 +81,7 @@ def test_accum_matches_single_device(split, loss):
     workload = _workload(loss)
     model = reference_model(workload)
     trainer = strategies.get("accum").build(
-        model, [torch.device("cpu")], BuildContext(workload, split_size=split)
+        model, [torch.device("cpu")], BuildContext(workload, micro(workload, split))
     )
     x, y = reference_batch(workload)
     trainer.forward_backward(x, y)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from bench_lib.strategies import accum, ddp, dp, fsdp, mp, pipeline, pipelining, single
-from bench_lib.strategies.base import BuildContext, Strategy, Trainer
+from bench_lib.strategies import accum, ddp, dp, fsdp, mp, pipeline, schedules, single
+from bench_lib.strategies.base import BuildContext, Microbatching, Strategy, Trainer
 
-__all__ = ["REGISTRY", "BuildContext", "Strategy", "Trainer", "get", "register"]
+__all__ = ["REGISTRY", "BuildContext", "Microbatching", "Strategy", "Trainer", "get", "register"]
 
 REGISTRY: dict[str, Strategy] = {}
 
@@ -33,5 +33,5 @@ def get(name: str) -> Strategy:
 
 for _module in (single, dp, ddp, mp, pipeline, accum, fsdp):
     register(_module.STRATEGY)
-for _strategy in pipelining.STRATEGIES:
+for _strategy in schedules.STRATEGIES:
     register(_strategy)

@@ -12,14 +12,18 @@ import torch
 from torch import nn
 
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer, one_device
-from bench_lib.strategies.single import SingleTrainer
 
 
-class AccumulationTrainer(SingleTrainer):
+class AccumulationTrainer(Trainer):
+    def __init__(self, module: nn.Module, devices: list[torch.device],
+                 ctx: BuildContext) -> None:
+        super().__init__(module, devices, ctx)
+        self.split_size, _ = ctx.require_micro("accum")
+
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward+backward each micro-batch; gradients sum to the full batch's."""
         batch, total = x.shape[0], torch.zeros((), device=self.output_device)
-        for xs, ys in zip(x.split(self.ctx.split_size), y.split(self.ctx.split_size)):
+        for xs, ys in zip(x.split(self.split_size), y.split(self.split_size)):
             with self.ctx.workload.autocast(self.output_device):
                 # A micro-batch's mean loss weighted by its share gives the batch's mean loss,
                 # also when the last micro-batch is smaller.
@@ -30,7 +34,6 @@ class AccumulationTrainer(SingleTrainer):
 
 
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
-    ctx.require_split("accum")
     return AccumulationTrainer(model.to(devices[0]), devices[:1], ctx)
 
 

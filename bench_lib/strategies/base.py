@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -15,13 +16,33 @@ LEARNING_RATE = 0.001  # the tutorial's plain SGD; the value does not change ste
 
 
 @dataclass(frozen=True)
+class Microbatching:
+    """How a batch is cut into micro-batches: resolved once, when the case is planned."""
+
+    split_size: int | None
+    """Images per micro-batch (the last may hold fewer); None when no split exists (a count
+    larger than the batch)."""
+    count: int
+    """Micro-batches per step."""
+    even: bool
+    """True when every micro-batch holds exactly ``split_size`` images."""
+
+    @classmethod
+    def of(cls, batch_size: int, split_size: int) -> Microbatching:
+        """Micro-batches of ``split_size`` images over a batch of ``batch_size``."""
+        if split_size < 1:
+            raise ValueError(f"a split size must be >= 1, got {split_size}")
+        return cls(split_size, math.ceil(batch_size / split_size), batch_size % split_size == 0)
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """What a strategy needs besides the model and its devices."""
 
     workload: Workload
     """The workload being trained (loss, precision, batch size)."""
-    split_size: int | None = None
-    """Micro-batch size for strategies that pipeline; None for the others."""
+    micro: Microbatching | None = None
+    """Micro-batching of strategies that pipeline or accumulate; None for the others."""
     rank: int = 0
     """This process's rank in a per-device strategy (0 otherwise)."""
     world_size: int = 1
@@ -31,18 +52,32 @@ class BuildContext:
     sync_bn: bool = False
     """Data-parallel strategies: synchronise BatchNorm statistics across ranks."""
 
-    def require_split(self, strategy: str) -> int:
-        """The split size, for strategies that cannot run without one."""
-        if self.split_size is None or self.split_size < 1:
-            raise ValueError(f"{strategy} needs a split size >= 1, got {self.split_size}")
-        return self.split_size
+    def require_micro(self, strategy: str, even: bool = False) -> tuple[int, int]:
+        """(split size, micro-batch count), for strategies that cannot run without them.
+
+        ``even``: every micro-batch must hold exactly split-size images.
+        """
+        m = self.micro
+        if m is None or m.split_size is None:
+            raise ValueError(f"{strategy} needs a split size, got {m}")
+        if even and not m.even:
+            raise ValueError(f"{strategy} needs equal micro-batches: batch "
+                             f"{self.workload.batch_size} is not a multiple of split "
+                             f"{m.split_size}")
+        return m.split_size, m.count
+
+    @property
+    def stage_batch_size(self) -> int:
+        """Images a stage processes at once: the split size, else the whole batch."""
+        m = self.micro
+        return m.split_size if m is not None and m.split_size else self.workload.batch_size
 
 
 class Trainer:
     """One training step (zero grads, forward, loss, backward, optimizer step) on some devices.
 
     ``devices`` lists every device the step touches; timing synchronises all of them.
-    Subclasses implement ``forward``; the rest is shared.
+    ``forward`` runs the wrapped module; strategies that need more override it.
     """
 
     def __init__(
@@ -76,7 +111,8 @@ class Trainer:
         return self.ctx.workload.batch_size // self.ctx.world_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        out: torch.Tensor = self.module(x)
+        return out
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one batch; returns the loss (gradients accumulate)."""
@@ -105,6 +141,10 @@ class Trainer:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
 
+Builder = Callable[[nn.Module, list[torch.device], "BuildContext"], "Trainer"]
+"""A strategy's builder: (model, its devices, context) -> this process's trainer."""
+
+
 @dataclass(frozen=True)
 class Strategy:
     """A registered way to train a workload on a rig."""
@@ -113,7 +153,7 @@ class Strategy:
     """Registry key and CLI name."""
     description: str
     """One line for --help and the report."""
-    build: Callable[[nn.Module, list[torch.device], BuildContext], Trainer]
+    build: Builder
     """Builds the trainer of this process from the model and its devices."""
     num_devices: Callable[[Rig], int]
     """How many of the rig's devices a case uses."""

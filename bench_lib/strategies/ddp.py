@@ -9,11 +9,6 @@ from torch.nn.parallel import DistributedDataParallel
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer, all_devices
 
 
-class DDPTrainer(Trainer):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
-
-
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
     """Wrap the model for this rank; the process group must already be initialised."""
     (device,) = devices
@@ -22,7 +17,7 @@ def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> T
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ids = [device.index] if device.type == "cuda" else None
     wrapped = DistributedDataParallel(model, device_ids=ids)
-    return DDPTrainer(wrapped, devices, ctx, params=model.parameters())
+    return Trainer(wrapped, devices, ctx, params=model.parameters())
 
 
 STRATEGY = Strategy(

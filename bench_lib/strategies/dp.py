@@ -14,9 +14,6 @@ class DataParallelTrainer(Trainer):
         # Outputs are gathered on device_ids[0], so targets go there.
         return self.devices[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
-
 
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
     ids = [d.index for d in devices]

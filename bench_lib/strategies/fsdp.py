@@ -16,11 +16,6 @@ from torch.distributed.fsdp import fully_shard
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer, all_devices
 
 
-class FSDPTrainer(Trainer):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
-
-
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The modules that become FSDP units before the root: the ResNet stages."""
     return [getattr(model, name) for name in ("layer1", "layer2", "layer3", "layer4")]
@@ -37,7 +32,7 @@ def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> T
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
     # The optimizer is built after sharding, so it steps the local shards (DTensors).
-    return FSDPTrainer(model, devices, ctx)
+    return Trainer(model, devices, ctx)
 
 
 STRATEGY = Strategy(

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench_lib.partition import choose
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer, two_devices
+from bench_lib.strategies.partition import choose
 from bench_lib.workloads import split_stages
 
 
@@ -18,7 +18,7 @@ class ModelParallelTrainer(Trainer):
     def __init__(self, model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> None:
         # The case's partition (tutorial: after layer2); balanced profiles on device 0.
         self.partition = choose(ctx.partition, model.to(devices[0]), len(devices),
-                                ctx.workload, ctx.split_size, devices[0])
+                                ctx.workload, ctx.stage_batch_size, devices[0])
         stages = split_stages(model, list(self.partition.cuts))
         self.stages = [s.to(d) for s, d in zip(stages, devices)]
         super().__init__(nn.Sequential(*self.stages), devices, ctx)

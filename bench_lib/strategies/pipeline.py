@@ -18,7 +18,8 @@ from bench_lib.strategies.mp import ModelParallelTrainer
 class PipelineTrainer(ModelParallelTrainer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         (first, second), (d0, d1) = self.stages, self.devices
-        splits = iter(x.split(self.ctx.split_size, dim=0))
+        split_size, _ = self.ctx.require_micro("pipeline")
+        splits = iter(x.split(split_size, dim=0))
         prev = first(next(splits).to(d0)).to(d1)
         outputs = []
         for nxt in splits:
@@ -29,7 +30,7 @@ class PipelineTrainer(ModelParallelTrainer):
 
 
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
-    ctx.require_split("pipeline")
+    ctx.require_micro("pipeline")
     if len(devices) != 2:
         raise ValueError(f"pipeline runs on exactly 2 devices, got {len(devices)}")
     return PipelineTrainer(model, devices, ctx)

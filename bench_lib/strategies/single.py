@@ -8,13 +8,8 @@ from torch import nn
 from bench_lib.strategies.base import BuildContext, Strategy, Trainer, one_device
 
 
-class SingleTrainer(Trainer):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
-
-
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
-    return SingleTrainer(model.to(devices[0]), devices[:1], ctx)
+    return Trainer(model.to(devices[0]), devices[:1], ctx)
 
 
 STRATEGY = Strategy(

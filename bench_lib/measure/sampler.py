@@ -2,7 +2,7 @@
 
     with Sampler([ProcessSource({"0": pid0, "1": pid1}), RaplSource()], interval_s=0.1) as s:
         ...                      # the case runs
-    s.samples                    # one dict per (tick, device), columns of SAMPLE_METRICS
+    s.samples                    # one dict per (tick, device), columns of samples.csv
 
 A metric a source cannot read is ``None`` (an empty CSV cell), never zero. Sources are
 read from a background thread in the runner (parent) process, so the sampler never runs
@@ -14,14 +14,23 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
+
+from bench_lib.results.schema import SAMPLE_METRIC_NAMES
 
 MIB = 2**20
-SAMPLE_METRICS = (
-    "cpu_pct", "rss_mib", "util_gpu_pct", "util_mem_pct", "mem_used_mib", "power_w",
-    "sm_clock_mhz", "energy_j", "sm_util_pct", "tensor_active_pct",
-)
+Reading = dict[str, Any]
+"""One device's metrics at one tick: ``device`` and some of SAMPLE_METRIC_NAMES."""
+
+
+class Source(Protocol):
+    """Something the sampler reads every tick."""
+
+    def read(self) -> list[Reading]: ...
+
+    def close(self) -> None: ...
 POWERCAP = Path("/sys/class/powercap")
 _PACKAGE_DOMAIN = re.compile(r"^[a-z-]*rapl:\d+$")  # packages, not their sub-domains
 
@@ -33,7 +42,7 @@ class ProcessSource:
         import psutil
 
         self._psutil = psutil
-        self._procs = {}
+        self._procs: dict[str, psutil.Process | None] = {}
         for device, pid in pids_by_device.items():
             try:
                 self._procs[device] = psutil.Process(pid)
@@ -41,11 +50,13 @@ class ProcessSource:
                 self._procs[device] = None
         self._last: dict[str, tuple[float, float]] = {}
 
-    def read(self) -> list[dict]:
+    def read(self) -> list[Reading]:
         rows = []
         for device, proc in self._procs.items():
-            row = {"device": device, "cpu_pct": None, "rss_mib": None}
+            row: Reading = {"device": device, "cpu_pct": None, "rss_mib": None}
             try:
+                if proc is None:
+                    raise AttributeError("never started")
                 with proc.oneshot():
                     times, rss = proc.cpu_times(), proc.memory_info().rss
             except (self._psutil.Error, AttributeError):  # exited (or never started)
@@ -87,7 +98,7 @@ class RaplSource:
     def _readable(path: Path) -> bool:
         return _read_float(path) is not None
 
-    def read(self) -> list[dict]:
+    def read(self) -> list[Reading]:
         if not self._domains:
             return []
         for i, (path, span) in enumerate(self._domains):
@@ -108,13 +119,15 @@ class RaplSource:
 class NvmlSource:
     """Per-GPU NVML counters; GPM SM utilisation and tensor activity where supported."""
 
-    def __init__(self, devices: dict[str, str | int], nvml=None) -> None:
+    def __init__(self, devices: dict[str, str | int], nvml: Any = None) -> None:
         """``devices`` maps a device label to its PCI bus id (str) or NVML index (int)."""
         if nvml is None:
-            import pynvml as nvml  # provided by nvidia-ml-py
+            import pynvml  # provided by nvidia-ml-py
+
+            nvml = pynvml
         self._nvml = nvml
         nvml.nvmlInit()
-        self._handles = {}
+        self._handles: dict[str, Any] = {}
         for label, key in devices.items():
             if isinstance(key, str):
                 self._handles[label] = nvml.nvmlDeviceGetHandleByPciBusId(key)
@@ -122,14 +135,14 @@ class NvmlSource:
                 self._handles[label] = nvml.nvmlDeviceGetHandleByIndex(key)
         self._gpm_prev = {label: self._gpm_sample(h) for label, h in self._handles.items()}
 
-    def _call(self, fn, *args):
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """An NVML reading, or None where this GPU or driver does not provide it."""
         try:
             return fn(*args)
         except self._nvml.NVMLError:
             return None
 
-    def _gpm_sample(self, handle):
+    def _gpm_sample(self, handle: Any) -> Any:
         nvml = self._nvml
         support = self._call(nvml.nvmlGpmQueryDeviceSupport, handle)
         if support is None or not support.isSupportedDevice:
@@ -137,7 +150,7 @@ class NvmlSource:
         sample = self._call(nvml.nvmlGpmSampleAlloc)
         return None if sample is None else self._call(nvml.nvmlGpmSampleGet, handle, sample)
 
-    def _gpm_metrics(self, label: str, handle) -> dict:
+    def _gpm_metrics(self, label: str, handle: Any) -> Reading:
         """SM utilisation and tensor activity between the previous tick and this one."""
         nvml, prev = self._nvml, self._gpm_prev[label]
         if prev is None:
@@ -162,7 +175,7 @@ class NvmlSource:
             "tensor_active_pct": m[1].value if m[1].nvmlReturn == ok else None,
         }
 
-    def read(self) -> list[dict]:
+    def read(self) -> list[Reading]:
         nvml, rows = self._nvml, []
         for label, h in self._handles.items():
             util = self._call(nvml.nvmlDeviceGetUtilizationRates, h)
@@ -198,12 +211,12 @@ def _read_float(path: Path) -> float | None:
 class Sampler:
     """Context manager: reads every source each ``interval_s`` on a background thread."""
 
-    def __init__(self, sources: Sequence, interval_s: float = 0.1) -> None:
+    def __init__(self, sources: Sequence[Source], interval_s: float = 0.1) -> None:
         if interval_s <= 0:
             raise ValueError(f"sample interval must be positive, got {interval_s}")
         self.sources = list(sources)
         self.interval_s = interval_s
-        self.samples: list[dict] = []
+        self.samples: list[Reading] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
 
@@ -230,46 +243,4 @@ class Sampler:
         t = time.time()  # wall clock: comparable with the ranks' timed windows
         for source in self.sources:
             for row in source.read():
-                self.samples.append({"time_unix_s": t, **dict.fromkeys(SAMPLE_METRICS), **row})
-
-
-def _fmt_by_device(values: dict[str, float]) -> str:
-    return ";".join(f"{k}:{v:.1f}" for k, v in sorted(values.items()))
-
-
-def window_summary(samples: list[dict], t0: float, t1: float, images: int) -> dict:
-    """Summary columns over the timed window [t0, t1] (unix seconds) in which ``images`` ran.
-
-    Utilisation: the mean per device (GPU utilisation where NVML gives it, else worker CPU
-    percent). Energy: each counter's mean power between its first and last sample inside the
-    window, times the window's length, summed over devices, per image. Empty where the
-    window holds too few samples or no counter exists.
-    """
-    inside = [s for s in samples if t0 <= s["time_unix_s"] <= t1]
-    util: dict[str, list[float]] = {}
-    energy: dict[str, list[tuple[float, float]]] = {}
-    for s in inside:
-        u = s["util_gpu_pct"] if s["util_gpu_pct"] is not None else s["cpu_pct"]
-        if u is not None:
-            util.setdefault(s["device"], []).append(u)
-        if s["energy_j"] is not None:
-            energy.setdefault(s["device"], []).append((s["time_unix_s"], s["energy_j"]))
-    means = {d: sum(v) / len(v) for d, v in util.items()}
-    out = {
-        "util_pct_mean_by_device": _fmt_by_device(means),
-        "util_pct_mean": sum(means.values()) / len(means) if means else None,
-        "power_w_mean": None,
-        "energy_j_per_img": None,
-        "energy_source": "",
-    }
-    rates = [
-        (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-        for pts in energy.values()
-        if len(pts) >= 2 and pts[-1][0] > pts[0][0]
-    ]
-    if rates and len(rates) == len(energy) and images > 0:
-        power = sum(rates)
-        out["power_w_mean"] = power
-        out["energy_j_per_img"] = power * (t1 - t0) / images
-        out["energy_source"] = "rapl-host-packages" if "host" in energy else "nvml-gpus"
-    return out
+                self.samples.append({"time_unix_s": t, **dict.fromkeys(SAMPLE_METRIC_NAMES), **row})

@@ -1,23 +1,32 @@
-"""Figures about devices: peak memory per device, samples over time, the pipeline timeline."""
+"""Figures about devices: peak memory per device, samples over time, the pipeline timeline.
+
+Like ``figures``: ``Figure`` objects drawn under its ``STYLE``, nothing changed in matplotlib
+at import; data from the run folders' files only (cases, samples.csv, timeline.csv).
+"""
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+from collections.abc import Iterable
+from typing import Any
+
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench_lib.plots import (
+from bench_lib.report.figures import (
     FAILED_STYLE,
     PALETTE,
     WORKLOAD,
-    _by_workload,
-    _facets,
     bar_label,
+    by_workload,
+    facets,
+    new_figure,
+    records,
     representatives,
     strategy_order,
+    styled,
     workload_title,
 )
-from bench_lib.timeline import bubble, draw_gantt
+from bench_lib.report.gantt import bubble, draw_gantt
 
 # samples.csv columns in order of preference: GPUs' own counters first, then the CPU rig's.
 TIME_COLUMNS = ("t_s", "time_s", "elapsed_s", "time_unix_s")
@@ -27,21 +36,22 @@ MAX_CASES = 4
 DEVICE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3"]
 
 
-def parse_by_device(text) -> dict[str, float]:
+def parse_by_device(text: object) -> dict[str, float]:
     """``"0:812.5;1:655.0"`` -> ``{"0": 812.5, "1": 655.0}`` (empty for a missing value)."""
     if not isinstance(text, str) or not text:
         return {}
     return {k: float(v) for k, v in (item.rsplit(":", 1) for item in text.split(";"))}
 
 
+@styled
 def fig_memory(cases: pd.DataFrame) -> Figure | None:
     """4. Peak memory per device for each strategy (device imbalance shows as uneven bars)."""
     reps = representatives(cases)
-    groups = _by_workload(reps)
+    groups = by_workload(reps)
     if not groups:
         return None
     most = max(len(g) for _, g in groups)
-    fig, axes = _facets(len(groups), width=max(5.2, 0.75 * most + 1.5))
+    fig, axes = facets(len(groups), width=max(5.2, 0.75 * most + 1.5))
     for ax, (key, g) in zip(axes, groups, strict=True):
         labels, peaks = [], g.loc[g.status == "ok", "peak_mem_mib_max"]
         fail_h = 0.25 * peaks.max() if peaks.notna().any() else 1.0
@@ -82,13 +92,14 @@ def _device_color(dev: str) -> str:
 
 
 def _order(col: pd.Series) -> pd.Series:
+    """A sort key: strategies in ``strategy_order``, any other column as it is."""
     if col.name != "strategy":
         return col
     order = strategy_order(col)
     return col.map(order.index)
 
 
-def _pick(cases: pd.DataFrame, have: set) -> pd.DataFrame:
+def _pick(cases: pd.DataFrame, have: set[str]) -> pd.DataFrame:
     """The cases to draw over time: per strategy, the fastest at the largest image size."""
     ok = cases[(cases.status == "ok") & cases.case_key.isin(have)]
     ok = ok[ok.image_size == ok.image_size.max()]
@@ -97,10 +108,12 @@ def _pick(cases: pd.DataFrame, have: set) -> pd.DataFrame:
     return best.head(MAX_CASES)
 
 
-def _first(df: pd.DataFrame, names) -> str | None:
+def _first(df: pd.DataFrame, names: Iterable[str]) -> str | None:
+    """The first of ``names`` that ``df`` has with any value."""
     return next((c for c in names if c in df.columns and df[c].notna().any()), None)
 
 
+@styled
 def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | None:
     """5. Utilisation and memory over time per device, for one case per strategy."""
     if samples is None or samples.empty:
@@ -112,10 +125,10 @@ def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | N
     if chosen.empty:
         return None
     metrics = [c for c in (u_col, m_col) if c is not None]
-    fig, axes = plt.subplots(len(metrics), len(chosen), squeeze=False, sharex="col",
-                             figsize=(4.6 * len(chosen), 2.9 * len(metrics) + 0.9))
-    for j, case in enumerate(chosen.itertuples()):
-        s = samples[samples.case_key == case.case_key]
+    fig, axes = new_figure(len(metrics), len(chosen),
+                           (4.6 * len(chosen), 2.9 * len(metrics) + 0.9), sharex="col")
+    for j, case in enumerate(records(chosen)):
+        s = samples[samples.case_key == case["case_key"]]
         t = s[t_col] - s[t_col].min()
         for i, metric in enumerate(metrics):
             ax = axes[i][j]
@@ -125,7 +138,7 @@ def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | N
                     ax.plot(d._t, d[metric], color=PALETTE[k % 10], label=f"device {dev}")
             ax.set_ylabel(metric.replace("_pct", " (%)").replace("_mib", " (MiB)"))
             if i == 0:
-                ax.set_title(f"{bar_label(case._asdict())} · {case.image_size} px", fontsize=10)
+                ax.set_title(f"{bar_label(case)} · {case['image_size']} px", fontsize=10)
             ax.legend(fontsize=7)
         axes[-1][j].set_xlabel("time since case start (s)")
     fig.suptitle("Utilisation and memory over time per device (whole case: build, warm-up, "
@@ -133,6 +146,7 @@ def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | N
     return fig
 
 
+@styled
 def fig_timeline(cases: pd.DataFrame, timeline: pd.DataFrame | None) -> Figure | None:
     """6. Measured pipeline timeline: a Gantt chart per pipelined case, bubble measured."""
     if timeline is None or timeline.empty:
@@ -142,11 +156,10 @@ def fig_timeline(cases: pd.DataFrame, timeline: pd.DataFrame | None) -> Figure |
         return None
     rows = [timeline[timeline.case_key == c] for c in chosen.case_key]
     heights = [1.2 + 0.5 * r.groupby(["rank", "stage"]).ngroups for r in rows]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(11, sum(heights) + 0.9), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
-    for ax, case, events in zip(axes[:, 0], chosen.itertuples(), rows, strict=True):
-        workload = workload_title(tuple(getattr(case, k) for k in WORKLOAD))
-        title = f"{bar_label(case._asdict())} · {workload}"
+    fig, axes = new_figure(len(rows), 1, (11, sum(heights) + 0.9), height_ratios=heights)
+    for ax, case, events in zip(axes[:, 0], records(chosen), rows, strict=True):
+        workload = workload_title(tuple(case[k] for k in WORKLOAD))
+        title = f"{bar_label(case)} · {workload}"
         draw_gantt(ax, events, title)
     fig.suptitle("Measured pipeline timeline of one traced step (after the timed steps); "
                  "numbers are micro-batches", fontsize=11)
@@ -157,7 +170,7 @@ def bubble_table(cases: pd.DataFrame, timeline: pd.DataFrame | None) -> pd.DataF
     """Measured and theoretical idle fraction of every case that has a timeline."""
     if timeline is None or timeline.empty:
         return pd.DataFrame()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key, events in timeline.groupby("case_key"):
         case = cases[cases.case_key == key].iloc[0]
         rows.append({"run": case.run_label, "case_id": case.case_id,

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import datetime
 import html
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from bench_lib.plots import GROUP, bar_label
+from bench_lib.report.figures import GROUP, bar_label, best_row, records
+
+if TYPE_CHECKING:
+    from bench_lib.report.build import Runs
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1200px;
@@ -26,12 +30,14 @@ border-left:4px solid #e0c36c}.best{font-weight:600}
 
 
 def _e(value: object) -> str:
+    """Escaped text; nothing for a missing value."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return ""
     return html.escape(str(value))
 
 
-def _num(value: object, fmt: str) -> str:
+def _num(value: Any, fmt: str) -> str:
+    """A number formatted with ``fmt``; nothing for a missing value."""
     return "" if value is None or pd.isna(value) else format(value, fmt)
 
 
@@ -45,7 +51,7 @@ def _headlines(cases: pd.DataFrame) -> str:
         if ok.empty:
             items.append(f"<li>{head}no case ran</li>")
             continue
-        best = ok.loc[ok.throughput_img_s.idxmax()]
+        best = best_row(ok, "throughput_img_s")
         speed = best.speedup_vs_single
         items.append(
             f"<li>{head}<span class=best>{_e(bar_label(best))}</span> "
@@ -55,7 +61,9 @@ def _headlines(cases: pd.DataFrame) -> str:
     return "<ul>" + "".join(items) + "</ul>"
 
 
-def _runs_table(envs: dict[str, dict], names: dict[str, str], cases: pd.DataFrame) -> str:
+def _runs_table(envs: dict[str, dict[str, Any]], names: dict[str, str],
+                cases: pd.DataFrame) -> str:
+    """One row per run: rig, devices, versions, and how many cases ended how."""
     rows = []
     for label, env in envs.items():
         c = cases[cases.run_label == label]
@@ -72,29 +80,32 @@ def _runs_table(envs: dict[str, dict], names: dict[str, str], cases: pd.DataFram
 
 
 def _cases_table(cases: pd.DataFrame) -> str:
-    cols = [("run", "run_label", None), ("strategy", "strategy", None),
-            ("image (px)", "image_size", None), ("batch", "batch_size", None),
-            ("split", "split_size", ".0f"), ("status", "status", None),
-            ("median step (s)", "step_time_s_median", ".4f"),
-            ("95% CI (s)", None, None), ("throughput (img/s)", "throughput_img_s", ".1f"),
-            ("speedup vs single", "speedup_vs_single", ".2f"),
-            ("peak mem max (MiB)", "peak_mem_mib_max", ".0f"), ("reason", None, None)]
+    """Every case of every run, failures hatched with their reason, then the strategy notes."""
+    # (heading, column, number format; "" for text)
+    cols: list[tuple[str, str, str]] = [
+        ("run", "run_label", ""), ("strategy", "strategy", ""),
+        ("image (px)", "image_size", ""), ("batch", "batch_size", ""),
+        ("split", "split_size", ".0f"), ("status", "status", ""),
+        ("median step (s)", "step_time_s_median", ".4f"),
+        ("95% CI (s)", "", ""), ("throughput (img/s)", "throughput_img_s", ".1f"),
+        ("speedup vs single", "speedup_vs_single", ".2f"),
+        ("peak mem max (MiB)", "peak_mem_mib_max", ".0f"), ("reason", "reason", "")]
     first = 0 if cases.run_label.nunique() > 1 else 1  # one run: no run column
     head = "".join(f"<th>{h}</th>" for h, _, _ in cols[first:])
     body = []
-    for r in cases.itertuples():
+    for r in records(cases):
         cells = []
         for _, col, fmt in cols[first:7]:
-            value = getattr(r, col)
+            value = r[col]
             cells.append(f"<td class=num>{_num(value, fmt)}</td>" if fmt else
                          f"<td{' class=status' if col == 'status' else ''}>{_e(value)}</td>")
-        ci = (f"{r.step_time_s_ci_low:.4f}–{r.step_time_s_ci_high:.4f}"
-              if pd.notna(r.step_time_s_ci_low) else "")
+        ci = (f"{r['step_time_s_ci_low']:.4f}–{r['step_time_s_ci_high']:.4f}"
+              if pd.notna(r["step_time_s_ci_low"]) else "")
         cells.append(f"<td class=num>{ci}</td>")
         for _, col, fmt in cols[8:11]:
-            cells.append(f"<td class=num>{_num(getattr(r, col), fmt)}</td>")
-        cells.append(f"<td>{_e(r.reason)}</td>")
-        cls = "" if r.status == "ok" else " class=notok"
+            cells.append(f"<td class=num>{_num(r[col], fmt)}</td>")
+        cells.append(f"<td>{_e(r['reason'])}</td>")
+        cls = "" if r["status"] == "ok" else " class=notok"
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
     notes = cases[cases.note.notna()].drop_duplicates(["strategy", "note"])
     items = "".join(f"<li><b>{_e(n.strategy)}</b>: {_e(n.note)}</li>" for n in notes.itertuples())
@@ -103,6 +114,7 @@ def _cases_table(cases: pd.DataFrame) -> str:
 
 
 def _bubble_table(table: pd.DataFrame) -> str:
+    """Measured beside theoretical idle fraction per traced case (empty: no timeline)."""
     if table.empty:
         return ""
     head = ("<tr><th>run</th><th>case</th><th>stages S</th><th>micro-batches M</th>"
@@ -116,7 +128,8 @@ def _bubble_table(table: pd.DataFrame) -> str:
     return f"<h3>Idle (bubble) fraction per pipelined case</h3><table>{head}{body}</table>"
 
 
-def _section(s: dict, extra: str) -> str:
+def _section(s: dict[str, Any], extra: str) -> str:
+    """One figure's heading and its image, or why it is absent."""
     title = f"<h2 id=fig{s['number']}>{s['number']}. {_e(s['title'])}</h2>"
     if not s["png_b64"]:
         return f"{title}<p class=missing>{_e(s['absent'])}.</p>{extra}"
@@ -126,7 +139,8 @@ def _section(s: dict, extra: str) -> str:
             f"{extra}")
 
 
-def render(runs, sections: list[dict], captions: list[str], bubbles: pd.DataFrame) -> str:
+def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
+           bubbles: pd.DataFrame) -> str:
     """The whole page."""
     labels = ", ".join(runs.names.values())
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -5,14 +5,38 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torchvision
 
-from bench_lib.results import SCHEMA_VERSION, git_info
+from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.rig import Rig, available_cores
+
+# Test-only hooks (bench_lib.run.faults): a run made with one is not a real measurement.
+TEST_FAULT_ENV = "PARABENCH_TEST_FAULT"
+INJECT_SLOWDOWN_ENV = "PARABENCH_INJECT_SLOWDOWN"
+TEST_HOOK_VARIABLES = (INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV)
+
+
+def git_info(repo: Path | None = None) -> dict[str, Any]:
+    """The git sha and dirty flag of the code that ran (None for both outside a checkout)."""
+    cwd = repo or Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": None, "dirty": None}
+    return {"sha": sha, "dirty": dirty}
 
 
 def cpu_model() -> str:
@@ -41,7 +65,7 @@ def nvidia_driver() -> str | None:
         return None
 
 
-def software_versions() -> dict:
+def software_versions() -> dict[str, Any]:
     """Versions of everything that changes what is measured."""
     cuda = torch.cuda.is_available()
     nccl = None
@@ -62,7 +86,7 @@ def software_versions() -> dict:
     }
 
 
-def hardware_fingerprint(rig: Rig) -> dict:
+def hardware_fingerprint(rig: Rig) -> dict[str, Any]:
     """What must match for two runs' absolute numbers to be comparable."""
     return {
         "rig": rig.label,
@@ -74,8 +98,9 @@ def hardware_fingerprint(rig: Rig) -> dict:
     }
 
 
-def collect(rig: Rig, profile: dict, argv: list[str], peak: dict | None = None) -> dict:
-    """Everything env.json holds; ``peak`` is the measured attainable peak (flops.py)."""
+def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
+            attainable_peak: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything env.json holds; ``attainable_peak`` is the measured FLOP peak (flops.py)."""
     env = {
         "schema_version": SCHEMA_VERSION,
         "hostname": socket.gethostname(),
@@ -89,10 +114,8 @@ def collect(rig: Rig, profile: dict, argv: list[str], peak: dict | None = None) 
         "fingerprint": hardware_fingerprint(rig),
         "profile": profile,
         "command_line": argv,
-        # Test-only fault/slowdown hooks: a run made with one is not a real measurement.
-        "test_hooks": {k: v for k, v in os.environ.items()
-                       if k in ("PARABENCH_INJECT_SLOWDOWN", "PARABENCH_TEST_FAULT") and v},
+        "test_hooks": {k: v for k, v in os.environ.items() if k in TEST_HOOK_VARIABLES and v},
     }
-    if peak is not None:
-        env["attainable_peak"] = peak
+    if attainable_peak is not None:
+        env["attainable_peak"] = attainable_peak
     return env

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bench_lib.rig import synchronize
 from bench_lib.workloads import Workload, WorkloadError, blocks, default_cuts
 
 PARTITIONS = ("tutorial", "balanced", "balanced-flops")
@@ -93,14 +94,12 @@ def _time_block(block: nn.Module, x: torch.Tensor, workload: Workload) -> float:
     times = []
     for i in range(PROFILE_REPEATS + 1):
         inp = x.detach().requires_grad_(x.is_floating_point())
-        if x.device.type == "cuda":
-            torch.cuda.synchronize(x.device)
+        synchronize([x.device])
         t0 = time.perf_counter()
         with workload.autocast(x.device):
             out = block(inp)
         out.backward(torch.ones_like(out))
-        if x.device.type == "cuda":
-            torch.cuda.synchronize(x.device)
+        synchronize([x.device])
         if i:  # the first pass warms up allocators and kernels
             times.append(time.perf_counter() - t0)
     block.zero_grad(set_to_none=True)

@@ -1,4 +1,4 @@
-"""The end-of-run summary and the progress ETA, on hand-made rows."""
+"""The end-of-run headlines and the progress ETA, on hand-made rows."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from bench_lib.progress import Progress
-from bench_lib.summary import summary_lines, tutorial_lines
+from bench_lib.report.headlines import headline_lines, tutorial_lines
+from bench_lib.run.progress import Progress
 
 
 def row(strategy, img, thr, split="", status="ok", partition=""):
@@ -22,7 +22,7 @@ def test_summary_names_best_strategy_speedup_and_best_splits():
             row("1f1b", 128, 3.3, 4, partition="tutorial:8"),
             row("1f1b", 128, 3.0, 8, partition="balanced:9"), row("dp", 128, None, "",
                                                                 "unsupported")]
-    header, line64, line128 = summary_lines(rows)
+    header, line64, line128 = headline_lines(rows)
     assert "best split" in header
     assert "ddp" in line64 and "1.25x" in line64 and "pipeline 8" in line64
     assert "1f1b s4" in line128 and "1.65x" in line128
@@ -30,14 +30,14 @@ def test_summary_names_best_strategy_speedup_and_best_splits():
 
 
 def test_summary_reports_groups_without_results_and_failures():
-    lines = summary_lines([row("single", 64, None, status="oom")])
+    lines = headline_lines([row("single", 64, None, status="oom")])
     assert "no case ran (oom)" in lines[1]
     assert "1 case(s) failed" in lines[-1]
 
 
 def test_eta_scales_remaining_estimates_by_measured_pace(monkeypatch):
     clock = iter([100.0, 130.0])  # start, then 30 s later
-    monkeypatch.setattr("bench_lib.progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("bench_lib.run.progress.time.monotonic", lambda: next(clock))
     progress = Progress([10.0, 20.0, 40.0], stream=io.StringIO())
     progress.done_estimate_s = 10.0  # the first case, estimated at 10 s, took 30 s
     assert progress.eta_s(1) == pytest.approx((20.0 + 40.0) * 3.0)

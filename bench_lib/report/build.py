@@ -3,9 +3,13 @@
     python -m bench_lib report RUN_DIR [RUN_DIR ...]
 
 Reads only files (env.json, cases.csv, steps.csv, and samples.csv / timeline.csv where
-present); it never imports the runner or touches a device. Everything is read and checked
-before anything is written, so an unusable folder writes nothing. Several runs are drawn
-side by side; the report goes into the first run's folder.
+present); it never imports torch, the runner, or touches a device. Everything is read and
+checked before anything is written, so an unusable folder writes nothing. Several runs are
+drawn side by side; the report goes into the first run's folder.
+
+No matplotlib backend is chosen, here or anywhere in ``bench_lib.report``: the figures are
+``Figure`` objects written as PNG with ``fig.savefig``, so a notebook that imports this keeps
+its backend and its rcParams.
 """
 
 from __future__ import annotations
@@ -14,15 +18,16 @@ import base64
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only: no display, no GUI toolkit
-
-from bench_lib import plots, plots_devices  # noqa: E402  (after the backend is chosen)
-from bench_lib.report_html import render  # noqa: E402
-from bench_lib.results import TIMELINE_COLUMNS, ResultsError, read_cases, read_env  # noqa: E402
+from bench_lib.report import device_figures, figures
+from bench_lib.report.html import render
+from bench_lib.results.read import read_cases, read_env
+from bench_lib.results.schema import TIMELINE_COLUMNS, ResultsError
 
 REPORT_NAME = "report.html"
 
@@ -31,7 +36,7 @@ REPORT_NAME = "report.html"
 class Runs:
     """Every compared run's files, concatenated; ``case_key`` is ``<run label>/<case id>``."""
 
-    envs: dict[str, dict]
+    envs: dict[str, dict[str, Any]]
     """Run label -> env.json. One run: its folder's name; several: A, B, ... (see names)."""
     names: dict[str, str]
     """Run label -> run folder name."""
@@ -54,15 +59,18 @@ def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
     return df
 
 
-def _keyed(df: pd.DataFrame | None, label: str) -> pd.DataFrame | None:
-    if df is None:
-        return None
+def _keyed(df: pd.DataFrame, label: str) -> pd.DataFrame:
+    """``df`` with the run's label and a ``case_key`` unique across runs."""
     return df.assign(run_label=label, case_key=label + "/" + df["case_id"].astype(str))
 
 
 def load_runs(run_dirs: list[Path]) -> Runs:
     """Read and check every run folder (raises ResultsError on an unusable one)."""
-    envs, names, cases, samples, timelines = {}, {}, [], [], []
+    envs: dict[str, dict[str, Any]] = {}
+    names: dict[str, str] = {}
+    cases: list[pd.DataFrame] = []
+    samples: list[pd.DataFrame] = []
+    timelines: list[pd.DataFrame] = []
     for i, run_dir in enumerate(run_dirs):
         if not run_dir.is_dir():
             raise ResultsError(f"{run_dir} is not a folder")
@@ -76,18 +84,22 @@ def load_runs(run_dirs: list[Path]) -> Runs:
             raise ResultsError(f"{run_dir} holds no case yet: nothing to report")
         cases.append(_keyed(run_cases, label))
         _read_optional(run_dir / "steps.csv", ["case_id", "rank", "step", "step_time_s"])
-        samples.append(_keyed(_read_optional(run_dir / "samples.csv", ["case_id", "device"]),
-                              label))
-        timelines.append(_keyed(_read_optional(run_dir / "timeline.csv", TIMELINE_COLUMNS),
-                                label))
-    samples = [s for s in samples if s is not None]
-    timelines = [t for t in timelines if t is not None]
-    return Runs(envs, names, plots.prepare(pd.concat(cases, ignore_index=True)),
-                pd.concat(samples, ignore_index=True) if samples else None,
-                pd.concat(timelines, ignore_index=True) if timelines else None)
+        sampled = _read_optional(run_dir / "samples.csv", ["case_id", "device"])
+        if sampled is not None:
+            samples.append(_keyed(sampled, label))
+        traced = _read_optional(run_dir / "timeline.csv", TIMELINE_COLUMNS)
+        if traced is not None:
+            timelines.append(_keyed(traced, label))
+    return Runs(envs, names, pd.concat(cases, ignore_index=True), _concat(samples),
+                _concat(timelines))
 
 
-def caption(label: str, env: dict, name: str | None = None) -> str:
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
+    """The runs' frames as one; None when no run has the file."""
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def caption(label: str, env: dict[str, Any], name: str | None = None) -> str:
     """One line naming the rig, devices and versions a run was measured with."""
     v, git = env.get("versions", {}), env.get("git", {})
     devices = env.get("device_names") or []
@@ -101,7 +113,7 @@ def caption(label: str, env: dict, name: str | None = None) -> str:
 
 
 # (number, file stem, title, what it needs when absent)
-FIGURES = [
+FIGURES: list[tuple[int, str, str, str]] = [
     (1, "throughput", "Throughput and step time per strategy", "no case"),
     (2, "split_tradeoff", "Split-size trade-off", "no pipelined case with a split size"),
     (3, "winner_grid", "Winning strategy per image size and split", "no case ran"),
@@ -114,26 +126,27 @@ FIGURES = [
 ]
 
 
-def draw_figures(runs: Runs) -> dict[int, object]:
+def draw_figures(runs: Runs) -> dict[int, Figure]:
     """Every figure the runs hold data for, by number (absent: nothing to draw)."""
     c = runs.cases
-    figs = {1: plots.fig_throughput(c), 2: plots.fig_split_tradeoff(c),
-            3: plots.fig_winner_grid(c), 4: plots_devices.fig_memory(c),
-            5: plots_devices.fig_samples(c, runs.samples),
-            6: plots_devices.fig_timeline(c, runs.timeline), 7: plots.fig_scaling(c)}
+    figs = {1: figures.fig_throughput(c), 2: figures.fig_split_tradeoff(c),
+            3: figures.fig_winner_grid(c), 4: device_figures.fig_memory(c),
+            5: device_figures.fig_samples(c, runs.samples),
+            6: device_figures.fig_timeline(c, runs.timeline), 7: figures.fig_scaling(c)}
     return {n: f for n, f in figs.items() if f is not None}
 
 
-def _png(fig, captions: list[str]) -> bytes:
-    """The figure as PNG bytes, with the runs' rig and versions written under it."""
-    import matplotlib.pyplot as plt
+def _png(fig: Figure, captions: list[str]) -> bytes:
+    """The figure as PNG bytes, with the runs' rig and versions written under it.
 
-    fig.text(0.01, 0.005, "\n".join(captions), fontsize=7, color="#444444", va="bottom",
-             ha="left", wrap=True)
-    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(captions), 1, 0.95))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
+    Laid out and written under the figures' style (``rc_context``): nothing global changes.
+    """
+    with matplotlib.rc_context(figures.STYLE):
+        fig.text(0.01, 0.005, "\n".join(captions), fontsize=7, color="#444444", va="bottom",
+                 ha="left", wrap=True)
+        fig.tight_layout(rect=(0, 0.03 + 0.025 * len(captions), 1, 0.95))
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
     return buf.getvalue()
 
 
@@ -142,14 +155,14 @@ def write_report(run_dirs: list[Path]) -> Path:
     runs = load_runs(run_dirs)
     captions = [caption(label, env, runs.names[label]) for label, env in runs.envs.items()]
     pngs = {n: _png(f, captions) for n, f in draw_figures(runs).items()}
-    sections = []
+    sections: list[dict[str, Any]] = []
     for number, stem, title, absent in FIGURES:
         data = pngs.get(number)
         sections.append({"number": number, "title": title, "file": f"fig{number}_{stem}.png",
                          "png_b64": base64.b64encode(data).decode() if data else None,
                          "absent": absent})
     html = render(runs, sections, captions,
-                  plots_devices.bubble_table(runs.cases, runs.timeline))
+                  device_figures.bubble_table(runs.cases, runs.timeline))
     out = run_dirs[0]
     for s in sections:
         if s["png_b64"]:

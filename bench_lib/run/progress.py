@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from bench_lib.estimate import format_duration
-from bench_lib.sweep import Case
+from bench_lib.sweep.cases import Case
+from bench_lib.sweep.estimate import format_duration
 
 
 class Progress:
     """Reports each case as it starts and ends; silent when ``quiet``."""
 
-    def __init__(self, estimates_s: list[float], quiet: bool = False, stream=None) -> None:
+    def __init__(self, estimates_s: list[float], quiet: bool = False,
+                 stream: TextIO | None = None) -> None:
         self.estimates_s = estimates_s
         self.total = len(estimates_s)
         self.quiet = quiet
@@ -54,7 +57,7 @@ class Progress:
                 f"{case.describe()} | ETA ~{format_duration(self.eta_s(index))}"
             )
 
-    def case_done(self, index: int, case: Case, row: dict) -> None:
+    def case_done(self, index: int, case: Case, row: Mapping[str, Any]) -> None:
         self.done_estimate_s += self.estimates_s[index]
         if row["status"] == "ok":
             detail = (f"{row['step_time_s_median']:.3f} s/step, "

@@ -17,14 +17,14 @@ stages r and 2*world-1-r) and splits backward into input- and weight-gradient pa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed import pipelining as pp
 
-from bench_lib.partition import choose
-from bench_lib.strategies.base import BuildContext, Strategy, Trainer, all_devices
+from bench_lib.strategies.base import BuildContext, Builder, Strategy, Trainer, all_devices
+from bench_lib.strategies.partition import choose
 from bench_lib.workloads import split_stages
 
 
@@ -41,11 +41,11 @@ class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the gradient contiguous (it is sent to the previous stage)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad.contiguous()
 
 
@@ -57,7 +57,8 @@ class _Boundary(nn.Module):
         self.body = body
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(_ContiguousGrad.apply(x)).contiguous()
+        out: torch.Tensor = self.body(_ContiguousGrad.apply(x))
+        return out.contiguous()
 
 
 class PipeliningTrainer(Trainer):
@@ -66,10 +67,11 @@ class PipeliningTrainer(Trainer):
     def __init__(self, model: nn.Module, devices: list[torch.device], ctx: BuildContext,
                  schedule_cls: type, stages_per_rank: int, style: str) -> None:
         (device,) = devices
+        self.split_size, self.num_microbatches = ctx.require_micro("pipelining", even=True)
         num_stages = ctx.world_size * stages_per_rank
         model = model.to(device)  # the balanced partition profiles the blocks on this device
         self.partition = choose(ctx.partition, model, num_stages, ctx.workload,
-                                ctx.split_size, device)
+                                ctx.stage_batch_size, device)
         stages = [_Boundary(s) for s in split_stages(model, list(self.partition.cuts))]
         self.stage_ids = stage_indices(ctx.rank, ctx.world_size, stages_per_rank, style)
         self.stages = [stages[i].to(device) for i in self.stage_ids]
@@ -77,7 +79,6 @@ class PipeliningTrainer(Trainer):
             pp.PipelineStage(stages[i], i, num_stages, device) for i in self.stage_ids
         ]
         self.owns_first, self.owns_last = 0 in self.stage_ids, num_stages - 1 in self.stage_ids
-        self.num_microbatches = ctx.workload.batch_size // ctx.split_size
         base_loss, n = ctx.workload.loss_fn(), self.num_microbatches
 
         def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -98,8 +99,8 @@ class PipeliningTrainer(Trainer):
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Run the schedule over the batch's micro-batches; returns the loss (last stage)."""
-        split = self.ctx.split_size
-        kwargs: dict = {}
+        split = self.split_size
+        kwargs: dict[str, Any] = {}
         if self.owns_first:
             kwargs["arg_mbs"] = [(mb,) for mb in x.split(split)]
         if self.owns_last:
@@ -121,13 +122,9 @@ class PipeliningTrainer(Trainer):
         return list(zip(self.stage_ids, self.stages))
 
 
-def _builder(schedule_cls: type, stages_per_rank: int, style: str) -> Callable:
+def _builder(schedule_cls: type, stages_per_rank: int, style: str) -> Builder:
     def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
         """Build this rank's stages; the process group must already be initialised."""
-        split = ctx.require_split("pipelining")
-        if ctx.workload.batch_size % split:
-            raise ValueError(f"pipelining stages need equal micro-batches: batch "
-                             f"{ctx.workload.batch_size} is not a multiple of split {split}")
         return PipeliningTrainer(model, devices, ctx, schedule_cls, stages_per_rank, style)
 
     return build

@@ -28,19 +28,23 @@ runs. On a CPU shared with other jobs, wall-clock step times swing several-fold 
 (and between cases of one run, which the speedup metric cannot cancel); the output flags a run
 whose steps spread widely as measured on a busy machine. Per-step CPU time, which contention
 barely moves, is the metric that would make the gate hold there (not recorded yet).
+
+Reads run folders through ``bench_lib.results.read``; the store of baselines by hardware is
+``bench_lib.compare.baseline``, the command's output ``bench_lib.compare.output``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from bench_lib.results import STEP_COLUMNS, ResultsError, read_cases, read_env
+from bench_lib.measure.timing import slowest_per_step
+from bench_lib.results.read import read_cases, read_env, read_steps
+from bench_lib.results.schema import ResultsError
 
 DEFAULT_THRESHOLD_PCT = 10.0
 CONFIDENCE = 0.95
@@ -48,6 +52,9 @@ RESAMPLES = 4000
 METRICS = ("auto", "step_time", "speedup")
 WORKLOAD_KEYS = ["model", "image_size", "batch_size", "precision", "loss"]
 EXIT_OK, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
+
+Samples = npt.NDArray[np.float64]
+"""One case's step times in seconds, a step's time being its slowest rank's."""
 
 
 class CompareError(ValueError):
@@ -59,10 +66,10 @@ class Run:
     """A run folder's ok cases and their per-step samples (slowest rank per step)."""
 
     path: Path
-    env: dict
-    cases: dict[str, dict]
+    env: dict[str, Any]
+    cases: dict[str, dict[str, Any]]
     """case_id -> its cases.csv row, every status."""
-    samples: dict[str, np.ndarray]
+    samples: dict[str, Samples]
     """case_id -> step times in seconds, for ok cases."""
 
     def single_of(self, case_id: str) -> str | None:
@@ -83,20 +90,28 @@ def run_dir_of(path: Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def step_samples(run_dir: Path) -> dict[str, np.ndarray]:
-    """Per case, the slowest rank's time of each timed step, from steps.csv."""
-    import pandas as pd
+def step_samples(run_dir: Path) -> dict[str, Samples]:
+    """Per case, the time of each timed step from steps.csv: the slowest rank's.
 
-    path = run_dir / "steps.csv"
+    The rule is ``bench_lib.measure.timing.slowest_per_step``, the one the runner applies;
+    ranks that timed different numbers of steps make the run unusable (``CompareError``).
+    """
     try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise CompareError(f"cannot read {path}: {e}") from None
-    missing = [c for c in STEP_COLUMNS if c not in df.columns]
-    if missing:
-        raise CompareError(f"{path} lacks columns {', '.join(missing)}")
-    per_step = df.groupby(["case_id", "step"])["step_time_s"].max()
-    return {str(cid): grp.to_numpy(dtype=float) for cid, grp in per_step.groupby(level=0)}
+        steps = read_steps(run_dir)
+    except ResultsError as e:
+        raise CompareError(str(e)) from None
+    out: dict[str, Samples] = {}
+    for case_id, case in steps.groupby("case_id", sort=True):
+        per_rank: dict[int, list[float]] = {}
+        try:
+            ordered = case.sort_values(["rank", "step"], kind="stable")
+            for rank, seconds in zip(ordered["rank"].astype(int).tolist(),
+                                     ordered["step_time_s"].astype(float).tolist(), strict=True):
+                per_rank.setdefault(rank, []).append(seconds)
+            out[str(case_id)] = np.asarray(slowest_per_step(per_rank), dtype=np.float64)
+        except (ValueError, TypeError) as e:  # unequal ranks, or a word where a number goes
+            raise CompareError(f"{run_dir / 'steps.csv'}, case {case_id}: {e}") from None
+    return out
 
 
 def load_run(path: Path) -> Run:
@@ -107,7 +122,8 @@ def load_run(path: Path) -> Run:
         df = read_cases(run_dir)
     except ResultsError as e:
         raise CompareError(str(e)) from None
-    cases = {str(r["case_id"]): r for r in df.astype(object).to_dict("records")}
+    cases = {str(r["case_id"]): {str(k): v for k, v in r.items()}
+             for r in df.astype(object).to_dict("records")}
     samples = step_samples(run_dir)
     ok = {cid: samples[cid] for cid, r in cases.items()
           if r["status"] == "ok" and len(samples.get(cid, ())) >= 2}
@@ -117,7 +133,7 @@ def load_run(path: Path) -> Run:
 # ---- statistics -------------------------------------------------------------------------
 
 
-def boot_medians(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def boot_medians(values: Samples, rng: np.random.Generator) -> Samples:
     """RESAMPLES bootstrap medians of ``values``."""
     idx = rng.integers(0, values.size, size=(RESAMPLES, values.size))
     return np.median(values[idx], axis=1)
@@ -133,7 +149,8 @@ class Change:
     ci_high: float
 
     @classmethod
-    def of(cls, metric: str, point: float, boot: np.ndarray) -> Change:
+    def of(cls, metric: str, point: float, boot: Samples) -> Change:
+        """The change ``point`` with the central CONFIDENCE interval of its bootstrap."""
         alpha = (1 - CONFIDENCE) / 2
         low, high = np.quantile(boot, [alpha, 1 - alpha])
         return cls(metric, float(point), float(low), float(high))
@@ -152,11 +169,12 @@ def changes(base: Run, cand: Run, case_id: str, seed: int = 0) -> dict[str, Chan
     rng = np.random.default_rng(seed)
     b, c = base.samples[case_id], cand.samples[case_id]
     bb, cb = boot_medians(b, rng), boot_medians(c, rng)
-    out = {"step_time": Change.of("step_time", np.median(c) / np.median(b) - 1, cb / bb - 1)}
+    out = {"step_time": Change.of("step_time", float(np.median(c) / np.median(b) - 1),
+                                  cb / bb - 1)}
     bs, cs = base.single_of(case_id), cand.single_of(case_id)
     if bs and cs and bs != case_id and bs == cs:
         b1, c1 = base.samples[bs], cand.samples[cs]
-        point = (np.median(c) / np.median(c1)) / (np.median(b) / np.median(b1)) - 1
+        point = float((np.median(c) / np.median(c1)) / (np.median(b) / np.median(b1)) - 1)
         boot = (cb / boot_medians(c1, rng)) / (bb / boot_medians(b1, rng)) - 1
         out["speedup"] = Change.of("speedup", point, boot)
     return out
@@ -234,46 +252,3 @@ def exit_code(results: list[CaseResult]) -> int:
     """1 when any case regressed or broke, else 0."""
     return EXIT_REGRESSION if any(r.verdict in ("regression", "broken")
                                   for r in results) else EXIT_OK
-
-
-# ---- the baseline store: results/baseline/<fingerprint id>/ -----------------------------
-
-
-def fingerprint_id(fingerprint: dict) -> str:
-    """A short stable id of a hardware fingerprint (the baseline's folder name)."""
-    text = json.dumps(fingerprint, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def resolve_baseline(path: Path, cand: Run, allow_different: bool) -> Path:
-    """A run folder itself, or the store's baseline recorded on the candidate's hardware."""
-    path = run_dir_of(path)
-    if (path / "env.json").exists() or (path / "cases.csv").exists():
-        return path
-    stored = sorted(p for p in path.iterdir() if (p / "env.json").is_file())
-    if not stored:
-        raise CompareError(f"{path} holds no run folder and no stored baseline (no env.json); "
-                           "record a baseline with `make baseline`")
-    want = fingerprint_id(cand.env.get("fingerprint") or {})
-    for p in stored:
-        if p.name == want:
-            return p
-    if allow_different and len(stored) == 1:
-        return stored[0]
-    raise CompareError(
-        f"no baseline for this hardware in {path}: the candidate's fingerprint is {want} "
-        f"({json.dumps(cand.env.get('fingerprint'), sort_keys=True)}); stored: "
-        f"{', '.join(p.name for p in stored)}. Record one here with `make baseline`"
-        + ("" if allow_different else ", or pass --allow-different-hardware with a run folder"))
-
-
-def save_baseline(run_dir: Path, store: Path) -> Path:
-    """Copy a run folder's env.json, cases.csv and steps.csv into the store, by fingerprint."""
-    run = load_run(run_dir)
-    dest = Path(store) / fingerprint_id(run.env.get("fingerprint") or {})
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for name in ("env.json", "cases.csv", "steps.csv"):
-        shutil.copy2(run.path / name, dest / name)
-    return dest

@@ -5,7 +5,7 @@ element-wise work are not counted, as in the usual MFU definition). The peak is 
 not looked up: a large matrix product per device in the workload's precision, on a CPU rig
 in a process pinned like a worker with its threads.
 
-    python -m bench_lib.flops RIG_JSON PRECISION[,PRECISION] N MIN_TIME_S  # peak as JSON
+    python -m bench_lib.measure.flops RIG_JSON PRECISION[,PRECISION] N MIN_TIME_S  # peak as JSON
 """
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench_lib.rig import Rig, pin_worker
-from bench_lib.workloads import Workload
+from bench_lib.rig import Rig, pin_worker, synchronize
+from bench_lib.workloads import LossFn, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPE_NAMES = {k: str(v).removeprefix("torch.") for k, v in DTYPES.items()}
@@ -33,11 +36,11 @@ PEAK_MIN_TIME_S = 0.5
 PEAK_TIMEOUT_S = 300
 
 
-def count_train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn) -> int:
+def count_train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> int:
     """FLOPs of one forward and backward pass of ``model`` on the batch ``x``."""
     with FlopCounterMode(display=False) as counter:
         loss_fn(model(x), y).backward()
-    return counter.get_total_flops()
+    return int(counter.get_total_flops())
 
 
 @functools.cache
@@ -57,14 +60,13 @@ def matmul_tflop_s(device: torch.device, dtype: torch.dtype, n: int, min_time_s:
     """Best TFLOP/s of an n x n matrix product on ``device``, over at least ``min_time_s``."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
     torch.mm(a, b)  # warm-up: kernels picked, memory allocated
-    sync(device)
+    synchronize([device])
     best, spent = float("inf"), 0.0
     while spent < min_time_s or best == float("inf"):
         t0 = time.perf_counter()
         torch.mm(a, b)
-        sync(device)
+        synchronize([device])
         dt = time.perf_counter() - t0
         best, spent = min(best, dt), spent + dt
     return 2 * n**3 / best / 1e12
@@ -84,29 +86,50 @@ def measure_here(rig: Rig, precisions: list[str], n: int | None = None,
     return peaks
 
 
+@dataclass(frozen=True)
+class AttainablePeak:
+    """The rig's attainable FLOP/s, measured once per run (env.json ``attainable_peak``)."""
+
+    tflop_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    """precision -> device index (as a string) -> TFLOP/s."""
+    matmul_n: int = 0
+    """Size n of the n x n matrix product that was timed."""
+    unsupported: str = ""
+    """Why no peak was measured (then ``tflop_s`` is empty)."""
+
+    def of_devices(self, precision: str, world: int) -> float | None:
+        """Summed peak of devices 0..world-1 in ``precision``, or None if any is unknown."""
+        per_device = self.tflop_s.get(precision, {})
+        values = [per_device.get(str(i)) for i in range(world)]
+        return sum(v for v in values if v) if values and all(values) else None
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.unsupported:
+            return {"unsupported": self.unsupported}
+        return {"tflop_s": self.tflop_s, "matmul_n": self.matmul_n, "dtype_of": DTYPE_NAMES}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> AttainablePeak:
+        if not d:
+            return cls(unsupported="not measured")
+        return cls(dict(d.get("tflop_s") or {}), int(d.get("matmul_n") or 0),
+                   str(d.get("unsupported") or ""))
+
+
 def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
-                 min_time_s: float = PEAK_MIN_TIME_S) -> dict:
+                 min_time_s: float = PEAK_MIN_TIME_S) -> AttainablePeak:
     """The rig's attainable peak, measured in a fresh process (so the caller stays unpinned)."""
     n = n or PEAK_MATMUL_N[rig.kind]
-    cmd = [sys.executable, "-m", "bench_lib.flops", json.dumps(rig.as_dict()),
+    cmd = [sys.executable, "-m", "bench_lib.measure.flops", json.dumps(rig.as_dict()),
            ",".join(precisions), str(n), str(min_time_s)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PEAK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return {"unsupported": f"peak measurement took over {PEAK_TIMEOUT_S} s"}
+        return AttainablePeak(unsupported=f"peak measurement took over {PEAK_TIMEOUT_S} s")
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
-        return {"unsupported": f"peak measurement failed: {tail}"}
-    return {"tflop_s": json.loads(proc.stdout), "matmul_n": n, "dtype_of": DTYPE_NAMES}
-
-
-def efficiency(flops_per_img: float, throughput_img_s: float,
-               peak_tflop_s: float | None) -> tuple[float, float | None]:
-    """Achieved TFLOP/s and its percentage of ``peak_tflop_s`` (None without a peak)."""
-    achieved = flops_per_img * throughput_img_s / 1e12
-    if not peak_tflop_s:
-        return achieved, None
-    return achieved, 100 * achieved / peak_tflop_s
+        return AttainablePeak(unsupported=f"peak measurement failed: {tail}")
+    return AttainablePeak(json.loads(proc.stdout), n)
 
 
 def main(argv: list[str]) -> int:

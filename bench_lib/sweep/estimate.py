@@ -7,8 +7,9 @@ progress bar corrects them with the pace it measures as the sweep goes.
 
 from __future__ import annotations
 
+from bench_lib.measure.timing import MIN_STEPS_UNDER_TIME_CAP
 from bench_lib.rig import Rig
-from bench_lib.sweep import Case
+from bench_lib.sweep.cases import Case
 
 CPU_S_PER_IMAGE_64PX = {"resnet50": 0.035, "resnet18": 0.012, "resnet-tiny": 0.004}
 # A data-centre GPU trains ResNet50 a few hundred times faster than one CPU thread.
@@ -31,10 +32,10 @@ def case_seconds(case: Case, rig: Rig) -> float:
     if case.status is not None:
         return 0.0
     step = step_seconds(case, rig)
-    settings = case.settings
-    timed = min(settings["timed_steps"] * step, max(settings["max_time_s"], 3 * step))
-    total = PROCESS_START_S + settings["warmup_steps"] * step + timed
-    return min(total, settings["case_timeout_s"])
+    m = case.measurement
+    timed = min(m.timed_steps * step, max(m.max_time_s, MIN_STEPS_UNDER_TIME_CAP * step))
+    total = PROCESS_START_S + m.warmup_steps * step + timed
+    return min(total, m.case_timeout_s)
 
 
 def format_duration(seconds: float) -> str:

@@ -1,23 +1,28 @@
-"""The end-of-run summary table: per workload, the best strategy, its speedup, best splits.
+"""The end-of-run headlines the CLI prints: per workload, the best strategy, its speedup
+over single, and the best split of each pipelined strategy.
 
     image  batch  prec  best        img/s  vs single  best split per pipelined strategy
     64     32     fp32  ddp          41.2      1.02x  pipeline 8, 1f1b 4
     128    32     fp32  1f1b         14.9      1.61x  pipeline 16, 1f1b 4
+
+Plain rows (dicts as the runner wrote them to cases.csv): no pandas, no matplotlib.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 
-def _label(row: dict) -> str:
+def _label(row: dict[str, Any]) -> str:
     """Strategy name plus what distinguishes its variants (split size, partition)."""
     part = str(row.get("partition") or "").split(":")[0]  # "balanced:9" -> "balanced"
-    return row["strategy"] + (f"[{part}]" if part not in ("", "tutorial") else "")
+    return str(row["strategy"]) + (f"[{part}]" if part not in ("", "tutorial") else "")
 
 
-def _best_splits(ok: list[dict]) -> str:
-    best: dict[str, dict] = {}
+def _best_splits(ok: list[dict[str, Any]]) -> str:
+    """``pipeline 8, 1f1b 4``: the fastest split of each pipelined strategy."""
+    best: dict[str, dict[str, Any]] = {}
     for r in ok:
         if r.get("split_size") in ("", None):
             continue
@@ -27,9 +32,9 @@ def _best_splits(ok: list[dict]) -> str:
     return ", ".join(f"{k} {r['split_size']}" for k, r in sorted(best.items())) or "-"
 
 
-def summary_lines(rows: list[dict]) -> list[str]:
-    """The summary as aligned text lines (a header, then one line per workload)."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The headlines as aligned text lines (a header, then one line per workload)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["model"], r["image_size"], r["batch_size"], r["precision"])].append(r)
     header = (f"{'model':<10} {'image':>5} {'batch':>5} {'prec':<4}  {'best':<22} "
@@ -59,11 +64,11 @@ def summary_lines(rows: list[dict]) -> list[str]:
 
 # The PyTorch model-parallel tutorial's published timings: seconds for 3 training steps of
 # ResNet50, batch 120, 128 px, one-hot MSELoss, on its (unnamed) 2-GPU machine.
-TUTORIAL_PUBLISHED_S = {("single", ""): 3.75, ("mp", ""): 4.02, ("pipeline", 20): 2.51,
-                        ("pipeline", 12): 2.43}
+TUTORIAL_PUBLISHED_S: dict[tuple[str, int | str], float] = {
+    ("single", ""): 3.75, ("mp", ""): 4.02, ("pipeline", 20): 2.51, ("pipeline", 12): 2.43}
 
 
-def tutorial_lines(rows: list[dict]) -> list[str]:
+def tutorial_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Set the tutorial's published numbers beside this run's, for 3 steps as it reports."""
     lines = []
     for (strategy, split), published in TUTORIAL_PUBLISHED_S.items():

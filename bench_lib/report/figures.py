@@ -1,60 +1,75 @@
-"""Figures of one or more runs, drawn from their files only (matplotlib, Agg backend).
+"""Figures of one or more runs, drawn from their files only: throughput, split trade-off,
+winner grid, scaling.
 
-Every function takes the cases of all compared runs as one DataFrame (``prepare`` adds the
-derived columns) and returns a Figure, or None when the runs hold nothing to draw (the
-report picks the Agg backend; a notebook keeps its own). A case
-that did not run (``skipped``, ``unsupported``, ``oom``, ``timeout``, ``error``) is drawn as
-a hatched bar labelled with its status, never left out.
+Every function takes the cases of all compared runs as one DataFrame (cases.csv rows with
+``run_label`` and ``case_key`` added by ``build.load_runs``) and returns a
+``matplotlib.figure.Figure``, or None when the runs hold nothing to draw. A case that did
+not run (``skipped``, ``unsupported``, ``oom``, ``timeout``, ``error``) is drawn as a hatched
+bar labelled with its status, never left out.
+
+Importing this module changes nothing in matplotlib: no backend is chosen and no global
+``rcParams`` are set. Figures are ``Figure`` objects, not pyplot's (``fig.savefig`` writes
+them whatever the backend, and a notebook keeps its own), drawn under ``STYLE`` in an
+``rc_context`` (``styled``).
 """
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec
+
+import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.colors import TwoSlopeNorm
+from matplotlib.axes import Axes
+from matplotlib.colors import TABLEAU_COLORS, TwoSlopeNorm, to_rgb
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 WORKLOAD = ["model", "image_size", "batch_size", "precision"]
 GROUP = ["run_label", *WORKLOAD]
 ORDER = ["single", "dp", "ddp", "fsdp", "accum", "mp", "pipeline", "gpipe", "1f1b",
          "interleaved-1f1b"]
-PALETTE = plt.get_cmap("tab10").colors
-FAILED_STYLE = {"facecolor": "#f2f2f2", "edgecolor": "#888888", "hatch": "///", "linewidth": 0.8}
-plt.rcParams.update({"figure.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
-                     "axes.grid": True, "grid.alpha": 0.3, "axes.axisbelow": True})
+PALETTE = tuple(to_rgb(c) for c in TABLEAU_COLORS.values())  # tab10
+FAILED_STYLE: dict[str, Any] = {"facecolor": "#f2f2f2", "edgecolor": "#888888", "hatch": "///",
+                                "linewidth": 0.8}
+STYLE: dict[RcKeyType, Any] = {"figure.dpi": 110, "axes.spines.top": False,
+                               "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
+                               "axes.axisbelow": True}
+"""The report's look, applied only while a figure is drawn or written (``styled``)."""
+
+P = ParamSpec("P")
 
 
-def strategy_color(name: str) -> tuple:
+def styled(draw: Callable[P, Figure | None]) -> Callable[P, Figure | None]:
+    """``draw`` run under ``STYLE`` (an ``rc_context``): the caller's rcParams stay as they are."""
+
+    @functools.wraps(draw)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Figure | None:
+        with matplotlib.rc_context(STYLE):
+            return draw(*args, **kwargs)
+
+    return wrapper
+
+
+def strategy_color(name: str) -> tuple[float, float, float]:
     """The same colour for a strategy in every figure."""
     known = ORDER.index(name) if name in ORDER else len(ORDER) + sum(map(ord, name))
     return PALETTE[known % len(PALETTE)]
 
 
-def strategy_order(names) -> list[str]:
+def strategy_order(names: Iterable[str]) -> list[str]:
     """Known strategies in a fixed order, then any others alphabetically."""
-    names = set(names)
-    return [s for s in ORDER if s in names] + sorted(names - set(ORDER))
+    present = set(names)
+    return [s for s in ORDER if s in present] + sorted(present - set(ORDER))
 
 
-def prepare(cases: pd.DataFrame) -> pd.DataFrame:
-    """Fill ``speedup_vs_single`` and ``scaling_efficiency`` (same run and workload).
-
-    Runs that recorded them keep their values; older runs get them computed the same way.
-    """
-    df = cases.copy()
-    single = (df[(df.strategy == "single") & (df.status == "ok")]
-              .groupby(GROUP)["throughput_img_s"].max().rename("single_img_s"))
-    df = df.join(single, on=GROUP)
-    speedup = df["throughput_img_s"] / df["single_img_s"]
-    efficiency = speedup / df["world_size"]
-    for col, derived in (("speedup_vs_single", speedup), ("scaling_efficiency", efficiency)):
-        recorded = pd.to_numeric(df[col], errors="coerce") if col in df else derived * np.nan
-        df[col] = recorded.fillna(derived)
-    return df.drop(columns="single_img_s")
-
-
-def workload_title(key: tuple) -> str:
+def workload_title(key: tuple[Any, ...]) -> str:
+    """``resnet50 · 128 px · batch 32 · fp32`` from a (model, image, batch, precision) key."""
     model, image, batch, precision = key
     return f"{model} · {image} px · batch {batch} · {precision}"
 
@@ -66,29 +81,49 @@ def representatives(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop_duplicates([*GROUP, "strategy"]).drop(columns=["_ok", "_tp"])
 
 
-def bar_label(row) -> str:
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows as column -> value dicts, in order."""
+    return [{str(k): v for k, v in row.items()} for row in df.to_dict("records")]
+
+
+def best_row(df: pd.DataFrame, col: str, *, lowest: bool = False) -> pd.Series:
+    """The first row with the largest (``lowest``: smallest) ``col``; missing values skipped."""
+    return df.iloc[int(df[col].argmin() if lowest else df[col].argmax())]
+
+
+def bar_label(row: pd.Series | Mapping[str, Any]) -> str:
     """The strategy, plus its split when it has one (``pipeline s8``)."""
     split = row["split_size"]
-    return row["strategy"] + (f" s{int(split)}" if pd.notna(split) and split != "" else "")
+    return str(row["strategy"]) + (f" s{int(split)}" if pd.notna(split) and split != "" else "")
 
 
-def _facets(n: int, width: float = 5.2, height: float = 3.8, max_cols: int = 3):
+def new_figure(rows: int, cols: int, figsize: tuple[float, float],
+               **subplots: Any) -> tuple[Figure, np.ndarray]:
+    """A Figure of rows x cols axes (a 2-D array), made without pyplot or its backend."""
+    fig = Figure(figsize=figsize)
+    axes = fig.subplots(rows, cols, squeeze=False, **subplots)
+    return fig, axes
+
+
+def facets(n: int, width: float = 5.2, height: float = 3.8,
+           max_cols: int = 3) -> tuple[Figure, list[Axes]]:
+    """A Figure with ``n`` panels in rows of at most ``max_cols``."""
     cols = min(n, max_cols)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows + 0.9),
-                             squeeze=False)
+    fig, axes = new_figure(rows, cols, (width * cols, height * rows + 0.9))
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n])
 
 
-def _failed_bar(ax, x: float, width: float, height: float, status: str) -> None:
+def _failed_bar(ax: Axes, x: float, width: float, height: float, status: str) -> None:
     ax.bar(x, height, width, **FAILED_STYLE)
     ax.text(x, height, status, ha="center", va="bottom", fontsize=8, color="#555555",
             rotation=90)
 
 
-def grouped_bars(ax, reps: pd.DataFrame, value: str, err: tuple | None, fmt) -> None:
+def grouped_bars(ax: Axes, reps: pd.DataFrame, value: str, err: tuple[str, str] | None,
+                 fmt: Callable[[Any], str]) -> None:
     """Bars per strategy (x), one per run within a group; failures hatched."""
     runs = sorted(reps.run_label.unique())
     strategies = strategy_order(reps.strategy)
@@ -121,17 +156,19 @@ def grouped_bars(ax, reps: pd.DataFrame, value: str, err: tuple | None, fmt) -> 
     ax.set_xticks(range(len(strategies)), labels, rotation=20, ha="right")
 
 
-def _by_workload(df: pd.DataFrame):
+def by_workload(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """(workload key, its rows) per workload, in key order."""
     return sorted(df.groupby(WORKLOAD), key=lambda kv: kv[0])
 
 
+@styled
 def fig_throughput(cases: pd.DataFrame) -> Figure | None:
     """1. Throughput per strategy (median, 95% CI error bars), step time over each bar."""
     reps = representatives(cases)
     reps = reps.assign(tp_lo=reps.batch_size / reps.step_time_s_ci_high,
                        tp_hi=reps.batch_size / reps.step_time_s_ci_low)
-    groups = _by_workload(reps)
-    fig, axes = _facets(len(groups))
+    groups = by_workload(reps)
+    fig, axes = facets(len(groups))
     for ax, (key, g) in zip(axes, groups, strict=True):
         grouped_bars(ax, g, "throughput_img_s", ("tp_lo", "tp_hi"),
                      lambda r: f"{r.step_time_s_median:.3g} s")
@@ -139,25 +176,27 @@ def fig_throughput(cases: pd.DataFrame) -> Figure | None:
         ax.set_ylabel("throughput (images/s)")
     fig.suptitle("Throughput per strategy (error bars: 95% CI of the median step; "
                  "label: median step time; pipelined: best split)", fontsize=11)
-    _legend_runs(fig, axes, cases)
+    _legend_runs(axes, cases)
     return fig
 
 
-def _legend_runs(fig, axes, cases) -> None:
+def _legend_runs(axes: list[Axes], cases: pd.DataFrame) -> None:
     if cases.run_label.nunique() > 1:
         axes[0].legend(fontsize=8, title="run", loc="upper left")
 
 
+@styled
 def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
     """2. Step time against split size per pipelined strategy, the optimum starred."""
     split = cases[cases.split_size.notna()]
     if split.empty:
         return None
-    groups = _by_workload(split)
-    fig, axes = _facets(len(groups))
+    groups = by_workload(split)
+    fig, axes = facets(len(groups))
     styles = ["-", "--", ":", "-."]
     for ax, (key, g) in zip(axes, groups, strict=True):
-        for (run, strat), line in g.groupby(["run_label", "strategy"]):
+        for (run, name), line in g.groupby(["run_label", "strategy"]):
+            strat = str(name)
             color = strategy_color(strat)
             ok = line[line.status == "ok"].sort_values("split_size")
             ls = styles[sorted(cases.run_label.unique()).index(run) % 4]
@@ -167,19 +206,20 @@ def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
                               ok.step_time_s_ci_high - ok.step_time_s_median],
                         color=color, linestyle=ls, label=label)
             if not ok.empty:
-                best = ok.loc[ok.step_time_s_median.idxmin()]
+                best = best_row(ok, "step_time_s_median", lowest=True)
                 ax.plot(best.split_size, best.step_time_s_median, marker="*", markersize=16,
                         color=color, markeredgecolor="black", zorder=5)
                 ax.annotate(f"best {int(best.split_size)}", (best.split_size,
                             best.step_time_s_median), textcoords="offset points",
                             xytext=(0, -16), ha="center", fontsize=8)
-            for r in line[line.status != "ok"].itertuples():
-                ax.plot(r.split_size, 0.04, marker="x", color="red", markersize=9,
+            for r in records(line[line.status != "ok"]):
+                ax.plot(r["split_size"], 0.04, marker="x", color="red", markersize=9,
                         transform=ax.get_xaxis_transform(), clip_on=False)
-                ax.annotate(r.status, (r.split_size, 0.04), xycoords=ax.get_xaxis_transform(),
+                ax.annotate(r["status"], (r["split_size"], 0.04),
+                            xycoords=ax.get_xaxis_transform(),
                             xytext=(4, 2), textcoords="offset points", fontsize=7, color="red")
-        base = cases[(cases.strategy == "single") & (cases.status == "ok")]
-        base = base.set_index(WORKLOAD).step_time_s_median
+        single = cases[(cases.strategy == "single") & (cases.status == "ok")]
+        base = single.set_index(WORKLOAD).step_time_s_median
         if key in base.index:
             ax.axhline(np.min(base.loc[[key]]), color="grey", linestyle="--", label="single")
         ax.set_xscale("log", base=2)
@@ -195,16 +235,18 @@ def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
 def _grid_cells(g: pd.DataFrame, col: str) -> pd.DataFrame:
     """Per (image size, column value), the fastest ok case where that value applies."""
     ok = g[g.status == "ok"]
-    cells = []
+    cells: list[dict[str, Any]] = []
     for image in sorted(g.image_size.unique()):
         for value in sorted(g[col].dropna().unique()):
             cand = ok[(ok.image_size == image) & ((ok[col] == value) | ok[col].isna())]
             if not cand.empty:
-                cells.append(cand.loc[cand.throughput_img_s.idxmax()].to_dict()
+                best = best_row(cand, "throughput_img_s")
+                cells.append({str(k): v for k, v in best.items()}
                              | {"grid_row": image, "grid_col": value})
     return pd.DataFrame(cells)
 
 
+@styled
 def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
     """3. Image size x split size (or batch size): the winning strategy and its speedup."""
     col = "split_size" if cases.split_size.notna().any() else "batch_size"
@@ -214,20 +256,21 @@ def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
     panels = [(k, c) for k, c in panels if not c.empty]
     if not panels:
         return None
-    fig, axes = _facets(len(panels), width=6.0, height=3.6, max_cols=2)
+    fig, axes = facets(len(panels), width=6.0, height=3.6, max_cols=2)
     for ax, (key, cells) in zip(axes, panels, strict=True):
         rows, cols = sorted(cells.grid_row.unique()), sorted(cells.grid_col.unique())
         speed = np.full((len(rows), len(cols)), np.nan)
-        for c in cells.itertuples():
-            speed[rows.index(c.grid_row), cols.index(c.grid_col)] = c.speedup_vs_single
+        for c in records(cells):
+            speed[rows.index(c["grid_row"]), cols.index(c["grid_col"])] = c["speedup_vs_single"]
         finite = speed[np.isfinite(speed)]
         span = max(1.05, *(abs(np.log2(finite)) if finite.size else [0]))
         norm = TwoSlopeNorm(vcenter=1.0, vmin=2 ** -span, vmax=2 ** span)
         im = ax.imshow(np.nan_to_num(speed, nan=1.0), cmap="RdYlGn", norm=norm, aspect="auto")
-        for c in cells.itertuples():
-            r, k = rows.index(c.grid_row), cols.index(c.grid_col)
-            text = c.strategy + (f" s{int(c.split_size)}" if pd.notna(c.split_size) else "")
-            sp = "no single" if pd.isna(c.speedup_vs_single) else f"{c.speedup_vs_single:.2f}x"
+        for c in records(cells):
+            r, k = rows.index(c["grid_row"]), cols.index(c["grid_col"])
+            text = bar_label(c)
+            sp = ("no single" if pd.isna(c["speedup_vs_single"])
+                  else f"{c['speedup_vs_single']:.2f}x")
             ax.text(k, r, f"{text}\n{sp}", ha="center", va="center", fontsize=8)
         _mark_best_split(ax, cases, key, keys, rows, cols, col)
         ax.set_xticks(range(len(cols)), [str(int(v)) for v in cols])
@@ -247,28 +290,31 @@ def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
     return fig
 
 
-def _mark_best_split(ax, cases, key, keys, rows, cols, col) -> None:
+def _mark_best_split(ax: Axes, cases: pd.DataFrame, key: tuple[Any, ...], keys: list[str],
+                     rows: list[Any], cols: list[Any], col: str) -> None:
+    """A black box on the best split of a pipelined strategy, per image size."""
     if col != "split_size":
         return
     g = cases[(cases[keys] == pd.Series(key, index=keys)).all(axis=1)]
     piped = g[(g.status == "ok") & g.split_size.notna()]
     for image, sel in piped.groupby("image_size"):
-        best = sel.loc[sel.throughput_img_s.idxmax()]
+        best = best_row(sel, "throughput_img_s")
         if image in rows and best.split_size in cols:
             x, y = cols.index(best.split_size), rows.index(image)
-            ax.add_patch(plt.Rectangle((x - 0.42, y - 0.42), 0.84, 0.84, fill=False,
-                                       edgecolor="black", linewidth=2))
+            ax.add_patch(Rectangle((x - 0.42, y - 0.42), 0.84, 0.84, fill=False,
+                                   edgecolor="black", linewidth=2))
             ax.text(x, y + 0.3, f"best {best.strategy} split", ha="center", fontsize=7)
 
 
+@styled
 def fig_scaling(cases: pd.DataFrame) -> Figure | None:
     """7. Scaling efficiency: speedup over single divided by the devices used."""
     reps = representatives(cases)
     reps = reps[reps.strategy != "single"]
     if reps.empty:
         return None
-    groups = _by_workload(reps)
-    fig, axes = _facets(len(groups))
+    groups = by_workload(reps)
+    fig, axes = facets(len(groups))
     for ax, (key, g) in zip(axes, groups, strict=True):
         grouped_bars(ax, g, "scaling_efficiency", None,
                      lambda r: f"{r.speedup_vs_single:.2f}x on {int(r.world_size)}")
@@ -278,5 +324,5 @@ def fig_scaling(cases: pd.DataFrame) -> Figure | None:
         ax.set_title(workload_title(key), fontsize=10)
     fig.suptitle("Scaling efficiency per strategy (label: speedup over single on N devices)",
                  fontsize=11)
-    _legend_runs(fig, axes, cases)
+    _legend_runs(axes, cases)
     return fig

@@ -1,5 +1,8 @@
-"""What ``python -m bench_lib compare`` prints and writes: a terminal table, a Markdown
-summary for a pull-request comment, and github-action-benchmark's ``customBiggerIsBetter`` JSON.
+"""What ``python -m bench_lib compare`` prints and writes: a terminal table, Markdown for a
+pull-request comment, and github-action-benchmark's ``customBiggerIsBetter`` JSON.
+
+``gate()`` is the whole command (read, judge, print, write, exit code); ``compare`` and
+``run --compare-to`` both call it. Never imports torch.
 """
 
 from __future__ import annotations
@@ -8,23 +11,27 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from bench_lib import compare as cmp
-from bench_lib.stats import bootstrap_median_ci
+from bench_lib.compare import gate as cmp
+from bench_lib.compare.baseline import resolve_baseline
+from bench_lib.measure.stats import bootstrap_median_ci
 
 HEADER = ["case", "base_ms", "cand_ms", "step_time_change_pct [95% CI]",
           "vs_single_change_pct [95% CI]", "verdict (metric)"]
 
 
 def _pct(change: cmp.Change | None) -> str:
+    """``+12.3% [+8.0%, +16.1%]``: a change and its interval."""
     if change is None:
         return "-"
     return f"{change.value:+.1%} [{change.ci_low:+.1%}, {change.ci_high:+.1%}]"
 
 
 def _ms(seconds: float | None) -> str:
+    """Seconds as milliseconds; ``-`` for none."""
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
@@ -65,7 +72,7 @@ def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[s
     return out
 
 
-def summary(results: list[cmp.CaseResult]) -> str:
+def verdict_line(results: list[cmp.CaseResult]) -> str:
     """``FAIL: 1 regression, 3 unchanged`` or ``PASS: ...``."""
     counts: dict[str, int] = {}
     for r in results:
@@ -82,10 +89,10 @@ def table(results: list[cmp.CaseResult]) -> str:
                      for row in body)
 
 
-def markdown(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
-             threshold_pct: float, diffs: list[str]) -> str:
-    """A Markdown summary suitable for a pull-request comment."""
-    lines = [f"### parabench regression gate: {summary(results)}", "",
+def markdown_text(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
+                  threshold_pct: float, diffs: list[str]) -> str:
+    """Markdown for a pull-request comment: the verdict line, the table, the notes."""
+    lines = [f"### parabench regression gate: {verdict_line(results)}", "",
              f"Baseline `{base.path.name}`, candidate `{cand.path.name}`; threshold "
              f"{threshold_pct:g}% and a {cmp.CONFIDENCE:.0%} bootstrap interval that excludes 0. "
              "Changes are + when slower.", "",
@@ -97,14 +104,14 @@ def markdown(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
     return "\n".join(lines) + "\n"
 
 
-def benchmark_json(results: list[cmp.CaseResult], cand: cmp.Run) -> list[dict]:
+def benchmark_json(results: list[cmp.CaseResult], cand: cmp.Run) -> list[dict[str, Any]]:
     """github-action-benchmark ``customBiggerIsBetter`` entries: throughput and speedup."""
-    out = []
+    out: list[dict[str, Any]] = []
     for r in results:
         if r.cand_median_s is None:
             continue
         batch = float(cand.cases[r.case_id]["batch_size"])
-        low, high = bootstrap_median_ci(cand.samples[r.case_id])
+        low, high = bootstrap_median_ci(cand.samples[r.case_id].tolist())
         value = batch / r.cand_median_s
         out.append({"name": f"{r.case_id} throughput", "unit": "img/s", "value": round(value, 3),
                     "range": f"{batch / high:.3f}..{batch / low:.3f}",
@@ -130,28 +137,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "others), step_time, or speedup")
     p.add_argument("--allow-different-hardware", action="store_true",
                    help="compare runs whose hardware fingerprints differ")
-    p.add_argument("--markdown", type=Path, help="write a Markdown summary here")
+    p.add_argument("--markdown", type=Path, help="write Markdown for a pull-request comment here")
     p.add_argument("--json", type=Path,
                    help="write github-action-benchmark customBiggerIsBetter JSON here")
 
 
-def command(args: argparse.Namespace) -> int:
-    """Run the comparison; 0 no regression, 1 regression, 2 unusable input."""
+def gate(baseline: Path, candidate: Path, *, threshold_pct: float = cmp.DEFAULT_THRESHOLD_PCT,
+         metric: str = "auto", allow_different_hardware: bool = False,
+         markdown: Path | None = None, json_path: Path | None = None) -> int:
+    """Gate ``candidate`` against ``baseline`` (a run folder, its cases.csv, or a store).
+
+    Prints the table, the notes and the verdict line, writes the Markdown and the
+    benchmark JSON where asked, and returns the exit code: 0 no regression, 1 a regression
+    or a case that broke, 2 unusable input (said on stderr; nothing is written).
+    """
     try:
-        cand = cmp.load_run(args.candidate)
-        base_dir = cmp.resolve_baseline(args.baseline, cand, args.allow_different_hardware)
+        cand = cmp.load_run(candidate)
+        base_dir = resolve_baseline(baseline, cand, allow_different_hardware)
         base = cmp.load_run(base_dir)
-        diffs = cmp.check_fingerprints(base, cand, args.allow_different_hardware)
-        results = cmp.compare_runs(base, cand, args.threshold, args.metric)
+        diffs = cmp.check_fingerprints(base, cand, allow_different_hardware)
+        results = cmp.compare_runs(base, cand, threshold_pct, metric)
     except cmp.CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return cmp.EXIT_UNUSABLE
     print(table(results))
     for n in notes(results, base, cand) + [f"different hardware: {d}" for d in diffs]:
         print(f"note: {n}")
-    print(summary(results))
-    if args.markdown:
-        args.markdown.write_text(markdown(results, base, cand, args.threshold, diffs))
-    if args.json:
-        args.json.write_text(json.dumps(benchmark_json(results, cand), indent=2) + "\n")
+    print(verdict_line(results))
+    if markdown:
+        markdown.write_text(markdown_text(results, base, cand, threshold_pct, diffs))
+    if json_path:
+        json_path.write_text(json.dumps(benchmark_json(results, cand), indent=2) + "\n")
     return cmp.exit_code(results)
+
+
+def command(args: argparse.Namespace) -> int:
+    """The ``compare`` subcommand: ``gate`` with its arguments."""
+    return gate(args.baseline, args.candidate, threshold_pct=args.threshold, metric=args.metric,
+                allow_different_hardware=args.allow_different_hardware,
+                markdown=args.markdown, json_path=args.json)

@@ -1,0 +1,62 @@
+"""The baseline store: ``results/baseline/<fingerprint id>/``, one baseline per hardware.
+
+A stored baseline is a copy of a run folder's env.json, cases.csv and steps.csv, filed under
+a short id of its hardware fingerprint (env.json's ``fingerprint``), so ``compare`` given the
+store picks the baseline measured on the candidate's hardware. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from bench_lib.compare.gate import CompareError, Run, load_run, run_dir_of
+
+STORED_FILES = ("env.json", "cases.csv", "steps.csv")
+
+
+def fingerprint_id(fingerprint: dict[str, Any]) -> str:
+    """A short stable id of a hardware fingerprint (the baseline's folder name)."""
+    text = json.dumps(fingerprint, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def resolve_baseline(path: Path, cand: Run, allow_different: bool) -> Path:
+    """A run folder itself, or the store's baseline recorded on the candidate's hardware."""
+    path = run_dir_of(path)
+    if (path / "env.json").exists() or (path / "cases.csv").exists():
+        return path
+    stored = sorted(p for p in path.iterdir() if (p / "env.json").is_file())
+    if not stored:
+        raise CompareError(f"{path} holds no run folder and no stored baseline (no env.json); "
+                           "record a baseline with `make baseline`")
+    want = fingerprint_id(cand.env.get("fingerprint") or {})
+    for p in stored:
+        if p.name == want:
+            return p
+    if allow_different and len(stored) == 1:
+        return stored[0]
+    raise CompareError(
+        f"no baseline for this hardware in {path}: the candidate's fingerprint is {want} "
+        f"({json.dumps(cand.env.get('fingerprint'), sort_keys=True)}); stored: "
+        f"{', '.join(p.name for p in stored)}. Record one here with `make baseline`"
+        + ("" if allow_different else ", or pass --allow-different-hardware with a run folder"))
+
+
+def save_baseline(run_dir: Path, store: Path) -> Path:
+    """Copy a run folder's env.json, cases.csv and steps.csv into the store, by fingerprint.
+
+    The run is read (and checked) first; an unusable one raises ``CompareError`` and
+    leaves the store as it was. Returns the baseline's folder.
+    """
+    run = load_run(run_dir)
+    dest = Path(store) / fingerprint_id(run.env.get("fingerprint") or {})
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for name in STORED_FILES:
+        shutil.copy2(run.path / name, dest / name)
+    return dest

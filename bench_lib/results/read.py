@@ -1,0 +1,124 @@
+"""Reading a run folder, checked against the schema: anything else is a ``ResultsError``.
+
+Never imports torch (pandas only where a table is returned).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench_lib.results.schema import (
+    CASE_COLUMNS,
+    NUMERIC_CASE_COLUMNS,
+    SCHEMA_VERSION,
+    STATUSES,
+    STEP_COLUMNS,
+    ResultsError,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def read_env(run_dir: Path) -> dict[str, Any]:
+    """Read env.json, refusing other schema versions."""
+    path = run_dir / "env.json"
+    if not path.is_file():
+        raise ResultsError(f"{run_dir} is not a run folder: env.json is missing")
+    try:
+        env: dict[str, Any] = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path} is not valid JSON: {e}") from None
+    version = env.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ResultsError(
+            f"{run_dir} was written with results schema version {version}; this version of "
+            f"the suite reads version {SCHEMA_VERSION} (run the sweep again to read it here)"
+        )
+    return env
+
+
+def read_cases(run_dir: Path) -> pd.DataFrame:
+    """cases.csv as a pandas DataFrame, checked against the schema."""
+    import pandas as pd
+
+    read_env(run_dir)
+    path = run_dir / "cases.csv"
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ResultsError(f"cannot read {path}: {e}") from None
+    missing = [c for c in CASE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ResultsError(
+            f"{path} lacks columns {', '.join(missing)}: not schema {SCHEMA_VERSION}"
+        )
+    _check_cases(path, df)
+    bad = sorted(set(df["status"].astype(str)) - set(STATUSES))
+    if bad:
+        raise ResultsError(f"{path} has unknown status values {bad}; valid: {', '.join(STATUSES)}")
+    return df
+
+
+def _check_cases(path: Path, df: pd.DataFrame) -> None:
+    """Refuse a truncated or hand-edited cases.csv: ragged rows, words in number columns."""
+    import pandas as pd
+
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        raise ResultsError(f"{path} ends in the middle of a row: truncated?")
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        width = len(next(reader, []))
+        for line, row in enumerate(reader, start=2):
+            if len(row) != width:
+                raise ResultsError(f"{path} line {line} has {len(row)} fields, the header "
+                                   f"{width}: truncated or hand-edited")
+    for col in NUMERIC_CASE_COLUMNS:
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = df[col][values.isna() & df[col].notna()]
+        if not bad.empty:
+            raise ResultsError(f"{path} column {col} holds {bad.iloc[0]!r} (line "
+                               f"{bad.index[0] + 2}); expected a number")
+    ok = df[df["status"] == "ok"]
+    if (pd.to_numeric(ok["step_time_s_median"]).fillna(0) <= 0).any():
+        raise ResultsError(f"{path} has an ok case without a positive step_time_s_median")
+    dupes = df["case_id"][df["case_id"].duplicated()]
+    if not dupes.empty:
+        raise ResultsError(f"{path} records case {dupes.iloc[0]!r} twice")
+
+
+def read_steps(run_dir: Path) -> pd.DataFrame:
+    """steps.csv as a DataFrame (every rank's every timed step), checked for its columns."""
+    import pandas as pd
+
+    path = run_dir / "steps.csv"
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ResultsError(f"cannot read {path}: {e}") from None
+    missing = [c for c in STEP_COLUMNS if c not in df.columns]
+    if missing:
+        raise ResultsError(f"{path} lacks columns {', '.join(missing)}")
+    return df
+
+
+def done_case_ids(run_dir: Path) -> set[str]:
+    """Case ids already recorded in a run folder (for resuming)."""
+    path = run_dir / "cases.csv"
+    if not path.exists():
+        return set()
+    with path.open(newline="") as f:
+        return {row["case_id"] for row in csv.DictReader(f) if row.get("case_id")}
+
+
+def run_dirs_in(out: Path) -> list[Path]:
+    """The run folders directly under ``out`` (a ``run --out`` target), oldest name first.
+
+    Scripts give each run a fresh ``--out`` and take the one folder found here, rather than
+    reading the run folder off the command's output.
+    """
+    return sorted(p for p in out.iterdir() if (p / "env.json").is_file()) if out.is_dir() else []

@@ -1,0 +1,201 @@
+"""Writing a run folder: its name, the folder itself, whole CSV rows appended case by case.
+
+Rows are appended whole, flushed and fsynced as each case ends, so a crash at any point
+leaves parseable files holding every finished case; a case's row in cases.csv is its commit
+point, written after its step, timeline and sample rows. ``prepare_resume`` repairs what a
+crash left behind. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import socket
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from bench_lib.results.read import done_case_ids, read_cases
+from bench_lib.results.schema import (
+    CASE_COLUMNS,
+    SAMPLE_COLUMNS,
+    STATUSES,
+    STEP_COLUMNS,
+    TIMELINE_COLUMNS,
+    ResultsError,
+)
+
+Row = Mapping[str, Any]
+
+
+def new_run_id(sha: str | None) -> str:
+    """``<UTC time>_<host>_<git sha7>``."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    host = socket.gethostname().split(".")[0] or "host"
+    return f"{now}_{host}_{(sha or 'nogit')[:7]}"
+
+
+def create_run_dir(root: Path, run_id: str) -> Path:
+    """Make a fresh run folder; two runs started in the same second get distinct folders.
+
+    A ``root`` that cannot be created is a ``ResultsError`` (a usage error: exit 2).
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsError(f"cannot create the results folder {root}: {e.strerror or e}") from None
+    for attempt in range(1000):
+        path = root / (run_id if attempt == 0 else f"{run_id}-{attempt + 1}")
+        try:
+            path.mkdir()  # atomic: exactly one concurrent run wins each name
+            return path
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise ResultsError(f"cannot create a run folder in {root}: {e.strerror or e}") from None
+    raise ResultsError(f"could not create a run folder under {root}")
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """Write JSON through a temporary file and a rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class _Appender:
+    """A CSV file that gets whole rows appended, flushed and synced one at a time."""
+
+    def __init__(self, path: Path, columns: list[str]) -> None:
+        new = not path.exists() or path.stat().st_size == 0
+        self._file: TextIO = path.open("a", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=columns, extrasaction="raise")
+        if new:
+            self._writer.writeheader()
+            self._sync()
+
+    def write(self, rows: Iterable[Row]) -> None:
+        self._writer.writerows(rows)
+        self._sync()
+
+    def _sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class RunWriter:
+    """Appends case rows and their step, timeline and sample rows to a run folder."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.run_id = run_dir.name
+        # Steps first: a case row is the commit point, written after its steps.
+        self._steps = _Appender(run_dir / "steps.csv", STEP_COLUMNS)
+        self._cases = _Appender(run_dir / "cases.csv", CASE_COLUMNS)
+        self._timeline: _Appender | None = None  # created by the first pipelined case
+        self._samples: _Appender | None = None  # created by the first sampled case
+
+    def write_case(self, row: Row, steps: Iterable[Row] = (), timeline: Iterable[Row] = (),
+                   samples: Iterable[Row] = ()) -> None:
+        """Record one case (its step, timeline and sample rows first, then the case row)."""
+        if row["status"] not in STATUSES:
+            raise ValueError(f"bad status {row['status']!r}; valid: {', '.join(STATUSES)}")
+        full = {c: "" for c in CASE_COLUMNS} | {"run_id": self.run_id} | dict(row)
+        ids = {"run_id": self.run_id, "case_id": row["case_id"]}
+        self._steps.write([ids | dict(s) for s in steps])
+        timeline, samples = list(timeline), list(samples)
+        if timeline:
+            if self._timeline is None:
+                self._timeline = _Appender(self.run_dir / "timeline.csv", TIMELINE_COLUMNS)
+            self._timeline.write([ids | dict(e) for e in timeline])
+        if samples:
+            if self._samples is None:
+                self._samples = _Appender(self.run_dir / "samples.csv", SAMPLE_COLUMNS)
+            self._samples.write([ids | dict(s) for s in samples])
+        self._cases.write([full])
+
+    def close(self) -> None:
+        self._steps.close()
+        self._cases.close()
+        if self._timeline is not None:
+            self._timeline.close()
+        if self._samples is not None:
+            self._samples.close()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """Cut a last line that a crash left without its newline."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        with path.open("r+b") as f:
+            f.truncate(cut)
+
+
+def check_resumable(run_dir: Path) -> None:
+    """Refuse a folder whose cases.csv cannot be read as this schema, before touching it.
+
+    Only a last line cut short by a crash is forgiven (``prepare_resume`` drops it); a
+    header cut short, a missing ``case_id`` column or a hand-edited file is refused.
+    """
+    path = run_dir / "cases.csv"
+    if not path.exists():
+        return  # the run died before its first case: nothing recorded, nothing to lose
+    data = path.read_bytes()
+    if b"\n" not in data:
+        raise ResultsError(f"cannot resume {run_dir}: {path} has no complete header line "
+                           "(cut short?); nothing was changed")
+    whole = data[: data.rfind(b"\n") + 1]
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp)
+        (copy / "cases.csv").write_bytes(whole)
+        (copy / "env.json").write_bytes((run_dir / "env.json").read_bytes())
+        try:
+            read_cases(copy)
+        except ResultsError as e:
+            raise ResultsError(f"cannot resume {run_dir}: {e}; nothing was changed") from None
+
+
+def prepare_resume(run_dir: Path) -> set[str]:
+    """Make an interrupted run folder consistent again; returns the recorded case ids.
+
+    A case row is the commit point of a case: step, timeline and sample rows of cases
+    without one (the case that was running when the run died) are dropped, so the rerun
+    adds them once. A folder that cannot be read as this schema is refused with a
+    ``ResultsError`` before any file is touched.
+    """
+    check_resumable(run_dir)
+    for name in ("cases.csv", "steps.csv", "timeline.csv", "samples.csv"):
+        if (run_dir / name).exists():
+            _drop_partial_last_line(run_dir / name)
+    done = done_case_ids(run_dir)
+    for name in ("steps.csv", "timeline.csv", "samples.csv"):
+        path = run_dir / name
+        if not path.exists():
+            continue
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            columns, rows = list(reader.fieldnames or []), list(reader)
+        kept = [r for r in rows if r.get("case_id") in done]
+        if len(kept) != len(rows):
+            tmp = path.with_name(f".{name}.tmp")
+            with tmp.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(kept)
+            os.replace(tmp, path)
+    return done

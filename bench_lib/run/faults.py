@@ -1,0 +1,72 @@
+"""TEST-ONLY hooks that make a case misbehave on purpose; off unless their variable is set.
+
+A run made with one records it in env.json (``test_hooks``), so it cannot pass as a real
+measurement.
+
+* ``PARABENCH_TEST_FAULT=STRATEGY:RANK:KIND`` makes that rank of that strategy's cases
+  misbehave just before timing: ``sigkill`` (dies at once), ``hang`` (sleeps forever, so its
+  peers block in a collective), ``alloc`` (keeps allocating resident memory).
+* ``PARABENCH_INJECT_SLOWDOWN=0.15`` makes every timed step do 15% more work, to demonstrate
+  the regression gate (benchmarks/regression_gate.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import torch
+
+from bench_lib.measure.environment import INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV
+from bench_lib.rig import synchronize
+
+__all__ = ["INJECT_SLOWDOWN_ENV", "TEST_FAULT_ENV", "inject_test_fault", "with_injected_slowdown"]
+FAULT_KINDS = ("sigkill", "hang", "alloc")
+MIB = 2**20
+
+
+def inject_test_fault(strategy: str, rank: int) -> None:
+    """Misbehave as ``PARABENCH_TEST_FAULT`` says, if it names this strategy and rank."""
+    fault = os.environ.get(TEST_FAULT_ENV, "")
+    if fault.count(":") != 2:
+        return
+    name, fault_rank, kind = fault.split(":")
+    if name != strategy or int(fault_rank) != rank:
+        return
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "hang":
+        while True:
+            time.sleep(1)
+    elif kind == "alloc":
+        hoard = []
+        while True:  # 64 MiB at a time, touched so that it is resident
+            hoard.append(b"\x01" * (64 * MIB))
+            time.sleep(0.01)
+    else:
+        raise ValueError(f"unknown {TEST_FAULT_ENV} kind {kind!r}; valid: {', '.join(FAULT_KINDS)}")
+
+
+def with_injected_slowdown(step: Callable[[], None],
+                           devices: list[torch.device]) -> Callable[[], None]:
+    """``step``, made to do ``PARABENCH_INJECT_SLOWDOWN`` more work when that is set.
+
+    The extra work is a busy loop on the step's own core, not a sleep: on the shared VMs
+    we measured on, a process that sleeps part of each step runs the rest faster, so a
+    planted 15% sleep showed up as only +8% to +13%.
+    """
+    fraction = float(os.environ.get(INJECT_SLOWDOWN_ENV) or 0)
+    if fraction <= 0:
+        return step
+
+    def slow_step() -> None:
+        t0 = time.perf_counter()
+        step()
+        synchronize(devices)  # extra work in proportion to the finished work, not the queued
+        end = time.perf_counter() + fraction * (time.perf_counter() - t0)
+        while time.perf_counter() < end:
+            pass
+
+    return slow_step

@@ -1,0 +1,105 @@
+"""The runner <-> worker protocol, typed on both sides.
+
+The runner writes a ``CaseSpec`` as ``spec.json`` into the case's work folder and starts
+the ranks (``python -m bench_lib.run.worker SPEC_JSON RANK``); each rank writes its
+``RankResult`` as ``rank<RANK>.json`` beside it. The runner combines the rank results (and
+what it saw itself: exit codes, timeouts, the sampler) into one ``CaseOutcome``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench_lib.results.store import write_json_atomic
+from bench_lib.rig import Rig
+from bench_lib.sweep.cases import Case
+
+TimelineRow = dict[str, Any]
+"""One timeline.csv row: rank, stage, device, microbatch, phase, start_s, end_s."""
+SampleRow = dict[str, Any]
+"""One samples.csv row: time_unix_s, device and the sampler's metrics."""
+RANK_STATUSES = ("ok", "oom", "error")
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """What every rank of a case is told: the case and the rig."""
+
+    case: Case
+    rig: Rig
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, {"case": self.case.as_dict(), "rig": self.rig.as_dict()})
+
+    @classmethod
+    def read(cls, path: Path) -> CaseSpec:
+        data = json.loads(path.read_text())
+        return cls(Case.from_dict(data["case"]), Rig.from_dict(data["rig"]))
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank measured, or why it could not."""
+
+    rank: int
+    status: str
+    """``ok``, ``oom`` or ``error`` (one of ``RANK_STATUSES``)."""
+    reason: str = ""
+    """Why the rank did not end ok."""
+    step_times_s: tuple[float, ...] = ()
+    """This rank's time of each timed step."""
+    timed_window_unix_s: tuple[float, float] | None = None
+    """Wall-clock start and end of this rank's timed window."""
+    stop_reason: str = ""
+    """What ended timing (``timing.STOP_REASONS``); every rank stops after the same step."""
+    peak_mem_mib: dict[str, float] = field(default_factory=dict)
+    """Peak memory per device label."""
+    peak_mem_reserved_mib: dict[str, float] = field(default_factory=dict)
+    """CUDA caching allocator's peak per device label (empty on CPU)."""
+    partition: str = ""
+    """The stage cut used, e.g. ``balanced:8`` (strategies that cut the model)."""
+    timeline: tuple[TimelineRow, ...] = ()
+    """The traced step's intervals on this host's monotonic clock (pipelined strategies)."""
+
+    def __post_init__(self) -> None:
+        if self.status not in RANK_STATUSES:
+            raise ValueError(f"bad rank status {self.status!r}; valid: {', '.join(RANK_STATUSES)}")
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, dataclasses.asdict(self))
+
+    @classmethod
+    def read(cls, path: Path) -> RankResult:
+        d = json.loads(path.read_text())
+        window = d.get("timed_window_unix_s")
+        return cls(**(d | {"step_times_s": tuple(d.get("step_times_s", ())),
+                           "timed_window_unix_s": tuple(window) if window else None,
+                           "timeline": tuple(d.get("timeline", ()))}))
+
+
+@dataclass
+class CaseOutcome:
+    """What happened to one case, all ranks combined: the runner's view."""
+
+    status: str
+    reason: str = ""
+    step_times_s: list[float] = field(default_factory=list)
+    """Per timed step, the slowest rank's time (``timing.slowest_per_step``)."""
+    rank_step_times_s: dict[int, list[float]] = field(default_factory=dict)
+    peak_mem_mib: dict[str, float] = field(default_factory=dict)
+    peak_mem_reserved_mib: dict[str, float] = field(default_factory=dict)
+    """CUDA caching allocator's peak reservation per device (empty on CPU)."""
+    timed_window_unix_s: tuple[float, float] | None = None
+    """Wall-clock start and end of the timed window, over all ranks."""
+    stop_reason: str = ""
+    partition: str = ""
+    """The stage cut the ranks used (strategies that cut the model)."""
+    timeline: list[TimelineRow] = field(default_factory=list)
+    """Pipeline timeline rows of the traced step, every rank's on one time axis."""
+    samples: list[SampleRow] = field(default_factory=list)
+    """The sampler's rows over the whole case."""
+    wall_time_s: float = 0.0

@@ -1,0 +1,250 @@
+"""Isolated execution of cases: fresh worker process(es) per case, with a timeout.
+
+Every process of a case shares one process group of its own, so a crash, hang or OOM
+ends that case alone: on timeout or on a dead rank the whole group is killed, and the
+case still yields exactly one row.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import psutil
+
+from bench_lib.measure.flops import AttainablePeak
+from bench_lib.measure.sampler import NvmlSource, ProcessSource, RaplSource, Sampler, Source
+from bench_lib.measure.timing import slowest_per_step
+from bench_lib.measure.trace import align
+from bench_lib.results.store import RunWriter
+from bench_lib.rig import Rig
+from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult
+from bench_lib.run.rows import Row, SpeedupTable, case_row, step_rows
+from bench_lib.sweep.cases import Case
+
+POLL_S = 0.1
+MIB = 2**20
+# After one rank dies, its peers get this long to notice and exit before the group is killed.
+PEER_GRACE_S = 10.0
+LOG_TAIL_CHARS = 400
+
+
+def _die_with_runner() -> None:
+    """In the child before exec: get SIGKILL if the runner dies, so no rank outlives it.
+
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere the runner's own cleanup has to do.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _launch(spec_path: Path, nproc: int, log_path: Path) -> list[subprocess.Popen[bytes]]:
+    """Start the case's ranks in one new process group (the first rank leads it)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs: list[subprocess.Popen[bytes]] = []
+    with log_path.open("ab") as log:
+        for rank in range(nproc):
+            cmd = [sys.executable, "-m", "bench_lib.run.worker", str(spec_path), str(rank)]
+            group = procs[0].pid if procs else 0  # 0: a new group led by rank 0
+            procs.append(
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 process_group=group, preexec_fn=_die_with_runner)
+            )
+    return procs
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe_exit(rank: int, code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"rank {rank} was killed by {signal.Signals(-code).name}"
+    return f"rank {rank} exited with code {code}"
+
+
+def _log_tail(log_path: Path) -> str:
+    try:
+        text = log_path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return " | ".join(text[-LOG_TAIL_CHARS:].splitlines()[-3:])
+
+
+def _rss_over_cap(procs: Sequence[subprocess.Popen[bytes]], cap_mib: float) -> str | None:
+    """Why a rank (with its children) holds more resident memory than ``cap_mib``, or None."""
+    for rank, proc in enumerate(procs):
+        try:
+            parent = psutil.Process(proc.pid)
+            rss = sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)])
+        except psutil.Error:  # exited between the poll and now
+            continue
+        if rss / MIB > cap_mib:
+            return (f"rank {rank} held {rss / MIB:.0f} MiB resident, over the "
+                    f"{cap_mib:.0f} MiB cap (--max-memory-per-device); killed")
+    return None
+
+
+def _supervise(
+    procs: Sequence[subprocess.Popen[bytes]], timeout_s: float, max_rss_mib: float = 0.0
+) -> tuple[str, str] | None:
+    """Wait for the ranks; returns (status, reason) when the runner had to stop them.
+
+    Kills the whole process group whatever happens, including on KeyboardInterrupt.
+    """
+    pgid = procs[0].pid
+    deadline = time.monotonic() + timeout_s
+    first_failure: float | None = None
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                return None
+            now = time.monotonic()
+            if now > deadline:
+                return "timeout", f"case still running after {timeout_s:g} s; killed"
+            if max_rss_mib and (reason := _rss_over_cap(procs, max_rss_mib)):
+                return "oom", reason
+            if first_failure is None and any(c not in (None, 0) for c in codes):
+                first_failure = now
+            if first_failure is not None and now - first_failure > PEER_GRACE_S:
+                return None
+            time.sleep(POLL_S)
+    finally:
+        # Kill the whole group: stuck peers, and any children the ranks started.
+        _kill_group(pgid)
+        for p in procs:
+            p.wait()
+
+
+def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]],
+             log_path: Path) -> CaseOutcome:
+    """Merge the ranks' result files into one outcome."""
+    results: dict[int, RankResult] = {}
+    for rank, proc in enumerate(procs):
+        path = case_dir / f"rank{rank}.json"
+        if not path.exists():
+            reason = _describe_exit(rank, proc.returncode) + " without a result"
+            tail = _log_tail(log_path)
+            return CaseOutcome("error", f"{reason}: {tail}" if tail else reason)
+        results[rank] = RankResult.read(path)
+    failed = [r for r in results.values() if r.status != "ok"]
+    if failed:
+        worst = next((r for r in failed if r.status == "oom"), failed[0])
+        return CaseOutcome(worst.status, f"rank {worst.rank}: {worst.reason}")
+    per_rank = {r: list(res.step_times_s) for r, res in results.items()}
+    windows = [res.timed_window_unix_s for res in results.values() if res.timed_window_unix_s]
+    return CaseOutcome(
+        "ok", step_times_s=slowest_per_step(per_rank), rank_step_times_s=per_rank,
+        peak_mem_mib={k: v for res in results.values() for k, v in res.peak_mem_mib.items()},
+        peak_mem_reserved_mib={k: v for res in results.values()
+                               for k, v in res.peak_mem_reserved_mib.items()},
+        timed_window_unix_s=((min(w[0] for w in windows), max(w[1] for w in windows))
+                             if windows else None),
+        stop_reason=results[0].stop_reason, partition=results[0].partition,
+        # One time axis for all ranks: stamps share the host's monotonic clock.
+        timeline=align([{"rank": rank, **e} for rank, res in results.items()
+                        for e in res.timeline]),
+    )
+
+
+def case_sampler(case: Case, rig: Rig, pids: Sequence[int]) -> Sampler:
+    """A sampler over the devices a case uses; device labels match peak_mem_mib's keys."""
+    sources: list[Source] = []
+    if rig.kind == "cuda":
+        try:
+            sources.append(NvmlSource(_cuda_bus_ids(case.world_size)))
+        except Exception:  # no NVML library or driver: the GPU columns stay empty
+            pass
+    else:
+        if case.process_group:
+            labels = [str(r) for r in range(len(pids))]
+        else:  # one process drives every device of the case
+            labels = ["+".join(str(i) for i in range(case.world_size))]
+        sources.append(ProcessSource(dict(zip(labels, pids))))
+        rapl = RaplSource()
+        if rapl.available:
+            sources.append(rapl)
+    return Sampler(sources, case.measurement.sample_interval_ms / 1000)
+
+
+def _cuda_bus_ids(count: int) -> dict[str, str | int]:
+    """NVML keys of CUDA devices 0..count-1: PCI bus ids, since CUDA and NVML may order
+    GPUs differently (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER)."""
+    import torch
+
+    keys: dict[str, str | int] = {}
+    for i in range(count):
+        p = torch.cuda.get_device_properties(i)
+        # Present at run time, missing from torch's type stubs.
+        domain, bus, dev = (getattr(p, f"pci_{k}_id") for k in ("domain", "bus", "device"))
+        keys[str(i)] = f"{domain:08X}:{bus:02X}:{dev:02X}.0"
+    return keys
+
+
+def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
+    """Run one case in fresh process(es) and return its outcome (never raises for the case)."""
+    case_dir = work_root / case.case_id
+    shutil.rmtree(case_dir, ignore_errors=True)
+    case_dir.mkdir(parents=True)
+    spec_path = case_dir / "spec.json"
+    CaseSpec(case, rig).write(spec_path)
+    log_path = case_dir / "worker.log"
+    start = time.monotonic()
+    procs = _launch(spec_path, case.processes, log_path)
+    # CPU workers are capped here by resident memory; GPUs by their allocator (worker.py).
+    cap = case.measurement.max_memory_per_device_mib if rig.kind == "cpu" else 0.0
+    with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
+        stopped = _supervise(procs, case.measurement.case_timeout_s, cap)
+    outcome = CaseOutcome(*stopped) if stopped else _combine(case_dir, procs, log_path)
+    outcome.samples = sampler.samples
+    outcome.wall_time_s = time.monotonic() - start
+    if outcome.status == "ok":
+        shutil.rmtree(case_dir, ignore_errors=True)
+    return outcome
+
+
+def run_sweep(
+    cases: list[Case],
+    rig: Rig,
+    writer: RunWriter,
+    on_case_done: Callable[[int, Case, Row], None] | None = None,
+    on_case_start: Callable[[int, Case], None] | None = None,
+    attainable_peak: AttainablePeak | None = None,
+) -> list[Row]:
+    """Run every case in order, writing its row as soon as it ends; returns the rows.
+
+    ``attainable_peak`` is the rig's measured FLOP peak, for the MFU columns.
+    """
+    work_root = writer.run_dir / ".work"
+    rows = []
+    speedups = SpeedupTable()
+    speedups.seed(writer.run_dir / "cases.csv")  # a resumed run's earlier `single` rows
+    for i, case in enumerate(cases):
+        if on_case_start:
+            on_case_start(i, case)
+        if case.status is not None:
+            outcome = CaseOutcome(case.status, case.reason)
+        else:
+            outcome = run_case(case, rig, work_root)
+        row = case_row(case, rig, outcome, attainable_peak)
+        speedups.fill(case, row)
+        writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
+        rows.append(row)
+        if on_case_done:
+            on_case_done(i, case, row)
+    if work_root.exists() and not any(work_root.iterdir()):
+        work_root.rmdir()
+    return rows

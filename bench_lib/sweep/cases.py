@@ -1,0 +1,239 @@
+"""Cases: the unit that is measured, expanded from a profile on a rig before anything runs.
+
+A value that no case of the sweep can use is a usage error (``UsageError``: exit 2,
+nothing written). A combination that some cases can use and others cannot becomes a
+``skipped`` case with its reason; a strategy the rig cannot run becomes ``unsupported``.
+
+Everything later stages need is resolved here, once, and carried on the ``Case``: the
+strategy's world size and process count, the note on reading it on this rig, and the
+micro-batching (split size, count, evenness).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench_lib import strategies
+from bench_lib.rig import Rig
+from bench_lib.strategies.base import Microbatching
+from bench_lib.sweep.profile import Measurement, Profile, UsageError
+
+
+@dataclass(frozen=True)
+class Case:
+    """One strategy on one workload with one split size on one rig: the unit that is measured.
+
+    Build cases with ``new_case`` (or ``expand``), which resolves the rig-dependent facts.
+    """
+
+    strategy: str
+    model: str
+    image_size: int
+    batch_size: int
+    precision: str
+    loss: str
+    micro: Microbatching | None = None
+    """Micro-batching of strategies that pipeline or accumulate; None for the others."""
+    partition: str | None = None
+    """Stage cut of strategies that cut the model (``partition.PARTITIONS``); None otherwise."""
+    channels_last: bool = False
+    """Model and inputs in channels-last memory format."""
+    compile: bool = False
+    """Modules torch.compiled in place before warm-up."""
+    sync_bn: bool = False
+    """SyncBatchNorm across ranks (data-parallel strategies only)."""
+    status: str | None = None
+    """None when the case is to run; ``skipped`` or ``unsupported`` when it is not."""
+    reason: str = ""
+    """Why the case is skipped or unsupported."""
+    world_size: int = 1
+    """Devices the case uses (the strategy's share of the rig)."""
+    process_group: bool = False
+    """True: one process per device, in a process group; False: one process drives all."""
+    note: str = ""
+    """How to read this strategy's numbers on this rig (empty where nothing differs)."""
+    measurement: Measurement = field(default_factory=Measurement, compare=False)
+    """How the case is measured (the sweep's counts, caps and limits)."""
+
+    @property
+    def split_size(self) -> int | None:
+        return None if self.micro is None else self.micro.split_size
+
+    @property
+    def num_microbatches(self) -> int | None:
+        return None if self.micro is None else self.micro.count
+
+    @property
+    def processes(self) -> int:
+        """Worker processes the case starts."""
+        return self.world_size if self.process_group else 1
+
+    @property
+    def case_id(self) -> str:
+        if self.micro is None:
+            split = "_s-"
+        elif self.micro.split_size is None:  # a count with no split: only ever skipped
+            split = f"_m{self.micro.count}"
+        else:
+            split = f"_s{self.micro.split_size}"
+        return (f"{self.strategy}_{self.model}_img{self.image_size}_b{self.batch_size}"
+                f"{split}_{self.precision}{self.option_suffix}")
+
+    @property
+    def option_suffix(self) -> str:
+        """Case-id suffix of the non-default options (empty for defaults: ids stay stable)."""
+        parts = [f"_p{self.partition}" if self.partition not in (None, "tutorial") else "",
+                 "_cl" if self.channels_last else "", "_compile" if self.compile else "",
+                 "_syncbn" if self.sync_bn else ""]
+        return "".join(parts)
+
+    @property
+    def workload_key(self) -> tuple[str, int, int, str, str]:
+        """What a speedup compares across strategies: model, image, batch, precision, loss."""
+        return (self.model, self.image_size, self.batch_size, self.precision, self.loss)
+
+    def describe(self) -> str:
+        split = "" if self.split_size is None else f" split={self.split_size}"
+        return f"{self.strategy} {self.model} img={self.image_size} batch={self.batch_size}{split}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Case:
+        micro = d.get("micro")
+        return cls(**(d | {"micro": Microbatching(**micro) if micro else None,
+                           "measurement": Measurement(**d["measurement"])}))
+
+
+def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: int,
+             precision: str = "fp32", loss: str = "ce", *, split_size: int | None = None,
+             microbatch_count: int | None = None, partition: str | None = None,
+             channels_last: bool = False, compile: bool = False, sync_bn: bool = False,
+             measurement: Measurement | None = None) -> Case:
+    """A case with its rig facts and micro-batching resolved and its status decided.
+
+    ``split_size`` or ``microbatch_count`` (a count larger than the batch has no split: the
+    case is skipped) apply to strategies that use a split; others ignore them.
+    """
+    strat = strategies.get(strategy)
+    micro = None
+    if strat.uses_split:
+        if split_size is not None:
+            micro = Microbatching.of(batch_size, split_size)
+        elif microbatch_count is not None:
+            micro = (Microbatching.of(batch_size, math.ceil(batch_size / microbatch_count))
+                     if microbatch_count <= batch_size
+                     else Microbatching(None, microbatch_count, False))
+        else:
+            raise UsageError(f"{strategy} needs a split size or a micro-batch count")
+    world = strat.num_devices(rig)
+    case = Case(
+        strategy, model, image_size, batch_size, precision, loss, micro,
+        partition=(partition or "tutorial") if strat.uses_partition else None,
+        channels_last=channels_last, compile=compile, sync_bn=sync_bn and strat.data_parallel,
+        world_size=world, process_group=strat.per_device_processes,
+        note=strat.cpu_note if rig.kind == "cpu" else "",
+        measurement=measurement or Measurement(),
+    )
+    problem = _problem(strat, rig, case)
+    return dataclasses.replace(case, status=problem[0], reason=problem[1]) if problem else case
+
+
+def _problem(strat: strategies.Strategy, rig: Rig, case: Case) -> tuple[str, str] | None:
+    """(status, reason) when the case cannot run, else None."""
+    reason = strat.unsupported_reason(rig)
+    if reason:
+        return "unsupported", reason
+    micro, batch = case.micro, case.batch_size
+    if micro is not None and micro.split_size is None:
+        return "skipped", f"{micro.count} micro-batches do not fit in batch size {batch}"
+    if micro is not None and micro.split_size is not None and micro.split_size > batch:
+        return "skipped", f"split size {micro.split_size} is larger than batch size {batch}"
+    if strat.per_device_processes and case.batch_size % case.world_size:
+        return "skipped", (f"batch size {case.batch_size} is not divisible by world size "
+                           f"{case.world_size}")
+    if strat.even_split and micro is not None and not micro.even:
+        return "skipped", (f"{strat.name} needs equal micro-batches: batch {case.batch_size} "
+                           f"is not a multiple of split {micro.split_size}")
+    if case.sync_bn and rig.kind != "cuda":
+        return "unsupported", ("torch.nn.SyncBatchNorm only runs on GPU inputs; "
+                               "a cpu rig cannot synchronise BatchNorm")
+    if case.compile and strat.compile_unsupported:
+        return "unsupported", strat.compile_unsupported
+    if case.channels_last and strat.channels_last_unsupported:
+        return "unsupported", strat.channels_last_unsupported
+    return None
+
+
+def validate(profile: Profile, rig: Rig) -> None:
+    """Raise ``UsageError`` for values that no case of the sweep can use."""
+    strats = [strategies.get(s) for s in profile.strategies]
+    if any(s.uses_split for s in strats):
+        biggest = max(profile.batch_sizes)
+        batches = ", ".join(map(str, profile.batch_sizes))
+        if not profile.split_sizes and not profile.microbatches:
+            raise UsageError("pipelined strategies need split sizes or micro-batch counts")
+        for split in profile.split_sizes:
+            if split > biggest:
+                raise UsageError(
+                    f"split size {split} is larger than every batch size ({batches}); "
+                    f"use a split size <= {biggest}"
+                )
+        for count in profile.microbatches:
+            if count > biggest:
+                raise UsageError(
+                    f"{count} micro-batches is more than every batch size ({batches}) holds; "
+                    f"use a count <= {biggest}"
+                )
+    for strat in strats:
+        if not strat.per_device_processes or strat.unsupported_reason(rig):
+            continue
+        world = strat.num_devices(rig)
+        if not any(b % world == 0 for b in profile.batch_sizes):
+            raise UsageError(
+                f"no batch size ({', '.join(map(str, profile.batch_sizes))}) is divisible by "
+                f"{strat.name}'s world size {world}; use a multiple of {world}"
+            )
+
+
+def expand(profile: Profile, rig: Rig) -> list[Case]:
+    """The sweep's cases in run order (``baselines_first``), each marked to run, skipped
+    or unsupported."""
+    validate(profile, rig)
+    cases: list[Case] = []
+    grid = itertools.product(profile.models, profile.precisions, profile.image_sizes,
+                             profile.batch_sizes, profile.strategies)
+    for model, precision, image, batch, name in grid:
+        strat = strategies.get(name)
+        micro: list[dict[str, int]] = [{}]
+        if strat.uses_split:
+            micro = ([{"split_size": s} for s in profile.split_sizes]
+                     + [{"microbatch_count": m} for m in profile.microbatches])
+        for partition in profile.partitions if strat.uses_partition else (None,):
+            for m in micro:
+                cases.append(new_case(
+                    rig, name, model, image, batch, precision, profile.loss, **m,
+                    partition=partition, channels_last=profile.channels_last,
+                    compile=profile.compile, sync_bn=profile.sync_bn,
+                    measurement=profile.measurement))
+    unique: dict[str, Case] = {}
+    for case in cases:  # a split given twice (as a size and as a count) is one case
+        unique.setdefault(case.case_id, case)
+    return baselines_first(list(unique.values()))
+
+
+def baselines_first(cases: list[Case]) -> list[Case]:
+    """The run order: each workload's ``single`` case before its other cases, else as given.
+
+    The speedup columns are filled as each row is written, against the ``single`` case of
+    the same workload measured earlier in the run: a case run before its baseline gets none.
+    """
+    first: dict[tuple[str, int, int, str, str], int] = {}
+    for i, case in enumerate(cases):
+        first.setdefault(case.workload_key, i)
+    return sorted(cases, key=lambda c: (first[c.workload_key], c.strategy != "single"))

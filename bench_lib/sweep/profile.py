@@ -1,0 +1,192 @@
+"""Profiles: a sweep declared as data (TOML parameter lists) plus how each case is measured.
+
+Precedence, stated once: CLI flags > profile file > the defaults of ``Profile`` and
+``Measurement``. A profile file, ``Profile.as_dict`` (env.json's ``profile``) and the CLI use
+the same flat keys (``Profile.keys``): grid keys and measurement keys side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench_lib import strategies
+from bench_lib.rig import Rig
+from bench_lib.strategies.partition import PARTITIONS
+from bench_lib.workloads import LOSSES, MIN_IMAGE_SIZE, MODELS, PRECISIONS
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+class UsageError(ValueError):
+    """Bad input from the user: reported with exit code 2 before anything is written."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How every case of a sweep is measured: counts, caps, limits, sampling."""
+
+    warmup_steps: int = 2
+    """Steps run and discarded before timing."""
+    timed_steps: int = 10
+    """Most steps timed per case."""
+    max_time_s: float = 60.0
+    """Timing of a case stops after this many seconds of timed steps (at least 3 steps)."""
+    case_timeout_s: float = 600.0
+    """A case still running after this many seconds is killed and recorded as ``timeout``."""
+    max_memory_per_device_mib: float = 0.0
+    """Memory cap per device in MiB (0: none); a case above it is recorded as ``oom``."""
+    ci_target_pct: float = 2.0
+    """Timing stops once the median's 95% CI half-width is under this % of it (0: off);
+    ``timed_steps`` and ``max_time_s`` stay caps."""
+    sample_interval_ms: float = 100.0
+    """Interval of the utilisation/memory/power sampler (NVML refreshes every 1/6 s to 1 s)."""
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.timed_steps < 1:
+            raise UsageError(f"warmup_steps must be >= 0 (got {self.warmup_steps}) and "
+                             f"timed_steps >= 1 (got {self.timed_steps})")
+        if self.case_timeout_s <= 0 or self.max_time_s <= 0:
+            raise UsageError(f"case_timeout_s (got {self.case_timeout_s}) and max_time_s "
+                             f"(got {self.max_time_s}) must be positive")
+        if self.max_memory_per_device_mib < 0:
+            raise UsageError("max_memory_per_device_mib must be >= 0 (0: no cap), got "
+                             f"{self.max_memory_per_device_mib}")
+        if self.ci_target_pct < 0 or self.sample_interval_ms <= 0:
+            raise UsageError(
+                f"ci_target_pct must be >= 0 (got {self.ci_target_pct}) and "
+                f"sample_interval_ms > 0 (got {self.sample_interval_ms})"
+            )
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A sweep declared as data: parameter lists whose cartesian product is the sweep."""
+
+    name: str = "custom"
+    """Profile name (file stem), recorded in env.json."""
+    description: str = ""
+    """One line saying what the profile is for."""
+    strategies: tuple[str, ...] = ("single", "dp", "ddp", "mp", "pipeline")
+    """Strategy names (keys of the strategy registry)."""
+    models: tuple[str, ...] = ("resnet50",)
+    """Model names (keys of ``workloads.MODELS``)."""
+    image_sizes: tuple[int, ...] = (128,)
+    """Square image sizes in pixels."""
+    batch_sizes: tuple[int, ...] = (32,)
+    """Global batch sizes."""
+    split_sizes: tuple[int, ...] = (8,)
+    """Micro-batch sizes for strategies that pipeline (ignored by the others)."""
+    microbatches: tuple[int, ...] = ()
+    """Micro-batch counts, another way to give splits: count m means split ceil(batch / m)."""
+    precisions: tuple[str, ...] = ("fp32",)
+    """``fp32`` and/or ``bf16``."""
+    partitions: tuple[str, ...] = ("tutorial",)
+    """Stage cuts for strategies that cut the model (``partition.PARTITIONS``)."""
+    channels_last: bool = False
+    """Train in channels-last memory format (model and inputs)."""
+    compile: bool = False
+    """torch.compile each strategy's modules (in place, before warm-up)."""
+    sync_bn: bool = False
+    """SyncBatchNorm in data-parallel strategies (ddp, fsdp); it needs GPU inputs."""
+    loss: str = "ce"
+    """``ce`` or ``mse-onehot`` (the tutorial's)."""
+    measurement: Measurement = field(default_factory=Measurement)
+    """How each case is measured (flat keys in files: ``warmup_steps``, ``timed_steps``...)."""
+
+    def __post_init__(self) -> None:
+        for name in ("image_sizes", "batch_sizes", "split_sizes", "microbatches"):
+            for v in getattr(self, name):
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise UsageError(f"{name} must hold positive integers, got {v!r}")
+        if not self.strategies:
+            raise UsageError("no strategy selected")
+        _check_names("strategy", self.strategies, sorted(strategies.REGISTRY))
+        _check_names("model", self.models, sorted(MODELS))
+        _check_names("partition", self.partitions, PARTITIONS)
+        _check_names("precision", self.precisions, PRECISIONS)
+        _check_names("loss", (self.loss,), LOSSES)
+        for size in self.image_sizes:
+            if size < MIN_IMAGE_SIZE:
+                raise UsageError(
+                    f"image size {size} is too small for ResNets (they downsample by 32); "
+                    f"use {MIN_IMAGE_SIZE} or more"
+                )
+
+    @staticmethod
+    def keys() -> tuple[str, ...]:
+        """Every flat key a profile file, env.json or a CLI override may set."""
+        return GRID_KEYS + MEASUREMENT_KEYS
+
+    def override(self, **changes: object) -> Profile:
+        """A copy with the non-None ``changes`` (flat keys) applied: the CLI's flags."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        return Profile.from_dict(self.as_dict() | given)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat keys, as in a profile file."""
+        grid = {k: getattr(self, k) for k in GRID_KEYS}
+        return grid | dataclasses.asdict(self.measurement)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        """The inverse of ``as_dict`` (lists become tuples); unknown keys are a UsageError."""
+        unknown = sorted(set(data) - set(cls.keys()))
+        if unknown:
+            raise UsageError(f"unknown key {unknown[0]!r}; valid keys: "
+                             f"{', '.join(sorted(cls.keys()))}")
+        grid: dict[str, Any] = {k: tuple(v) if k in _TUPLE_KEYS else v
+                                for k, v in data.items() if k in GRID_KEYS}
+        measurement = {k: v for k, v in data.items() if k in MEASUREMENT_KEYS}
+        return cls(**grid, measurement=Measurement(**measurement))
+
+
+def _check_names(what: str, given: tuple[str, ...], valid: list[str] | tuple[str, ...]) -> None:
+    for name in given:
+        if name not in valid:
+            raise UsageError(f"unknown {what} {name!r}; valid: {', '.join(valid)}")
+
+
+GRID_KEYS = tuple(f.name for f in dataclasses.fields(Profile) if f.name != "measurement")
+MEASUREMENT_KEYS = tuple(f.name for f in dataclasses.fields(Measurement))
+_TUPLE_KEYS = {f.name for f in dataclasses.fields(Profile) if "tuple" in str(f.type)}
+
+
+def profile_path(name_or_path: str, rig: Rig) -> Path:
+    """Resolve a profile name (``default`` picks ``default-<rig kind>``) or a file path."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise UsageError(f"profile file {path} does not exist")
+        return path
+    name = f"default-{rig.kind}" if name_or_path == "default" else name_or_path
+    path = PROFILE_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise UsageError(f"unknown profile {name_or_path!r}; valid: {', '.join(profile_names())}")
+    return path
+
+
+def profile_names() -> list[str]:
+    """Names of the profiles shipped with the library (plus ``default``)."""
+    return sorted({"default", *(p.stem for p in PROFILE_DIR.glob("*.toml"))})
+
+
+def load_profile(path: Path) -> Profile:
+    """Read a profile file; errors name the file and the offending key."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: not valid TOML: {e}") from None
+    for key, value in data.items():
+        if key in _TUPLE_KEYS and not isinstance(value, list):
+            raise UsageError(f"{path}: key {key!r} must be a list, got {value!r}")
+    data.setdefault("name", path.stem)
+    try:
+        return Profile.from_dict(data)
+    except UsageError as e:
+        raise UsageError(f"{path}: {e}") from None
+    except TypeError as e:
+        raise UsageError(f"{path}: {e}") from None

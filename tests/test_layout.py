@@ -1,0 +1,24 @@
+"""The package layout's promises: the readers of run folders never import torch."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.conftest import PYTHON, REPO
+
+TORCH_FREE = [
+    "bench_lib.report", "bench_lib.report.build", "bench_lib.report.figures",
+    "bench_lib.report.device_figures", "bench_lib.report.gantt", "bench_lib.report.html",
+    "bench_lib.report.headlines", "bench_lib.compare", "bench_lib.compare.gate",
+    "bench_lib.compare.output", "bench_lib.compare.baseline", "bench_lib.results",
+    "bench_lib.results.schema", "bench_lib.results.read", "bench_lib.results.store",
+]
+
+
+def test_report_compare_and_results_never_import_torch():
+    code = (f"import {', '.join(TORCH_FREE)}; import sys; "
+            "leaked = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
+            "assert not leaked, leaked")
+    proc = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
