@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gate the run against BASELINE (a run folder or a baseline store), "
                             "writing compare.md and compare.json; exit 1 on a regression")
     after.add_argument("--save-baseline", type=Path, metavar="STORE",
-                       help="store the run as this hardware's baseline in STORE")
+                       help="store the run as this hardware's baseline in STORE (after "
+                            "--compare-to: a run is gated against the old baseline first)")
 
     env = sub.add_parser("env", help="print the environment a run would record (JSON)")
     _add_rig_args(env)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from bench_lib import cli
-from bench_lib.results.read import read_cases
+from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.results.schema import CASE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
@@ -29,11 +29,23 @@ def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(300)
 def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
+    store = tmp_path / "store"
     proc = bench("run", "--profile", "smoke", "--strategies", "single,dp,ddp,pipeline",
-                 "--split-sizes", "2,4", *TINY, "--out", str(tmp_path))
+                 "--split-sizes", "2,4", *TINY, "--out", str(tmp_path / "out"), "--report",
+                 "--save-baseline", str(store))
     assert proc.returncode == 0, proc.stderr
-    run_dir = tmp_path / proc.stdout.strip().splitlines()[-1].split("/")[-1]
-    assert run_dir.is_dir()
+    (run_dir,) = run_dirs_in(tmp_path / "out")
+    assert proc.stdout.strip() == str(run_dir)  # the folder, for a person reading along
+    # The post-sweep actions act on the run folder the sweep wrote.
+    assert (run_dir / "report.html").is_file() and f"report: {run_dir}" in proc.stderr
+    (stored,) = store.iterdir()
+    assert f"baseline: {stored}" in proc.stderr
+    gated = bench("run", "--profile", "smoke", "--strategies", "single", *TINY,
+                  "--out", str(tmp_path / "again"), "--compare-to", str(store))
+    (again,) = run_dirs_in(tmp_path / "again")
+    assert gated.returncode in (0, 1), gated.stderr  # pass, or a (noisy) regression
+    assert "single_resnet-tiny_img32_b4_s-_fp32" in (again / "compare.md").read_text()
+    assert json.loads((again / "compare.json").read_text())
     cases = read_cases(run_dir)
     assert list(cases.columns) == CASE_COLUMNS
     by_strategy = cases.groupby("strategy")["status"].apply(list).to_dict()
@@ -137,3 +149,9 @@ def test_an_out_folder_that_cannot_be_created_is_a_usage_error(tmp_path, out):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: cannot create") and "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_baseline_command_stores_a_run_and_refuses_a_non_run(tmp_path, capsys):
+    code = cli.main(["baseline", str(tmp_path), "--store", str(tmp_path / "store")])
+    assert code == cli.EXIT_USAGE and "env.json" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
