@@ -221,11 +221,12 @@ def _print_plan(cases: list[Case], rig: Rig, estimates: list[float]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from bench_lib.measure import environment, flops
+    from bench_lib.measure.energy import IdlePower
     from bench_lib.report.headlines import headline_lines, tutorial_lines
     from bench_lib.results.read import read_env
     from bench_lib.results.store import RunWriter, create_run_dir, new_run_id, write_json_atomic
     from bench_lib.run.progress import Progress
-    from bench_lib.run.runner import run_sweep
+    from bench_lib.run.runner import measure_idle_power, run_sweep
     from bench_lib.sweep.estimate import case_seconds
 
     # Everything is validated before the run folder exists: bad input writes nothing.
@@ -237,12 +238,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume:
         run_dir = args.resume
-        peak = flops.AttainablePeak.from_dict(read_env(run_dir).get("attainable_peak"))
+        recorded = read_env(run_dir)
+        peak = flops.AttainablePeak.from_dict(recorded.get("attainable_peak"))
+        idle = IdlePower.from_dict(recorded.get("idle_power"))
     else:
         run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
-        # Measured once per run, before any case, for the MFU columns.
+        # Measured once per run, before any case: idle power first, with nothing of ours
+        # running (for net energy), then the FLOP peak (for the MFU columns).
+        idle = measure_idle_power(rig)
         peak = flops.measure_peak(rig, list(profile.precisions))
-        env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict())
+        env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
+                                  idle.as_dict())
         write_json_atomic(run_dir / "env.json", env)
     # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -252,7 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with RunWriter(run_dir) as writer:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.case_start,
-                             attainable_peak=peak)
+                             attainable_peak=peak, idle=idle)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the case that was "

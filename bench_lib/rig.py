@@ -3,6 +3,10 @@
 A ``cuda`` rig is the visible GPUs. A ``cpu`` rig is N workers of T intra-op threads,
 each worker a process pinned to its own cores, so that a "device" on a CPU-only machine
 is a real, separate compute resource and distributed strategies talk through gloo.
+
+A cpu worker of T threads holds T whole *physical* cores (with their hyper-thread siblings,
+read from sysfs): one thread per physical core, and no two workers ever share one, so a
+worker's threads never compete with another worker's for a core's execution units.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import os
 import platform
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,6 +35,108 @@ def available_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
+SYSFS_CPU = Path("/sys/devices/system/cpu")
+
+
+class PhysicalCore(NamedTuple):
+    """One physical core: its package (socket), core id and the logical CPUs we may use."""
+
+    package: int
+    core_id: int
+    cpus: tuple[int, ...]
+    """Its hyper-thread siblings that this process may run on (sorted)."""
+
+
+def _cpu_list(text: str) -> list[int]:
+    """``0-3,8,10-11`` (sysfs cpu list) -> [0, 1, 2, 3, 8, 10, 11]."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+@dataclass(frozen=True)
+class CpuTopology:
+    """The physical cores behind a set of logical CPUs (from sysfs, or assumed)."""
+
+    cores: tuple[PhysicalCore, ...]
+    """Physical cores, ordered by package then core id."""
+    source: str = "sysfs"
+    """``sysfs``, or ``assumed: <why>`` when every logical CPU is taken as its own core."""
+
+    def package_of(self, cpu: int) -> int | None:
+        """The package (socket) holding logical CPU ``cpu``, or None if unknown."""
+        return next((c.package for c in self.cores if cpu in c.cpus), None)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts that identify the hardware (part of the hardware fingerprint)."""
+        cpus = [cpu for c in self.cores for cpu in c.cpus]
+        return {
+            "packages": len({c.package for c in self.cores}),
+            "physical_cores": len(self.cores),
+            "logical_cpus": len(cpus),
+            "threads_per_core": max((len(c.cpus) for c in self.cores), default=0),
+            "source": self.source,
+        }
+
+
+def read_cpu_topology(cpus: Iterable[int] | None = None, root: Path = SYSFS_CPU) -> CpuTopology:
+    """Group logical CPUs (default: those we may use) into physical cores through sysfs.
+
+    Siblings come from ``cpuN/topology/thread_siblings_list`` (only those in ``cpus`` are
+    kept), the socket from ``physical_package_id``. Where sysfs cannot be read (not Linux,
+    a container hiding it) every CPU is assumed to be its own core, and ``source`` says so.
+    """
+    wanted = sorted(set(available_cores() if cpus is None else cpus))
+    groups: dict[tuple[int, tuple[int, ...]], int] = {}
+    try:
+        for cpu in wanted:
+            topo = root / f"cpu{cpu}" / "topology"
+            package = int((topo / "physical_package_id").read_text())
+            core_id = int((topo / "core_id").read_text())
+            siblings = tuple(_cpu_list((topo / "thread_siblings_list").read_text()))
+            groups.setdefault((package, siblings), core_id)
+    except (OSError, ValueError) as e:
+        reason = f"assumed: no sysfs topology ({type(e).__name__}); one core per logical CPU"
+        return CpuTopology(tuple(PhysicalCore(0, c, (c,)) for c in wanted), reason)
+    keep = set(wanted)
+    cores = [PhysicalCore(pkg, core_id, tuple(c for c in sib if c in keep))
+             for (pkg, sib), core_id in groups.items()]
+    return CpuTopology(tuple(sorted(cores, key=lambda c: (c.package, c.core_id, c.cpus))))
+
+
+def allot_cores(topology: CpuTopology, workers: int, threads: int) -> list[list[PhysicalCore]]:
+    """``threads`` whole physical cores for each of ``workers``, none shared.
+
+    A worker takes its cores from one package where one has enough left (the lowest such),
+    else from the packages in order. Raises ``RigError`` when there are too few cores.
+    """
+    need, have = workers * threads, len(topology.cores)
+    if need > have:
+        logical = sum(len(c.cpus) for c in topology.cores)
+        smt = f" ({logical} logical CPUs: hyper-thread siblings stay with their core)" \
+            if logical > have else ""
+        raise RigError(
+            f"a cpu rig of {workers} workers x {threads} threads needs {need} physical cores "
+            f"(one per thread, never shared between workers); this machine lets us use "
+            f"{have}{smt}. Ask for fewer --devices or --threads-per-worker"
+        )
+    free = list(topology.cores)
+    out: list[list[PhysicalCore]] = []
+    for _ in range(workers):
+        packages = sorted({c.package for c in free})
+        home = next((p for p in packages if sum(c.package == p for c in free) >= threads), None)
+        pool = [c for c in free if c.package == home] if home is not None else free
+        mine = pool[:threads]
+        out.append(mine)
+        free = [c for c in free if c not in mine]
+    return out
+
+
 @dataclass(frozen=True)
 class Rig:
     """Devices a run may use."""
@@ -41,7 +148,10 @@ class Rig:
     threads_per_worker: int = 1
     """Intra-op threads of each CPU worker (ignored on cuda rigs)."""
     cores: tuple[int, ...] = ()
-    """CPU cores the rig may use; worker i gets cores[i*T:(i+1)*T]."""
+    """Logical CPUs the rig may use, in hand-out order (siblings of a core together)."""
+    physical_cores: tuple[tuple[int, ...], ...] = ()
+    """The physical cores of ``cores`` in hand-out order, each as its logical CPUs; worker i
+    gets physical cores [i*T, (i+1)*T). Empty: each logical CPU counts as a core."""
 
     def __post_init__(self) -> None:
         if self.kind not in RIG_KINDS:
@@ -52,11 +162,18 @@ class Rig:
             if self.threads_per_worker < 1:
                 raise RigError(f"threads per worker must be >= 1, got {self.threads_per_worker}")
             need = self.num_devices * self.threads_per_worker
-            if need > len(self.cores):
+            if need > len(self.core_groups):
+                physical = " physical" if self.physical_cores else ""
                 raise RigError(
                     f"a cpu rig of {self.num_devices} workers x {self.threads_per_worker} "
-                    f"threads needs {need} cores; this machine lets us use {len(self.cores)}"
+                    f"threads needs {need}{physical} cores; this machine lets us use "
+                    f"{len(self.core_groups)}"
                 )
+
+    @property
+    def core_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The rig's physical cores as logical CPU tuples (one per CPU when unknown)."""
+        return self.physical_cores or tuple((c,) for c in self.cores)
 
     @property
     def label(self) -> str:
@@ -75,10 +192,10 @@ class Rig:
         return [self.device(i) for i in range(count or self.num_devices)]
 
     def cores_of(self, index: int) -> list[int]:
-        """CPU cores owned by worker ``index`` on a cpu rig."""
+        """Logical CPUs owned by worker ``index`` on a cpu rig: its whole physical cores."""
         self._check_index(index)
         t = self.threads_per_worker
-        return list(self.cores[index * t : (index + 1) * t])
+        return [c for core in self.core_groups[index * t : (index + 1) * t] for c in core]
 
     def device_names(self) -> list[str]:
         """Human-readable names of the devices."""
@@ -95,12 +212,15 @@ class Rig:
             "num_devices": self.num_devices,
             "threads_per_worker": self.threads_per_worker,
             "cores": list(self.cores),
+            "physical_cores": [list(c) for c in self.physical_cores],
             "label": self.label,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Rig:
-        return cls(d["kind"], d["num_devices"], d["threads_per_worker"], tuple(d["cores"]))
+        physical = tuple(tuple(c) for c in d.get("physical_cores") or ())
+        return cls(d["kind"], d["num_devices"], d["threads_per_worker"], tuple(d["cores"]),
+                   physical)
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.num_devices:
@@ -108,12 +228,14 @@ class Rig:
 
 
 def detect_rig(
-    kind: str | None = None, num_devices: int | None = None, threads: int | None = None
+    kind: str | None = None, num_devices: int | None = None, threads: int | None = None,
+    topology: CpuTopology | None = None,
 ) -> Rig:
     """Detect the rig, with optional overrides from the CLI.
 
-    Default: every visible GPU when CUDA is available; otherwise two CPU workers
-    (one on a 1-core machine) that share the available cores evenly.
+    Default: every visible GPU when CUDA is available; otherwise two CPU workers (one on a
+    machine with one physical core) that share the available physical cores evenly, one
+    thread per physical core. ``topology`` defaults to this machine's (sysfs).
     """
     if kind is None:
         kind = "cuda" if torch.cuda.is_available() else "cpu"
@@ -127,24 +249,30 @@ def detect_rig(
         return Rig("cuda", n)
     if kind != "cpu":
         raise RigError(f"unknown rig kind {kind!r}; valid: {', '.join(RIG_KINDS)}")
-    cores = available_cores()
-    n = num_devices if num_devices is not None else min(2, len(cores))
-    if n > len(cores):
-        raise RigError(f"{n} devices asked for, but this cpu rig has {len(cores)} core(s)")
-    t = threads if threads is not None else max(1, len(cores) // max(n, 1))
-    return Rig("cpu", n, t, tuple(cores))
+    topology = topology or read_cpu_topology()
+    have = len(topology.cores)
+    n = num_devices if num_devices is not None else min(2, have)
+    if n > have:
+        raise RigError(f"{n} devices asked for, but this cpu rig has {have} physical core(s)")
+    t = threads if threads is not None else max(1, have // max(n, 1))
+    workers = allot_cores(topology, n, t)
+    handed = [c for w in workers for c in w]
+    order = handed + [c for c in topology.cores if c not in handed]
+    return Rig("cpu", n, t, tuple(cpu for c in order for cpu in c.cpus),
+               tuple(c.cpus for c in order))
 
 
-def pin_worker(rig: Rig, device_indices: list[int]) -> None:
-    """Pin this process to the cores of the given CPU workers, one worker's share of threads.
+def pin_worker(rig: Rig, index: int) -> None:
+    """Pin this process to CPU worker ``index``'s cores, with that worker's thread count.
 
-    A single process that drives several CPU "devices" (``mp``, ``pipeline``) still uses
-    one worker's thread count: its stages run one after another, so only one device is
-    ever busy, as with naive model parallelism on GPUs.
+    A process that drives several CPU "devices" (``mp``, ``pipeline``) is pinned like
+    ``single``, to its first device's worker: its stages run one after another, so one
+    worker's cores is what it can use, and pinning it to more would let its one busy
+    thread migrate over cores that another case's worker would own.
     """
     if rig.kind != "cpu":
         return
-    cores = sorted({c for i in device_indices for c in rig.cores_of(i)})
+    cores = rig.cores_of(index)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(rig.threads_per_worker)
@@ -153,6 +281,48 @@ def pin_worker(rig: Rig, device_indices: list[int]) -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set once in this process; harmless
         pass
+
+
+ALLOW_TF32 = False
+"""fp32 means IEEE fp32: no TF32 in cuBLAS matmuls nor in cuDNN convolutions. (cuDNN's
+default allows TF32 on Ampere and later while cuBLAS's does not, so an fp32 case's MFU
+against an fp32 matmul peak would read far over 100%.)"""
+CUDNN_BENCHMARK = True
+"""cuDNN autotunes each convolution shape on first use (the warm-up steps pay for it)."""
+
+
+def set_math_mode() -> dict[str, Any]:
+    """Set the math flags of every measuring process (workers, the FLOP peak probe), so
+    that training and the probe compute in one mode; returns them as read back.
+
+    The legacy ``allow_tf32`` setters, not torch 2.9's ``fp32_precision`` ones: setting
+    cuDNN's through the new API leaves ``torch.backends.cudnn.allow_tf32`` unreadable
+    (torch raises on a "mix of APIs"), and TorchInductor still reads it. bf16 cases run
+    under autocast, which these flags do not change.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = ALLOW_TF32
+    torch.backends.cudnn.allow_tf32 = ALLOW_TF32
+    torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
+    return math_mode()
+
+
+def math_mode() -> dict[str, Any]:
+    """The fp32 math flags and cuDNN autotuning in effect in this process (env.json)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    mode: dict[str, Any] = {
+        "cuda_matmul_allow_tf32": bool(matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_benchmark": bool(cudnn.benchmark),
+        "cudnn_deterministic": bool(cudnn.deterministic),
+    }
+    if hasattr(matmul, "fp32_precision"):  # torch 2.9+: the same flags, as the new API reads
+        backends = {"cuda_matmul": matmul, "cudnn_conv": getattr(cudnn, "conv", None),
+                    "mkldnn_matmul": getattr(torch.backends.mkldnn, "matmul", None),
+                    "mkldnn_conv": getattr(torch.backends.mkldnn, "conv", None)}
+        mode["fp32_precision"] = {k: getattr(b, "fp32_precision", None)
+                                  for k, b in backends.items()}
+    return mode
 
 
 def synchronize(devices: Iterable[torch.device]) -> None:

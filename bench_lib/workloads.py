@@ -82,12 +82,20 @@ class Workload:
         return MODELS[self.model](self.num_classes)
 
     def make_batch(
-        self, batch_size: int, device: torch.device, seed: int = 0
+        self, batch_size: int, device: torch.device, seed: int = 0,
+        images: bool = True, targets: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Synthetic inputs and targets (class indices) for ``batch_size`` images."""
+        """Synthetic inputs and targets (class indices) for ``batch_size`` images.
+
+        ``images`` / ``targets`` False: that tensor is made empty (no image, no target), for
+        a process that never reads it (a pipeline rank without the first / last stage).
+        """
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(batch_size, 3, self.image_size, self.image_size, generator=g)
-        y = torch.randint(0, self.num_classes, (batch_size,), generator=g)
+        size = self.image_size
+        x = (torch.randn(batch_size, 3, size, size, generator=g) if images
+             else torch.empty(0, 3, size, size))
+        y = (torch.randint(0, self.num_classes, (batch_size,), generator=g) if targets
+             else torch.empty(0, dtype=torch.long))
         return x.to(device), y.to(device)
 
     def loss_fn(self) -> LossFn:

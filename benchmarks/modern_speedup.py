@@ -45,7 +45,7 @@ def stage_times(model_name: str, image: int, batch: int, splits: list[int]) -> l
     import torch
 
     cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    pin_worker(detect_rig("cpu"), [0])  # one worker's cores and threads, as a stage gets
+    pin_worker(detect_rig("cpu"), 0)  # one worker's cores and threads, as a stage gets
     torch.manual_seed(0)
     workload = Workload(model_name, image, batch)
     model = workload.build_model()

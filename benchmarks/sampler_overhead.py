@@ -41,7 +41,7 @@ def worker(args: argparse.Namespace) -> None:
     from bench_lib.workloads import Workload
 
     rig = detect_rig(args.rig)
-    pin_worker(rig, [0])
+    pin_worker(rig, 0)
     torch.manual_seed(0)
     workload = Workload(args.model, args.image_size, args.batch_size)
     trainer = strategies.get("single").build(workload.build_model(), [rig.device(0)],

@@ -39,17 +39,27 @@ def test_efficiency_hand_computed():
     assert efficiency(2e9, 500.0, None) == (pytest.approx(1.0), None)
 
 
+TINY_CONV = flops.ConvShape(1, 8, 8)
+
+
 def test_peak_is_measured_per_device_in_a_pinned_subprocess(cpu_rig):
-    peak = flops.measure_peak(cpu_rig, ["fp32"], n=128, min_time_s=0.02)
+    peak = flops.measure_peak(cpu_rig, ["fp32"], n=128, min_time_s=0.02, conv=TINY_CONV)
     assert set(peak.tflop_s["fp32"]) == {"0", "1"} and peak.matmul_n == 128
     assert all(0 < v < 100 for v in peak.tflop_s["fp32"].values())
+    for dev, best in peak.tflop_s["fp32"].items():  # the best of the GEMM and conv probes
+        figures = peak.by_probe["fp32"][dev]
+        assert set(figures) == set(flops.PROBES) and best == max(figures.values())
+        assert figures[peak.probe["fp32"][dev]] == best
     assert flops.AttainablePeak.from_dict(peak.as_dict()) == peak
-    here = flops.measure_here(cpu_rig, ["fp32"], n=64, min_time_s=0.01)
+    here = flops.measure_here(cpu_rig, ["fp32"], n=64, min_time_s=0.01, conv=TINY_CONV)
     assert all(math.isfinite(v) and v > 0 for v in here["fp32"].values())
 
 
 def _outcome(times, mem):
-    return CaseOutcome("ok", step_times_s=times, peak_mem_mib=mem, stop_reason="ci_target")
+    # The imbalance ratio is of the net figures; the gross ones carry a runtime beside them.
+    gross = {k: v + 1000 for k, v in mem.items()}
+    return CaseOutcome("ok", step_times_s=times, peak_mem_mib=gross, peak_mem_net_mib=mem,
+                       stop_reason="ci_target")
 
 
 def _columns(case, outcome, peak):

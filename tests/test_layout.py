@@ -12,6 +12,7 @@ TORCH_FREE = [
     "bench_lib.report.headlines", "bench_lib.compare", "bench_lib.compare.gate",
     "bench_lib.compare.output", "bench_lib.compare.baseline", "bench_lib.results",
     "bench_lib.results.schema", "bench_lib.results.read", "bench_lib.results.store",
+    "bench_lib.measure.bubble",  # the bubble's arithmetic, shared by the runner and the report
 ]
 
 

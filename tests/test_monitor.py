@@ -178,18 +178,20 @@ def test_window_columns_hand_computed():
 
     samples = [
         s(9.0, "0", cpu=5.0),  # before the window: ignored
-        s(10.0, "0", cpu=80.0), s(10.0, "host", energy=100.0),
+        s(10.0, "0", cpu=80.0), s(10.0, "1", cpu=50.0), s(10.0, "host", energy=100.0),
         s(11.0, "0", cpu=100.0), s(11.0, "1", cpu=60.0), s(11.0, "host", energy=130.0),
-        s(12.0, "0", cpu=90.0), s(12.0, "host", energy=160.0),
+        s(12.0, "0", cpu=90.0), s(12.0, "1", cpu=70.0), s(12.0, "host", energy=160.0),
     ]
-    out = window_columns(samples, 10.0, 12.0, images=60)
+    out = window_columns(samples, 10.0, 12.0, images=60, idle_w={"host": 10.0})
     assert out["util_pct_mean_by_device"] == "0:90.0;1:60.0"
     assert out["util_pct_mean"] == pytest.approx(75.0)
     assert out["power_w_mean"] == pytest.approx(30.0)  # (160 - 100) J over 2 s
     assert out["energy_j_per_img"] == pytest.approx(1.0)  # 30 W * 2 s / 60 images
-    assert out["energy_source"] == "rapl-host-packages"
+    assert out["energy_j_per_img_net"] == pytest.approx(20 * 2 / 60)  # (30 - 10 idle) W
+    assert out["energy_source"] == "rapl-rig-packages" and out["sampler_note"] == ""
     empty = window_columns(samples, 20.0, 21.0, images=60)
     assert empty["energy_j_per_img"] is None and empty["util_pct_mean"] is None
+    assert "under 3" in empty["sampler_note"]
 
 
 def test_samples_csv_has_empty_cells_for_missing_metrics(tmp_path):
@@ -225,8 +227,9 @@ def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path):
     from bench_lib.measure.timing import STOP_REASONS
     from bench_lib.run.rows import case_row
 
-    measurement = Measurement(warmup_steps=1, timed_steps=12, max_time_s=1e6,
-                              case_timeout_s=150, ci_target_pct=2.0, sample_interval_ms=20)
+    # Enough steps for a timed window over 1 s: shorter ones get no utilisation.
+    measurement = Measurement(warmup_steps=1, timed_steps=80, max_time_s=1e6,
+                              case_timeout_s=150, ci_target_pct=0.0, sample_interval_ms=20)
     case = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 4, measurement=measurement)
     outcome = runner.run_case(case, cpu_rig, tmp_path)
     assert outcome.status == "ok", outcome.reason
@@ -235,9 +238,11 @@ def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path):
     assert outcome.samples[0]["time_unix_s"] <= t0 < t1 <= outcome.samples[-1]["time_unix_s"]
     assert outcome.stop_reason in STOP_REASONS and outcome.stop_reason != "time_cap"
     if outcome.stop_reason == "step_cap":
-        assert len(outcome.step_times_s) == 12
+        assert len(outcome.step_times_s) == 80
     row = case_row(case, cpu_rig, outcome, AttainablePeak({"fp32": {"0": 1.0, "1": 1.0}}))
     util = row["util_pct_mean_by_device"]
-    assert util.startswith("0:") and ";1:" in util
+    assert t1 - t0 >= 1.0 and util.startswith("0:") and ";1:" in util, row["sampler_note"]
+    # 0-100 of the one core each worker holds (a little over 100 is gloo's own threads).
+    assert all(0 <= float(v.split(":")[1]) <= 150 for v in util.split(";"))
     assert row["mem_imbalance_ratio"] >= 1.0
     assert row["mfu_pct"] == pytest.approx(100 * row["achieved_tflop_s"] / 2.0)

@@ -9,7 +9,16 @@ import torch
 
 from bench_lib import cli
 from bench_lib.rig import Rig
-from bench_lib.strategies.partition import PARTITIONS, Partition, choose, min_max_cuts
+from bench_lib.strategies import partition
+from bench_lib.strategies.partition import (
+    PARTITIONS,
+    Partition,
+    choose,
+    min_max_cuts,
+    min_max_rank_cuts,
+    rank_loads,
+)
+from bench_lib.strategies.schedules import stage_indices, stage_placement
 from bench_lib.sweep.cases import expand
 from bench_lib.sweep.profile import Profile, UsageError
 from bench_lib.workloads import Workload, WorkloadError, blocks, tutorial_cut
@@ -127,3 +136,119 @@ def test_cli_rejects_an_unknown_partition(tmp_path, capsys):
     assert code == cli.EXIT_USAGE
     assert "unknown partition 'even'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+# Per-block costs like ResNet50's 18 blocks at 64 px (stem, 16 bottlenecks, head): counted
+# FLOPs in % of the total, and times (ms) measured on a 2-core CPU rig.
+RESNET50_FLOPS = [1.9, 5.7, 5.4, 5.4, 9.1, 5.4, 5.4, 5.4, 9.1, 5.4, 5.4, 5.4, 5.4, 5.4, 9.1,
+                  5.4, 5.4, 0.6]
+RESNET50_TIMES = [4.5, 6.0, 5.3, 4.9, 8.8, 4.5, 4.4, 4.5, 11.8, 7.1, 6.8, 6.5, 7.3, 5.9, 46.9,
+                  27.1, 20.6, 2.5]
+LOOP, V = [0, 1, 0, 1], [0, 1, 1, 0]  # interleaved-* and zbv on 2 ranks: rank of each stage
+
+
+def _rank_worst(costs: list[float], cuts, placement) -> float:
+    return max(rank_loads(Partition("x", tuple(cuts), tuple(costs)).stage_costs(), placement))
+
+
+def _brute_force_rank_best(costs: list[float], placement: list[int]) -> float:
+    """The least possible load of the most loaded rank, by trying every cut."""
+    return min(_rank_worst(costs, cuts, placement)
+               for cuts in itertools.combinations(range(1, len(costs)), len(placement) - 1))
+
+
+def test_stage_placement_inverts_stage_indices():
+    for world, spr, style in [(2, 1, "loop"), (2, 2, "loop"), (2, 2, "v"), (4, 2, "v")]:
+        placement = stage_placement(world, spr, style)
+        assert len(placement) == world * spr
+        for rank in range(world):
+            assert [s for s, r in enumerate(placement) if r == rank] == sorted(
+                stage_indices(rank, world, spr, style))
+    assert stage_placement(2, 2, "loop") == LOOP and stage_placement(2, 2, "v") == V
+
+
+@pytest.mark.parametrize("costs,placement,stage_cut_worst,rank_cut_worst", [
+    (RESNET50_TIMES, LOOP, 95.6, 93.7),   # the slowest-stage cut leaves rank 1 with 95.6
+    (RESNET50_FLOPS, V, 53.4, 50.6),      # ... and rank 0 of a V with 53.4 of 100
+])
+def test_interleaved_cut_balances_each_ranks_summed_stages(costs, placement, stage_cut_worst,
+                                                           rank_cut_worst):
+    by_stage = min_max_cuts(costs, len(placement))
+    assert _rank_worst(costs, by_stage, placement) == pytest.approx(stage_cut_worst)
+    cuts = min_max_rank_cuts(costs, placement)
+    assert len(cuts) == len(placement) - 1 and cuts == sorted(set(cuts))
+    assert _rank_worst(costs, cuts, placement) == pytest.approx(rank_cut_worst)
+    assert _rank_worst(costs, cuts, placement) == pytest.approx(
+        _brute_force_rank_best(costs, placement))
+
+
+def test_rank_cuts_are_optimal_on_random_costs_and_keep_a_balanced_stage_cut():
+    g = torch.Generator().manual_seed(5)
+    for _ in range(10):
+        costs = (torch.rand(10, generator=g) * 10).tolist()
+        for placement in (LOOP, V, [0, 1, 2, 0, 1, 2]):
+            cuts = min_max_rank_cuts(costs, placement)
+            assert _rank_worst(costs, cuts, placement) == pytest.approx(
+                _brute_force_rank_best(costs, placement))
+    # Where the slowest-stage cut is already rank-balanced (float rounding aside), it is kept.
+    assert min_max_rank_cuts(RESNET50_FLOPS, LOOP) == min_max_cuts(RESNET50_FLOPS, 4)
+    # One stage per rank: the same objective as the slowest stage.
+    assert min_max_rank_cuts([1, 2, 3, 4, 5], [0, 1]) == min_max_cuts([1, 2, 3, 4, 5], 2)
+
+
+def test_choose_with_a_placement_balances_ranks():
+    workload, model = _tiny()
+    p = choose("balanced-flops", model, 4, workload, 2, CPU, placement=V)
+    assert p.placement == tuple(V) and len(p.rank_costs()) == 2
+    assert max(p.rank_costs()) == pytest.approx(
+        _brute_force_rank_best(list(p.block_costs), V))
+    plain = choose("balanced-flops", model, 4, workload, 2, CPU)
+    assert plain.placement == () and plain.rank_costs() == plain.stage_costs()
+
+
+def test_profiling_goes_block_by_block_with_one_live_input(monkeypatch):
+    """Only the current block's input is alive while a block is profiled, and the stem is
+    profiled without an input gradient (its input is the image batch)."""
+    import gc
+    import weakref
+
+    seen: list[weakref.ref] = []
+    grads: list[bool] = []
+
+    def fake_flops(block, x, input_grad=True):
+        gc.collect()
+        alive = [r for r in seen if r() is not None]
+        assert alive == [], f"{len(alive)} earlier block inputs still alive"
+        seen.append(weakref.ref(x))
+        grads.append(input_grad)
+        return 1.0
+
+    monkeypatch.setattr(partition, "_block_flops", fake_flops)
+    workload, model = _tiny()
+    costs = partition.block_costs(model, workload, 2, CPU, "flops")
+    assert costs == [1.0] * len(blocks(model)) == [1.0] * len(grads)
+    assert grads == [False] + [True] * (len(grads) - 1)
+
+
+def test_the_stem_costs_less_without_an_input_gradient():
+    workload, model = _tiny()
+    stem = blocks(model)[0]
+    x, _ = workload.make_batch(2, CPU)
+    assert partition._block_flops(stem, x, input_grad=False) < partition._block_flops(stem, x)
+
+
+def test_profiling_leaves_every_block_where_it_was(monkeypatch):
+    """Each block moves to the profiling device and back: the whole model never moves."""
+    moves: list[tuple[str, str]] = []
+    real_to = torch.nn.Module.to
+
+    def spy_to(self, *args, **kwargs):
+        moves.append((type(self).__name__, str(args[0])))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", spy_to)
+    workload, model = _tiny()
+    partition.block_costs(model, workload, 2, CPU, "flops")
+    # Each block to the device, then home again; never the whole model.
+    assert moves == [(type(b).__name__, "cpu") for b in blocks(model) for _ in (0, 1)]
+    assert all(p.device == CPU for p in model.parameters())

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from bench_lib.rig import Rig, RigError, detect_rig, pin_worker
+from bench_lib.rig import Rig, RigError, detect_rig, pin_worker, read_cpu_topology
 
 
 def test_cpu_rig_defaults_and_cores():
@@ -24,8 +24,8 @@ def test_rig_labels_and_round_trip():
 
 
 def test_too_many_devices_is_refused_with_the_count():
-    n = len(os.sched_getaffinity(0))
-    with pytest.raises(RigError, match=f"this cpu rig has {n} core"):
+    n = len(read_cpu_topology().cores)  # physical cores: workers never share one
+    with pytest.raises(RigError, match=f"this cpu rig has {n} physical core"):
         detect_rig("cpu", num_devices=n + 1)
     with pytest.raises(RigError, match="needs 4 cores"):
         Rig("cpu", 2, 2, (0, 1))
@@ -43,9 +43,14 @@ def test_pin_worker_sets_affinity_and_threads():
     before = os.sched_getaffinity(0), torch.get_num_threads()
     core = min(before[0])
     try:
-        pin_worker(Rig("cpu", 1, 1, (core,)), [0])
+        pin_worker(Rig("cpu", 1, 1, (core,)), 0)
         assert os.sched_getaffinity(0) == {core}
         assert torch.get_num_threads() == 1
+        # A process driving both devices (mp, pipeline) is pinned like single: worker 0's.
+        cores = sorted(before[0])
+        if len(cores) >= 2:
+            pin_worker(Rig("cpu", 2, 1, tuple(cores[:2])), 0)
+            assert os.sched_getaffinity(0) == {cores[0]}
     finally:
         os.sched_setaffinity(0, before[0])
         torch.set_num_threads(before[1])

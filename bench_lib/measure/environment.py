@@ -14,7 +14,7 @@ import torch
 import torchvision
 
 from bench_lib.results.schema import SCHEMA_VERSION
-from bench_lib.rig import Rig, available_cores
+from bench_lib.rig import CpuTopology, Rig, available_cores, read_cpu_topology, set_math_mode
 
 # Test-only hooks (bench_lib.run.faults): a run made with one is not a real measurement.
 TEST_FAULT_ENV = "PARABENCH_TEST_FAULT"
@@ -86,9 +86,13 @@ def software_versions() -> dict[str, Any]:
     }
 
 
-def hardware_fingerprint(rig: Rig) -> dict[str, Any]:
-    """What must match for two runs' absolute numbers to be comparable."""
-    return {
+def hardware_fingerprint(rig: Rig, topology: CpuTopology | None = None) -> dict[str, Any]:
+    """What must match for two runs' absolute numbers to be comparable.
+
+    On a cpu rig that includes the topology of the rig's cores (packages, physical cores,
+    logical CPUs, threads per core): ``topology`` defaults to sysfs's.
+    """
+    fingerprint = {
         "rig": rig.label,
         "device_names": rig.device_names(),
         "cpu_model": cpu_model(),
@@ -96,11 +100,44 @@ def hardware_fingerprint(rig: Rig) -> dict[str, Any]:
         "driver": nvidia_driver() if rig.kind == "cuda" else None,
         "torch": torch.__version__,
     }
+    if rig.kind == "cpu":
+        fingerprint["cpu_topology"] = (topology or read_cpu_topology(rig.cores)).summary()
+    return fingerprint
+
+
+def cpu_topology(rig: Rig, topology: CpuTopology | None = None) -> dict[str, Any] | None:
+    """env.json ``cpu_topology``: the rig's cores as physical cores and packages, and which
+    whole physical cores each cpu worker holds (None on a cuda rig)."""
+    if rig.kind != "cpu":
+        return None
+    topo = topology or read_cpu_topology(rig.cores)
+    by_cpus = {c.cpus: c for c in topo.cores}
+    workers = []
+    for i in range(rig.num_devices):
+        t = rig.threads_per_worker
+        mine = [by_cpus.get(g) for g in rig.core_groups[i * t:(i + 1) * t]]
+        workers.append({
+            "device": i,
+            "cpus": rig.cores_of(i),
+            "physical_cores": [list(g) for g in rig.core_groups[i * t:(i + 1) * t]],
+            "packages": sorted({c.package for c in mine if c is not None}),
+        })
+    return {
+        **topo.summary(),
+        "physical_cores_list": [{"package": c.package, "core_id": c.core_id,
+                                 "cpus": list(c.cpus)} for c in topo.cores],
+        "workers": workers,
+        "rule": "each worker holds threads_per_worker whole physical cores (their "
+                "hyper-thread siblings too, one thread per physical core); no two workers "
+                "share a physical core",
+    }
 
 
 def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
-            attainable_peak: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything env.json holds; ``attainable_peak`` is the measured FLOP peak (flops.py)."""
+            attainable_peak: dict[str, Any] | None = None,
+            idle_power: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything env.json holds; ``attainable_peak`` is the measured FLOP peak (flops.py),
+    ``idle_power`` the rig's power with nothing of ours running (energy.py)."""
     env = {
         "schema_version": SCHEMA_VERSION,
         "hostname": socket.gethostname(),
@@ -112,10 +149,15 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         "cpu_cores": len(available_cores()),
         "git": git_info(),
         "fingerprint": hardware_fingerprint(rig),
+        "cpu_topology": cpu_topology(rig),
+        # What every worker and the peak probe set (rig.set_math_mode), read back here.
+        "math_mode": set_math_mode(),
         "profile": profile,
         "command_line": argv,
         "test_hooks": {k: v for k, v in os.environ.items() if k in TEST_HOOK_VARIABLES and v},
     }
     if attainable_peak is not None:
         env["attainable_peak"] = attainable_peak
+    if idle_power is not None:
+        env["idle_power"] = idle_power
     return env

@@ -2,38 +2,79 @@
 
 Counts come from ``torch.utils.flop_counter`` (matmuls and convolutions; normalisation and
 element-wise work are not counted, as in the usual MFU definition). The peak is measured,
-not looked up: a large matrix product per device in the workload's precision, on a CPU rig
-in a process pinned like a worker with its threads.
+not looked up: per device and precision the best of a large matrix product (``gemm``) and a
+large ResNet-like 3x3 convolution (``conv``, and ``conv-cl`` in channels-last), in the math
+mode the workers train in (``rig.set_math_mode``). On CPUs oneDNN's convolutions beat its
+GEMM by half again, and on GPUs cuDNN's convolutions and cuBLAS's GEMMs differ too, so a
+GEMM alone is not the attainable peak of a convolutional network.
 
-    python -m bench_lib.measure.flops RIG_JSON PRECISION[,PRECISION] N MIN_TIME_S  # peak as JSON
+Every device is probed at once, one process per device, pinned as in a case (a cpu worker's
+cores and threads), each probe started together through a file barrier: a CPU worker's peak
+then carries the frequency, cache and memory-bandwidth sharing of a real ``ddp`` case.
+
+    python -m bench_lib.measure.flops RIG_JSON PRECISIONS N CONV MIN_TIME_S INDEX BARRIER_DIR
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench_lib.rig import Rig, pin_worker, synchronize
+from bench_lib.rig import Rig, pin_worker, set_math_mode, synchronize
 from bench_lib.workloads import LossFn, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPE_NAMES = {k: str(v).removeprefix("torch.") for k, v in DTYPES.items()}
-# Big enough to reach a device's matmul peak, small enough to measure in about a second.
-# (On one EPYC core n=1024 and n=2048 both read 0.111 TFLOP/s; oneDNN's convolutions in
-# ResNet50 at 64 px reached ~5% more, so a compute-bound case's MFU can read over 100%.)
+# Big enough to reach a device's GEMM peak, small enough to time in about a second.
 PEAK_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 PEAK_MIN_TIME_S = 0.5
 PEAK_TIMEOUT_S = 300
+PROBES = ("gemm", "conv", "conv-cl")
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A square stride-1 'same' convolution: ``batch`` x ``channels`` x ``size``^2 images
+    through ``channels`` filters of ``kernel`` x ``kernel`` (a ResNet layer's shape)."""
+
+    batch: int
+    channels: int
+    size: int
+    kernel: int = 3
+
+    @property
+    def flops(self) -> int:
+        """Forward FLOPs: 2*N*Cout*Hout*Wout*Cin*k*k (padding k//2 keeps Hout = size)."""
+        return conv_flops(self.batch, self.channels, self.channels, self.size, self.size,
+                          self.kernel)
+
+    def as_list(self) -> list[int]:
+        return [self.batch, self.channels, self.size, self.kernel]
+
+
+# CPU: ResNet50 layer3's 3x3 conv (256 channels at 14x14), 15 GFLOP a call (~0.08 s on one
+# core). Best of 5 rounds on one Xeon core in fp32: GEMM n=1024 0.19 TFLOP/s, this conv 0.18
+# and 0.21 channels-last; 256 channels at 56x56 (more than the caches hold) 0.17 / 0.19.
+# CUDA: the same channels at 56x56 and batch 128, 474 GFLOP a call (a few ms).
+PEAK_CONV = {"cpu": ConvShape(64, 256, 14), "cuda": ConvShape(128, 256, 56)}
+
+
+def conv_flops(batch: int, c_in: int, c_out: int, h_out: int, w_out: int, kernel: int) -> int:
+    """Forward FLOPs of a dense 2-d convolution (a multiply and an add per weight tap)."""
+    return 2 * batch * c_out * h_out * w_out * c_in * kernel * kernel
 
 
 def count_train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> int:
@@ -56,33 +97,131 @@ def train_flops_per_image(model: str, image_size: int) -> float:
     return count_train_flops(net, x, y, workload.loss_fn()) / 2
 
 
-def matmul_tflop_s(device: torch.device, dtype: torch.dtype, n: int, min_time_s: float) -> float:
-    """Best TFLOP/s of an n x n matrix product on ``device``, over at least ``min_time_s``."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    torch.mm(a, b)  # warm-up: kernels picked, memory allocated
+class FileBarrier:
+    """``parties`` processes meet at named points through marker files in ``folder``."""
+
+    def __init__(self, folder: Path, parties: int, me: int, timeout_s: float = PEAK_TIMEOUT_S):
+        self.folder, self.parties, self.me, self.timeout_s = folder, parties, me, timeout_s
+
+    def post(self, point: str) -> None:
+        (self.folder / f"{point}.{self.me}").touch()
+
+    def all_posted(self, point: str) -> bool:
+        return all((self.folder / f"{point}.{i}").exists() for i in range(self.parties))
+
+    def wait(self, point: str) -> None:
+        """Post ``point`` and wait until every party has (TimeoutError past the timeout)."""
+        self.post(point)
+        deadline = time.monotonic() + self.timeout_s
+        while not self.all_posted(point):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"peak probe: not every device reached {point!r}")
+            time.sleep(0.001)
+
+
+def _best_tflop_s(op: Callable[[], object], flops: int, device: torch.device,
+                  min_time_s: float, barrier: FileBarrier | None = None,
+                  point: str = "") -> float:
+    """Best TFLOP/s of ``op`` over at least ``min_time_s``; with a barrier, the timing
+    starts with the other devices' and ``op`` keeps running untimed until they are done,
+    so no device is ever timed alone."""
+    op()  # warm-up: kernels picked (cuDNN autotuning), memory allocated
     synchronize([device])
+    if barrier:
+        barrier.wait(f"{point}-start")
     best, spent = float("inf"), 0.0
     while spent < min_time_s or best == float("inf"):
         t0 = time.perf_counter()
-        torch.mm(a, b)
+        op()
         synchronize([device])
         dt = time.perf_counter() - t0
         best, spent = min(best, dt), spent + dt
-    return 2 * n**3 / best / 1e12
+    if barrier:
+        barrier.post(f"{point}-done")
+        while not barrier.all_posted(f"{point}-done"):
+            op()
+            synchronize([device])
+    return flops / best / 1e12
+
+
+Probe = tuple[Callable[[], object], int]
+"""An operation to time and the FLOPs it does."""
+
+
+def gemm_probe(device: torch.device, dtype: torch.dtype, n: int) -> Probe:
+    """An n x n matrix product."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return (lambda: torch.mm(a, b)), 2 * n**3
+
+
+def conv_probe(device: torch.device, dtype: torch.dtype, shape: ConvShape,
+               channels_last: bool = False) -> Probe:
+    """The forward convolution ``shape`` (no bias; inputs need no gradient, so no graph)."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(shape.batch, shape.channels, shape.size, shape.size, device=device,
+                    dtype=dtype).contiguous(memory_format=fmt)
+    w = torch.randn(shape.channels, shape.channels, shape.kernel, shape.kernel, device=device,
+                    dtype=dtype).contiguous(memory_format=fmt)
+    pad = shape.kernel // 2
+    return (lambda: nn.functional.conv2d(x, w, padding=pad)), shape.flops
+
+
+def matmul_tflop_s(device: torch.device, dtype: torch.dtype, n: int, min_time_s: float) -> float:
+    """Best TFLOP/s of an n x n matrix product on ``device``, over at least ``min_time_s``."""
+    return _best_tflop_s(*gemm_probe(device, dtype, n), device, min_time_s)
+
+
+def conv_tflop_s(device: torch.device, dtype: torch.dtype, shape: ConvShape, min_time_s: float,
+                 channels_last: bool = False) -> float:
+    """Best TFLOP/s of the forward convolution ``shape`` on ``device``."""
+    return _best_tflop_s(*conv_probe(device, dtype, shape, channels_last), device, min_time_s)
+
+
+PEAK_ROUNDS = 2
+"""Each probe is timed in this many rounds, the probes taking turns, so that a slow spell
+of a shared machine does not fall on one probe alone; a probe's figure is its best."""
+
+
+def probe_device(rig: Rig, index: int, precisions: list[str], n: int, conv: ConvShape,
+                 min_time_s: float, barrier: FileBarrier | None = None) -> dict[str, Any]:
+    """Every probe of device ``index`` in every precision, in this process, pinned and in
+    the workers' math mode; with a barrier, the devices' processes run each probe together.
+    Each probe gets ``min_time_s`` in all, over ``PEAK_ROUNDS`` rounds."""
+    pin_worker(rig, index)  # on a cpu rig: this worker's cores and threads
+    if rig.kind == "cuda":
+        torch.cuda.set_device(index)
+    mode = set_math_mode()
+    device = rig.device(index)
+    t0 = time.time()
+    results: dict[str, dict[str, float]] = {}
+    for precision in precisions:
+        dtype = DTYPES[precision]
+        probes = {"gemm": gemm_probe(device, dtype, n),
+                  "conv": conv_probe(device, dtype, conv),
+                  "conv-cl": conv_probe(device, dtype, conv, channels_last=True)}
+        best = dict.fromkeys(probes, 0.0)
+        for r in range(PEAK_ROUNDS):
+            for name, (op, flop) in probes.items():
+                best[name] = max(best[name], _best_tflop_s(
+                    op, flop, device, min_time_s / PEAK_ROUNDS, barrier,
+                    f"{precision}-{name}-{r}"))
+        results[precision] = best
+        del probes
+    return {"tflop_s": results, "window_unix_s": [t0, time.time()], "math_mode": mode}
 
 
 def measure_here(rig: Rig, precisions: list[str], n: int | None = None,
-                 min_time_s: float = PEAK_MIN_TIME_S) -> dict[str, dict[str, float]]:
-    """Attainable TFLOP/s per precision and device, measured in this process."""
-    n = n or PEAK_MATMUL_N[rig.kind]
-    peaks: dict[str, dict[str, float]] = {}
-    for precision in precisions:
-        peaks[precision] = {}
-        for i in range(rig.num_devices):
-            pin_worker(rig, [i])  # on a cpu rig: this worker's cores and threads
-            peaks[precision][str(i)] = matmul_tflop_s(rig.device(i), DTYPES[precision], n,
-                                                      min_time_s)
+                 min_time_s: float = PEAK_MIN_TIME_S,
+                 conv: ConvShape | None = None) -> dict[str, dict[str, float]]:
+    """Best TFLOP/s per precision and device, each device probed in turn in this process
+    (it stays pinned to the last one): for a quick look, not for a run's peak."""
+    n, conv = n or PEAK_MATMUL_N[rig.kind], conv or PEAK_CONV[rig.kind]
+    peaks: dict[str, dict[str, float]] = {p: {} for p in precisions}
+    for i in range(rig.num_devices):
+        found = probe_device(rig, i, precisions, n, conv, min_time_s)["tflop_s"]
+        for p in precisions:
+            peaks[p][str(i)] = max(found[p].values())
     return peaks
 
 
@@ -91,11 +230,21 @@ class AttainablePeak:
     """The rig's attainable FLOP/s, measured once per run (env.json ``attainable_peak``)."""
 
     tflop_s: dict[str, dict[str, float]] = field(default_factory=dict)
-    """precision -> device index (as a string) -> TFLOP/s."""
+    """precision -> device index (as a string) -> TFLOP/s: the best probe."""
     matmul_n: int = 0
     """Size n of the n x n matrix product that was timed."""
     unsupported: str = ""
     """Why no peak was measured (then ``tflop_s`` is empty)."""
+    probe: dict[str, dict[str, str]] = field(default_factory=dict)
+    """precision -> device -> the probe that gave the peak: gemm, conv or conv-cl."""
+    by_probe: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """precision -> device -> probe -> TFLOP/s: every probe's figure."""
+    conv: tuple[int, ...] = ()
+    """The probe convolution: batch, channels, image size, kernel (``ConvShape``)."""
+    math_mode: dict[str, Any] = field(default_factory=dict)
+    """The math flags the probe ran under (``rig.math_mode``): the workers' too."""
+    window_unix_s: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """device -> wall-clock start and end of its probing (they overlap: probed together)."""
 
     def of_devices(self, precision: str, world: int) -> float | None:
         """Summed peak of devices 0..world-1 in ``precision``, or None if any is unknown."""
@@ -103,38 +252,101 @@ class AttainablePeak:
         values = [per_device.get(str(i)) for i in range(world)]
         return sum(v for v in values if v) if values and all(values) else None
 
+    def probes_of(self, precision: str, world: int) -> list[str]:
+        """The winning probe of each of devices 0..world-1 (distinct, in device order)."""
+        won = self.probe.get(precision, {})
+        return list(dict.fromkeys(won[str(i)] for i in range(world) if str(i) in won))
+
     def as_dict(self) -> dict[str, Any]:
         if self.unsupported:
             return {"unsupported": self.unsupported}
-        return {"tflop_s": self.tflop_s, "matmul_n": self.matmul_n, "dtype_of": DTYPE_NAMES}
+        return {"tflop_s": self.tflop_s, "probe": self.probe, "by_probe": self.by_probe,
+                "matmul_n": self.matmul_n, "conv_batch_channels_size_kernel": list(self.conv),
+                "dtype_of": DTYPE_NAMES, "math_mode": self.math_mode,
+                "probed_together": True,
+                "window_unix_s": {k: list(v) for k, v in self.window_unix_s.items()}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> AttainablePeak:
         if not d:
             return cls(unsupported="not measured")
         return cls(dict(d.get("tflop_s") or {}), int(d.get("matmul_n") or 0),
-                   str(d.get("unsupported") or ""))
+                   str(d.get("unsupported") or ""), dict(d.get("probe") or {}),
+                   dict(d.get("by_probe") or {}),
+                   tuple(d.get("conv_batch_channels_size_kernel") or ()),
+                   dict(d.get("math_mode") or {}),
+                   {k: (v[0], v[1]) for k, v in (d.get("window_unix_s") or {}).items()})
+
+    @classmethod
+    def of_probes(cls, found: dict[str, dict[str, Any]], n: int, conv: ConvShape
+                  ) -> AttainablePeak:
+        """The peak from each device's ``probe_device`` result (device -> result)."""
+        by_probe: dict[str, dict[str, dict[str, float]]] = {}
+        for dev, result in sorted(found.items()):
+            for precision, figures in result["tflop_s"].items():
+                by_probe.setdefault(precision, {})[dev] = figures
+        best = {p: {d: max(f.values()) for d, f in devs.items()} for p, devs in by_probe.items()}
+        won = {p: {d: max(f, key=lambda k: f[k]) for d, f in devs.items()}
+               for p, devs in by_probe.items()}
+        first = found[min(found)]
+        return cls(best, n, "", won, by_probe, tuple(conv.as_list()), first["math_mode"],
+                   {d: (r["window_unix_s"][0], r["window_unix_s"][1]) for d, r in found.items()})
 
 
 def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
-                 min_time_s: float = PEAK_MIN_TIME_S) -> AttainablePeak:
-    """The rig's attainable peak, measured in a fresh process (so the caller stays unpinned)."""
-    n = n or PEAK_MATMUL_N[rig.kind]
-    cmd = [sys.executable, "-m", "bench_lib.measure.flops", json.dumps(rig.as_dict()),
-           ",".join(precisions), str(n), str(min_time_s)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PEAK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return AttainablePeak(unsupported=f"peak measurement took over {PEAK_TIMEOUT_S} s")
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
-        return AttainablePeak(unsupported=f"peak measurement failed: {tail}")
-    return AttainablePeak(json.loads(proc.stdout), n)
+                 min_time_s: float = PEAK_MIN_TIME_S,
+                 conv: ConvShape | None = None) -> AttainablePeak:
+    """The rig's attainable peak: one fresh process per device (so the caller stays
+    unpinned), all started together and meeting at a file barrier before each probe."""
+    n, conv = n or PEAK_MATMUL_N[rig.kind], conv or PEAK_CONV[rig.kind]
+    spec = ",".join(map(str, conv.as_list()))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with tempfile.TemporaryDirectory(prefix="parabench-peak-") as folder:
+        # Output to files, not pipes: a chatty probe cannot block on a full pipe.
+        logs = [(Path(folder) / f"device{i}.out", Path(folder) / f"device{i}.err")
+                for i in range(rig.num_devices)]
+        procs = []
+        for i, (out_path, err_path) in enumerate(logs):
+            with out_path.open("w") as out, err_path.open("w") as err:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "bench_lib.measure.flops", json.dumps(rig.as_dict()),
+                     ",".join(precisions), str(n), spec, str(min_time_s), str(i), folder],
+                    stdout=out, stderr=err, env=env))
+        deadline = time.monotonic() + PEAK_TIMEOUT_S
+        try:
+            # Poll all: a device that fails leaves the others waiting at the barrier.
+            while (codes := [p.poll() for p in procs]) and None in codes:
+                if any(c not in (None, 0) for c in codes) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        found: dict[str, dict[str, Any]] = {}
+        failure = ""
+        for i, (proc, (out_path, err_path)) in enumerate(zip(procs, logs)):
+            proc.wait()
+            if proc.returncode == 0:
+                found[str(i)] = json.loads(out_path.read_text())
+            elif not failure:
+                tail = " | ".join(err_path.read_text(errors="replace").strip().splitlines()[-2:])
+                failure = (f"peak measurement took over {PEAK_TIMEOUT_S} s"
+                           if time.monotonic() > deadline
+                           else f"peak measurement failed on device {i}: {tail}")
+    if failure:
+        return AttainablePeak(unsupported=failure)
+    return AttainablePeak.of_probes(found, n, conv)
 
 
 def main(argv: list[str]) -> int:
     rig = Rig.from_dict(json.loads(argv[0]))
-    print(json.dumps(measure_here(rig, argv[1].split(","), int(argv[2]), float(argv[3]))))
+    conv = ConvShape(*(int(v) for v in argv[3].split(",")))
+    index, folder = int(argv[5]), Path(argv[6])
+    barrier = FileBarrier(folder, rig.num_devices, index)
+    result = probe_device(rig, index, argv[1].split(","), int(argv[2]), conv, float(argv[4]),
+                          barrier)
+    print(json.dumps(result))
     return 0
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,12 +36,20 @@ _PACKAGE_DOMAIN = re.compile(r"^[a-z-]*rapl:\d+$")  # packages, not their sub-do
 
 
 class ProcessSource:
-    """Per-worker CPU percent (100 = one core busy) and resident memory, through psutil."""
+    """Per-worker CPU percent and resident memory, through psutil.
 
-    def __init__(self, pids_by_device: dict[str, int]) -> None:
+    CPU percent is of what the worker holds: 100 = as many cores busy as the worker has
+    threads (``threads_by_device``; a cpu worker holds one whole physical core per thread),
+    so a device reads 0-100 like a GPU's utilisation. Without ``threads_by_device``,
+    100 = one core.
+    """
+
+    def __init__(self, pids_by_device: dict[str, int],
+                 threads_by_device: dict[str, int] | None = None) -> None:
         import psutil
 
         self._psutil = psutil
+        self._cores = {d: max(1, (threads_by_device or {}).get(d, 1)) for d in pids_by_device}
         self._procs: dict[str, psutil.Process | None] = {}
         for device, pid in pids_by_device.items():
             try:
@@ -67,7 +75,8 @@ class ProcessSource:
             if device in self._last:
                 t_prev, busy_prev = self._last[device]
                 if now > t_prev:
-                    row["cpu_pct"] = 100.0 * (busy - busy_prev) / (now - t_prev)
+                    row["cpu_pct"] = (100.0 * (busy - busy_prev) / (now - t_prev)
+                                      / self._cores[device])
             self._last[device] = (now, busy)
             row["rss_mib"] = rss / MIB
             rows.append(row)
@@ -77,16 +86,39 @@ class ProcessSource:
         pass
 
 
-class RaplSource:
-    """Host CPU package energy from RAPL counters (device ``host``); nothing where unreadable."""
+def rapl_package(domain: Path) -> int | None:
+    """The CPU package a top-level RAPL domain measures, or None (``psys``, unreadable).
 
-    def __init__(self, root: Path = POWERCAP) -> None:
+    Its ``name`` file says ``package-N`` (``package-N-die-M`` on multi-die parts); without
+    one, the N of ``intel-rapl:N`` is taken as the package.
+    """
+    try:
+        name = (domain / "name").read_text().strip()
+    except OSError:
+        return int(domain.name.rsplit(":", 1)[1])
+    m = re.match(r"^package-(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+class RaplSource:
+    """CPU package energy from RAPL counters, summed as device ``host``; nothing where
+    unreadable. ``packages``: only the domains of these packages (those holding the rig's
+    cores; None: every package domain)."""
+
+    def __init__(self, root: Path = POWERCAP, packages: Collection[int] | None = None) -> None:
         self._domains: list[tuple[Path, float]] = []
+        self.domains: list[str] = []
+        """The domains read, e.g. ``intel-rapl:0 (package 0)``."""
         if root.is_dir():
             for d in sorted(root.iterdir()):
-                if _PACKAGE_DOMAIN.match(d.name) and self._readable(d / "energy_uj"):
-                    span = _read_float(d / "max_energy_range_uj") or float("inf")
-                    self._domains.append((d / "energy_uj", span))
+                if not _PACKAGE_DOMAIN.match(d.name) or not self._readable(d / "energy_uj"):
+                    continue
+                package = rapl_package(d)
+                if package is None or (packages is not None and package not in packages):
+                    continue
+                span = _read_float(d / "max_energy_range_uj") or float("inf")
+                self._domains.append((d / "energy_uj", span))
+                self.domains.append(f"{d.name} (package {package})")
         self._prev: list[float | None] = [None] * len(self._domains)
         self._total_uj = 0.0
 

@@ -1,7 +1,8 @@
 """The timing rule, all of it: warm-up, synchronisation, the ranks' common start, the stop
 rule, the collective stop, and the slowest rank per step.
 
-1. ``warmup_steps`` steps run and are discarded.
+1. ``warmup_steps`` steps run and are discarded; then ``after_warmup`` runs (the worker
+   resets the peak-memory counters there, so peaks cover the timed steps only).
 2. Multi-process strategies start the timed window together (a process-group barrier).
 3. Every timed step is bracketed by ``rig.synchronize`` of every device the step touches,
    so a step's time is the wall time until its last kernel finished.
@@ -115,6 +116,7 @@ def time_steps(
     should_stop: StopRule | None = None,
     barrier: Callable[[], object] | None = None,
     on_window: Callable[[float, float], None] | None = None,
+    after_warmup: Callable[[], None] | None = None,
 ) -> list[float]:
     """Run ``warmup_steps`` discarded steps, then time up to ``timed_steps`` steps.
 
@@ -123,6 +125,8 @@ def time_steps(
     timed window; in multi-process strategies it must give the same answer on every rank
     (``collective_stop``). ``on_window`` receives the wall-clock (``time.time()``) start and
     end of the timed window, so that samples taken outside this process can be matched to it.
+    ``after_warmup`` runs once the warm-up steps have finished on every device, before the
+    barrier and the timed window (e.g. ``PeakMemory.reset``).
     """
     from bench_lib.rig import synchronize
 
@@ -130,6 +134,8 @@ def time_steps(
     for _ in range(warmup_steps):
         step()
     synchronize(devices)
+    if after_warmup is not None:
+        after_warmup()
     if barrier is not None:
         barrier()
     times: list[float] = []
@@ -160,11 +166,13 @@ class TimedSteps:
 
 def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                   warmup_steps: int, timed_steps: int, max_time_s: float,
-                  ci_target_pct: float, group_device: torch.device | None = None) -> TimedSteps:
+                  ci_target_pct: float, group_device: torch.device | None = None,
+                  after_warmup: Callable[[], None] | None = None) -> TimedSteps:
     """Warm up, then time ``step`` under the adaptive stop rule: rules 1 to 4 above.
 
     ``group_device``: in a multi-process case (a process group is up), the device its
     collectives run on; the ranks then start together and stop after the same step.
+    ``after_warmup``: called between the warm-up and the timed steps (``time_steps``).
     """
     rule = AdaptiveStop(ci_target_pct / 100, max_time_s)
     stop: StopRule = rule
@@ -175,7 +183,8 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
         stop, barrier = collective_stop(rule, group_device), dist.barrier
     window: list[float] = []
     times = time_steps(step, devices, warmup_steps, timed_steps, should_stop=stop,
-                       barrier=barrier, on_window=lambda t0, t1: window.extend((t0, t1)))
+                       barrier=barrier, on_window=lambda t0, t1: window.extend((t0, t1)),
+                       after_warmup=after_warmup)
     return TimedSteps(times, (window[0], window[1]), rule.final_reason(len(times), timed_steps))
 
 

@@ -26,7 +26,7 @@ from bench_lib.report.figures import (
     styled,
     workload_title,
 )
-from bench_lib.report.gantt import bubble, draw_gantt
+from bench_lib.report.gantt import bubble, case_theory, draw_gantt
 
 # samples.csv columns in order of preference: GPUs' own counters first, then the CPU rig's.
 TIME_COLUMNS = ("t_s", "time_s", "elapsed_s", "time_unix_s")
@@ -45,7 +45,8 @@ def parse_by_device(text: object) -> dict[str, float]:
 
 @styled
 def fig_memory(cases: pd.DataFrame) -> Figure | None:
-    """4. Peak memory per device for each strategy (device imbalance shows as uneven bars)."""
+    """4. Peak memory per device for each strategy (device imbalance shows as uneven bars):
+    what the case adds, after warm-up and net of each process's runtime (the net columns)."""
     reps = representatives(cases)
     groups = by_workload(reps)
     if not groups:
@@ -53,11 +54,11 @@ def fig_memory(cases: pd.DataFrame) -> Figure | None:
     most = max(len(g) for _, g in groups)
     fig, axes = facets(len(groups), width=max(5.2, 0.75 * most + 1.5))
     for ax, (key, g) in zip(axes, groups, strict=True):
-        labels, peaks = [], g.loc[g.status == "ok", "peak_mem_mib_max"]
+        labels, peaks = [], g.loc[g.status == "ok", "peak_mem_net_mib_max"]
         fail_h = 0.25 * peaks.max() if peaks.notna().any() else 1.0
         ordered = g.sort_values(["strategy", "run_label"], key=_order)
         for x, (_, row) in enumerate(ordered.iterrows()):
-            mem = parse_by_device(row.peak_mem_mib_by_device)
+            mem = parse_by_device(row.peak_mem_net_mib_by_device)
             label = bar_label(row) + (f"\n{row.run_label}" if g.run_label.nunique() > 1 else "")
             if len(mem) > 1 and min(mem.values()) > 0:
                 label += f"\n{max(mem.values()) / min(mem.values()):.2f}x max/min"
@@ -74,15 +75,16 @@ def fig_memory(cases: pd.DataFrame) -> Figure | None:
                        linewidth=0.5, label=f"device {dev}")
                 ax.text(bx, mib, f"{mib:.0f}", ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(labels)), labels, fontsize=8)
-        ax.set_ylabel("peak memory per device (MiB)")
+        ax.set_ylabel("peak memory per device, net of the runtime (MiB)")
         ax.set_title(workload_title(key), fontsize=10)
         handles = dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
         ax.legend(handles.values(), handles.keys(), fontsize=8, loc="upper left",
                   bbox_to_anchor=(1.0, 1.0), frameon=False)
-    what = ("CPU rig: peak resident memory of each worker process"
-            if cases.rig.astype(str).str.startswith("cpu").all() else "CUDA allocator peak")
-    fig.suptitle(f"Peak memory per device ({what}; device '0+1': one process drives both)",
-                 fontsize=11)
+    what = ("CPU rig: each worker process's peak resident memory minus its footprint before "
+            "the model was built" if cases.rig.astype(str).str.startswith("cpu").all()
+            else "CUDA allocator peak")
+    fig.suptitle(f"Peak memory per device after warm-up, net of the runtime ({what}; "
+                 "device '0+1': one process drives both)", fontsize=11)
     return fig
 
 
@@ -148,32 +150,37 @@ def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | N
 
 @styled
 def fig_timeline(cases: pd.DataFrame, timeline: pd.DataFrame | None) -> Figure | None:
-    """6. Measured pipeline timeline: a Gantt chart per pipelined case, bubble measured."""
+    """6. Measured pipeline timeline: a Gantt chart per pipelined case, one row per device,
+    its bubble measured per device beside the schedule's theory."""
     if timeline is None or timeline.empty:
         return None
     chosen = _pick(cases, set(timeline.case_key))
     if chosen.empty:
         return None
     rows = [timeline[timeline.case_key == c] for c in chosen.case_key]
-    heights = [1.2 + 0.5 * r.groupby(["rank", "stage"]).ngroups for r in rows]
+    heights = [1.2 + 0.5 * r.groupby(["rank", "device"]).ngroups for r in rows]
     fig, axes = new_figure(len(rows), 1, (11, sum(heights) + 0.9), height_ratios=heights)
     for ax, case, events in zip(axes[:, 0], records(chosen), rows, strict=True):
         workload = workload_title(tuple(case[k] for k in WORKLOAD))
         title = f"{bar_label(case)} · {workload}"
-        draw_gantt(ax, events, title)
-    fig.suptitle("Measured pipeline timeline of one traced step (after the timed steps); "
-                 "numbers are micro-batches", fontsize=11)
+        draw_gantt(ax, events, title, case_theory(case))
+    fig.suptitle("Measured pipeline timeline of one traced step (after the timed steps), one "
+                 "row per device; numbers are micro-batches", fontsize=11)
     return fig
 
 
 def bubble_table(cases: pd.DataFrame, timeline: pd.DataFrame | None) -> pd.DataFrame:
-    """Measured and theoretical idle fraction of every case that has a timeline."""
+    """Measured (mean over devices) and theoretical idle share of every case that has a
+    timeline."""
     if timeline is None or timeline.empty:
         return pd.DataFrame()
     rows: list[dict[str, Any]] = []
     for key, events in timeline.groupby("case_key"):
         case = cases[cases.case_key == key].iloc[0]
         rows.append({"run": case.run_label, "case_id": case.case_id,
-                     "strategy": case.strategy, "split_size": case.split_size}
-                    | bubble(events))
+                     "strategy": case.strategy, "split_size": case.split_size,
+                     # The traced step beside the median step (empty in older rows).
+                     "traced_step_s": case.get("traced_step_s"),
+                     "traced_vs_median_pct": case.get("traced_vs_median_pct")}
+                    | bubble(events, case_theory(case)))
     return pd.DataFrame(rows)

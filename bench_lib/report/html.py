@@ -89,7 +89,7 @@ def _cases_table(cases: pd.DataFrame) -> str:
         ("median step (s)", "step_time_s_median", ".4f"),
         ("95% CI (s)", "", ""), ("throughput (img/s)", "throughput_img_s", ".1f"),
         ("speedup vs single", "speedup_vs_single", ".2f"),
-        ("peak mem max (MiB)", "peak_mem_mib_max", ".0f"), ("reason", "reason", "")]
+        ("peak mem net max (MiB)", "peak_mem_net_mib_max", ".0f"), ("reason", "reason", "")]
     first = 0 if cases.run_label.nunique() > 1 else 1  # one run: no run column
     head = "".join(f"<th>{h}</th>" for h, _, _ in cols[first:])
     body = []
@@ -113,19 +113,36 @@ def _cases_table(cases: pd.DataFrame) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>{reading}"
 
 
+def _signed_pct(value: Any) -> str:
+    """``+4.2%``; nothing for a missing value."""
+    text = _num(value, "+.1f")
+    return f"{text}%" if text else ""
+
+
 def _bubble_table(table: pd.DataFrame) -> str:
-    """Measured beside theoretical idle fraction per traced case (empty: no timeline)."""
+    """Measured per device beside the schedule's theory, per traced case (empty: no timeline)."""
     if table.empty:
         return ""
-    head = ("<tr><th>run</th><th>case</th><th>stages S</th><th>micro-batches M</th>"
-            "<th>traced step (s)</th><th>idle measured</th><th>idle theoretical (S-1)/(M+S-1)"
-            "</th></tr>")
+    head = ("<tr><th>run</th><th>case</th><th>devices</th><th>stages</th>"
+            "<th>micro-batches</th><th>timeline span (s)</th><th>traced step vs median</th>"
+            "<th>idle measured, mean of devices (min–max)</th><th>idle theoretical</th>"
+            "<th>theory: formula, p devices, v stages each, m micro-batches</th></tr>")
     body = "".join(
-        f"<tr><td>{_e(r.run)}</td><td>{_e(r.case_id)}</td><td class=num>{r.stages}</td>"
-        f"<td class=num>{r.microbatches}</td><td class=num>{r.span_s:.4f}</td>"
-        f"<td class=num>{r.bubble_measured:.1%}</td>"
-        f"<td class=num>{r.bubble_theoretical:.1%}</td></tr>" for r in table.itertuples())
-    return f"<h3>Idle (bubble) fraction per pipelined case</h3><table>{head}{body}</table>"
+        f"<tr><td>{_e(r.run)}</td><td>{_e(r.case_id)}</td><td class=num>{r.devices}</td>"
+        f"<td class=num>{r.stages}</td><td class=num>{r.microbatches}</td>"
+        f"<td class=num>{r.span_s:.4f}</td>"
+        f"<td class=num>{_signed_pct(r.traced_vs_median_pct)}</td>"
+        f"<td class=num>{r.bubble_measured:.1%} ({r.bubble_device_min:.1%}–"
+        f"{r.bubble_device_max:.1%})</td><td class=num>{_num(r.bubble_theoretical, '.1%')}</td>"
+        f"<td>{_e(r.theory)}</td></tr>" for r in table.itertuples())
+    note = ("<p class=caption>A device idles whenever it runs no pass of any of its stages; "
+            "its idle share is of the traced step's span (first start to last end over all "
+            "devices). The theory assumes equal forward, input-gradient and weight-gradient "
+            "times and free communication (bench_lib/measure/bubble.py names the sources). "
+            "On a cpu rig, mp and pipeline run their two stages one after another in one "
+            "process, so they cannot overlap there.</p>")
+    return (f"<h3>Idle (bubble) share per pipelined case</h3><table>{head}{body}</table>"
+            f"{note}")
 
 
 def _section(s: dict[str, Any], extra: str) -> str:

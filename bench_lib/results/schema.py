@@ -5,11 +5,19 @@ A run folder ``results/<run_id>/`` holds::
     env.json     environment, rig, profile, command line, schema version
     cases.csv    exactly one row per case, whatever happened to it
     steps.csv    every timed step of every rank
-    timeline.csv pipelined cases only: per stage and micro-batch, forward/backward start and end
+    timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
 
-Version 2 (this one) differs from version 1 in the option columns (``partition``,
-``channels_last``, ``compile``, ``sync_bn``), which version 1 files may lack. Readers refuse
+Version 3 (this one) reads peak memory after warm-up instead of over the process's lifetime
+and adds it net of the runtime (``peak_mem_net_mib_*``, ``peak_mem_source``;
+``mem_imbalance_ratio`` now from the net figures), and the pipeline bubble per device and
+per schedule (``bubble_*_pct``, ``traced_*``; timeline rows name their device slot and a
+``wgt`` phase); with the FLOP peak probing GEMM and convolutions on every device at once
+(``mfu_note``), cpu utilisation 0-100 of the cores a worker holds (``cpu_pct``), energy net
+of idle power and only from windows long enough (``energy_j_per_img_net``,
+``sampler_note``; env.json ``idle_power``, ``math_mode``, ``cpu_topology``).
+Version 2 differed from version 1 in the
+option columns (``partition``, ``channels_last``, ``compile``, ``sync_bn``). Readers refuse
 any other version rather than guess: re-run the sweep to read an old folder.
 
 This module and the rest of ``bench_lib.results`` never import torch.
@@ -19,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
 
 
@@ -71,29 +79,84 @@ CASES = _cols(
     ("step_time_s_ci_low", "bootstrap 95% CI of the median, low end, seconds", N),
     ("step_time_s_ci_high", "bootstrap 95% CI of the median, high end, seconds", N),
     ("throughput_img_s", "global batch over the median step time, images per second", N),
-    ("peak_mem_mib_max", "largest per-device peak memory, MiB", N),
-    ("peak_mem_mib_by_device", "peak memory per device, device:MiB;... (allocator peak per "
-                               "GPU; peak resident memory per worker process on CPU)"),
+    ("peak_mem_mib_max", "largest per-device peak memory over the timed steps (gross), MiB",
+     N),
+    ("peak_mem_mib_by_device", "peak memory per device over the timed steps, runtime "
+                               "included (gross), device:MiB;... (CUDA allocator peak since "
+                               "its reset after warm-up per GPU; peak resident memory of each "
+                               "worker process on CPU, one figure under '0+1' for a process "
+                               "that drives both)"),
+    ("peak_mem_net_mib_max", "largest per-device peak memory net of the runtime, MiB", N),
+    ("peak_mem_net_mib_by_device", "what the case adds: peak memory per device after "
+                                   "warm-up, net of each process's footprint before the "
+                                   "model was built (torch, libraries, process group), "
+                                   "device:MiB;... (CPU: gross minus that resident memory; "
+                                   "CUDA: the allocator holds only the case's, so = gross)"),
+    ("peak_mem_source", "how peaks were read: cuda-allocator, vmhwm (/proc VmHWM reset "
+                        "after warm-up through clear_refs) or ru_maxrss (the process's "
+                        "lifetime peak, build and warm-up included, where it could not "
+                        "be reset)"),
     ("case_wall_time_s", "the case's wall time from launch to its row, seconds", N),
     ("note", "how to read this strategy's numbers on this rig"),
     ("stop_reason", "what ended timing: ci_target, time_cap or step_cap"),
-    ("util_pct_mean", "mean utilisation over the timed window, % (GPU util or CPU %)", N),
-    ("util_pct_mean_by_device", "mean utilisation per device, device:%;..."),
-    ("power_w_mean", "mean power over the timed window, watts", N),
-    ("energy_j_per_img", "energy per image over the timed window, joules", N),
-    ("energy_source", "rapl-host-packages or nvml-gpus"),
-    ("peak_mem_reserved_mib_max", "largest CUDA caching-allocator reservation, MiB", N),
-    ("peak_mem_reserved_mib_by_device", "CUDA caching-allocator peak per device, device:MiB;..."),
-    ("mem_imbalance_ratio", "max over min peak memory across the devices used", N),
+    ("util_pct_mean", "mean over devices of util_pct_mean_by_device, %; empty (reason in "
+                      "sampler_note) for a timed window under 1 s or a device with under 3 "
+                      "samples in it", N),
+    ("util_pct_mean_by_device", "mean utilisation per device over the timed window, 0-100 of "
+                                "what the device holds, device:%;... (GPUs: NVML utilisation; "
+                                "cpu workers: the process's CPU time over its threads' cores, "
+                                "100 = all of them busy; a process driving several devices "
+                                "(mp, pipeline: '0+1') over the one worker's cores it holds)"),
+    ("power_w_mean", "mean power of the energy counters over the timed window (gross), watts",
+     N),
+    ("energy_j_per_img", "energy per image over the timed window, gross: everything the "
+                         "counters saw (RAPL: the whole packages holding the rig's cores, "
+                         "idle cores and other processes included; NVML: the case's GPUs), "
+                         "joules; not comparable across strategies", N),
+    ("energy_j_per_img_net", "energy_j_per_img net of the run's idle power of the same "
+                             "counters (env.json idle_power): what the case added, joules; "
+                             "comparable across strategies", N),
+    ("energy_source", "rapl-rig-packages (RAPL of the CPU packages holding the rig's cores) "
+                      "or nvml-gpus (the case's GPUs)"),
+    ("sampler_note", "why utilisation, power or energy are empty: a timed window under 1 s "
+                     "(NVML averages over up to 1 s), under 3 samples of a device or counter "
+                     "in it, no readable energy counter, no idle power for the net figure"),
+    ("peak_mem_reserved_mib_max", "largest CUDA caching-allocator reservation after warm-up, "
+                                  "MiB", N),
+    ("peak_mem_reserved_mib_by_device", "CUDA caching-allocator peak per device after warm-up, "
+                                        "device:MiB;..."),
+    ("mem_imbalance_ratio", "max over min net peak memory across the devices used", N),
     ("flops_per_img", "training FLOPs (forward + backward) per image", N),
     ("achieved_tflop_s", "flops_per_img x throughput, TFLOP/s", N),
-    ("mfu_pct", "achieved over the measured attainable peak of the devices used, %", N),
+    ("mfu_pct", "achieved over the measured attainable peak of the devices whose compute "
+                "the case holds (a cpu rig's mp/pipeline: one worker's), %; the peak is the "
+                "best of a GEMM and a conv probe per device (env.json attainable_peak)", N),
+    ("mfu_note", "why mfu_pct is empty, or a flag where it is over 100%: the case beat the "
+                 "measured peak, so that probe is not the attainable peak here and the figure "
+                 "is not an efficiency"),
     ("speedup_vs_single", "throughput over the single case of the same workload and run", N),
     ("scaling_efficiency", "speedup_vs_single over world_size", N),
     ("partition", "stage cut used, method:block indices (strategies that cut the model)"),
     ("channels_last", "1 when model and inputs were channels-last", N),
     ("compile", "1 when modules were torch.compiled", N),
     ("sync_bn", "1 when BatchNorm was synchronised across ranks", N),
+    # The pipeline bubble per device and per schedule (bench_lib.measure.bubble), for the
+    # pipelined strategies (mp, pipeline, gpipe, 1f1b, interleaved-1f1b, interleaved-zb, zbv);
+    # the measured ones from the traced step after the timed ones, empty without a timeline.
+    ("bubble_measured_pct", "idle share of the traced step's span per device (1 - its busy "
+                            "time, any stage or phase, over the span), mean over devices, %",
+     N),
+    ("bubble_theory_pct", "the schedule's idle share of the span with equal forward, input- "
+                          "and weight-gradient times: (p-1)/(m+p-1) gpipe/1f1b/pipeline, "
+                          "(p-1)/p mp, (p-1)/(v*m+p-1) interleaved-1f1b, (p-1)/(3*v*m+p-1) "
+                          "interleaved-zb and zbv (p devices, v stages each, m micro-batches), "
+                          "%", N),
+    ("timeline_span_s", "the traced step's timeline, first start to last end over all "
+                        "devices (no optimizer step), seconds", N),
+    ("traced_step_s", "wall time of the traced step, timed like a timed step (the slowest "
+                      "rank's), seconds", N),
+    ("traced_vs_median_pct", "traced_step_s over step_time_s_median, minus 1, % (+ = the "
+                             "traced step was slower)", N),
 )
 STEPS = _cols(
     ("run_id", "the run folder's name"), ("case_id", "the case"), ("rank", "process rank", N),
@@ -101,7 +164,8 @@ STEPS = _cols(
 )
 # What the sampler reads per device; a metric a source cannot read is left empty.
 SAMPLE_METRICS = _cols(
-    ("cpu_pct", "worker CPU percent since the last sample (100 = one core)", N),
+    ("cpu_pct", "worker process's CPU time since the last sample over its threads' cores, "
+                "% (100 = every core the worker holds busy: threads_per_worker cores)", N),
     ("rss_mib", "worker resident memory, MiB", N),
     ("util_gpu_pct", "NVML GPU utilisation, %", N),
     ("util_mem_pct", "NVML memory-controller utilisation, %", N),
@@ -119,8 +183,11 @@ SAMPLES = _cols(
 ) + SAMPLE_METRICS
 TIMELINE = _cols(
     ("run_id", "the run folder's name"), ("case_id", "the case"), ("rank", "process rank", N),
-    ("stage", "global stage index", N), ("device", "torch device of the stage"),
-    ("microbatch", "micro-batch index", N), ("phase", "fwd or bwd"),
+    ("stage", "global stage index", N),
+    ("device", "the device that ran it: cuda:N on GPUs, the rig's worker slot cpu:N on CPUs"),
+    ("microbatch", "micro-batch index", N),
+    ("phase", "fwd, bwd (input gradient, or the whole backward where it is not split) or "
+              "wgt (weight gradient: zero-bubble schedules)"),
     ("start_s", "start on the case's aligned clock, seconds", N),
     ("end_s", "end on the case's aligned clock, seconds", N),
 )

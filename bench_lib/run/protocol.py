@@ -3,7 +3,9 @@
 The runner writes a ``CaseSpec`` as ``spec.json`` into the case's work folder and starts
 the ranks (``python -m bench_lib.run.worker SPEC_JSON RANK``); each rank writes its
 ``RankResult`` as ``rank<RANK>.json`` beside it. The runner combines the rank results (and
-what it saw itself: exit codes, timeouts, the sampler) into one ``CaseOutcome``.
+what it saw itself: exit codes, timeouts, the sampler) into one ``CaseOutcome``. Before it
+builds the model, each rank records its resident memory in ``baseline_path`` (the runner's
+CPU memory cap counts only what the case adds beyond it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ TimelineRow = dict[str, Any]
 SampleRow = dict[str, Any]
 """One samples.csv row: time_unix_s, device and the sampler's metrics."""
 RANK_STATUSES = ("ok", "oom", "error")
+
+
+def baseline_path(case_dir: Path, rank: int) -> Path:
+    """Where a rank records, as ``{"rss_mib": ...}``, its resident memory (MiB) before the
+    model was built: its runtime (torch, libraries, process group)."""
+    return case_dir / f"rank{rank}.baseline.json"
 
 
 @dataclass(frozen=True)
@@ -57,13 +65,19 @@ class RankResult:
     stop_reason: str = ""
     """What ended timing (``timing.STOP_REASONS``); every rank stops after the same step."""
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
-    """Peak memory per device label."""
+    """Peak memory per device label over the timed steps, runtime included (gross)."""
+    peak_mem_net_mib: dict[str, float] = field(default_factory=dict)
+    """The same net of the footprint before the model was built (``measure.memory``)."""
+    peak_mem_source: str = ""
+    """How the peaks were read (``measure.memory.SOURCES``)."""
     peak_mem_reserved_mib: dict[str, float] = field(default_factory=dict)
     """CUDA caching allocator's peak per device label (empty on CPU)."""
     partition: str = ""
     """The stage cut used, e.g. ``balanced:8`` (strategies that cut the model)."""
     timeline: tuple[TimelineRow, ...] = ()
     """The traced step's intervals on this host's monotonic clock (pipelined strategies)."""
+    traced_step_s: float | None = None
+    """Wall time of this rank's traced step, timed like a timed step (None: no trace)."""
 
     def __post_init__(self) -> None:
         if self.status not in RANK_STATUSES:
@@ -91,6 +105,11 @@ class CaseOutcome:
     """Per timed step, the slowest rank's time (``timing.slowest_per_step``)."""
     rank_step_times_s: dict[int, list[float]] = field(default_factory=dict)
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
+    """Peak memory per device over the timed steps, runtime included (gross)."""
+    peak_mem_net_mib: dict[str, float] = field(default_factory=dict)
+    """Peak memory per device net of each process's footprint before the model was built."""
+    peak_mem_source: str = ""
+    """How the peaks were read (``measure.memory.SOURCES``; the worst of the ranks')."""
     peak_mem_reserved_mib: dict[str, float] = field(default_factory=dict)
     """CUDA caching allocator's peak reservation per device (empty on CPU)."""
     timed_window_unix_s: tuple[float, float] | None = None
@@ -100,6 +119,8 @@ class CaseOutcome:
     """The stage cut the ranks used (strategies that cut the model)."""
     timeline: list[TimelineRow] = field(default_factory=list)
     """Pipeline timeline rows of the traced step, every rank's on one time axis."""
+    traced_step_s: float | None = None
+    """Wall time of the traced step, the slowest rank's (None: no trace)."""
     samples: list[SampleRow] = field(default_factory=list)
     """The sampler's rows over the whole case."""
     wall_time_s: float = 0.0

@@ -7,6 +7,8 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from bench_lib.measure import bubble
+from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
 from bench_lib.measure.stats import Stats
 from bench_lib.rig import Rig
@@ -22,7 +24,8 @@ def by_device(values: dict[str, float]) -> str:
 
 
 def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
-             attainable_peak: AttainablePeak | None = None) -> Row:
+             attainable_peak: AttainablePeak | None = None,
+             idle_power: IdlePower | None = None) -> Row:
     """The cases.csv row of a case (the speedup columns come from ``SpeedupTable``)."""
     row: Row = {
         "case_id": case.case_id,
@@ -66,31 +69,71 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
             "peak_mem_mib_max": max(outcome.peak_mem_mib.values()),
             "peak_mem_mib_by_device": by_device(outcome.peak_mem_mib),
         }
-        row |= derived_columns(case, outcome, row["throughput_img_s"], attainable_peak)
+        row |= memory_columns(outcome)
+        # On a cpu rig a lone process driving several devices (mp, pipeline) is pinned to
+        # one worker's cores: its MFU is of that one worker's peak.
+        held = 1 if rig.kind == "cpu" and not case.process_group else case.world_size
+        row |= derived_columns(case, outcome, row["throughput_img_s"], attainable_peak,
+                               idle_power, held)
     return row
 
 
 def derived_columns(case: Case, outcome: CaseOutcome, throughput_img_s: float,
-                    attainable_peak: AttainablePeak | None) -> Row:
-    """cases.csv columns derived from an ok case's outcome beside its step times."""
+                    attainable_peak: AttainablePeak | None,
+                    idle_power: IdlePower | None = None, peak_devices: int | None = None) -> Row:
+    """cases.csv columns derived from an ok case's outcome beside its step times.
+
+    ``peak_devices``: how many devices' peaks the case's compute can reach (default: its
+    world size).
+    """
     cols: Row = {"stop_reason": outcome.stop_reason}
     if outcome.timed_window_unix_s is not None:
         images = case.batch_size * len(outcome.step_times_s)
-        cols |= window_columns(outcome.samples, *outcome.timed_window_unix_s, images)
+        cols |= window_columns(outcome.samples, *outcome.timed_window_unix_s, images,
+                               idle_power.watts if idle_power else None)
     if outcome.peak_mem_reserved_mib:
         cols["peak_mem_reserved_mib_max"] = max(outcome.peak_mem_reserved_mib.values())
         cols["peak_mem_reserved_mib_by_device"] = by_device(outcome.peak_mem_reserved_mib)
-    mem = list(outcome.peak_mem_mib.values())
+    mem = list(outcome.peak_mem_net_mib.values())  # what the case adds, per device
     if len(mem) >= 2 and min(mem) > 0:
         cols["mem_imbalance_ratio"] = max(mem) / min(mem)
     elif case.world_size == 1 and mem:
         cols["mem_imbalance_ratio"] = 1.0
     # else: one process drove several devices and its peak cannot be split per device.
     flops = train_flops_per_image(case.model, case.image_size)
-    peak = attainable_peak.of_devices(case.precision, case.world_size) if attainable_peak else None
+    held = peak_devices or case.world_size
+    peak = attainable_peak.of_devices(case.precision, held) if attainable_peak else None
     achieved, mfu = efficiency(flops, throughput_img_s, peak)
-    cols |= {"flops_per_img": flops, "achieved_tflop_s": achieved, "mfu_pct": mfu}
+    cols |= {"flops_per_img": flops, "achieved_tflop_s": achieved, "mfu_pct": mfu,
+             "mfu_note": mfu_note(mfu, attainable_peak, case.precision, held)}
+    cols |= bubble_columns(case, outcome, case.batch_size / throughput_img_s)
     return cols
+
+
+def bubble_columns(case: Case, outcome: CaseOutcome, median_s: float) -> Row:
+    """The pipeline bubble per device beside the schedule's theory, and the traced step
+    against the median step (``median_s``); empty for strategies that do not pipeline."""
+    ideal = bubble.theory(case.strategy, case.world_size, case.num_microbatches)
+    if ideal is None:
+        return {}
+    cols: Row = {"bubble_theory_pct": 100 * ideal.fraction}
+    idle = bubble.measured(outcome.timeline)
+    if idle is not None:
+        lo, hi = bubble.span(outcome.timeline)
+        cols |= {"bubble_measured_pct": 100 * idle, "timeline_span_s": hi - lo}
+    if outcome.traced_step_s is not None:
+        cols |= {"traced_step_s": outcome.traced_step_s,
+                 "traced_vs_median_pct": 100 * (outcome.traced_step_s / median_s - 1)}
+    return cols
+
+
+def memory_columns(outcome: CaseOutcome) -> Row:
+    """The net peak-memory columns and how the peaks were read (empty where not measured)."""
+    if not outcome.peak_mem_net_mib:
+        return {}
+    return {"peak_mem_net_mib_max": max(outcome.peak_mem_net_mib.values()),
+            "peak_mem_net_mib_by_device": by_device(outcome.peak_mem_net_mib),
+            "peak_mem_source": outcome.peak_mem_source}
 
 
 def efficiency(flops_per_img: float, throughput_img_s: float,
@@ -102,41 +145,92 @@ def efficiency(flops_per_img: float, throughput_img_s: float,
     return achieved, 100 * achieved / peak_tflop_s
 
 
-def window_columns(samples: list[SampleRow], t0: float, t1: float, images: int) -> Row:
+def mfu_note(mfu: float | None, peak: AttainablePeak | None, precision: str,
+             devices: int) -> str:
+    """Why ``mfu_pct`` is empty, or a flag where it is over 100% (the case beat the peak
+    probe, so the probe is not the attainable peak here: read the figure as suspect)."""
+    if mfu is None:
+        why = peak.unsupported if peak is not None else ""
+        return f"no attainable peak: {why or f'none measured for {precision} on these devices'}"
+    if mfu > 100:
+        probes = "/".join(peak.probes_of(precision, devices) if peak else []) or "peak"
+        return (f"over 100%: the case beat the measured peak ({probes} probe), so that "
+                "probe is not the attainable peak here")
+    return ""
+
+
+def _plural(devices: dict[str, int]) -> str:
+    return ", ".join(f"{d}: {n}" for d, n in sorted(devices.items()))
+
+
+def window_columns(samples: list[SampleRow], t0: float, t1: float, images: int,
+                   idle_w: dict[str, float] | None = None) -> Row:
     """Sampler columns over the timed window [t0, t1] (unix seconds) in which ``images`` ran.
 
     Utilisation: the mean per device (GPU utilisation where NVML gives it, else worker CPU
-    percent). Energy: each counter's mean power between its first and last sample inside the
-    window, times the window's length, summed over devices, per image. Empty where the
-    window holds too few samples or no counter exists.
+    percent of what the worker holds: both 0-100). Energy: each counter's mean power between
+    its first and last sample inside the window, times the window's length, summed over
+    counters, per image; net of ``idle_w`` (idle watts per counter's device label) too.
+    Left empty, with the reason in ``sampler_note``, where the window is shorter than
+    ``MIN_WINDOW_S``, a device (counter) has fewer than ``MIN_SAMPLES`` samples in it, or no
+    counter exists.
     """
     inside = [s for s in samples if t0 <= s["time_unix_s"] <= t1]
     util: dict[str, list[float]] = {}
     energy: dict[str, list[tuple[float, float]]] = {}
+    for s in samples:  # every device that reports, so one with no sample inside counts as 0
+        if s["util_gpu_pct"] is not None or s["cpu_pct"] is not None:
+            util.setdefault(s["device"], [])
+        if s["energy_j"] is not None:
+            energy.setdefault(s["device"], [])
     for s in inside:
         u = s["util_gpu_pct"] if s["util_gpu_pct"] is not None else s["cpu_pct"]
         if u is not None:
-            util.setdefault(s["device"], []).append(u)
+            util[s["device"]].append(u)
         if s["energy_j"] is not None:
-            energy.setdefault(s["device"], []).append((s["time_unix_s"], s["energy_j"]))
-    means = {d: sum(v) / len(v) for d, v in util.items()}
+            energy[s["device"]].append((s["time_unix_s"], s["energy_j"]))
     out: Row = {
-        "util_pct_mean_by_device": by_device(means),
-        "util_pct_mean": sum(means.values()) / len(means) if means else None,
+        "util_pct_mean_by_device": "",
+        "util_pct_mean": None,
         "power_w_mean": None,
         "energy_j_per_img": None,
+        "energy_j_per_img_net": None,
         "energy_source": "",
+        "sampler_note": "",
     }
-    rates = [
-        (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-        for pts in energy.values()
-        if len(pts) >= 2 and pts[-1][0] > pts[0][0]
-    ]
-    if rates and len(rates) == len(energy) and images > 0:
-        power = sum(rates)
+    window = t1 - t0
+    if window < MIN_WINDOW_S:
+        out["sampler_note"] = (f"timed window {window:.2f} s is under {MIN_WINDOW_S:g} s "
+                               "(NVML averages over up to 1 s): utilisation and energy left "
+                               "empty")
+        return out
+    notes = []
+    few = {d: len(v) for d, v in util.items() if len(v) < MIN_SAMPLES}
+    if few:
+        notes.append(f"samples in the timed window per device ({_plural(few)}) under "
+                     f"{MIN_SAMPLES}: utilisation left empty")
+    elif util:
+        means = {d: sum(v) / len(v) for d, v in util.items()}
+        out["util_pct_mean_by_device"] = by_device(means)
+        out["util_pct_mean"] = sum(means.values()) / len(means)
+    short = {d: len(p) for d, p in energy.items() if len(p) < MIN_SAMPLES or p[-1][0] <= p[0][0]}
+    if not energy:
+        notes.append("no readable energy counter")
+    elif short:
+        notes.append(f"energy counter samples in the timed window ({_plural(short)}) under "
+                     f"{MIN_SAMPLES}: energy left empty")
+    elif images > 0:
+        rates = {d: (p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0]) for d, p in energy.items()}
+        power = sum(rates.values())
         out["power_w_mean"] = power
-        out["energy_j_per_img"] = power * (t1 - t0) / images
-        out["energy_source"] = "rapl-host-packages" if "host" in energy else "nvml-gpus"
+        out["energy_j_per_img"] = power * window / images
+        out["energy_source"] = "rapl-rig-packages" if "host" in energy else "nvml-gpus"
+        if idle_w is not None and all(d in idle_w for d in rates):
+            idle = sum(idle_w[d] for d in rates)
+            out["energy_j_per_img_net"] = (power - idle) * window / images
+        else:
+            notes.append("no idle power measured for these counters: net energy left empty")
+    out["sampler_note"] = "; ".join(notes)
     return out
 
 

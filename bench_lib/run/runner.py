@@ -7,6 +7,7 @@ case still yields exactly one row.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,13 +19,14 @@ from pathlib import Path
 
 import psutil
 
+from bench_lib.measure.energy import IDLE_SECONDS, IdlePower, idle_power, rig_packages
 from bench_lib.measure.flops import AttainablePeak
 from bench_lib.measure.sampler import NvmlSource, ProcessSource, RaplSource, Sampler, Source
 from bench_lib.measure.timing import slowest_per_step
 from bench_lib.measure.trace import align
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult
+from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult, baseline_path
 from bench_lib.run.rows import Row, SpeedupTable, case_row, step_rows
 from bench_lib.sweep.cases import Case
 
@@ -83,25 +85,55 @@ def _log_tail(log_path: Path) -> str:
     return " | ".join(text[-LOG_TAIL_CHARS:].splitlines()[-3:])
 
 
-def _rss_over_cap(procs: Sequence[subprocess.Popen[bytes]], cap_mib: float) -> str | None:
-    """Why a rank (with its children) holds more resident memory than ``cap_mib``, or None."""
+def _read_baseline_mib(case_dir: Path, rank: int) -> float | None:
+    """The resident memory (MiB) a rank recorded before building its model; None before."""
+    try:
+        return float(json.loads(baseline_path(case_dir, rank).read_text())["rss_mib"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _rss_over_cap(procs: Sequence[subprocess.Popen[bytes]], cap_mib: float, case_dir: Path,
+                  devices_per_process: int = 1,
+                  baselines: dict[int, float] | None = None) -> str | None:
+    """Why a rank holds more resident memory than its devices' cap allows, or None.
+
+    The cap mimics a card of ``cap_mib``: what counts is what the case adds, a rank's
+    resident memory (its children's included) net of its footprint before the model was
+    built (``protocol.baseline_path``; a rank that has not recorded it yet has built nothing
+    and is not checked), and a process that drives k devices (mp, pipeline) gets k caps.
+    ``baselines`` caches the recorded footprints between polls.
+    """
+    known = {} if baselines is None else baselines
+    cap = cap_mib * devices_per_process
     for rank, proc in enumerate(procs):
+        if rank not in known:
+            base = _read_baseline_mib(case_dir, rank)
+            if base is None:
+                continue
+            known[rank] = base
         try:
             parent = psutil.Process(proc.pid)
             rss = sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)])
         except psutil.Error:  # exited between the poll and now
             continue
-        if rss / MIB > cap_mib:
-            return (f"rank {rank} held {rss / MIB:.0f} MiB resident, over the "
-                    f"{cap_mib:.0f} MiB cap (--max-memory-per-device); killed")
+        added = rss / MIB - known[rank]
+        if added > cap:
+            per = (f" ({devices_per_process} devices x {cap_mib:.0f} MiB)"
+                   if devices_per_process > 1 else "")
+            return (f"rank {rank} held {added:.0f} MiB resident beyond its "
+                    f"{known[rank]:.0f} MiB runtime, over the {cap:.0f} MiB cap{per} "
+                    "(--max-memory-per-device); killed")
     return None
 
 
 def _supervise(
-    procs: Sequence[subprocess.Popen[bytes]], timeout_s: float, max_rss_mib: float = 0.0
+    procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
+    over_cap: Callable[[], str | None] | None = None,
 ) -> tuple[str, str] | None:
     """Wait for the ranks; returns (status, reason) when the runner had to stop them.
 
+    ``over_cap`` says why the ranks hold more memory than allowed (they are then an oom).
     Kills the whole process group whatever happens, including on KeyboardInterrupt.
     """
     pgid = procs[0].pid
@@ -115,7 +147,7 @@ def _supervise(
             now = time.monotonic()
             if now > deadline:
                 return "timeout", f"case still running after {timeout_s:g} s; killed"
-            if max_rss_mib and (reason := _rss_over_cap(procs, max_rss_mib)):
+            if over_cap is not None and (reason := over_cap()):
                 return "oom", reason
             if first_failure is None and any(c not in (None, 0) for c in codes):
                 first_failure = now
@@ -146,9 +178,14 @@ def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]],
         return CaseOutcome(worst.status, f"rank {worst.rank}: {worst.reason}")
     per_rank = {r: list(res.step_times_s) for r, res in results.items()}
     windows = [res.timed_window_unix_s for res in results.values() if res.timed_window_unix_s]
+    sources = {res.peak_mem_source for res in results.values()}
     return CaseOutcome(
         "ok", step_times_s=slowest_per_step(per_rank), rank_step_times_s=per_rank,
         peak_mem_mib={k: v for res in results.values() for k, v in res.peak_mem_mib.items()},
+        peak_mem_net_mib={k: v for res in results.values()
+                          for k, v in res.peak_mem_net_mib.items()},
+        # ru_maxrss (a lifetime peak) if any rank could not reset its peak after warm-up.
+        peak_mem_source=("ru_maxrss" if "ru_maxrss" in sources else results[0].peak_mem_source),
         peak_mem_reserved_mib={k: v for res in results.values()
                                for k, v in res.peak_mem_reserved_mib.items()},
         timed_window_unix_s=((min(w[0] for w in windows), max(w[1] for w in windows))
@@ -157,6 +194,8 @@ def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]],
         # One time axis for all ranks: stamps share the host's monotonic clock.
         timeline=align([{"rank": rank, **e} for rank, res in results.items()
                         for e in res.timeline]),
+        traced_step_s=max((res.traced_step_s for res in results.values()
+                           if res.traced_step_s is not None), default=None),
     )
 
 
@@ -173,11 +212,32 @@ def case_sampler(case: Case, rig: Rig, pids: Sequence[int]) -> Sampler:
             labels = [str(r) for r in range(len(pids))]
         else:  # one process drives every device of the case
             labels = ["+".join(str(i) for i in range(case.world_size))]
-        sources.append(ProcessSource(dict(zip(labels, pids))))
-        rapl = RaplSource()
+        # Each process is pinned to one worker: its CPU % is of that worker's threads.
+        threads = dict.fromkeys(labels, rig.threads_per_worker)
+        sources.append(ProcessSource(dict(zip(labels, pids)), threads))
+        rapl = RaplSource(packages=rig_packages(rig))  # the packages holding the rig's cores
         if rapl.available:
             sources.append(rapl)
     return Sampler(sources, case.measurement.sample_interval_ms / 1000)
+
+
+def measure_idle_power(rig: Rig, seconds: float = IDLE_SECONDS) -> IdlePower:
+    """The rig's power with nothing of ours running, over the counters cases are read
+    through: RAPL of the packages holding a cpu rig's cores, NVML of every GPU of a cuda rig."""
+    sources: list[Source] = []
+    described: list[str] = []
+    if rig.kind == "cuda":
+        try:
+            sources.append(NvmlSource(_cuda_bus_ids(rig.num_devices)))
+            described += [f"nvml gpu {i}" for i in range(rig.num_devices)]
+        except Exception:  # no NVML library or driver: no idle figure
+            pass
+    else:
+        rapl = RaplSource(packages=rig_packages(rig))
+        if rapl.available:
+            sources.append(rapl)
+            described += [f"rapl {d}" for d in rapl.domains]
+    return idle_power(sources, described, seconds)
 
 
 def _cuda_bus_ids(count: int) -> dict[str, str | int]:
@@ -204,10 +264,18 @@ def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
     log_path = case_dir / "worker.log"
     start = time.monotonic()
     procs = _launch(spec_path, case.processes, log_path)
-    # CPU workers are capped here by resident memory; GPUs by their allocator (worker.py).
+    # CPU workers are capped here by the resident memory the case adds, per device they
+    # drive; GPUs by their allocator (worker.py).
     cap = case.measurement.max_memory_per_device_mib if rig.kind == "cpu" else 0.0
+    per_process = 1 if case.process_group else case.world_size
+    baselines: dict[int, float] = {}
+
+    def over_cap() -> str | None:
+        return _rss_over_cap(procs, cap, case_dir, per_process, baselines)
+
     with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
-        stopped = _supervise(procs, case.measurement.case_timeout_s, cap)
+        stopped = _supervise(procs, case.measurement.case_timeout_s,
+                             over_cap if cap else None)
     outcome = CaseOutcome(*stopped) if stopped else _combine(case_dir, procs, log_path)
     outcome.samples = sampler.samples
     outcome.wall_time_s = time.monotonic() - start
@@ -223,10 +291,12 @@ def run_sweep(
     on_case_done: Callable[[int, Case, Row], None] | None = None,
     on_case_start: Callable[[int, Case], None] | None = None,
     attainable_peak: AttainablePeak | None = None,
+    idle: IdlePower | None = None,
 ) -> list[Row]:
     """Run every case in order, writing its row as soon as it ends; returns the rows.
 
-    ``attainable_peak`` is the rig's measured FLOP peak, for the MFU columns.
+    ``attainable_peak`` is the rig's measured FLOP peak, for the MFU columns; ``idle`` its
+    idle power, for the net energy column.
     """
     work_root = writer.run_dir / ".work"
     rows = []
@@ -239,7 +309,7 @@ def run_sweep(
             outcome = CaseOutcome(case.status, case.reason)
         else:
             outcome = run_case(case, rig, work_root)
-        row = case_row(case, rig, outcome, attainable_peak)
+        row = case_row(case, rig, outcome, attainable_peak, idle)
         speedups.fill(case, row)
         writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
         rows.append(row)

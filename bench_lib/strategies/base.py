@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,6 +74,22 @@ class BuildContext:
         return m.split_size if m is not None and m.split_size else self.workload.batch_size
 
 
+@dataclass(frozen=True)
+class TimelineStage:
+    """A pipeline stage this process drives, as the traced step's timeline sees it."""
+
+    index: int
+    """Global stage index."""
+    slot: int
+    """Position in the trainer's ``devices`` of the device that runs it (on a cpu rig every
+    slot is torch's "cpu": the slot tells the two devices of ``mp`` apart)."""
+    module: nn.Module
+    """The stage's module (its forward and backward are stamped through hooks on it)."""
+    pipe_stage: Any = None
+    """A ``torch.distributed.pipelining`` stage: its per-micro-batch methods are stamped
+    instead, so that split input- and weight-gradient passes are seen (None: hooks)."""
+
+
 class Trainer:
     """One training step (zero grads, forward, loss, backward, optimizer step) on some devices.
 
@@ -110,6 +127,17 @@ class Trainer:
         """Images this process feeds per step (the global batch over the ranks)."""
         return self.ctx.workload.batch_size // self.ctx.world_size
 
+    @property
+    def needs_images(self) -> bool:
+        """Whether ``step`` reads its input images (a pipeline rank without the first stage
+        does not, so none are made for it)."""
+        return True
+
+    @property
+    def needs_targets(self) -> bool:
+        """Whether ``step`` reads its targets (only the rank with the last stage does)."""
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.module(x)
         return out
@@ -127,9 +155,14 @@ class Trainer:
         self.forward_backward(x, y)
         self.optimizer.step()
 
+    def timeline_stages(self) -> list[TimelineStage]:
+        """The pipeline stages this process drives, for the traced step; empty when not
+        pipelined."""
+        return []
+
     def timeline_modules(self) -> list[tuple[int, nn.Module]]:
         """(stage index, stage module) pairs this process drives; empty when not pipelined."""
-        return []
+        return [(s.index, s.module) for s in self.timeline_stages()]
 
     def compile(self) -> None:
         """torch.compile this trainer's modules in place (its ``stages`` when it has them)."""

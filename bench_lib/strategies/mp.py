@@ -9,16 +9,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench_lib.strategies.base import BuildContext, Strategy, Trainer, two_devices
+from bench_lib.strategies.base import (
+    BuildContext,
+    Strategy,
+    TimelineStage,
+    Trainer,
+    two_devices,
+)
 from bench_lib.strategies.partition import choose
 from bench_lib.workloads import split_stages
 
 
 class ModelParallelTrainer(Trainer):
     def __init__(self, model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> None:
-        # The case's partition (tutorial: after layer2); balanced profiles on device 0.
-        self.partition = choose(ctx.partition, model.to(devices[0]), len(devices),
-                                ctx.workload, ctx.stage_batch_size, devices[0])
+        # The case's partition (tutorial: after layer2); balanced profiles on device 0,
+        # block by block, then each stage moves to its own device.
+        self.partition = choose(ctx.partition, model, len(devices), ctx.workload,
+                                ctx.stage_batch_size, devices[0])
         stages = split_stages(model, list(self.partition.cuts))
         self.stages = [s.to(d) for s, d in zip(stages, devices)]
         super().__init__(nn.Sequential(*self.stages), devices, ctx)
@@ -28,8 +35,9 @@ class ModelParallelTrainer(Trainer):
             x = stage(x.to(device))
         return x
 
-    def timeline_modules(self) -> list[tuple[int, nn.Module]]:
-        return list(enumerate(self.stages))
+    def timeline_stages(self) -> list[TimelineStage]:
+        # Stage i runs on devices[i]: one process, one device slot per stage.
+        return [TimelineStage(i, i, stage) for i, stage in enumerate(self.stages)]
 
 
 def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> Trainer:
@@ -43,7 +51,8 @@ STRATEGY = Strategy(
     num_devices=two_devices,
     uses_partition=True,
     cpu_note=(
-        "cpu rig: one process runs the two stages one after another on one worker's "
-        "threads; as with naive model parallelism on GPUs, one device is busy at a time"
+        "cpu rig: one process, pinned to one worker's cores and threads like single, runs "
+        "the two stages one after another; as with naive model parallelism on GPUs, one "
+        "device is busy at a time"
     ),
 )

@@ -44,7 +44,8 @@ STRATEGY = Strategy(
     uses_split=True,
     uses_partition=True,
     cpu_note=(
-        "cpu rig: one process, no asynchronous device work, so micro-batches run one "
-        "after another: this measures the cost of micro-batching, not pipeline overlap"
+        "cpu rig: one process, pinned to one worker's cores and threads like single, no "
+        "asynchronous device work, so micro-batches run one after another: this measures "
+        "the cost of micro-batching, not pipeline overlap"
     ),
 )

@@ -23,7 +23,14 @@ import torch
 from torch import nn
 from torch.distributed import pipelining as pp
 
-from bench_lib.strategies.base import BuildContext, Builder, Strategy, Trainer, all_devices
+from bench_lib.strategies.base import (
+    BuildContext,
+    Builder,
+    Strategy,
+    TimelineStage,
+    Trainer,
+    all_devices,
+)
 from bench_lib.strategies.partition import choose
 from bench_lib.workloads import split_stages
 
@@ -35,6 +42,15 @@ def stage_indices(rank: int, world: int, stages_per_rank: int, style: str) -> li
     if style == "v":
         return [rank, 2 * world - 1 - rank]
     return [rank + k * world for k in range(stages_per_rank)]
+
+
+def stage_placement(world: int, stages_per_rank: int, style: str) -> list[int]:
+    """The rank of each global stage (the inverse of ``stage_indices``)."""
+    placement = [0] * (world * stages_per_rank)
+    for rank in range(world):
+        for stage in stage_indices(rank, world, stages_per_rank, style):
+            placement[stage] = rank
+    return placement
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -62,16 +78,23 @@ class _Boundary(nn.Module):
 
 
 class PipeliningTrainer(Trainer):
-    """This rank's stage(s) of a torch.distributed.pipelining schedule."""
+    """This rank's stage(s) of a torch.distributed.pipelining schedule.
+
+    It holds its own stages only: the others, and the whole model, are left to the caller
+    (which drops them), and only the device-side copies of its own stages are made.
+    """
 
     def __init__(self, model: nn.Module, devices: list[torch.device], ctx: BuildContext,
                  schedule_cls: type, stages_per_rank: int, style: str) -> None:
         (device,) = devices
         self.split_size, self.num_microbatches = ctx.require_micro("pipelining", even=True)
         num_stages = ctx.world_size * stages_per_rank
-        model = model.to(device)  # the balanced partition profiles the blocks on this device
+        placement = stage_placement(ctx.world_size, stages_per_rank, style)
+        # A balanced partition profiles the blocks on this rank's device, one at a time;
+        # with 2 stages per rank it balances each rank's summed load.
         self.partition = choose(ctx.partition, model, num_stages, ctx.workload,
-                                ctx.stage_batch_size, device)
+                                ctx.stage_batch_size, device,
+                                placement=placement if stages_per_rank > 1 else None)
         stages = [_Boundary(s) for s in split_stages(model, list(self.partition.cuts))]
         self.stage_ids = stage_indices(ctx.rank, ctx.world_size, stages_per_rank, style)
         self.stages = [stages[i].to(device) for i in self.stage_ids]
@@ -97,6 +120,14 @@ class PipeliningTrainer(Trainer):
         # Every rank of a pipeline sees the whole batch's micro-batches (or none of them).
         return self.ctx.workload.batch_size
 
+    @property
+    def needs_images(self) -> bool:
+        return self.owns_first
+
+    @property
+    def needs_targets(self) -> bool:
+        return self.owns_last
+
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Run the schedule over the batch's micro-batches; returns the loss (last stage)."""
         split = self.split_size
@@ -117,9 +148,11 @@ class PipeliningTrainer(Trainer):
         for stage in self.stages:
             stage.body.compile()
 
-    def timeline_modules(self) -> list[tuple[int, nn.Module]]:
-        """(stage index, stage module) of each stage this process drives."""
-        return list(zip(self.stage_ids, self.stages))
+    def timeline_stages(self) -> list[TimelineStage]:
+        """Each stage this process drives, all on its one device; the traced step stamps
+        the pipelining stage's own F, B (input gradient) and W (weight gradient) passes."""
+        return [TimelineStage(i, 0, stage, pipe) for i, stage, pipe
+                in zip(self.stage_ids, self.stages, self.pipe_stages)]
 
 
 def _builder(schedule_cls: type, stages_per_rank: int, style: str) -> Builder:
