@@ -138,7 +138,8 @@ def test_memory_bars_show_each_device(tmp_path):
     fig = device_figures.fig_memory(load(synthetic_run(tmp_path)).cases)
     heights = sorted(p.get_height() for p in fig.axes[0].patches if not p.get_hatch())
     assert heights == [350.0, 700.0, 800.0, 900.0, 950.0]
-    assert any("2.00x max/min" in t.get_text() for t in fig.axes[0].get_xticklabels())
+    assert any(t.get_text().endswith("\n2.00x") for t in fig.axes[0].get_xticklabels())
+    assert "max over min" in fig.get_suptitle()
     plt.close(fig)
 
 

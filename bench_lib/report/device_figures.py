@@ -61,7 +61,7 @@ def fig_memory(cases: pd.DataFrame) -> Figure | None:
             mem = parse_by_device(row.peak_mem_net_mib_by_device)
             label = bar_label(row) + (f"\n{row.run_label}" if g.run_label.nunique() > 1 else "")
             if len(mem) > 1 and min(mem.values()) > 0:
-                label += f"\n{max(mem.values()) / min(mem.values()):.2f}x max/min"
+                label += f"\n{max(mem.values()) / min(mem.values()):.2f}x"  # max over min
             labels.append(label)
             if row.status != "ok" or not mem:
                 ax.bar(x, fail_h, 0.8, **FAILED_STYLE)
@@ -83,8 +83,9 @@ def fig_memory(cases: pd.DataFrame) -> Figure | None:
     what = ("CPU rig: each worker process's peak resident memory minus its footprint before "
             "the model was built" if cases.rig.astype(str).str.startswith("cpu").all()
             else "CUDA allocator peak")
-    fig.suptitle(f"Peak memory per device after warm-up, net of the runtime ({what}; "
-                 "device '0+1': one process drives both)", fontsize=11)
+    fig.suptitle(f"Peak memory per device after warm-up, net of the runtime ({what})\n"
+                 "device '0+1': one process drives both; under a label, max over min across "
+                 "its devices", fontsize=11)
     return fig
 
 
