@@ -10,13 +10,15 @@ import pytest
 
 from bench_lib.cli import main
 from bench_lib.compare import gate as cmp
-from bench_lib.compare.baseline import fingerprint_id, save_baseline
+from bench_lib.compare.baseline import fingerprint_id, resolve_baseline, save_baseline
 from bench_lib.compare.output import gate
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
 
 FINGERPRINT = {"rig": "cpu:2x1t", "device_names": ["cpu", "cpu"], "cpu_model": "Test CPU",
-               "cpu_cores": 2, "driver": None, "torch": "2.14.1"}
+               "cpu_cores": 2}
+VERSIONS = {"python": "3.11.9", "torch": "2.14.1", "torchvision": "0.29.1", "cuda": "12.8",
+            "cudnn": 91002, "nccl": "2.27.3", "driver": "570.124.06", "cuda_available": True}
 # Median step time of each strategy on the synthetic machine, in seconds.
 BASE_S = {"single": 0.30, "ddp": 0.50, "mp": 0.35}
 STEPS = 20
@@ -26,12 +28,13 @@ NOISE = 0.05  # lognormal sigma: ~5% step-to-step spread, like a quiet CPU
 def make_run(root: Path, name: str, seed: int, slowdown: dict | None = None,
              machine: float = 1.0, fingerprint: dict | None = None,
              status: dict | None = None, model: str = "resnet-tiny",
-             noise: float = NOISE) -> Path:
+             noise: float = NOISE, versions: dict | None = None) -> Path:
     """A run folder of three cases; ``slowdown`` multiplies a strategy's times."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     write_json_atomic(run_dir / "env.json", {"schema_version": SCHEMA_VERSION,
-                                             "fingerprint": fingerprint or FINGERPRINT})
+                                             "fingerprint": fingerprint or FINGERPRINT,
+                                             "versions": versions or VERSIONS})
     rng = np.random.default_rng(seed)
     with RunWriter(run_dir) as w:
         for strategy, median in BASE_S.items():
@@ -210,6 +213,65 @@ def test_baseline_store_picks_this_hardware_or_says_there_is_none(tmp_path, caps
     other = make_run(tmp_path, "other", 2, fingerprint=FINGERPRINT | {"cpu_cores": 64})
     assert main(["compare", str(store), str(other)]) == 2
     assert "no baseline for this hardware" in capsys.readouterr().err
+
+
+UPGRADED = VERSIONS | {"torch": "2.15.0", "driver": "575.51.03"}
+
+
+def test_a_torch_and_driver_upgrade_gets_a_verdict_with_a_note(tmp_path, capsys):
+    base = make_run(tmp_path, "base", 1)
+    same = make_run(tmp_path, "same", 2, versions=UPGRADED)
+    slow = make_run(tmp_path, "slow", 3, versions=UPGRADED,
+                    slowdown={s: 0.15 for s in BASE_S})
+    assert cmp.check_fingerprints(cmp.load_run(base), cmp.load_run(same), False) == []
+    assert cmp.software_differences(cmp.load_run(base), cmp.load_run(same)) == [
+        "torch 2.14.1 -> 2.15.0", "driver 570.124.06 -> 575.51.03"]
+    md, js = tmp_path / "gate.md", tmp_path / "gate.json"
+    assert main(["compare", str(base), str(same)]) == 0
+    out = capsys.readouterr().out
+    note = next(ln for ln in out.splitlines() if ln.startswith("note: software differs"))
+    assert "torch 2.14.1 -> 2.15.0" in note and "driver 570.124.06 -> 575.51.03" in note
+    assert out.splitlines()[-1].startswith("PASS: ")
+    # The verdict decides the exit code: a torch upgrade that slows everything fails single.
+    assert main(["compare", str(base), str(slow), "--markdown", str(md), "--json", str(js)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "FAIL: 1 regression, 2 unchanged"
+    assert "- software differs" in md.read_text() and "torch 2.14.1 -> 2.15.0" in md.read_text()
+    extras = [e["extra"] for e in json.loads(js.read_text())]
+    assert extras and all("torch 2.14.1 -> 2.15.0" in x and "driver 570.124.06 -> 575.51.03"
+                          in x for x in extras)
+    assert main(["compare", str(base), str(make_run(tmp_path, "plain", 4))]) == 0
+    assert "software differs" not in capsys.readouterr().out
+
+
+def test_the_store_holds_one_baseline_per_hardware_whatever_the_software(tmp_path, capsys):
+    store = tmp_path / "store"
+    saved = save_baseline(make_run(tmp_path, "base", 1), store)
+    upgraded = make_run(tmp_path, "upgraded", 2, versions=UPGRADED)
+    assert resolve_baseline(store, cmp.load_run(upgraded), False) == saved
+    assert saved.name == fingerprint_id(FINGERPRINT | {"torch": "2.15.0", "driver": "x"})
+    assert main(["compare", str(store), str(upgraded)]) == 0
+    assert "torch 2.14.1 -> 2.15.0" in capsys.readouterr().out
+    # A candidate whose env.json predates hardware-only fingerprints (torch and driver in it)
+    old_style = make_run(tmp_path, "old", 3, versions=UPGRADED,
+                         fingerprint=FINGERPRINT | {"torch": "2.15.0", "driver": "575.51.03"})
+    assert resolve_baseline(store, cmp.load_run(old_style), False) == saved
+    # A baseline filed under an older id is found through its env.json's hardware.
+    moved = saved.rename(store / "0123456789ab")
+    assert resolve_baseline(store, cmp.load_run(upgraded), False) == moved
+    # Other hardware is still refused, in the store and between two run folders.
+    other = make_run(tmp_path, "other", 4, versions=UPGRADED,
+                     fingerprint=FINGERPRINT | {"cpu_model": "Other CPU"})
+    assert main(["compare", str(store), str(other)]) == 2
+    assert "no baseline for this hardware" in capsys.readouterr().err
+    assert main(["compare", str(moved), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "cpu_model: 'Test CPU' vs 'Other CPU'" in err and "torch" not in err
+    assert main(["compare", str(moved), str(other), "--allow-different-hardware"]) == 0
+    out = capsys.readouterr().out
+    assert "different hardware: cpu_model" in out and "torch 2.14.1 -> 2.15.0" in out
+    # Storing this hardware's baseline again replaces the one under the older id.
+    assert save_baseline(upgraded, store) == saved and not moved.exists()
+    assert sorted(p.name for p in store.iterdir()) == [saved.name]
 
 
 def test_a_run_from_a_busy_machine_is_flagged(tmp_path, capsys):

@@ -127,6 +127,7 @@ def test_fingerprint_and_env_carry_the_topology(ht_topology, two_core_topology):
     assert ht["cpu_topology"] == ht_topology.summary()
     assert plain["cpu_topology"]["physical_cores"] == 2
     assert fingerprint_id(ht) != fingerprint_id(plain)
+    assert not {"torch", "driver"} & set(ht)  # hardware only: versions are env.json's
     record = environment.cpu_topology(ht_rig, ht_topology)
     assert record["workers"][1] == {"device": 1, "cpus": [1, 9], "physical_cores": [[1, 9]],
                                     "packages": [0]}

@@ -128,10 +128,39 @@ def test_split_tradeoff_stars_the_optimum_and_crosses_the_skipped(tmp_path):
 def test_winner_grid_names_the_winner_and_its_speedup(tmp_path):
     fig = figures.fig_winner_grid(load(synthetic_run(tmp_path)).cases)
     texts = [t.get_text() for t in fig.axes[0].texts]
-    # ddp (1.60x at both sizes) wins every cell: splits 2, 4, 8 and the skipped 32.
-    assert texts.count("ddp\n1.60x") == 8
+    # ddp (1.60x at both sizes) wins every cell: splits 2, 4, 8 and the skipped 32, clear of
+    # the runner-up; its speedup's rough range from the two medians' +-5% intervals.
+    assert texts.count("ddp\n1.60x\n[1.45, 1.77]") == 8
     assert texts.count("best pipeline split") == 2
     plt.close(fig)
+
+
+def test_winner_grid_marks_a_tie_and_a_missing_interval(tmp_path):
+    cases = load(synthetic_run(tmp_path)).cases
+    # pipeline s8 at 128 px: 1.30 s instead of 1.60 s, its interval [1.235, 1.365] s
+    # overlapping ddp's [1.1875, 1.3125] s; at 64 px ddp loses its interval.
+    s8 = cases.case_id == "pipeline_img128_s8"
+    cases.loc[s8, ["step_time_s_median", "throughput_img_s"]] = [1.30, BATCH / 1.30]
+    cases.loc[s8, ["step_time_s_ci_low", "step_time_s_ci_high"]] = [0.95 * 1.30, 1.05 * 1.30]
+    cases.loc[cases.case_id == "ddp_img64_s-", ["step_time_s_ci_low", "step_time_s_ci_high"]] \
+        = float("nan")
+    fig = figures.fig_winner_grid(cases)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    ties = [t for t in texts if t.startswith("tie:")]
+    assert ties == ["tie: ddp\n~ pipeline s8\n1.60x\n[1.45, 1.77]"]  # the split-8 cell at 128 px
+    assert texts.count("ddp\n1.60x\n[1.45, 1.77]") == 3  # 128 px: splits 2, 4 and 32
+    assert texts.count("ddp\n1.60x\n(no interval)") == 4  # 64 px: no winner claimed
+    plt.close(fig)
+    from bench_lib.report.html import _headlines
+
+    heads = _headlines(cases)
+    assert "<span class=best>tie:</span> ddp 12.8 [12.2, 13.5] images/s ~ pipeline s8 12.3 " \
+        "[11.7, 13.0]; 1.60x single (rough range 1.45–1.77" in heads
+    assert "<span class=best>best (no interval):</span> ddp 32.0 images/s vs pipeline s4 26.7 " \
+        "[25.4, 28.1]; 1.60x single (2 of" in heads
+    html = build.write_report([synthetic_run(tmp_path, "other")]).read_text()
+    assert "<span class=best>ddp</span> 32.0 [30.5, 33.7] images/s &gt; pipeline s4 26.7 " \
+        "[25.4, 28.1]; 1.60x single (rough range 1.45–1.77" in html
 
 
 def test_memory_bars_show_each_device(tmp_path):

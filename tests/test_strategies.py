@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench_lib import strategies
+from bench_lib.measure.timing import WARMUP_EXTRA_MAX
 from bench_lib.rig import Rig
 from bench_lib.run.rows import case_row
 from bench_lib.run.runner import run_case
@@ -39,6 +40,8 @@ def test_strategy_runs_one_case(name, cpu_rig, tmp_path):
     assert all(t > 0 for t in outcome.step_times_s)
     row = case_row(case, cpu_rig, outcome)
     assert row["throughput_img_s"] == pytest.approx(4 / row["step_time_s_median"])
+    # The warm-up run, from the ranks through the runner: minimum 1, two to see a trend.
+    assert 2 <= row["warmup_steps"] <= 1 + WARMUP_EXTRA_MAX
     assert row["world_size"] == spec.num_devices(cpu_rig)
     assert row["note"], "every strategy says how to read it on a cpu rig"
 

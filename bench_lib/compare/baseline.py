@@ -13,15 +13,29 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench_lib.compare.gate import CompareError, Run, load_run, run_dir_of
+from bench_lib.compare.gate import CompareError, Run, hardware_of, load_run, run_dir_of
 
 STORED_FILES = ("env.json", "cases.csv", "steps.csv")
 
 
 def fingerprint_id(fingerprint: dict[str, Any]) -> str:
-    """A short stable id of a hardware fingerprint (the baseline's folder name)."""
-    text = json.dumps(fingerprint, sort_keys=True, default=str)
+    """A short stable id of a hardware fingerprint (the baseline's folder name).
+
+    Of its hardware keys only (``gate.hardware_of``): runs that differ in torch or driver
+    version share an id, so a torch upgrade is gated against the baseline of its hardware.
+    """
+    text = json.dumps(hardware_of(fingerprint), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _stored_hardware(folder: Path) -> dict[str, Any] | None:
+    """The hardware fingerprint of a stored baseline's env.json; None where unreadable."""
+    try:
+        env = json.loads((folder / "env.json").read_text())
+    except (OSError, ValueError):
+        return None
+    fingerprint = env.get("fingerprint") if isinstance(env, dict) else None
+    return hardware_of(fingerprint) if isinstance(fingerprint, dict) else None
 
 
 def resolve_baseline(path: Path, cand: Run, allow_different: bool) -> Path:
@@ -33,15 +47,21 @@ def resolve_baseline(path: Path, cand: Run, allow_different: bool) -> Path:
     if not stored:
         raise CompareError(f"{path} holds no run folder and no stored baseline (no env.json); "
                            "record a baseline with `make baseline`")
-    want = fingerprint_id(cand.env.get("fingerprint") or {})
+    hardware = hardware_of(cand.env.get("fingerprint") or {})
+    want = fingerprint_id(hardware)
     for p in stored:
         if p.name == want:
+            return p
+    # A baseline filed under another id (one stored when the id still hashed software
+    # versions too) is still this hardware's when its env.json says so.
+    for p in stored:
+        if _stored_hardware(p) == hardware:
             return p
     if allow_different and len(stored) == 1:
         return stored[0]
     raise CompareError(
         f"no baseline for this hardware in {path}: the candidate's fingerprint is {want} "
-        f"({json.dumps(cand.env.get('fingerprint'), sort_keys=True)}); stored: "
+        f"({json.dumps(hardware, sort_keys=True)}); stored: "
         f"{', '.join(p.name for p in stored)}. Record one here with `make baseline`"
         + ("" if allow_different else ", or pass --allow-different-hardware with a run folder"))
 
@@ -50,13 +70,19 @@ def save_baseline(run_dir: Path, store: Path) -> Path:
     """Copy a run folder's env.json, cases.csv and steps.csv into the store, by fingerprint.
 
     The run is read (and checked) first; an unusable one raises ``CompareError`` and
-    leaves the store as it was. Returns the baseline's folder.
+    leaves the store as it was. A baseline of the same hardware filed under another id (an
+    id that still hashed software versions) is replaced too: one baseline per hardware.
+    Returns the baseline's folder.
     """
     run = load_run(run_dir)
-    dest = Path(store) / fingerprint_id(run.env.get("fingerprint") or {})
+    hardware = hardware_of(run.env.get("fingerprint") or {})
+    dest = Path(store) / fingerprint_id(hardware)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for name in STORED_FILES:
         shutil.copy2(run.path / name, dest / name)
+    for old in sorted(Path(store).iterdir()):
+        if old != dest and old.is_dir() and _stored_hardware(old) == hardware:
+            shutil.rmtree(old)
     return dest

@@ -23,11 +23,17 @@ The rule that turns metrics into a case's verdict (``metric="auto"``):
 One pair of runs cannot tell a uniformly slower machine from code that made every strategy
 uniformly slower (a torch upgrade): both fail ``single``'s step time. The table says so.
 
+Runs are compared on the same hardware only (env.json's ``fingerprint``: rig, device names,
+CPU model, cores, CPU topology), unless allowed otherwise. Software (torch, torchvision,
+CUDA, cuDNN, NCCL, driver, python: env.json's ``versions``) may differ: the verdict is still
+given, and the differences are noted beside it.
+
 Limits: the intervals cover step-to-step noise within each run, not a change of load between
 runs. On a CPU shared with other jobs, wall-clock step times swing several-fold between runs
 (and between cases of one run, which the speedup metric cannot cancel); the output flags a run
 whose steps spread widely as measured on a busy machine. Per-step CPU time, which contention
-barely moves, is the metric that would make the gate hold there (not recorded yet).
+barely moves, is the metric that would make the gate hold there (recorded in steps.csv's
+``cpu_time_s``, not gated on yet); a case whose row names ``contention`` is flagged too.
 
 Reads run folders through ``bench_lib.results.read``; the store of baselines by hardware is
 ``bench_lib.compare.baseline``, the command's output ``bench_lib.compare.output``.
@@ -52,6 +58,9 @@ RESAMPLES = 4000
 METRICS = ("auto", "step_time", "speedup")
 WORKLOAD_KEYS = ["model", "image_size", "batch_size", "precision", "loss"]
 EXIT_OK, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
+SOFTWARE_KEYS = ("torch", "torchvision", "cuda", "cudnn", "nccl", "driver", "python")
+"""env.json ``versions`` that differ between runs without making them different hardware:
+reported beside the verdict, never a reason to refuse one."""
 
 Samples = npt.NDArray[np.float64]
 """One case's step times in seconds, a step's time being its slowest rank's."""
@@ -207,14 +216,42 @@ def judge(changes_: dict[str, Change], metric: str, threshold: float) -> tuple[s
     return changes_[metric].verdict(threshold), metric
 
 
+def hardware_of(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint's hardware keys: without the software ones that env.json files written
+    before the fingerprint named hardware only still carry (torch, driver)."""
+    return {k: v for k, v in fingerprint.items() if k not in SOFTWARE_KEYS}
+
+
+def software_of(env: dict[str, Any]) -> dict[str, Any]:
+    """env.json's software versions (``versions``; an older fingerprint's torch and driver
+    where ``versions`` lacks them). A key neither holds is left out, never guessed."""
+    versions, fingerprint = env.get("versions") or {}, env.get("fingerprint") or {}
+    return {k: versions[k] if k in versions else fingerprint[k]
+            for k in SOFTWARE_KEYS if k in versions or k in fingerprint}
+
+
+def software_differences(base: Run, cand: Run) -> list[str]:
+    """``torch 2.14.1 -> 2.15.0`` (baseline -> candidate) per software version that differs;
+    a version only one run recorded is not compared."""
+    sb, sc = software_of(base.env), software_of(cand.env)
+    return [f"{k} {sb[k] if sb[k] is not None else 'none'} -> "
+            f"{sc[k] if sc[k] is not None else 'none'}"
+            for k in SOFTWARE_KEYS if k in sb and k in sc and str(sb[k]) != str(sc[k])]
+
+
 def check_fingerprints(base: Run, cand: Run, allow_different: bool) -> list[str]:
-    """Differences between the two hardware fingerprints; refused unless allowed."""
-    fb, fc = base.env.get("fingerprint") or {}, cand.env.get("fingerprint") or {}
+    """Differences between the two hardware fingerprints; refused unless allowed.
+
+    Software versions are not compared here (``software_differences``): a torch upgrade
+    still gets a verdict, with a note beside it.
+    """
+    fb = hardware_of(base.env.get("fingerprint") or {})
+    fc = hardware_of(cand.env.get("fingerprint") or {})
     diffs = [f"{k}: {fb.get(k)!r} vs {fc.get(k)!r}"
              for k in sorted(set(fb) | set(fc)) if fb.get(k) != fc.get(k)]
     if diffs and not allow_different:
         raise CompareError(
-            "the two runs come from different hardware/software, so their absolute times are "
+            "the two runs come from different hardware, so their absolute times are "
             "not comparable (" + "; ".join(diffs) + "); pass --allow-different-hardware to "
             "compare anyway")
     return diffs

@@ -54,14 +54,38 @@ def busy_cases(run: cmp.Run) -> list[str]:
             if s > BUSY_SPREAD]
 
 
+def contended_cases(run: cmp.Run) -> list[str]:
+    """``case_id (reason)`` of each case whose row says it ran under contention (the
+    ``contention`` column: other processes' CPU or steal over the case, or a single-process
+    cpu case that waited for its core), whose times may have doubled without spreading."""
+    return [f"{cid} ({reason.strip()})" for cid, row in run.cases.items()
+            if isinstance(reason := row.get("contention"), str) and reason.strip()]
+
+
+def software_note(base: cmp.Run, cand: cmp.Run) -> str | None:
+    """The software versions that differ between the runs, said beside the verdict."""
+    diffs = cmp.software_differences(base, cand)
+    if not diffs:
+        return None
+    return ("software differs from the baseline's (baseline -> candidate): "
+            + ", ".join(diffs) + "; the verdict is given all the same, but a change it reports "
+            "may come from this software as well as from the code")
+
+
 def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[str]:
     """Plain-language warnings a reader needs to judge the verdicts."""
     out = []
+    if software := software_note(base, cand):
+        out.append(software)
     for name, run in (("baseline", base), ("candidate", cand)):
         if busy := busy_cases(run):
             out.append(f"the {name} ran on a busy machine (step-time IQR/median: "
                        f"{', '.join(busy)}); its absolute times may have drifted more between "
                        "runs than the intervals show")
+        if contended := contended_cases(run):
+            out.append(f"the {name} was measured under contention: {'; '.join(contended)}; "
+                       "other work held CPU the case was timed on, so its step times may be "
+                       "slower than this code on a quiet machine, however narrow the intervals")
     singles = [r for r in results if r.by == "step_time" and r.verdict == "regression"]
     speedups = [r for r in results if "speedup" in r.changes]
     if singles and speedups and all(r.changes["speedup"].verdict(0) != "regression"
@@ -104,23 +128,29 @@ def markdown_text(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
     return "\n".join(lines) + "\n"
 
 
-def benchmark_json(results: list[cmp.CaseResult], cand: cmp.Run) -> list[dict[str, Any]]:
-    """github-action-benchmark ``customBiggerIsBetter`` entries: throughput and speedup."""
+def benchmark_json(results: list[cmp.CaseResult], cand: cmp.Run,
+                   base: cmp.Run | None = None) -> list[dict[str, Any]]:
+    """github-action-benchmark ``customBiggerIsBetter`` entries: throughput and speedup.
+
+    Each entry's ``extra`` is the case's verdict, plus the software note where ``base``
+    ran other software versions.
+    """
+    software = software_note(base, cand) if base is not None else None
     out: list[dict[str, Any]] = []
     for r in results:
         if r.cand_median_s is None:
             continue
+        extra = f"{r.verdict} ({r.by})" + (f"; {software}" if software else "")
         batch = float(cand.cases[r.case_id]["batch_size"])
         low, high = bootstrap_median_ci(cand.samples[r.case_id].tolist())
         value = batch / r.cand_median_s
         out.append({"name": f"{r.case_id} throughput", "unit": "img/s", "value": round(value, 3),
-                    "range": f"{batch / high:.3f}..{batch / low:.3f}",
-                    "extra": f"{r.verdict} ({r.by})"})
+                    "range": f"{batch / high:.3f}..{batch / low:.3f}", "extra": extra})
         single = cand.single_of(r.case_id)
         if single and single != r.case_id:
             speedup = float(np.median(cand.samples[single])) / r.cand_median_s
             out.append({"name": f"{r.case_id} speedup over single", "unit": "x",
-                        "value": round(speedup, 4), "extra": f"{r.verdict} ({r.by})"})
+                        "value": round(speedup, 4), "extra": extra})
     return out
 
 
@@ -149,7 +179,8 @@ def gate(baseline: Path, candidate: Path, *, threshold_pct: float = cmp.DEFAULT_
 
     Prints the table, the notes and the verdict line, writes the Markdown and the
     benchmark JSON where asked, and returns the exit code: 0 no regression, 1 a regression
-    or a case that broke, 2 unusable input (said on stderr; nothing is written).
+    or a case that broke, 2 unusable input (said on stderr; nothing is written). Different
+    software versions (a torch upgrade) are a note beside the verdict, not unusable input.
     """
     try:
         cand = cmp.load_run(candidate)
@@ -167,7 +198,7 @@ def gate(baseline: Path, candidate: Path, *, threshold_pct: float = cmp.DEFAULT_
     if markdown:
         markdown.write_text(markdown_text(results, base, cand, threshold_pct, diffs))
     if json_path:
-        json_path.write_text(json.dumps(benchmark_json(results, cand), indent=2) + "\n")
+        json_path.write_text(json.dumps(benchmark_json(results, cand, base), indent=2) + "\n")
     return cmp.exit_code(results)
 
 

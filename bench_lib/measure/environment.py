@@ -87,18 +87,18 @@ def software_versions() -> dict[str, Any]:
 
 
 def hardware_fingerprint(rig: Rig, topology: CpuTopology | None = None) -> dict[str, Any]:
-    """What must match for two runs' absolute numbers to be comparable.
+    """The hardware that must match for two runs' absolute numbers to be comparable.
 
-    On a cpu rig that includes the topology of the rig's cores (packages, physical cores,
-    logical CPUs, threads per core): ``topology`` defaults to sysfs's.
+    Hardware only: the rig, its device names, the CPU model and cores, and on a cpu rig the
+    topology of the rig's cores (packages, physical cores, logical CPUs, threads per core;
+    ``topology`` defaults to sysfs's). Software (torch, the driver, ...) is not part of it:
+    it is in ``versions``, and the gate reports its differences beside the verdict.
     """
-    fingerprint = {
+    fingerprint: dict[str, Any] = {
         "rig": rig.label,
         "device_names": rig.device_names(),
         "cpu_model": cpu_model(),
         "cpu_cores": len(available_cores()),
-        "driver": nvidia_driver() if rig.kind == "cuda" else None,
-        "torch": torch.__version__,
     }
     if rig.kind == "cpu":
         fingerprint["cpu_topology"] = (topology or read_cpu_topology(rig.cores)).summary()

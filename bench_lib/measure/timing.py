@@ -1,11 +1,17 @@
 """The timing rule, all of it: warm-up, synchronisation, the ranks' common start, the stop
 rule, the collective stop, and the slowest rank per step.
 
-1. ``warmup_steps`` steps run and are discarded; then ``after_warmup`` runs (the worker
+1. Warm-up steps run, each timed like a timed step, and are discarded: at least
+   ``warmup_steps``, then more while step times are still falling (``WarmupRule``: the
+   latest warm-up step more than 2% faster than every one before it), at most 8 more. In a
+   multi-process case every rank judges the slowest rank's warm-up times and the decision
+   is reduced, so all ranks run the same warm-up. Then ``after_warmup`` runs (the worker
    resets the peak-memory counters there, so peaks cover the timed steps only).
 2. Multi-process strategies start the timed window together (a process-group barrier).
 3. Every timed step is bracketed by ``rig.synchronize`` of every device the step touches,
-   so a step's time is the wall time until its last kernel finished.
+   so a step's time is the wall time until its last kernel finished. The process's CPU
+   time (``time.process_time``, all threads) is read around it too: contention shows as
+   CPU time well under threads x wall time (``measure.contention``).
 4. After each step the stop rule is asked (outside the timed window): stop when the
    median's 95% CI half-width is under the target, or the time cap is spent (at least 3
    steps), else go on to the ``timed_steps`` cap. In a multi-process case every rank judges
@@ -22,10 +28,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bench_lib.measure.stats import Stats
+from bench_lib.measure.stats import MIN_SAMPLES_FOR_BOOTSTRAP, Stats
 
 if TYPE_CHECKING:
     import torch
@@ -34,8 +40,16 @@ StopRule = Callable[[list[float]], bool]
 
 # Fewer steps make the bootstrap interval of the median unreliable: with a handful of
 # values its resampled medians take only a few distinct values.
-MIN_STEPS_FOR_CI = 8
+MIN_STEPS_FOR_CI = MIN_SAMPLES_FOR_BOOTSTRAP  # 8
 MIN_STEPS_UNDER_TIME_CAP = 3
+# Warm-up goes on past its minimum while the latest warm-up step is more than this much
+# faster than every earlier one: the default CI target (2%), since a smaller transient
+# cannot move the median beyond the precision timing aims for. Judged against the fastest
+# earlier step, not the previous one, so that step-to-step noise does not read as a trend.
+WARMUP_TOLERANCE = 0.02
+# At most this many warm-up steps beyond the minimum: DDP's bucket rebuild (step 2),
+# cuDNN autotuning and torch.compile's recompiles end within the first 2-3 steps.
+WARMUP_EXTRA_MAX = 8
 STOP_REASONS = ("ci_target", "time_cap", "step_cap")
 
 
@@ -86,11 +100,44 @@ class AdaptiveStop:
         return self.reason or ""
 
 
+class WarmupRule:
+    """When warm-up may end, given the warm-up step times so far (a ``StopRule``).
+
+    At least ``min_steps``; after them, warm-up goes on while the step times still fall: the
+    latest warm-up step more than ``tolerance`` faster than the fastest before it (two
+    steps at least, so that a trend can be seen), up to ``min_steps + extra_max`` steps.
+    ``min_steps`` 0 means no warm-up at all. One-sided and against the fastest earlier step:
+    warm-up costs (allocations, autotuning, DDP's bucket rebuild, compilation) make early
+    steps slower, a one-off slow step inside the warm-up is already discarded, and flat
+    noise rarely beats the best of the steps before it by the tolerance, where it often
+    moves that far from the previous step (tests/test_warmup.py).
+    """
+
+    def __init__(self, min_steps: int, tolerance: float = WARMUP_TOLERANCE,
+                 extra_max: int = WARMUP_EXTRA_MAX) -> None:
+        if min_steps < 0 or tolerance < 0 or extra_max < 0:
+            raise ValueError(f"bad warm-up rule: minimum {min_steps}, tolerance {tolerance}, "
+                             f"extra {extra_max}")
+        self.min_steps = min_steps
+        self.tolerance = tolerance
+        self.max_steps = min_steps + extra_max if min_steps else 0
+
+    def __call__(self, times: list[float]) -> bool:
+        n = len(times)
+        if n >= self.max_steps:  # the cap (0 when min_steps is 0: no warm-up)
+            return True
+        if n < max(self.min_steps, 2):
+            return False
+        return times[-1] >= min(times[:-1]) * (1 - self.tolerance)
+
+
 def collective_stop(rule: StopRule, device: torch.device) -> StopRule:
     """Make every rank stop after the same step: stop when any rank wants to.
 
     Every rank judges the slowest rank's step times (the case's figure), so all ranks see
     the same numbers; the flag is still reduced, so a rule that disagrees cannot hang a rank.
+    Steps timed since the last call (``time_steps`` asks the warm-up rule only from its
+    minimum on) are reduced together.
     """
     import torch
     import torch.distributed as dist
@@ -98,9 +145,9 @@ def collective_stop(rule: StopRule, device: torch.device) -> StopRule:
     slowest: list[float] = []
 
     def stop(times: list[float]) -> bool:
-        last = torch.tensor([times[-1]], dtype=torch.float64, device=device)
-        dist.all_reduce(last, op=dist.ReduceOp.MAX)
-        slowest.append(float(last.item()))
+        new = torch.tensor(times[len(slowest):], dtype=torch.float64, device=device)
+        dist.all_reduce(new, op=dist.ReduceOp.MAX)
+        slowest.extend(float(t) for t in new.tolist())
         flag = torch.tensor([1.0 if rule(slowest) else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
@@ -117,8 +164,17 @@ def time_steps(
     barrier: Callable[[], object] | None = None,
     on_window: Callable[[float, float], None] | None = None,
     after_warmup: Callable[[], None] | None = None,
+    cpu_times: list[float] | None = None,
+    warmup_done: StopRule | None = None,
+    warmup_times: list[float] | None = None,
 ) -> list[float]:
     """Run ``warmup_steps`` discarded steps, then time up to ``timed_steps`` steps.
+
+    ``warmup_done``, when given, extends the warm-up: it is asked after each warm-up step
+    from the ``warmup_steps``-th on (none when ``warmup_steps`` is 0) with the warm-up step
+    times so far, and warm-up ends when it says so (``WarmupRule``; in multi-process
+    strategies the same answer on every rank: ``collective_stop``). Each warm-up step is
+    timed like a timed step; ``warmup_times``, when given, receives those times.
 
     ``barrier`` (a process-group barrier in multi-process strategies) makes all ranks start
     the timed window together. ``should_stop`` is asked after each timed step, outside the
@@ -126,13 +182,22 @@ def time_steps(
     (``collective_stop``). ``on_window`` receives the wall-clock (``time.time()``) start and
     end of the timed window, so that samples taken outside this process can be matched to it.
     ``after_warmup`` runs once the warm-up steps have finished on every device, before the
-    barrier and the timed window (e.g. ``PeakMemory.reset``).
+    barrier and the timed window (e.g. ``PeakMemory.reset``). ``cpu_times``, when given,
+    receives each timed step's CPU time of this process (``time.process_time``: all its
+    threads), read just outside the step's wall-clock bracket.
     """
     from bench_lib.rig import synchronize
 
     devices = list(devices)
-    for _ in range(warmup_steps):
+    warm: list[float] = []
+    while len(warm) < warmup_steps or (
+            warmup_done is not None and warm and not warmup_done(warm)):
+        t0 = time.perf_counter()
         step()
+        synchronize(devices)
+        warm.append(time.perf_counter() - t0)
+    if warmup_times is not None:
+        warmup_times.extend(warm)
     synchronize(devices)
     if after_warmup is not None:
         after_warmup()
@@ -141,10 +206,13 @@ def time_steps(
     times: list[float] = []
     window_start = time.time()
     for _ in range(timed_steps):
+        c0 = time.process_time() if cpu_times is not None else 0.0
         t0 = time.perf_counter()
         step()
         synchronize(devices)
         times.append(time.perf_counter() - t0)
+        if cpu_times is not None:
+            cpu_times.append(time.process_time() - c0)
         if should_stop is not None and should_stop(times):
             break
     if on_window is not None:
@@ -162,13 +230,20 @@ class TimedSteps:
     """Wall-clock (``time.time()``) start and end of the timed window."""
     stop_reason: str
     """``ci_target``, ``time_cap`` or ``step_cap`` (``STOP_REASONS``)."""
+    cpu_times_s: list[float] = field(default_factory=list)
+    """This process's CPU time (all threads) in each timed step, seconds: on a cpu rig,
+    well under threads x ``times_s`` means it waited (for a peer, or for a core someone
+    else held); on GPUs the host side only."""
+    warmup_steps: int = 0
+    """Warm-up steps run before the timed ones (``WarmupRule``; equal on every rank)."""
 
 
 def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                   warmup_steps: int, timed_steps: int, max_time_s: float,
                   ci_target_pct: float, group_device: torch.device | None = None,
                   after_warmup: Callable[[], None] | None = None) -> TimedSteps:
-    """Warm up, then time ``step`` under the adaptive stop rule: rules 1 to 4 above.
+    """Warm up (at least ``warmup_steps``, under ``WarmupRule``), then time ``step`` under
+    the adaptive stop rule: rules 1 to 4 above.
 
     ``group_device``: in a multi-process case (a process group is up), the device its
     collectives run on; the ranks then start together and stop after the same step.
@@ -176,16 +251,22 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     """
     rule = AdaptiveStop(ci_target_pct / 100, max_time_s)
     stop: StopRule = rule
+    warmed: StopRule = WarmupRule(warmup_steps)
     barrier: Callable[[], object] | None = None
     if group_device is not None:
         import torch.distributed as dist
 
         stop, barrier = collective_stop(rule, group_device), dist.barrier
+        warmed = collective_stop(warmed, group_device)
+    warm: list[float] = []
     window: list[float] = []
+    cpu: list[float] = []
     times = time_steps(step, devices, warmup_steps, timed_steps, should_stop=stop,
                        barrier=barrier, on_window=lambda t0, t1: window.extend((t0, t1)),
-                       after_warmup=after_warmup)
-    return TimedSteps(times, (window[0], window[1]), rule.final_reason(len(times), timed_steps))
+                       after_warmup=after_warmup, cpu_times=cpu, warmup_done=warmed,
+                       warmup_times=warm)
+    return TimedSteps(times, (window[0], window[1]), rule.final_reason(len(times), timed_steps),
+                      cpu, warmup_steps=len(warm))
 
 
 def slowest_per_step(per_rank: Mapping[int, Sequence[float]]) -> list[float]:

@@ -27,6 +27,8 @@ from matplotlib.colors import TABLEAU_COLORS, TwoSlopeNorm, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from bench_lib.report.headlines import case_name, rank, speedup_range
+
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
@@ -233,17 +235,37 @@ def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
 
 
 def _grid_cells(g: pd.DataFrame, col: str) -> pd.DataFrame:
-    """Per (image size, column value), the fastest ok case where that value applies."""
+    """Per (image size, column value), the fastest ok case where that value applies, with
+    ``grid_verdict`` against the cell's runner-up (``headlines.rank``: winner, tie, no
+    interval, alone), ``grid_runner_up`` and the speedup's rough range ``grid_rough``."""
     ok = g[g.status == "ok"]
     cells: list[dict[str, Any]] = []
     for image in sorted(g.image_size.unique()):
         for value in sorted(g[col].dropna().unique()):
-            cand = ok[(ok.image_size == image) & ((ok[col] == value) | ok[col].isna())]
-            if not cand.empty:
-                best = best_row(cand, "throughput_img_s")
-                cells.append({str(k): v for k, v in best.items()}
-                             | {"grid_row": image, "grid_col": value})
+            cand = records(ok[(ok.image_size == image) & ((ok[col] == value) | ok[col].isna())])
+            found = rank(cand)
+            if found is None:
+                continue
+            single = next((r for r in cand if r["strategy"] == "single"), None)
+            cells.append(dict(found.best) | {
+                "grid_row": image, "grid_col": value, "grid_verdict": found.verdict,
+                "grid_runner_up": None if found.runner_up is None else case_name(found.runner_up),
+                "grid_rough": None if single is None else speedup_range(found.best, single)})
     return pd.DataFrame(cells)
+
+
+def _cell_text(cell: Mapping[str, Any]) -> str:
+    """A grid cell's words: the winner, or ``tie: a`` over ``~ b``; the speedup over single
+    with its rough range; ``(no interval)`` where no winner can be claimed."""
+    speed, rough = cell["speedup_vs_single"], cell["grid_rough"]
+    sp = "no single" if pd.isna(speed) else f"{speed:.2f}x" + (
+        f"\n[{rough[0]:.2f}, {rough[1]:.2f}]" if isinstance(rough, tuple) else "")
+    name = case_name(cell)
+    if cell["grid_verdict"] == "tie":
+        return f"tie: {name}\n~ {cell['grid_runner_up']}\n{sp}"
+    if cell["grid_verdict"] == "no interval":
+        return f"{name}\n{sp}\n(no interval)"
+    return f"{name}\n{sp}"
 
 
 @styled
@@ -268,10 +290,8 @@ def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
         im = ax.imshow(np.nan_to_num(speed, nan=1.0), cmap="RdYlGn", norm=norm, aspect="auto")
         for c in records(cells):
             r, k = rows.index(c["grid_row"]), cols.index(c["grid_col"])
-            text = bar_label(c)
-            sp = ("no single" if pd.isna(c["speedup_vs_single"])
-                  else f"{c['speedup_vs_single']:.2f}x")
-            ax.text(k, r, f"{text}\n{sp}", ha="center", va="center", fontsize=8)
+            ax.text(k, r, _cell_text(c), ha="center", va="center", fontsize=8,
+                    fontstyle="italic" if c["grid_verdict"] == "tie" else "normal")
         _mark_best_split(ax, cases, key, keys, rows, cols, col)
         ax.set_xticks(range(len(cols)), [str(int(v)) for v in cols])
         ax.set_yticks(range(len(rows)), [f"{int(v)} px" for v in rows])
@@ -286,7 +306,10 @@ def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
         ax.tick_params(which="minor", length=0)
         fig.colorbar(im, ax=ax, label="speedup over single (x)")
     fig.suptitle("Winning strategy per cell and its speedup over single\n"
-                 "(black box: best split of a pipelined strategy per image size)", fontsize=11)
+                 "[a rough range, from the two medians' 95% intervals]\n"
+                 "tie: the best's and the runner-up's intervals overlap\n"
+                 "black box: best split of a pipelined strategy per image size", fontsize=10)
+    fig.subplots_adjust(top=1 - 1.25 / fig.get_figheight())  # room for the four lines
     return fig
 
 
@@ -303,7 +326,9 @@ def _mark_best_split(ax: Axes, cases: pd.DataFrame, key: tuple[Any, ...], keys: 
             x, y = cols.index(best.split_size), rows.index(image)
             ax.add_patch(Rectangle((x - 0.42, y - 0.42), 0.84, 0.84, fill=False,
                                    edgecolor="black", linewidth=2))
-            ax.text(x, y + 0.3, f"best {best.strategy} split", ha="center", fontsize=7)
+            # At the box's foot, clear of the cell's words (four lines for a tie).
+            ax.text(x, y + 0.4, f"best {best.strategy} split", ha="center", va="bottom",
+                    fontsize=7)
 
 
 @styled

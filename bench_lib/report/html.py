@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from bench_lib.report.figures import GROUP, bar_label, best_row, records
+from bench_lib.report.figures import GROUP, records
+from bench_lib.report.headlines import INTERVAL_NOTE, RANGE_RULE, rank, speedup_range
 
 if TYPE_CHECKING:
     from bench_lib.report.build import Runs
@@ -42,23 +43,36 @@ def _num(value: Any, fmt: str) -> str:
 
 
 def _headlines(cases: pd.DataFrame) -> str:
-    """Per run and workload: the fastest strategy and its speedup over single."""
+    """Per run and workload: the fastest strategy with its 95% interval, clear of the
+    runner-up or a tie with it (``headlines.rank``), and its speedup over single."""
     items = []
     for key, g in sorted(cases.groupby(GROUP), key=lambda kv: kv[0]):
-        ok = g[g.status == "ok"]
         run, model, image, batch, precision = key
         head = f"{_e(run)} · {_e(model)} {image} px batch {batch} {_e(precision)}: "
-        if ok.empty:
+        found = rank(records(g))
+        if found is None:
             items.append(f"<li>{head}no case ran</li>")
             continue
-        best = best_row(ok, "throughput_img_s")
-        speed = best.speedup_vs_single
+        lead, rest = found.describe("images/s")
+        speed = _number_or_none(found.best.get("speedup_vs_single"))
+        single = next((r for r in records(g[g.status == "ok"]) if r["strategy"] == "single"),
+                      None)
+        rough = speedup_range(found.best, single) if single is not None else None
         items.append(
-            f"<li>{head}<span class=best>{_e(bar_label(best))}</span> "
-            f"{best.throughput_img_s:.1f} images/s"
-            + (f", {speed:.2f}x single" if pd.notna(speed) else ", no single baseline")
+            f"<li>{head}<span class=best>{_e(lead)}</span> {_e(rest)}"
+            + ((f"; {speed:.2f}x single" + (
+                f" (rough range {rough[0]:.2f}–{rough[1]:.2f}, from the two medians' 95% "
+                "intervals)" if rough is not None else "")) if speed is not None
+               else "; no single baseline")
             + f" ({(g.status != 'ok').sum()} of {len(g)} cases did not run)</li>")
-    return "<ul>" + "".join(items) + "</ul>"
+    return ("<ul>" + "".join(items) + "</ul><p class=caption>" + _e(INTERVAL_NOTE) + " "
+            + _e(f"The speedup's rough range is {RANGE_RULE}")
+            + "</p>")
+
+
+def _number_or_none(value: Any) -> float | None:
+    """A number, or None for a missing value."""
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def _runs_table(envs: dict[str, dict[str, Any]], names: dict[str, str],

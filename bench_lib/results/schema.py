@@ -8,7 +8,15 @@ A run folder ``results/<run_id>/`` holds::
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
 
-Version 3 (this one) reads peak memory after warm-up instead of over the process's lifetime
+Version 4 (this one) is version 3 with contention made visible: each rank's CPU time per
+timed step (steps.csv ``cpu_time_s``) and, per case, the machine's steal and other
+processes' CPU over the case and a ``contention`` reason (``cpu_steal_pct``,
+``other_cpu_pct``, ``contention``; ``bench_lib.measure.contention``); and with numbers you
+can bet on: ``warmup_steps`` is the warm-up actually run (the profile's is its minimum), the
+median's interval says its method or why there is none (``step_time_ci_method``,
+``step_time_ci_note``: exact order statistics under 8 steps, none under 6), and
+``step_time_lag1_autocorr`` shows how correlated consecutive steps are.
+Version 3 read peak memory after warm-up instead of over the process's lifetime
 and adds it net of the runtime (``peak_mem_net_mib_*``, ``peak_mem_source``;
 ``mem_imbalance_ratio`` now from the net figures), and the pipeline bubble per device and
 per schedule (``bubble_*_pct``, ``traced_*``; timeline rows name their device slot and a
@@ -27,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
 
 
@@ -68,7 +76,10 @@ CASES = _cols(
     ("loss", "ce or mse-onehot"),
     ("status", "ok, oom, unsupported, skipped, timeout or error"),
     ("reason", "why a case did not end ok"),
-    ("warmup_steps", "discarded steps before timing", N),
+    ("warmup_steps", "discarded warm-up steps actually run before timing: at least the "
+                     "profile's warmup_steps, then more while step times still fell (the "
+                     "latest more than 2% faster than every earlier one; the slowest rank's "
+                     "times, all ranks alike), at most 8 more; empty for a case not timed", N),
     ("timed_steps", "steps timed (the slowest rank's per step)", N),
     ("step_time_s_median", "median step time, seconds", N),
     ("step_time_s_mean", "mean step time, seconds", N),
@@ -76,8 +87,24 @@ CASES = _cols(
     ("step_time_s_p10", "10th percentile of step times, seconds", N),
     ("step_time_s_p90", "90th percentile of step times, seconds", N),
     ("step_time_s_iqr", "interquartile range of step times, seconds", N),
-    ("step_time_s_ci_low", "bootstrap 95% CI of the median, low end, seconds", N),
-    ("step_time_s_ci_high", "bootstrap 95% CI of the median, high end, seconds", N),
+    ("step_time_s_ci_low", "95% confidence interval of the median step time, low end, "
+                           "seconds (method in step_time_ci_method; empty with the reason in "
+                           "step_time_ci_note). It covers step-to-step noise within this one "
+                           "launch and assumes independent steps: not the spread between "
+                           "launches, and too narrow where consecutive steps correlate "
+                           "(step_time_lag1_autocorr)", N),
+    ("step_time_s_ci_high", "the same interval's high end, seconds", N),
+    ("step_time_ci_method", "how the median's interval was had: bootstrap (percentile "
+                            "bootstrap, 8 steps or more), 'order statistics (NN.N%)' (6 or 7 "
+                            "steps: the exact distribution-free interval [x_(k), x_(n-k+1)], "
+                            "its achieved confidence >= 95% in brackets), or empty"),
+    ("step_time_ci_note", "why the median has no interval, e.g. '3 steps: too few for a 95% "
+                          "interval (needs 6)': [min, max] of n steps covers the median with "
+                          "probability 1 - 2/2^n, under 95% below 6 steps"),
+    ("step_time_lag1_autocorr", "lag-1 autocorrelation of the case's step times in order (the "
+                                "slowest rank's per step): 0 for independent steps, toward 1 "
+                                "when slow steps follow slow ones; empty under 10 steps "
+                                "(standard error about 1/sqrt(steps) when independent)", N),
     ("throughput_img_s", "global batch over the median step time, images per second", N),
     ("peak_mem_mib_max", "largest per-device peak memory over the timed steps (gross), MiB",
      N),
@@ -97,6 +124,22 @@ CASES = _cols(
                         "lifetime peak, build and warm-up included, where it could not "
                         "be reset)"),
     ("case_wall_time_s", "the case's wall time from launch to its row, seconds", N),
+    # Contention over the whole case, launch to the last rank reaped (measure.contention):
+    # the machine's CPU times (/proc/stat) at its start and end.
+    ("cpu_steal_pct", "steal over the case (CPU time the hypervisor gave to other guests), % "
+                      "of the machine's CPU capacity (every logical CPU x the case's wall "
+                      "time)", N),
+    ("other_cpu_pct", "busy CPU over the case (user+nice+system+irq+softirq) not used by the "
+                      "case's processes (its ranks and their reaped children) nor the "
+                      "runner, % of the machine's CPU capacity (every logical CPU x the "
+                      "case's wall time); on a machine much larger than the rig a co-runner "
+                      "on the case's own cores reads diluted", N),
+    ("contention", "empty when none was seen, else why the case was measured under "
+                   "contention: other_cpu_pct or cpu_steal_pct over 10% of the machine's "
+                   "capacity (enough alone to move a step time by the gate's 10%), or a "
+                   "single-process case on a cpu rig whose median CPU time per step was "
+                   "under 80% of its pinned cores x wall time (it waited for a core; "
+                   "distributed ranks wait on peers by design and are not judged so)"),
     ("note", "how to read this strategy's numbers on this rig"),
     ("stop_reason", "what ended timing: ci_target, time_cap or step_cap"),
     ("util_pct_mean", "mean over devices of util_pct_mean_by_device, %; empty (reason in "
@@ -161,6 +204,11 @@ CASES = _cols(
 STEPS = _cols(
     ("run_id", "the run folder's name"), ("case_id", "the case"), ("rank", "process rank", N),
     ("step", "timed step index from 0", N), ("step_time_s", "this rank's step time, seconds", N),
+    ("cpu_time_s", "this rank's process CPU time in the step (time.process_time: every "
+                   "thread), seconds. On a cpu rig a rank pinned to T cores reads up to "
+                   "T x step_time_s; well under it, the rank waited (for a peer, or for a "
+                   "core another process held). On GPUs the host side only (Python, "
+                   "kernel launches, any spinning in synchronize), not device work", N),
 )
 # What the sampler reads per device; a metric a source cannot read is left empty.
 SAMPLE_METRICS = _cols(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench_lib.measure.contention import MachineLoad
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
@@ -60,10 +61,14 @@ class RankResult:
     """Why the rank did not end ok."""
     step_times_s: tuple[float, ...] = ()
     """This rank's time of each timed step."""
+    step_cpu_times_s: tuple[float, ...] = ()
+    """This rank's process CPU time (all threads) in each timed step, seconds."""
     timed_window_unix_s: tuple[float, float] | None = None
     """Wall-clock start and end of this rank's timed window."""
     stop_reason: str = ""
     """What ended timing (``timing.STOP_REASONS``); every rank stops after the same step."""
+    warmup_steps: int = 0
+    """Warm-up steps run before the timed ones (``timing.WarmupRule``; equal on every rank)."""
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
     """Peak memory per device label over the timed steps, runtime included (gross)."""
     peak_mem_net_mib: dict[str, float] = field(default_factory=dict)
@@ -91,6 +96,7 @@ class RankResult:
         d = json.loads(path.read_text())
         window = d.get("timed_window_unix_s")
         return cls(**(d | {"step_times_s": tuple(d.get("step_times_s", ())),
+                           "step_cpu_times_s": tuple(d.get("step_cpu_times_s", ())),
                            "timed_window_unix_s": tuple(window) if window else None,
                            "timeline": tuple(d.get("timeline", ()))}))
 
@@ -104,6 +110,8 @@ class CaseOutcome:
     step_times_s: list[float] = field(default_factory=list)
     """Per timed step, the slowest rank's time (``timing.slowest_per_step``)."""
     rank_step_times_s: dict[int, list[float]] = field(default_factory=dict)
+    rank_step_cpu_times_s: dict[int, list[float]] = field(default_factory=dict)
+    """Per rank, its process CPU time in each timed step (``timing.TimedSteps``)."""
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
     """Peak memory per device over the timed steps, runtime included (gross)."""
     peak_mem_net_mib: dict[str, float] = field(default_factory=dict)
@@ -115,6 +123,8 @@ class CaseOutcome:
     timed_window_unix_s: tuple[float, float] | None = None
     """Wall-clock start and end of the timed window, over all ranks."""
     stop_reason: str = ""
+    warmup_steps: int | None = None
+    """Warm-up steps the ranks ran before the timed ones (None: the case did not time)."""
     partition: str = ""
     """The stage cut the ranks used (strategies that cut the model)."""
     timeline: list[TimelineRow] = field(default_factory=list)
@@ -124,3 +134,5 @@ class CaseOutcome:
     samples: list[SampleRow] = field(default_factory=list)
     """The sampler's rows over the whole case."""
     wall_time_s: float = 0.0
+    machine_load: MachineLoad | None = None
+    """Steal and other processes' CPU over the whole case (None: the case did not run)."""

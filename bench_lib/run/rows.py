@@ -4,10 +4,12 @@ from what the runner saw (utilisation, memory, energy, FLOP efficiency, speedup)
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
 from bench_lib.measure import bubble
+from bench_lib.measure.contention import contention, cpu_per_wall
 from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
 from bench_lib.measure.stats import Stats
@@ -43,7 +45,8 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         "loss": case.loss,
         "status": outcome.status,
         "reason": outcome.reason,
-        "warmup_steps": case.measurement.warmup_steps,
+        # The warm-up steps run (the profile's warmup_steps is the minimum); empty untimed.
+        "warmup_steps": "" if outcome.warmup_steps is None else outcome.warmup_steps,
         "note": case.note,
         # The cut actually used (with its block indices) once run; the asked-for method before.
         "partition": outcome.partition or case.partition or "",
@@ -53,6 +56,7 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
     }
     if outcome.wall_time_s:
         row["case_wall_time_s"] = round(outcome.wall_time_s, 3)
+    row |= contention_columns(case, rig, outcome)
     if outcome.status == "ok":
         s = Stats.of(outcome.step_times_s)
         row |= {
@@ -63,8 +67,11 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
             "step_time_s_p10": s.p10,
             "step_time_s_p90": s.p90,
             "step_time_s_iqr": s.iqr,
-            "step_time_s_ci_low": s.ci_low,
-            "step_time_s_ci_high": s.ci_high,
+            "step_time_s_ci_low": _finite(s.ci_low),
+            "step_time_s_ci_high": _finite(s.ci_high),
+            "step_time_ci_method": s.ci_method,
+            "step_time_ci_note": s.ci_note,
+            "step_time_lag1_autocorr": _finite(s.lag1_autocorr),
             "throughput_img_s": case.batch_size / s.median,
             "peak_mem_mib_max": max(outcome.peak_mem_mib.values()),
             "peak_mem_mib_by_device": by_device(outcome.peak_mem_mib),
@@ -76,6 +83,35 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         row |= derived_columns(case, outcome, row["throughput_img_s"], attainable_peak,
                                idle_power, held)
     return row
+
+
+def contention_columns(case: Case, rig: Rig, outcome: CaseOutcome) -> Row:
+    """Steal and other processes' CPU over the case, and whether it ran under contention
+    (``measure.contention``; empty for a case that did not run).
+
+    The per-step CPU over wall rule applies to single-process cases of a cpu rig only (a
+    process pinned to one worker's T cores with no peer to wait for); distributed ranks
+    wait on their peers by design.
+    """
+    load = outcome.machine_load
+    ratio = None
+    cores = rig.threads_per_worker
+    cpu, wall = outcome.rank_step_cpu_times_s.get(0), outcome.rank_step_times_s.get(0)
+    if (rig.kind == "cpu" and not case.process_group and outcome.status == "ok"
+            and cpu and wall and len(cpu) == len(wall)):
+        ratio = cpu_per_wall(cpu, wall, cores)
+    if load is None and ratio is None:
+        return {}
+    cols: Row = {"contention": contention(load, ratio, cores)}
+    if load is not None:
+        cols |= {"cpu_steal_pct": round(load.cpu_steal_pct, 2),
+                 "other_cpu_pct": round(load.other_cpu_pct, 2)}
+    return cols
+
+
+def _finite(x: float) -> float | None:
+    """``x``, or None (an empty cell) where it is NaN: a figure that could not be had."""
+    return None if math.isnan(x) else x
 
 
 def derived_columns(case: Case, outcome: CaseOutcome, throughput_img_s: float,
@@ -235,12 +271,13 @@ def window_columns(samples: list[SampleRow], t0: float, t1: float, images: int,
 
 
 def step_rows(outcome: CaseOutcome) -> list[Row]:
-    """steps.csv rows: every rank's every timed step."""
-    return [
-        {"rank": rank, "step": i, "step_time_s": t}
-        for rank, times in sorted(outcome.rank_step_times_s.items())
-        for i, t in enumerate(times)
-    ]
+    """steps.csv rows: every rank's every timed step, its wall and CPU time."""
+    rows = []
+    for rank, times in sorted(outcome.rank_step_times_s.items()):
+        cpu = outcome.rank_step_cpu_times_s.get(rank, [])
+        rows += [{"rank": rank, "step": i, "step_time_s": t,
+                  "cpu_time_s": cpu[i] if i < len(cpu) else ""} for i, t in enumerate(times)]
+    return rows
 
 
 class SpeedupTable:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from bench_lib.measure.contention import CpuSnapshot, machine_load
 from bench_lib.measure.energy import IDLE_SECONDS, IdlePower, idle_power, rig_packages
 from bench_lib.measure.flops import AttainablePeak
 from bench_lib.measure.sampler import NvmlSource, ProcessSource, RaplSource, Sampler, Source
@@ -181,6 +182,7 @@ def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]],
     sources = {res.peak_mem_source for res in results.values()}
     return CaseOutcome(
         "ok", step_times_s=slowest_per_step(per_rank), rank_step_times_s=per_rank,
+        rank_step_cpu_times_s={r: list(res.step_cpu_times_s) for r, res in results.items()},
         peak_mem_mib={k: v for res in results.values() for k, v in res.peak_mem_mib.items()},
         peak_mem_net_mib={k: v for res in results.values()
                           for k, v in res.peak_mem_net_mib.items()},
@@ -191,6 +193,7 @@ def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]],
         timed_window_unix_s=((min(w[0] for w in windows), max(w[1] for w in windows))
                              if windows else None),
         stop_reason=results[0].stop_reason, partition=results[0].partition,
+        warmup_steps=results[0].warmup_steps,
         # One time axis for all ranks: stamps share the host's monotonic clock.
         timeline=align([{"rank": rank, **e} for rank, res in results.items()
                         for e in res.timeline]),
@@ -263,6 +266,7 @@ def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
     CaseSpec(case, rig).write(spec_path)
     log_path = case_dir / "worker.log"
     start = time.monotonic()
+    cpu_start = CpuSnapshot.now()  # the machine's and our CPU times: contention over the case
     procs = _launch(spec_path, case.processes, log_path)
     # CPU workers are capped here by the resident memory the case adds, per device they
     # drive; GPUs by their allocator (worker.py).
@@ -276,7 +280,10 @@ def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
     with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
         stopped = _supervise(procs, case.measurement.case_timeout_s,
                              over_cap if cap else None)
+    # Every rank has been reaped (_supervise waits for them): their CPU is in our children's.
+    load = machine_load(cpu_start, CpuSnapshot.now())
     outcome = CaseOutcome(*stopped) if stopped else _combine(case_dir, procs, log_path)
+    outcome.machine_load = load
     outcome.samples = sampler.samples
     outcome.wall_time_s = time.monotonic() - start
     if outcome.status == "ok":

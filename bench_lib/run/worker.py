@@ -84,8 +84,10 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> RankResult:
         dist.destroy_process_group()
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
     return RankResult(
-        rank, "ok", step_times_s=tuple(timed.times_s), timed_window_unix_s=timed.window_unix_s,
-        stop_reason=timed.stop_reason, peak_mem_mib=peaks.gross_mib,
+        rank, "ok", step_times_s=tuple(timed.times_s),
+        step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
+        stop_reason=timed.stop_reason, warmup_steps=timed.warmup_steps,
+        peak_mem_mib=peaks.gross_mib,
         peak_mem_net_mib=peaks.net_mib, peak_mem_source=peaks.source,
         peak_mem_reserved_mib=reserved,
         partition=partition.label if partition is not None else "",
