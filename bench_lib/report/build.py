@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from bench_lib.report import device_figures, figures
 from bench_lib.report.html import render
-from bench_lib.results.read import read_cases, read_env
+from bench_lib.results.read import read_cases, read_env, read_table
 from bench_lib.results.schema import TIMELINE_COLUMNS, ResultsError
 
 REPORT_NAME = "report.html"
@@ -47,16 +47,7 @@ class Runs:
 
 def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
     """A CSV that a run may lack; present but unreadable or missing columns is an error."""
-    if not path.exists():
-        return None
-    try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise ResultsError(f"cannot read {path}: {e}") from None
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise ResultsError(f"{path} lacks columns {', '.join(missing)}")
-    return df
+    return read_table(path, required) if path.exists() else None
 
 
 def _keyed(df: pd.DataFrame, label: str) -> pd.DataFrame:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,19 +92,23 @@ def _check_cases(path: Path, df: pd.DataFrame) -> None:
         raise ResultsError(f"{path} records case {dupes.iloc[0]!r} twice")
 
 
-def read_steps(run_dir: Path) -> pd.DataFrame:
-    """steps.csv as a DataFrame (every rank's every timed step), checked for its columns."""
+def read_table(path: Path, required: Sequence[str]) -> pd.DataFrame:
+    """One of a run folder's CSV files, refused when unreadable or missing ``required``."""
     import pandas as pd
 
-    path = run_dir / "steps.csv"
     try:
         df = pd.read_csv(path)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ResultsError(f"cannot read {path}: {e}") from None
-    missing = [c for c in STEP_COLUMNS if c not in df.columns]
+    missing = [c for c in required if c not in df.columns]
     if missing:
         raise ResultsError(f"{path} lacks columns {', '.join(missing)}")
     return df
+
+
+def read_steps(run_dir: Path) -> pd.DataFrame:
+    """steps.csv as a DataFrame (every rank's every timed step), checked for its columns."""
+    return read_table(run_dir / "steps.csv", STEP_COLUMNS)
 
 
 def done_case_ids(run_dir: Path) -> set[str]:
