@@ -84,15 +84,15 @@ def _two_rig():
 
 def test_timeline_stages_are_the_stages_on_their_device_slots():
     pipe, _, _ = build_trainer("pipeline")
-    assert [s for s, _ in pipe.timeline_modules()] == [0, 1]
-    assert [m for _, m in pipe.timeline_modules()] == pipe.stages
+    assert [s.index for s in pipe.timeline_stages()] == [0, 1]
+    assert [s.module for s in pipe.timeline_stages()] == pipe.stages
     # One process, two devices: stage i runs on device slot i (both "cpu" to torch).
     assert [(s.index, s.slot, s.pipe_stage) for s in pipe.timeline_stages()] == [(0, 0, None),
                                                                                 (1, 1, None)]
     mp, _, _ = build_trainer("mp", split=None)
-    assert len(mp.timeline_modules()) == 2
+    assert len(mp.timeline_stages()) == 2
     single, _, _ = build_trainer("single", split=None)
-    assert single.timeline_modules() == [] and single.timeline_stages() == []
+    assert single.timeline_stages() == []
 
 
 def test_trace_step_stamps_every_stage_microbatch_and_phase():
@@ -112,7 +112,8 @@ def test_trace_step_stamps_every_stage_microbatch_and_phase():
         assert at.loc[(1, m, "bwd"), "start_s"] <= at.loc[(0, m, "bwd"), "start_s"]
         assert at.loc[(1, m, "fwd"), "end_s"] <= at.loc[(1, m, "bwd"), "start_s"]
     assert 0.0 < bubble(events, None)["bubble_measured"] < 1.0
-    for _, module in trainer.timeline_modules():  # hooks are gone after the traced step
+    for stage in trainer.timeline_stages():  # hooks are gone after the traced step
+        module = stage.module
         assert not module._forward_hooks and not module._forward_pre_hooks
 
 

@@ -46,9 +46,9 @@ def _pipelining_grads(rank, world_size, name, split, partition, loss):
     trainer = strategies.get(name).build(model, [torch.device("cpu")], ctx)
     x, y = reference_batch(workload)
     trainer.forward_backward(x, y)
-    assert trainer.timeline_modules(), "a pipelined trainer names the stages it drives"
-    return {index[id(p)]: p.grad.clone() for _, m in trainer.timeline_modules()
-            for p in m.parameters()}
+    assert trainer.timeline_stages(), "a pipelined trainer names the stages it drives"
+    return {index[id(p)]: p.grad.clone() for s in trainer.timeline_stages()
+            for p in s.module.parameters()}
 
 
 def _rank_grads_of_configs(rank, world_size, configs):

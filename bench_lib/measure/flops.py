@@ -167,17 +167,6 @@ def conv_probe(device: torch.device, dtype: torch.dtype, shape: ConvShape,
     return (lambda: nn.functional.conv2d(x, w, padding=pad)), shape.flops
 
 
-def matmul_tflop_s(device: torch.device, dtype: torch.dtype, n: int, min_time_s: float) -> float:
-    """Best TFLOP/s of an n x n matrix product on ``device``, over at least ``min_time_s``."""
-    return _best_tflop_s(*gemm_probe(device, dtype, n), device, min_time_s)
-
-
-def conv_tflop_s(device: torch.device, dtype: torch.dtype, shape: ConvShape, min_time_s: float,
-                 channels_last: bool = False) -> float:
-    """Best TFLOP/s of the forward convolution ``shape`` on ``device``."""
-    return _best_tflop_s(*conv_probe(device, dtype, shape, channels_last), device, min_time_s)
-
-
 PEAK_ROUNDS = 2
 """Each probe is timed in this many rounds, the probes taking turns, so that a slow spell
 of a shared machine does not fall on one probe alone; a probe's figure is its best."""

@@ -160,10 +160,6 @@ class Trainer:
         pipelined."""
         return []
 
-    def timeline_modules(self) -> list[tuple[int, nn.Module]]:
-        """(stage index, stage module) pairs this process drives; empty when not pipelined."""
-        return [(s.index, s.module) for s in self.timeline_stages()]
-
     def compile(self) -> None:
         """torch.compile this trainer's modules in place (its ``stages`` when it has them)."""
         for module in getattr(self, "stages", None) or [self.module]:
