@@ -102,13 +102,16 @@ def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
         add("--sync-bn", action="store_true", default=None,
             help="SyncBatchNorm in ddp/fsdp (GPU rigs only)"),
         add("--loss", help="ce or mse-onehot"),
-        add("--warmup-steps", type=int),
-        add("--timed-steps", type=int),
+        add("--launches", type=int,
+            help="fresh launches per case, interleaved in rounds (default 3; intervals come "
+                 "from their spread, so 1 gives none)"),
+        add("--warmup-steps", type=int, help="warm-up steps per launch, at least"),
+        add("--timed-steps", type=int, help="most timed steps per launch"),
         add("--case-timeout", type=float, dest="case_timeout_s",
             help="seconds before a case is killed and recorded as timeout"),
         add("--ci-target-pct", type=float,
-            help="stop timing once the median's 95%% CI half-width is under this %% of it "
-                 "(0: off; default 2)"),
+            help="stop timing a launch once its median's 95%% CI half-width over its own "
+                 "steps is under this %% of it (0: off; default 2)"),
         add("--sample-interval-ms", type=float,
             help="utilisation/memory/power sampling interval (default 100)"),
         add("--max-memory-per-device", type=_memory_mib, dest="max_memory_per_device_mib",
@@ -252,18 +255,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_json_atomic(run_dir / "env.json", env)
     # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    progress = Progress(estimates, quiet=args.quiet)
+    progress = Progress(estimates, quiet=args.quiet,
+                        launches=[c.measurement.launches for c in cases])
     verb = "resuming" if args.resume else "run"
     progress.header(f"{verb} {run_dir.name}: {len(cases)} cases on rig {rig.label}")
     try:
         with RunWriter(run_dir) as writer:
-            rows = run_sweep(cases, rig, writer, progress.case_done, progress.case_start,
-                             attainable_peak=peak, idle=idle)
+            rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
+                             attainable_peak=peak, idle=idle, on_launch_done=progress.launch_done)
     except KeyboardInterrupt:
         progress.close()
-        print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the case that was "
-              f"running is not recorded. Finish with:\n  python -m bench_lib run --resume "
-              f"{run_dir}", file=sys.stderr)
+        print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "
+              "workload that was running are not recorded. Finish with:\n  python -m "
+              f"bench_lib run --resume {run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     progress.close()
     if not args.quiet:

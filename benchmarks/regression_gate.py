@@ -10,13 +10,21 @@ PARABENCH_INJECT_SLOWDOWN (every timed step does that fraction more work):
 A/A comparison k is plain(2k) vs plain(2k+2); planted comparison k is plain(2k) vs slow(2k+1).
 Neighbours in time are compared, as a CI job compares against a baseline taken recently; a
 gate that only passes on a quiet machine would fail here, since the CPU is shared.
-Arguments after ``--`` go to ``python -m bench_lib run`` (default: the ci profile).
+Arguments after ``--`` go to ``python -m bench_lib run`` (default: the ci profile, each case
+in 3 launches, so the gate's intervals are Welch's over launches; ``--launches 1`` gets the
+bootstrap over steps instead, and each line says which).
+
+The last line sums it up: A/A pairs passed, planted slowdowns caught, and the median
+half-width of the intervals that decided the verdicts (every case's deciding change, over
+all comparisons): how small a change this machine and this many launches can resolve.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,15 +51,37 @@ def judge(base: Path, cand: Path, threshold: float) -> list[cmp.CaseResult]:
     return cmp.compare_runs(cmp.load_run(base), cmp.load_run(cand), threshold)
 
 
+def deciding(results: list[cmp.CaseResult]) -> list[cmp.Change]:
+    """The change behind each case's verdict (none for a broken or n/a case)."""
+    return [r.changes[r.by] for r in results if r.by in r.changes]
+
+
 def describe(kind: str, k: int, results: list[cmp.CaseResult]) -> str:
-    """One line: the pair, the gate's answer, and each case's change and verdict."""
+    """One line: the pair, the gate's answer, each case's deciding change with its interval
+    and verdict, and the intervals' method."""
     parts = []
     for r in results:
         change = r.changes.get(r.by)
-        shown = f"{change.value:+.1%}" if change else "-"
+        shown = (f"{r.by} {change.value:+.1%} [{change.ci_low:+.1%}, {change.ci_high:+.1%}]"
+                 if change else "-")
         parts.append(f"{r.strategy} {shown} {r.verdict}")
+    methods = sorted({c.method for c in deciding(results)})
     word = "FAIL" if cmp.exit_code(results) else "pass"
-    return f"{kind} #{k + 1}: {word}  (" + "; ".join(parts) + ")"
+    return (f"{kind} #{k + 1}: {word}  (" + "; ".join(parts) + ")"
+            + (f"  [{'; '.join(methods)}]" if methods else ""))
+
+
+def summary(pairs: int, aa_passed: int, planted_caught: int, slowdown: float,
+            threshold: float, changes: list[cmp.Change]) -> str:
+    """The closing line: A/A passes, planted slowdowns caught, the intervals' median
+    half-width and the methods behind them."""
+    widths = [c.half_width for c in changes if not math.isnan(c.half_width)]
+    width = (f"median half-width of the gate's intervals {statistics.median(widths):.1%} "
+             f"(over {len(widths)})" if widths else "no gate intervals")
+    methods = ", ".join(sorted({c.method for c in changes})) or "none"
+    return (f"A/A: {aa_passed}/{pairs} passed (no false regression); planted {slowdown:.0%} "
+            f"slowdown: {planted_caught}/{pairs} caught; {width}; intervals: {methods}; "
+            f"threshold {threshold:g}%")
 
 
 def main(argv: list[str]) -> int:
@@ -70,6 +100,7 @@ def main(argv: list[str]) -> int:
 
     plain = [run_sweep(out / "plain0", run_args, 0.0)]
     aa_fail = planted_caught = 0
+    gate_changes: list[cmp.Change] = []
     for k in range(args.pairs):
         slow = run_sweep(out / f"slow{2 * k + 1}", run_args, args.slowdown)
         plain.append(run_sweep(out / f"plain{2 * k + 2}", run_args, 0.0))
@@ -77,11 +108,11 @@ def main(argv: list[str]) -> int:
         planted = judge(plain[k], slow, args.threshold)
         aa_fail += bool(cmp.exit_code(aa))
         planted_caught += bool(cmp.exit_code(planted))
+        gate_changes += deciding(aa) + deciding(planted)
         print(describe("A/A", k, aa), flush=True)
         print(describe(f"planted {args.slowdown:.0%}", k, planted), flush=True)
-    print(f"A/A: {args.pairs - aa_fail}/{args.pairs} passed (no false regression); planted "
-          f"{args.slowdown:.0%} slowdown: {planted_caught}/{args.pairs} caught; threshold "
-          f"{args.threshold:g}%")
+    print(summary(args.pairs, args.pairs - aa_fail, planted_caught, args.slowdown,
+                  args.threshold, gate_changes), flush=True)
     return 0 if aa_fail == 0 and planted_caught == args.pairs else 1
 
 

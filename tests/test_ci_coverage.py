@@ -1,14 +1,20 @@
-"""The median's interval checked by its coverage, not its arithmetic; the lag-1
+"""The intervals checked by their coverage, not their arithmetic; the lag-1
 autocorrelation checked by what it recovers from series of known correlation.
 
-Coverage: the share of many seeded synthetic samples of independent step times whose
-interval holds the true median. Step times are skewed and heavy on the slow side, so the
-samples are lognormal (median 1) and a shifted exponential (median 1 + 0.1 ln 2).
+Coverage: the share of many seeded synthetic samples whose interval holds the true value.
+Within one launch (the adaptive stop's interval of the median): independent step times,
+skewed and heavy on the slow side, so lognormal (median 1) and a shifted exponential
+(median 1 + 0.1 ln 2). Across launches (the figures a run reports: a case's step time, a
+speedup, a change between two runs): synthetic sweeps with launch offsets, round drift and
+independent, AR(1) and skewed steps, each launch's length decided by ``AdaptiveStop``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -20,9 +26,14 @@ from bench_lib.measure.stats import (
     Stats,
     bootstrap_median_ci,
     lag1_autocorr,
+    lag1_autocorr_within,
+    launch_interval,
     median_ci,
     order_statistic_median_ci,
+    paired_ratio_interval,
+    welch_log_change,
 )
+from bench_lib.measure.timing import AdaptiveStop
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
@@ -107,6 +118,8 @@ def test_stats_and_rows_say_which_interval_they_give_or_why_none():
     assert many.ci_method == "bootstrap"
     assert (many.ci_low, many.ci_high) == bootstrap_median_ci(list(np.linspace(1, 2, 8)))
 
+    # A case row's step time comes from its launches (the steps' own intervals stay inside
+    # a launch, for the adaptive stop): one launch gives no interval and says why.
     rig = Rig("cpu", 2, 1, (0, 1))
     case = new_case(rig, "single", "resnet-tiny", 32, 4)
     row = case_row(case, rig, CaseOutcome("ok", step_times_s=[0.1, 0.12, 0.11],
@@ -114,14 +127,34 @@ def test_stats_and_rows_say_which_interval_they_give_or_why_none():
                                           peak_mem_mib={"0": 100.0}))
     assert row["step_time_s_ci_low"] is None and row["step_time_s_ci_high"] is None
     assert row["step_time_ci_method"] == ""
-    assert row["step_time_ci_note"].startswith("3 steps: too few")
+    assert row["step_time_ci_note"] == (
+        "launches measured: 1; an interval across them needs 2 (--launches)")
+    assert row["launches"] == 1 and row["steps_per_launch"] == "3"
+    assert row["launch_medians_s"] == "0.11" and row["step_time_s_median"] == pytest.approx(0.11)
     assert row["step_time_lag1_autocorr"] is None  # under 10 steps
     assert row["warmup_steps"] == 4  # the warm-up run, not the profile's minimum
-    steps = [0.1, 0.12, 0.11, 0.1, 0.13, 0.1, 0.12, 0.11, 0.1, 0.12]
-    row = case_row(case, rig, CaseOutcome("ok", step_times_s=steps, stop_reason="step_cap",
-                                          warmup_steps=2, peak_mem_mib={"0": 100.0}))
-    assert row["step_time_ci_method"] == "bootstrap" and row["step_time_ci_note"] == ""
-    assert row["step_time_lag1_autocorr"] == pytest.approx(lag1_autocorr(steps))
+
+    # Three launches: the geometric mean of their medians and the t interval (2 df).
+    launch_steps = [[0.1, 0.12, 0.11, 0.1, 0.13, 0.1, 0.12, 0.11, 0.1, 0.12],
+                    [0.105, 0.11, 0.1, 0.12],
+                    [0.12, 0.125, 0.118, 0.13, 0.121]]
+    launches = [CaseOutcome("ok", step_times_s=steps, stop_reason=reason, warmup_steps=w,
+                            peak_mem_mib={"0": 100.0 + w})
+                for steps, reason, w in zip(launch_steps, ["step_cap", "time_cap", "ci_target"],
+                                            [2, 3, 2])]
+    row = case_row(case, rig, CaseOutcome.of_launches(launches))
+    medians = [statistics.median(steps) for steps in launch_steps]  # 0.11, 0.1075, 0.121
+    expected = launch_interval(medians)
+    assert row["step_time_ci_method"] == "t over 3 launches" and row["step_time_ci_note"] == ""
+    assert row["launches"] == 3 and row["steps_per_launch"] == "10;4;5"
+    assert row["launch_medians_s"] == "0.11;0.1075;0.121"
+    assert row["timed_steps"] == 19  # the spread columns pool every launch's steps
+    assert row["step_time_s_median"] == pytest.approx(math.prod(medians) ** (1 / 3))
+    assert (row["step_time_s_ci_low"], row["step_time_s_ci_high"]) == pytest.approx(
+        (expected.low, expected.high))
+    assert row["step_time_s_ci_low"] < min(medians) and row["step_time_s_ci_high"] > max(medians)
+    assert row["step_time_lag1_autocorr"] == pytest.approx(lag1_autocorr_within(launch_steps))
+    assert row["warmup_steps"] == 3  # the most any launch needed
     assert case_row(case, rig, CaseOutcome("error", "boom"))["warmup_steps"] == ""
 
 
@@ -150,3 +183,179 @@ def test_lag1_autocorrelation_of_independent_steps_is_near_zero_and_needs_enough
     assert math.isnan(lag1_autocorr([1.0] * 20))  # no variance: undefined
     assert MIN_SAMPLES_FOR_AUTOCORR == 10
     assert median_ci([1.0])[3] == "1 step: too few for a 95% interval (needs 6)"
+
+
+# Across launches: the intervals a run reports, checked on synthetic sweeps measured the way
+# the runner measures them. Per launch, a step's log time is log(step_s) + the launch's
+# offset (normal, sd OFFSET_SD: allocation, placement, clocks) + noise_t, a stationary AR(1)
+# in the log with normal innovations or right-skewed ones (shifted exponential: the odd slow
+# step); AdaptiveStop, asked after every step as in timing.time_steps, decides the launch's
+# length (CI target 2%, a time cap, the timed_steps cap), and the launch's figure is the
+# median of its steps. "short" launches get a time cap of 3 step times, so 3 or 4 steps (a
+# slow case on a 2-core machine): no within-launch interval at all, the t interval across
+# launches alone.
+
+NOISE_SD = 0.03  # stationary sd of a step's log-noise
+OFFSET_SD = 0.025  # launch to launch, in log
+DRIFT_SD = 0.05  # per round, shared by every launch of the round (speedup sweeps)
+STEP_S = 0.2  # single's step time: exp(mu)
+SPEEDUP = 1.8  # single's step time over the other case's: exp(mu_single - mu_case)
+BURN_IN = 40  # steps discarded so that a skewed AR(1) starts stationary (0.6^40 ~ 1e-9)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    phi: float
+    skewed: bool = False
+    short: bool = False
+
+    @property
+    def timed_steps(self) -> int:
+        return 20 if self.short else 10
+
+    def max_time_s(self, step_s: float) -> float:
+        return (3.0 if self.short else 9.5) * step_s
+
+
+SWEEPS = {
+    "independent": Sweep(0.0),
+    "ar1-0.3": Sweep(0.3),
+    "ar1-0.6": Sweep(0.6),
+    "ar1-0.3-skewed": Sweep(0.3, skewed=True),
+    "short-ar1-0.6": Sweep(0.6, short=True),
+    "short-ar1-0.3-skewed": Sweep(0.3, skewed=True, short=True),
+}
+
+
+def _log_noise(rng: np.random.Generator, shape: tuple[int, ...], sweep: Sweep) -> np.ndarray:
+    """Stationary AR(1) log-noise of sd NOISE_SD, ``shape + (timed_steps,)``."""
+    steps, phi = BURN_IN + sweep.timed_steps, sweep.phi
+    if sweep.skewed:
+        z = rng.exponential(1.0, (*shape, steps)) - 1.0  # mean 0, sd 1, skew 2
+    else:
+        z = rng.standard_normal((*shape, steps))
+    z *= NOISE_SD * math.sqrt(1 - phi**2)
+    e = np.empty_like(z)
+    e[..., 0] = z[..., 0] / math.sqrt(1 - phi**2)
+    for t in range(1, steps):
+        e[..., t] = phi * e[..., t - 1] + z[..., t]
+    return e[..., BURN_IN:]
+
+
+def _launch_medians(rng: np.random.Generator, sweep: Sweep, log_step_s: np.ndarray,
+                    max_time_s: float) -> np.ndarray:
+    """Each launch's median step time; ``log_step_s`` is per launch its log step time
+    (mu + offset + drift), ``max_time_s`` the stop rule's time cap."""
+    series = np.exp(log_step_s[..., None] + _log_noise(rng, log_step_s.shape, sweep))
+    medians = np.empty(log_step_s.shape)
+    for index in np.ndindex(log_step_s.shape):
+        stop = AdaptiveStop(0.02, max_time_s)
+        times: list[float] = []
+        for t in series[index].tolist():  # at most timed_steps
+            times.append(t)
+            if stop(times):
+                break
+        medians[index] = statistics.median(times)
+    return medians
+
+
+@functools.cache
+def _sweep_medians(name: str, launches: int, seed: int, slower: float = 1.0) -> np.ndarray:
+    """TRIALS sweeps of one case, ``launches`` launch medians each: (TRIALS, launches)."""
+    sweep = SWEEPS[name]
+    rng = np.random.default_rng(seed)
+    log_step_s = math.log(STEP_S * slower) + OFFSET_SD * rng.standard_normal((TRIALS, launches))
+    # The same time cap whatever the case's speed, as a run gives every case.
+    return _launch_medians(rng, sweep, log_step_s, sweep.max_time_s(STEP_S))
+
+
+@functools.cache
+def _true_median(name: str) -> float:
+    """The value the geometric mean of launch medians estimates: exp(E[log launch median]).
+
+    With symmetric noise that is exp(mu) = STEP_S: for a given number of steps n the median
+    of n values of a symmetric stationary Gaussian process is symmetric about 0 (negate the
+    process), so E[log median] = mu + E[offset] = mu (an even n's median averages the two
+    middle steps in seconds, above their mean log by ~(spread / 2)^2 / 2: ~1e-4 here). The
+    adaptive stop makes n depend on the values (slow steps reach the time cap sooner), which
+    breaks the symmetry slightly: over 10000 simulated launches of each symmetric sweep here
+    E[log median] - mu was within 0.04% of 0 (standard error 0.03%), against interval
+    half-widths of 3-10%; ``test_launch_interval_covers_the_median_step_time`` checks it on
+    its own launches. Skewed noise has no closed form: its median is below its mean (-0.7%
+    in log with 8-10 steps, -0.3% with 3-4), so the true value is estimated from 1200
+    launches of an independent seed (standard error 0.08%).
+    """
+    if not SWEEPS[name].skewed:
+        return STEP_S
+    medians = _sweep_medians(name, 3, seed=999)  # 400 x 3 launches, not the trials' seeds
+    return float(np.exp(np.log(medians).mean()))
+
+
+def _coverage_of(intervals, true_value: float) -> float:
+    return sum(i.covers(true_value) for i in intervals) / len(intervals)
+
+
+@pytest.mark.parametrize("name,launches", [(name, 3) for name in SWEEPS] + [("ar1-0.3", 5)])
+def test_launch_interval_covers_the_median_step_time(name, launches):
+    # The ar1-0.3 sweeps have 6 launches each (the Welch tests use them as two runs of 3):
+    # 3 launches take the first 3, 5 the first 5.
+    stored = 6 if name == "ar1-0.3" else launches
+    medians = _sweep_medians(name, stored, seed=11 + list(SWEEPS).index(name))[:, :launches]
+    intervals = [launch_interval(m) for m in medians]
+    assert all(i.method == f"t over {launches} launches" for i in intervals)
+    true_value = _true_median(name)
+    coverage = _coverage_of(intervals, true_value)
+    assert 0.90 <= coverage <= 0.98, (name, launches, coverage)
+    if not SWEEPS[name].skewed:  # the stop's bias on the true value is negligible
+        assert abs(np.log(medians / STEP_S).mean()) < 0.003
+
+
+@pytest.mark.parametrize("name,rounds", [("independent", 3), ("ar1-0.6", 3),
+                                         ("short-ar1-0.6", 3), ("short-ar1-0.6", 5)])
+def test_paired_speedup_interval_covers_the_true_speedup(name, rounds):
+    # Single and the case each launched once per round; a round's drift slows both alike,
+    # and pairing by round cancels it. Both get single's time cap, so the faster case runs
+    # more steps (to the CI target or the step cap where single hits the time cap). With
+    # symmetric noise each case's E[log launch median] is its own mu (``_true_median``),
+    # so the true speedup is exp(mu_single - mu_case).
+    sweep = SWEEPS[name]
+    rng = np.random.default_rng(101 + rounds + 7 * list(SWEEPS).index(name))
+    drift = DRIFT_SD * rng.standard_normal((TRIALS, rounds))
+    cap = sweep.max_time_s(STEP_S)
+    single = _launch_medians(
+        rng, sweep, math.log(STEP_S) + drift + OFFSET_SD * rng.standard_normal(drift.shape), cap)
+    case = _launch_medians(
+        rng, sweep,
+        math.log(STEP_S / SPEEDUP) + drift + OFFSET_SD * rng.standard_normal(drift.shape), cap)
+    intervals = [paired_ratio_interval(s, c) for s, c in zip(single, case)]
+    assert all(i.method == f"t over {rounds} rounds" for i in intervals)
+    coverage = _coverage_of(intervals, SPEEDUP)
+    # Unpaired, the drift would stay in: the interval of the same ratio from the two cases'
+    # launches taken apart (Welch) is wider.
+    paired = statistics.median(math.log(i.high / i.low) / 2 for i in intervals)
+    unpaired = statistics.median(
+        (math.log1p(high) - math.log1p(low)) / 2
+        for _, low, high in (welch_log_change(c, s) for s, c in zip(single, case)))
+    assert 0.90 <= coverage <= 0.98, (name, rounds, coverage)
+    assert paired < unpaired, (paired, unpaired)
+
+
+def _welch(base: np.ndarray, cand: np.ndarray) -> list[tuple[float, float, float]]:
+    return [welch_log_change(b, c) for b, c in zip(base, cand)]
+
+
+def test_welch_change_interval_covers_no_change_and_a_planted_one():
+    # Two runs of 3 launches each, the regression gate's comparison of per-launch medians.
+    pool = _sweep_medians("ar1-0.3", 6, seed=11 + list(SWEEPS).index("ar1-0.3"))
+    base, same = pool[:, :3], pool[:, 3:]
+    slower = _sweep_medians("ar1-0.3", 3, seed=77, slower=1.15)  # symmetric: true +15%
+    a_a = _welch(base, same)
+    planted = _welch(base, slower)
+    covered_0 = sum(low <= 0 <= high for _, low, high in a_a) / TRIALS
+    covered_15 = sum(low <= 0.15 <= high for _, low, high in planted) / TRIALS
+    detected = sum(low > 0 and point > 0.10 for point, low, _ in planted) / TRIALS
+    spread = float(np.log(pool).std(ddof=1))  # all 2400 launches alike: one distribution
+    assert 0.025 <= spread <= 0.035, spread  # 3% launch spread: offset and median together
+    assert 0.90 <= covered_0 <= 0.98, covered_0
+    assert 0.90 <= covered_15 <= 0.98, covered_15
+    assert detected >= 0.90, detected

@@ -19,7 +19,7 @@ from bench_lib.sweep.profile import Profile
 from tests.conftest import PYTHON, REPO
 
 TINY = ["--models", "resnet-tiny", "--image-sizes", "32", "--batch-size", "4",
-        "--warmup-steps", "1", "--timed-steps", "2"]
+        "--warmup-steps", "1", "--timed-steps", "2", "--launches", "1"]
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -31,8 +31,8 @@ def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
     store = tmp_path / "store"
     proc = bench("run", "--profile", "smoke", "--strategies", "single,dp,ddp,pipeline",
-                 "--split-sizes", "2,4", *TINY, "--out", str(tmp_path / "out"), "--report",
-                 "--save-baseline", str(store))
+                 "--split-sizes", "2,4", *TINY, "--launches", "2", "--out",
+                 str(tmp_path / "out"), "--report", "--save-baseline", str(store))
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(tmp_path / "out")
     assert proc.stdout.strip() == str(run_dir)  # the folder, for a person reading along
@@ -55,10 +55,20 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
     ok = cases[cases.status == "ok"]
     assert (ok.step_time_s_median > 0).all()
     assert (ok.throughput_img_s == 4 / ok.step_time_s_median).all()
+    # Two launches each, in rounds: the interval across them, the speedup's paired one.
+    assert (ok.launches == 2).all() and (ok.steps_per_launch == "2;2").all()
+    assert (ok.step_time_ci_method == "t over 2 launches").all()
+    assert (ok.step_time_s_ci_low <= ok.step_time_s_median).all()
+    assert (ok.step_time_s_median <= ok.step_time_s_ci_high).all()
+    assert (ok.speedup_ci_low <= ok.speedup_vs_single).all()
+    assert (ok.speedup_vs_single <= ok.speedup_ci_high).all()
+    assert "launch 2/2" in proc.stderr
     assert "CUDA" in cases.loc[cases.strategy == "dp", "reason"].item()
     steps = pd.read_csv(run_dir / "steps.csv")
     assert set(steps.case_id) == set(ok.case_id)
-    assert len(steps[steps.case_id.str.startswith("ddp")]) == 2 * 2  # 2 ranks x 2 steps
+    ddp = steps[steps.case_id.str.startswith("ddp")]
+    assert len(ddp) == 2 * 2 * 2  # 2 launches x 2 ranks x 2 steps
+    assert sorted(ddp.groupby(["launch", "rank"]).size().tolist()) == [2, 2, 2, 2]
     env = json.loads((run_dir / "env.json").read_text())
     for key in ("torch", "torchvision", "cuda", "cudnn", "nccl", "driver"):
         assert key in env["versions"]

@@ -21,23 +21,39 @@ VERSIONS = {"python": "3.11.9", "torch": "2.14.1", "torchvision": "0.29.1", "cud
             "cudnn": 91002, "nccl": "2.27.3", "driver": "570.124.06", "cuda_available": True}
 # Median step time of each strategy on the synthetic machine, in seconds.
 BASE_S = {"single": 0.30, "ddp": 0.50, "mp": 0.35}
-STEPS = 20
+STEPS = 20  # per launch
+LAUNCHES = 3  # the runner's default
 NOISE = 0.05  # lognormal sigma: ~5% step-to-step spread, like a quiet CPU
+LAUNCH_NOISE = 0.02  # each launch's own offset (placement, allocation), per case
+ROUND_NOISE = 0.02  # drift shared by every case of a round (they run back to back)
 
 
 def make_run(root: Path, name: str, seed: int, slowdown: dict | None = None,
              machine: float = 1.0, fingerprint: dict | None = None,
              status: dict | None = None, model: str = "resnet-tiny",
-             noise: float = NOISE, versions: dict | None = None) -> Path:
-    """A run folder of three cases; ``slowdown`` multiplies a strategy's times."""
+             noise: float = NOISE, versions: dict | None = None,
+             launches: int = LAUNCHES, launch_noise: float = LAUNCH_NOISE,
+             round_noise: float = ROUND_NOISE) -> Path:
+    """A run folder of three cases measured in ``launches`` interleaved rounds, as the
+    runner writes it; ``slowdown`` multiplies a strategy's times, ``machine`` all of them."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     write_json_atomic(run_dir / "env.json", {"schema_version": SCHEMA_VERSION,
                                              "fingerprint": fingerprint or FINGERPRINT,
                                              "versions": versions or VERSIONS})
     rng = np.random.default_rng(seed)
-    with RunWriter(run_dir) as w:
+    steps: dict[str, list[dict]] = {s: [] for s in BASE_S}
+    for launch in range(launches):  # round by round, every case once per round
+        drift = rng.lognormal(0, round_noise)
         for strategy, median in BASE_S.items():
+            scale = (median * machine * drift * (1 + (slowdown or {}).get(strategy, 0.0))
+                     * rng.lognormal(0, launch_noise))
+            ranks = 2 if strategy == "ddp" else 1
+            steps[strategy] += [{"launch": launch, "rank": r, "step": i,
+                                 "step_time_s": scale * rng.lognormal(0, noise)}
+                                for r in range(ranks) for i in range(STEPS)]
+    with RunWriter(run_dir) as w:
+        for strategy in BASE_S:
             case_id = f"{strategy}_{model}_img32_b8_s-_fp32"
             row = {"case_id": case_id, "strategy": strategy, "model": model,
                    "image_size": 32, "batch_size": 8, "precision": "fp32", "loss": "ce",
@@ -45,13 +61,15 @@ def make_run(root: Path, name: str, seed: int, slowdown: dict | None = None,
             if row["status"] != "ok":
                 w.write_case(row)
                 continue
-            scale = median * machine * (1 + (slowdown or {}).get(strategy, 0.0))
-            ranks = 2 if strategy == "ddp" else 1
-            steps = [{"rank": r, "step": i, "step_time_s": scale * rng.lognormal(0, noise)}
-                     for r in range(ranks) for i in range(STEPS)]
-            median = float(np.median([s["step_time_s"] for s in steps]))
-            w.write_case(row | {"step_time_s_median": median, "throughput_img_s": 8 / median},
-                         steps)
+            medians = [float(np.median([max(s["step_time_s"] for s in steps[strategy]
+                                            if s["launch"] == k and s["step"] == i)
+                                        for i in range(STEPS)])) for k in range(launches)]
+            median = float(np.exp(np.mean(np.log(medians))))
+            w.write_case(row | {"step_time_s_median": median, "throughput_img_s": 8 / median,
+                                "launches": launches,
+                                "steps_per_launch": ";".join([str(STEPS)] * launches),
+                                "launch_medians_s": ";".join(f"{m:.6g}" for m in medians)},
+                         steps[strategy])
     return run_dir
 
 
@@ -68,14 +86,77 @@ def test_a_a_runs_from_one_distribution_are_unchanged(tmp_path):
         assert cmp.exit_code(results) == cmp.EXIT_OK
 
 
-def test_uniform_15pct_slowdown_fails_single_on_step_time(tmp_path):
-    slow = {s: 0.15 for s in BASE_S}
-    base = cmp.load_run(make_run(tmp_path, "base", 1))
-    cand = cmp.load_run(make_run(tmp_path, "cand", 2, slowdown=slow))
-    v = verdicts(cmp.compare_runs(base, cand))
-    assert v["single"] == ("regression", "step_time")
-    # speedups over single held, so the others are not reported a second time
-    assert v["ddp"] == ("unchanged", "speedup") and v["mp"] == ("unchanged", "speedup")
+def test_a_a_with_launch_to_launch_noise_passes(tmp_path):
+    """Launches that differ by ~5% each (step noise 2%): Welch over launches holds that
+    spread, so A/A runs pass; the same machine measured in 1 launch a run is judged on its
+    steps alone, whose interval leaves the launch offset out, and fails A/A runs."""
+    for seed in range(5):
+        base = cmp.load_run(make_run(tmp_path, f"a{seed}", seed, noise=0.02, launch_noise=0.05))
+        cand = cmp.load_run(make_run(tmp_path, f"b{seed}", seed + 100, noise=0.02,
+                                     launch_noise=0.05))
+        results = cmp.compare_runs(base, cand)
+        assert {v for v, _ in verdicts(results).values()} == {"unchanged"}
+        assert {(ch.method, ch.n_base, ch.n_cand) for r in results
+                for ch in r.changes.values()} == {(cmp.METHOD_WELCH, LAUNCHES, LAUNCHES)}
+    one = [cmp.exit_code(cmp.compare_runs(
+        cmp.load_run(make_run(tmp_path, f"c{seed}", seed, noise=0.02, launch_noise=0.05,
+                              launches=1)),
+        cmp.load_run(make_run(tmp_path, f"d{seed}", seed + 100, noise=0.02, launch_noise=0.05,
+                              launches=1)))) for seed in range(5)]
+    assert cmp.EXIT_REGRESSION in one  # what the gate said before it had launches
+
+
+def test_planted_15pct_slowdown_of_one_strategy_regresses_on_speedup(tmp_path):
+    for seed in range(3):
+        base = cmp.load_run(make_run(tmp_path, f"base{seed}", seed))
+        cand = cmp.load_run(make_run(tmp_path, f"cand{seed}", seed + 100,
+                                     slowdown={"mp": 0.15}))
+        results = cmp.compare_runs(base, cand)
+        assert verdicts(results) == {"single": ("unchanged", "step_time"),
+                                     "ddp": ("unchanged", "speedup"),
+                                     "mp": ("regression", "speedup")}
+        mp = next(r for r in results if r.strategy == "mp").changes["speedup"]
+        assert mp.method == cmp.METHOD_WELCH and mp.ci_low > 0
+        assert mp.ci_low < 0.15 < mp.ci_high  # the interval holds the planted change
+        assert cmp.exit_code(results) == cmp.EXIT_REGRESSION
+
+
+def test_uniform_15pct_slowdown_regresses_single_on_step_time_only(tmp_path):
+    # step_time keeps each launch's offset and each round's drift (speedup cancels the
+    # drift): at 2% of each, 3 launches a side get this exact verdict in ~9 of 10 seeded pairs
+    # (the point lands under the 10% threshold in the rest); at 1% of each, in 150 of 150.
+    quiet = {"launch_noise": 0.01, "round_noise": 0.01}
+    for seed in range(3):
+        base = cmp.load_run(make_run(tmp_path, f"base{seed}", seed, **quiet))
+        cand = cmp.load_run(make_run(tmp_path, f"cand{seed}", seed + 100, **quiet,
+                                     slowdown={s: 0.15 for s in BASE_S}))
+        results = cmp.compare_runs(base, cand)
+        assert verdicts(results) == {"single": ("regression", "step_time"),
+                                     "ddp": ("unchanged", "speedup"),
+                                     "mp": ("unchanged", "speedup")}
+        # every strategy is slower in absolute time; only single reports it
+        assert all(r.changes["step_time"].value > 0.1 for r in results)
+
+
+def test_one_launch_runs_fall_back_to_the_bootstrap_over_steps_and_say_so(tmp_path, capsys):
+    base = make_run(tmp_path, "base", 1, launches=1)
+    cand = make_run(tmp_path, "cand", 2, launches=1, slowdown={"ddp": 0.15})
+    results = cmp.compare_runs(cmp.load_run(base), cmp.load_run(cand))
+    assert {(ch.method, ch.n_base, ch.n_cand) for r in results
+            for ch in r.changes.values()} == {(cmp.METHOD_BOOTSTRAP, 1, 1)}
+    assert verdicts(results)["ddp"] == ("regression", "speedup")
+    md = tmp_path / "gate.md"
+    assert gate(base, cand, markdown=md) == cmp.EXIT_REGRESSION
+    out = capsys.readouterr().out
+    assert out.count(cmp.METHOD_BOOTSTRAP) == 1 and cmp.METHOD_WELCH not in out
+    assert "1 vs 1 launches" in out and "note: a run measured in 1 launch" in out
+    assert md.read_text().count(cmp.METHOD_BOOTSTRAP) == 1
+    # One side with launches, the other without: still the fallback, said with the counts.
+    three = make_run(tmp_path, "three", 3)
+    results = cmp.compare_runs(cmp.load_run(three), cmp.load_run(cand))
+    assert {ch.method for r in results for ch in r.changes.values()} == {cmp.METHOD_BOOTSTRAP}
+    assert gate(three, cand) == cmp.EXIT_REGRESSION
+    assert "3 vs 1 launches" in capsys.readouterr().out
 
 
 def test_one_strategy_slower_is_caught_through_speedup_despite_machine_drift(tmp_path):
@@ -112,16 +193,27 @@ def test_improvement_needs_threshold_and_significance(tmp_path):
     assert verdicts(cmp.compare_runs(base, cand))["single"] == ("improvement", "step_time")
 
 
-def test_multi_rank_steps_take_the_slowest_rank(tmp_path):
+def test_multi_rank_steps_take_the_slowest_rank_per_launch(tmp_path):
     run = make_run(tmp_path, "r", 1)
     samples = cmp.step_samples(run)
     import pandas as pd
 
     steps = pd.read_csv(run / "steps.csv")
     ddp = steps[steps.case_id.str.startswith("ddp")]
-    expected = ddp.groupby("step").step_time_s.max().to_numpy()
-    np.testing.assert_allclose(samples["ddp_resnet-tiny_img32_b8_s-_fp32"], expected)
-    assert len(expected) == STEPS
+    launches = samples["ddp_resnet-tiny_img32_b8_s-_fp32"]
+    assert list(launches) == list(range(LAUNCHES))  # round order
+    for k, times in launches.items():
+        expected = ddp[ddp.launch == k].groupby("step").step_time_s.max().to_numpy()
+        np.testing.assert_allclose(times, expected)
+        assert len(expected) == STEPS
+    # The run's launch medians are the ones cases.csv recorded.
+    loaded = cmp.load_run(run)
+    cases = pd.read_csv(run / "cases.csv").set_index("case_id")
+    for cid in loaded.launches:
+        recorded = [float(v) for v in cases.loc[cid, "launch_medians_s"].split(";")]
+        np.testing.assert_allclose(list(loaded.launch_medians(cid).values()), recorded,
+                                   rtol=1e-5)
+        assert loaded.median_s(cid) == pytest.approx(cases.loc[cid, "step_time_s_median"])
 
 
 def test_cli_exit_codes_and_outputs(tmp_path, capsys):
@@ -130,15 +222,20 @@ def test_cli_exit_codes_and_outputs(tmp_path, capsys):
     slow = make_run(tmp_path, "slow", 3, slowdown={s: 0.15 for s in BASE_S})
     md, js = tmp_path / "gate.md", tmp_path / "gate.json"
     assert main(["compare", str(base), str(same / "cases.csv")]) == 0
+    capsys.readouterr()
     assert main(["compare", str(base), str(slow), "--markdown", str(md), "--json", str(js)]) == 1
     out = capsys.readouterr().out
     assert "FAIL: 1 regression, 2 unchanged" in out and "no strategy lost speedup" in out
+    assert out.count(cmp.METHOD_WELCH) == 1 and "3 vs 3 launches" in out
+    assert cmp.METHOD_BOOTSTRAP not in out and "1 launch" not in out
     assert md.read_text().startswith("### parabench regression gate: FAIL")
+    assert md.read_text().count(cmp.METHOD_WELCH) == 1
     entries = json.loads(js.read_text())
     names = {e["name"] for e in entries}
     assert "single_resnet-tiny_img32_b8_s-_fp32 throughput" in names
     assert "ddp_resnet-tiny_img32_b8_s-_fp32 speedup over single" in names
-    assert all(set(e) >= {"name", "unit", "value"} for e in entries)
+    assert all(set(e) >= {"name", "unit", "value", "range"} for e in entries)
+    assert all(cmp.METHOD_WELCH in e["extra"] for e in entries)
 
 
 def test_gate_is_the_compare_command_as_a_function(tmp_path, capsys):
@@ -170,6 +267,7 @@ def test_a_case_that_ran_before_and_fails_now_fails_the_gate(tmp_path, capsys):
     ("steps", "lacks columns"),
     ("nomatch", "no matching cases"),
     ("ranks", "ranks timed different numbers of steps"),
+    ("launch", "without its launch index"),
 ])
 def test_unusable_input_exits_2(tmp_path, capsys, breakage, message):
     base = make_run(tmp_path, "base", 1)
@@ -181,10 +279,15 @@ def test_unusable_input_exits_2(tmp_path, capsys, breakage, message):
         write_json_atomic(cand / "env.json", {"schema_version": 99, "fingerprint": FINGERPRINT})
     elif breakage == "steps":
         (cand / "steps.csv").write_text("case_id,seconds\nx,1\n")
-    elif breakage == "ranks":  # ddp's rank 1 lost its last step
+    elif breakage == "launch":  # a step row with its launch left empty
         lines = (cand / "steps.csv").read_text().splitlines(keepends=True)
-        last = max(i for i, ln in enumerate(lines) if ln.split(",")[1:3] == [
-            "ddp_resnet-tiny_img32_b8_s-_fp32", "1"])
+        cells = lines[5].split(",")
+        lines[5] = ",".join(cells[:2] + [""] + cells[3:])
+        (cand / "steps.csv").write_text("".join(lines))
+    elif breakage == "ranks":  # ddp's rank 1 lost the last step of its second launch
+        lines = (cand / "steps.csv").read_text().splitlines(keepends=True)
+        last = max(i for i, ln in enumerate(lines) if ln.split(",")[1:4] == [
+            "ddp_resnet-tiny_img32_b8_s-_fp32", "1", "1"])
         (cand / "steps.csv").write_text("".join(lines[:last] + lines[last + 1:]))
     md = tmp_path / "gate.md"
     assert main(["compare", str(base), str(cand), "--markdown", str(md)]) == 2

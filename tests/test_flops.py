@@ -85,14 +85,23 @@ def test_derived_columns_mfu_over_the_devices_used(cpu_rig):
 def test_speedup_relative_to_single_of_the_same_workload(cpu_rig):
     table = SpeedupTable()
     mk = lambda s, b=8: new_case(cpu_rig, s, "resnet-tiny", 32, b)  # noqa: E731
-    single = {"status": "ok", "throughput_img_s": 100.0, "world_size": 1}
-    ddp = {"status": "ok", "throughput_img_s": 150.0, "world_size": 2}
-    other = {"status": "ok", "throughput_img_s": 150.0, "world_size": 2}
+    # Launch medians per round: round 2 ran 10% slower for both (drift), which pairing cancels.
+    single = {"status": "ok", "launch_medians_s": "0.3;0.33;0.3"}
+    ddp = {"status": "ok", "launch_medians_s": "0.2;0.22;0.2"}
+    other = {"status": "ok", "launch_medians_s": "0.2;0.2;0.2"}
     for case, row in ((mk("single"), single), (mk("ddp"), ddp), (mk("ddp", 16), other)):
         table.fill(case, row)
-    assert single["speedup_vs_single"] == 1.0
-    assert ddp["speedup_vs_single"] == 1.5 and ddp["scaling_efficiency"] == 0.75
+    assert single["speedup_vs_single"] == pytest.approx(1.0)
+    assert ddp["speedup_vs_single"] == pytest.approx(1.5)
+    assert ddp["scaling_efficiency"] == pytest.approx(0.75)
+    assert ddp["speedup_ci_low"] == pytest.approx(1.5) == ddp["speedup_ci_high"]
+    assert ddp["speedup_ci_note"] == ""
     assert "speedup_vs_single" not in other  # no single case of batch 16 in this run
+    # Unpaired, the same medians would give an interval: the drift is not in the speedup.
+    one = {"status": "ok", "launch_medians_s": "0.25"}
+    table.fill(mk("ddp"), one)
+    assert one["speedup_vs_single"] == pytest.approx(1.2)  # round 1 only
+    assert one["speedup_ci_low"] is None and "rounds measured: 1" in one["speedup_ci_note"]
 
 
 def test_speedup_table_learns_single_rows_of_a_resumed_run(tmp_path, cpu_rig):
@@ -101,9 +110,10 @@ def test_speedup_table_learns_single_rows_of_a_resumed_run(tmp_path, cpu_rig):
     with RunWriter(tmp_path) as w:
         w.write_case({"case_id": "s", "strategy": "single", "model": "resnet-tiny",
                       "image_size": 32, "batch_size": 8, "precision": "fp32", "loss": "ce",
-                      "status": "ok", "throughput_img_s": 50.0})
+                      "status": "ok", "launch_medians_s": "0.16;0.15"})
     table = SpeedupTable()
     table.seed(tmp_path / "cases.csv")
-    row = {"status": "ok", "throughput_img_s": 75.0, "world_size": 2}
+    row = {"status": "ok", "launch_medians_s": "0.08;0.1"}
     table.fill(new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8), row)
-    assert row["speedup_vs_single"] == 1.5 and row["scaling_efficiency"] == 0.75
+    assert row["speedup_vs_single"] == pytest.approx(math.sqrt(2 * 1.5))
+    assert row["scaling_efficiency"] == pytest.approx(math.sqrt(3) / 2)

@@ -182,16 +182,29 @@ def test_window_columns_hand_computed():
         s(11.0, "0", cpu=100.0), s(11.0, "1", cpu=60.0), s(11.0, "host", energy=130.0),
         s(12.0, "0", cpu=90.0), s(12.0, "1", cpu=70.0), s(12.0, "host", energy=160.0),
     ]
-    out = window_columns(samples, 10.0, 12.0, images=60, idle_w={"host": 10.0})
+    out = window_columns(samples, [(10.0, 12.0)], images=60, idle_w={"host": 10.0})
     assert out["util_pct_mean_by_device"] == "0:90.0;1:60.0"
     assert out["util_pct_mean"] == pytest.approx(75.0)
     assert out["power_w_mean"] == pytest.approx(30.0)  # (160 - 100) J over 2 s
     assert out["energy_j_per_img"] == pytest.approx(1.0)  # 30 W * 2 s / 60 images
     assert out["energy_j_per_img_net"] == pytest.approx(20 * 2 / 60)  # (30 - 10 idle) W
     assert out["energy_source"] == "rapl-rig-packages" and out["sampler_note"] == ""
-    empty = window_columns(samples, 20.0, 21.0, images=60)
+    empty = window_columns(samples, [(20.0, 21.0)], images=60)
     assert empty["energy_j_per_img"] is None and empty["util_pct_mean"] is None
     assert "under 3" in empty["sampler_note"]
+    # Two launches' windows: a second one at 60 W (+120 J over 2 s) and 40%/100% busy.
+    later = [s(20.0, "0", cpu=40.0), s(20.0, "1", cpu=100.0), s(20.0, "host", energy=500.0),
+             s(21.0, "0", cpu=40.0), s(21.0, "1", cpu=100.0), s(21.0, "host", energy=560.0),
+             s(22.0, "0", cpu=40.0), s(22.0, "1", cpu=100.0), s(22.0, "host", energy=620.0)]
+    both = window_columns(samples + later, [(10.0, 12.0), (20.0, 22.0)], images=120,
+                          idle_w={"host": 10.0})
+    assert both["util_pct_mean_by_device"] == "0:65.0;1:80.0"  # every sample inside, pooled
+    assert both["power_w_mean"] == pytest.approx((60 + 120) / 4)  # joules over 4 s of windows
+    assert both["energy_j_per_img"] == pytest.approx(180 / 120)
+    assert both["energy_j_per_img_net"] == pytest.approx((180 - 10 * 4) / 120)
+    # The gap between the windows (another case's launch ran there) counts for nothing.
+    short = window_columns(samples + later, [(10.0, 12.0), (20.0, 20.5)], images=120)
+    assert short["energy_j_per_img"] is None and "0.50 s is under" in short["sampler_note"]
 
 
 def test_samples_csv_has_empty_cells_for_missing_metrics(tmp_path):

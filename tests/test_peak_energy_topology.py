@@ -214,13 +214,13 @@ def test_net_energy_subtracts_idle_power_of_the_same_counters():
     # Two GPUs read by NVML: 200 W and 150 W during the case, idle 50 W and 40 W.
     samples = [_sample(100 + t, d, energy=w * t, gpu=90.0)
                for t in (0.0, 0.5, 1.0, 1.5, 2.0) for d, w in (("0", 200.0), ("1", 150.0))]
-    out = window_columns(samples, 100.0, 102.0, images=100, idle_w={"0": 50.0, "1": 40.0,
+    out = window_columns(samples, [(100.0, 102.0)], images=100, idle_w={"0": 50.0, "1": 40.0,
                                                                      "2": 60.0})
     assert out["power_w_mean"] == pytest.approx(350.0)
     assert out["energy_j_per_img"] == pytest.approx(350 * 2 / 100)  # 7 J
     assert out["energy_j_per_img_net"] == pytest.approx((350 - 90) * 2 / 100)  # GPU 2 not read
     assert out["energy_source"] == "nvml-gpus" and out["util_pct_mean"] == 90.0
-    unknown = window_columns(samples, 100.0, 102.0, images=100, idle_w=None)
+    unknown = window_columns(samples, [(100.0, 102.0)], images=100, idle_w=None)
     assert unknown["energy_j_per_img_net"] is None and "no idle power" in unknown["sampler_note"]
 
 
@@ -228,13 +228,13 @@ def test_short_windows_and_few_samples_leave_util_and_energy_empty_with_the_reas
     samples = [_sample(10 + t / 10, d, energy=t if d == "host" else None,
                        cpu=None if d == "host" else 80.0)
                for t in range(0, 30, 2) for d in ("0", "host")]
-    short = window_columns(samples, 10.0, 10.6, images=10, idle_w={"host": 1.0})
+    short = window_columns(samples, [(10.0, 10.6)], images=10, idle_w={"host": 1.0})
     assert short["util_pct_mean"] is None and short["energy_j_per_img"] is None
     assert short["util_pct_mean_by_device"] == "" and short["power_w_mean"] is None
     assert short["sampler_note"].startswith("timed window 0.60 s is under 1 s")
     # Long enough, but device 1 has only 2 samples inside: its utilisation is not a mean.
     samples += [_sample(10.5, "1", cpu=10.0), _sample(11.5, "1", cpu=20.0)]
-    few = window_columns(samples, 10.0, 12.8, images=10, idle_w={"host": 1.0})
+    few = window_columns(samples, [(10.0, 12.8)], images=10, idle_w={"host": 1.0})
     assert few["util_pct_mean"] is None and "(1: 2) under 3" in few["sampler_note"]
     assert few["energy_j_per_img"] is not None  # the counter had enough samples
 

@@ -11,8 +11,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib.container import BarContainer
 
 from bench_lib import cli
+from bench_lib.measure.stats import launch_interval, paired_ratio_interval
 from bench_lib.report import build, device_figures, figures
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
@@ -29,6 +31,27 @@ MEM = {"single": "0:800.0", "ddp": "0:700.0;1:350.0", "mp": "0+1:900.0", "pipeli
 # The gross figures include the runtime: the memory figure must draw the net ones.
 GROSS = {"single": "0:1800.0", "ddp": "0:1700.0;1:1350.0", "mp": "0+1:1900.0",
          "pipeline": "0+1:1950.0"}
+# Each case ran in 3 rounds of launches: round drift every case shares (it cancels in a ratio
+# of the same round), times a small jitter of the case's own, rotated from case to case; both
+# have geometric mean 1, so the case's median step time is the hand-chosen one.
+DRIFT = (0.97, 1.0, 1 / 0.97)
+JITTER = (1.0, 1.01, 1 / 1.01)
+
+
+def launch_medians(step_s: float, k: int) -> list[float]:
+    """The k-th case's launch medians, in round order, around ``step_s``."""
+    return [step_s * d * JITTER[(r + k) % 3] for r, d in enumerate(DRIFT)]
+
+
+def launch_columns(medians: list[float], batch: int = BATCH) -> dict:
+    """The step-time columns as the runner makes them from the launch medians."""
+    step = launch_interval(medians)
+    nan = float("nan")
+    return {"launches": len(medians), "launch_medians_s": ";".join(f"{m:.6g}" for m in medians),
+            "step_time_s_median": step.point,
+            "step_time_s_ci_low": nan if len(medians) < 2 else step.low,
+            "step_time_s_ci_high": nan if len(medians) < 2 else step.high,
+            "throughput_img_s": batch / step.point}
 
 
 def env(torch_version: str = "2.14.1") -> dict:
@@ -39,15 +62,15 @@ def env(torch_version: str = "2.14.1") -> dict:
             "git": {"sha": "abcdef0123", "dirty": False}}
 
 
-def ok_row(strategy: str, image: int, split: int | None, step_s: float) -> dict:
+def ok_row(strategy: str, image: int, split: int | None, medians: list[float]) -> dict:
     case_id = f"{strategy}_img{image}_s{split or '-'}"
     return {"case_id": case_id, "strategy": strategy, "model": "resnet50", "rig": "cpu:2x1t",
             "world_size": 1 if strategy == "single" else 2, "image_size": image,
             "batch_size": BATCH, "split_size": "" if split is None else split,
             "num_microbatches": BATCH // split if split else "", "precision": "fp32",
-            "loss": "ce", "status": "ok", "timed_steps": 3, "step_time_s_median": step_s,
-            "step_time_s_ci_low": 0.95 * step_s, "step_time_s_ci_high": 1.05 * step_s,
-            "throughput_img_s": BATCH / step_s, "peak_mem_mib_max": 1950.0,
+            "loss": "ce", "status": "ok", "timed_steps": 3 * len(medians),
+            "steps_per_launch": ";".join("3" for _ in medians),
+            **launch_columns(medians), "peak_mem_mib_max": 1950.0,
             "peak_mem_mib_by_device": GROSS[strategy], "peak_mem_net_mib_max": 950.0,
             "peak_mem_net_mib_by_device": MEM[strategy], "peak_mem_source": "vmhwm"}
 
@@ -67,18 +90,22 @@ def synthetic_run(root: Path, name: str = "20260101T000000Z_host_abcdef0", scale
     write_json_atomic(run_dir / "env.json", env())
     with RunWriter(run_dir) as writer:
         for image, steps in STEP_S.items():
-            single_img_s = BATCH / (steps[("single", None)] * scale)
-            for (strategy, split), step_s in steps.items():
-                row = ok_row(strategy, image, split, step_s * scale)
-                # Filled as the runner fills them (run.rows.SpeedupTable): single runs first.
-                speedup = row["throughput_img_s"] / single_img_s
-                row |= {"speedup_vs_single": speedup,
-                        "scaling_efficiency": speedup / row["world_size"]}
+            single = launch_medians(steps[("single", None)] * scale, 0)
+            for k, ((strategy, split), step_s) in enumerate(steps.items()):
+                medians = launch_medians(step_s * scale, k)
+                row = ok_row(strategy, image, split, medians)
+                # Filled as the runner fills them (run.rows.SpeedupTable): single runs first,
+                # the speedup paired with it by round.
+                speedup = paired_ratio_interval(single, medians)
+                row |= {"speedup_vs_single": speedup.point, "speedup_ci_low": speedup.low,
+                        "speedup_ci_high": speedup.high,
+                        "scaling_efficiency": speedup.point / row["world_size"]}
                 events = gpipe_events(2, BATCH // (split or BATCH), 0.01)
                 ticks = [{"time_unix_s": 1e9 + t / 10, "device": d, "cpu_pct": 50.0 + t,
                           "rss_mib": 100.0 * t} for t in range(5) for d in ("0", "1")]
                 writer.write_case(
-                    row, [{"rank": 0, "step": i, "step_time_s": step_s} for i in range(3)],
+                    row, [{"launch": r, "rank": 0, "step": i, "step_time_s": m}
+                          for r, m in enumerate(medians) for i in range(3)],
                     timeline=events.to_dict("records") if split and timeline
                     else (), samples=ticks if samples else ())
             writer.write_case(failed_row("dp", image, "", "unsupported", "dp needs CUDA"))
@@ -129,38 +156,90 @@ def test_winner_grid_names_the_winner_and_its_speedup(tmp_path):
     fig = figures.fig_winner_grid(load(synthetic_run(tmp_path)).cases)
     texts = [t.get_text() for t in fig.axes[0].texts]
     # ddp (1.60x at both sizes) wins every cell: splits 2, 4, 8 and the skipped 32, clear of
-    # the runner-up; its speedup's rough range from the two medians' +-5% intervals.
-    assert texts.count("ddp\n1.60x\n[1.45, 1.77]") == 8
+    # the runner-up; its speedup's 95% interval, paired with single by round.
+    assert texts.count("ddp\n1.60x\n[1.53, 1.67]") == 8
     assert texts.count("best pipeline split") == 2
+    assert "paired by round" in fig.get_suptitle() and "rough range" not in fig.get_suptitle()
     plt.close(fig)
+
+
+def relaunch(cases: pd.DataFrame, case_id: str, medians: list[float]) -> None:
+    """Give a case other launch medians, and the figures the runner makes from them (its
+    speedup interval dropped: not what these tests read, and none with 1 launch)."""
+    sel = cases.case_id == case_id
+    for col, value in launch_columns(medians).items():
+        cases.loc[sel, col] = value
+    cases.loc[sel, ["speedup_ci_low", "speedup_ci_high"]] = float("nan")
 
 
 def test_winner_grid_marks_a_tie_and_a_missing_interval(tmp_path):
     cases = load(synthetic_run(tmp_path)).cases
-    # pipeline s8 at 128 px: 1.30 s instead of 1.60 s, its interval [1.235, 1.365] s
-    # overlapping ddp's [1.1875, 1.3125] s; at 64 px ddp loses its interval.
-    s8 = cases.case_id == "pipeline_img128_s8"
-    cases.loc[s8, ["step_time_s_median", "throughput_img_s"]] = [1.30, BATCH / 1.30]
-    cases.loc[s8, ["step_time_s_ci_low", "step_time_s_ci_high"]] = [0.95 * 1.30, 1.05 * 1.30]
-    cases.loc[cases.case_id == "ddp_img64_s-", ["step_time_s_ci_low", "step_time_s_ci_high"]] \
-        = float("nan")
+    ddp128 = launch_medians(1.25, 1)
+    # 128 px, split 8: the pipeline within 2% of ddp, ahead in one round of three: a tie.
+    relaunch(cases, "pipeline_img128_s8", [m * f for m, f in zip(ddp128, [1.04, 0.99, 1.03],
+                                                                  strict=True)])
+    # 128 px, split 4: 4-5% behind ddp in every round: clear, though their intervals overlap.
+    relaunch(cases, "pipeline_img128_s4", [m * f for m, f in zip(ddp128, [1.04, 1.05, 1.045],
+                                                                  strict=True)])
+    row = cases.set_index("case_id").loc
+    assert row["ddp_img128_s-", "step_time_s_ci_high"] > row["pipeline_img128_s4",
+                                                             "step_time_s_ci_low"]
+    # 64 px: ddp ran 1 launch, so no interval: no pairing, no winner claimed.
+    relaunch(cases, "ddp_img64_s-", [0.5])
     fig = figures.fig_winner_grid(cases)
     texts = [t.get_text() for t in fig.axes[0].texts]
     ties = [t for t in texts if t.startswith("tie:")]
-    assert ties == ["tie: ddp\n~ pipeline s8\n1.60x\n[1.45, 1.77]"]  # the split-8 cell at 128 px
-    assert texts.count("ddp\n1.60x\n[1.45, 1.77]") == 3  # 128 px: splits 2, 4 and 32
+    assert ties == ["tie: ddp\n~ pipeline s8\n1.60x\n[1.53, 1.67]"]  # split 8 at 128 px
+    assert texts.count("ddp\n1.60x\n[1.53, 1.67]") == 3  # 128 px: splits 2, 4 and 32
     assert texts.count("ddp\n1.60x\n(no interval)") == 4  # 64 px: no winner claimed
     plt.close(fig)
     from bench_lib.report.html import _headlines
 
     heads = _headlines(cases)
-    assert "<span class=best>tie:</span> ddp 12.8 [12.2, 13.5] images/s ~ pipeline s8 12.3 " \
-        "[11.7, 13.0]; 1.60x single (rough range 1.45–1.77" in heads
+    assert "<span class=best>tie:</span> ddp 12.8 [12.0, 13.7] images/s ~ pipeline s8 12.6 " \
+        "[11.4, 13.9] (paired 1.02x [0.96, 1.09]); 1.60x [1.53, 1.67] vs single (2 of" in heads
     assert "<span class=best>best (no interval):</span> ddp 32.0 images/s vs pipeline s4 26.7 " \
-        "[25.4, 28.1]; 1.60x single (2 of" in heads
+        "[24.9, 28.5]; 1.60x vs single (2 of" in heads
+    assert "95% t interval across 3 launches" in heads and "rough range" not in heads
     html = build.write_report([synthetic_run(tmp_path, "other")]).read_text()
-    assert "<span class=best>ddp</span> 32.0 [30.5, 33.7] images/s &gt; pipeline s4 26.7 " \
-        "[25.4, 28.1]; 1.60x single (rough range 1.45–1.77" in html
+    assert "<span class=best>ddp</span> 32.0 [29.9, 34.2] images/s &gt; pipeline s4 26.7 " \
+        "[24.9, 28.5] (paired 1.20x [1.20, 1.20]); 1.60x [1.53, 1.67] vs single" in html
+    # The cases table: the launches, and the speedup's interval (none for single itself).
+    assert "<th>launches</th>" in html and "<th>speedup 95% CI</th>" in html
+    assert ("<td class=status>ok</td><td class=num>3</td><td class=num>0.5000</td><td "
+            "class=num>0.4677–0.5346</td><td class=num>32.0</td><td class=num>1.60</td><td "
+            "class=num>1.53–1.67</td>") in html
+    assert "<td class=num>1.00</td><td class=num></td>" in html  # single
+
+
+def bars_with_error_bars(ax) -> list[bool]:
+    """Per bar drawn, in order: does it carry an error bar?"""
+    return [c.errorbar is not None for c in ax.containers if isinstance(c, BarContainer)]
+
+
+def test_error_bars_come_from_the_launches_and_a_single_launch_has_none(tmp_path):
+    cases = load(synthetic_run(tmp_path)).cases
+    relaunch(cases, "ddp_img64_s-", [0.5])  # 1 launch: no interval of its own or its speedup
+    relaunch(cases, "pipeline_img64_s8", [0.75])
+    fig = figures.fig_throughput(cases)
+    # single, dp (unsupported: hatched), ddp (1 launch), mp, pipeline
+    assert bars_with_error_bars(fig.axes[0]) == [True, False, False, True, True]
+    assert bars_with_error_bars(fig.axes[1]) == [True, False, True, True, True]
+    plt.close(fig)
+    fig = figures.fig_scaling(cases)
+    assert bars_with_error_bars(fig.axes[0]) == [False, False, True, True]
+    assert bars_with_error_bars(fig.axes[1]) == [False, True, True, True]
+    # ddp at 128 px: its speedup's interval over its 2 devices
+    ddp = next(c for c in fig.axes[1].containers if isinstance(c, BarContainer)
+               and c.errorbar is not None)
+    (low, high), = [(seg[0][1], seg[1][1]) for seg in ddp.errorbar.lines[2][0].get_segments()]
+    row = cases.set_index("case_id").loc["ddp_img128_s-"]
+    assert (low, high) == pytest.approx((row.speedup_ci_low / 2, row.speedup_ci_high / 2))
+    assert "95% CI" in fig.get_suptitle()
+    plt.close(fig)
+    fig = figures.fig_split_tradeoff(cases)  # a 1-launch split draws its point, no bar
+    assert fig is not None
+    plt.close(fig)
 
 
 def test_memory_bars_show_each_device(tmp_path):

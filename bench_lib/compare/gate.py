@@ -2,16 +2,35 @@
 
 Two metrics per case, both as a relative change where + means slower:
 
-* ``step_time``: the candidate's median step time over the baseline's. A step's time is the
-  slowest rank's. Sensitive to everything, machine drift included.
+* ``step_time``: the candidate's step time over the baseline's. A step's time is the
+  slowest rank's; a launch's is the median of its steps; a run's is the geometric mean of
+  its launches' (cases.csv's ``step_time_s_median``). Sensitive to everything, machine
+  drift included.
 * ``speedup``: the case's step time relative to the ``single`` case of the same workload in
   the same run, candidate over baseline (the inverse change of its speedup over ``single``).
-  A machine that got uniformly slower between the two runs cancels out.
+  Per round r (every case of a workload is launched once per round, interleaved) the ratio
+  case_r / single_r of their launch medians, over the rounds both ran; a run's ratio is the
+  geometric mean over those rounds. A machine that got uniformly slower between the two runs
+  cancels out, and so does drift within a run that slows a round's launches alike.
 
-Each change has a percentile-bootstrap confidence interval of the ratio of medians (every
-sample resampled independently). A metric says *regression* only when its change is beyond
-the threshold AND its interval lies wholly above zero (asv's rule: a factor and a significant
-difference); *improvement* likewise below; otherwise *unchanged*.
+Each change has a 95% interval, by ``method``:
+
+* ``welch over launches`` (2 launches or more on both sides; the runner's default is 3):
+  the launches (for ``speedup``, the rounds' ratios) are the independent units, so the
+  interval holds each launch's step-to-step noise, correlated or not, and the spread
+  between launches of one run both. The change is that of the geometric means and the
+  interval Welch's t interval of the difference of the mean logs
+  (``bench_lib.measure.stats.welch_log_change``: unequal variances, Welch-Satterthwaite
+  degrees of freedom), mapped back.
+* ``bootstrap over steps`` (a side measured in 1 launch, e.g. ``--launches 1``): the
+  percentile bootstrap of the same change, each launch's steps resampled independently
+  (RESAMPLES times). It covers step-to-step noise only: how much a fresh launch would have
+  moved the figure is not in it, so it is too narrow wherever launches differ. The output
+  says which method each interval had.
+
+A metric says *regression* only when its change is beyond the threshold AND its interval
+lies wholly above zero (asv's rule: a factor and a significant difference); *improvement*
+likewise below; otherwise *unchanged*.
 
 The rule that turns metrics into a case's verdict (``metric="auto"``):
 
@@ -28,12 +47,18 @@ CPU model, cores, CPU topology), unless allowed otherwise. Software (torch, torc
 CUDA, cuDNN, NCCL, driver, python: env.json's ``versions``) may differ: the verdict is still
 given, and the differences are noted beside it.
 
-Limits: the intervals cover step-to-step noise within each run, not a change of load between
-runs. On a CPU shared with other jobs, wall-clock step times swing several-fold between runs
-(and between cases of one run, which the speedup metric cannot cancel); the output flags a run
-whose steps spread widely as measured on a busy machine. Per-step CPU time, which contention
-barely moves, is the metric that would make the gate hold there (recorded in steps.csv's
-``cpu_time_s``, not gated on yet); a case whose row names ``contention`` is flagged too.
+Limits: the intervals cover the noise within each run, between its launches included, not a
+change of load that holds through a whole run: a machine busier for all of the candidate's
+launches than for all of the baseline's reads as a ``step_time`` change (``speedup`` cancels
+what slows a round's cases alike, not load that hits one case's launches and spares
+``single``'s). With 2 or 3 launches a side the t quantile is large (12.7 at 1 degree of
+freedom, about 2.8 at 4), so the intervals are wide and only a change well beyond the
+launch-to-launch spread is called; 1-launch runs get the narrower, over-confident bootstrap
+interval. On a CPU shared with other jobs, wall-clock step times swing several-fold; the
+output flags a run whose steps spread widely as measured on a busy machine. Per-step CPU
+time, which contention barely moves, is the metric that would make the gate hold there
+(recorded in steps.csv's ``cpu_time_s``, not gated on yet); a case whose row names
+``contention`` is flagged too.
 
 Reads run folders through ``bench_lib.results.read``; the store of baselines by hardware is
 ``bench_lib.compare.baseline``, the command's output ``bench_lib.compare.output``.
@@ -41,6 +66,7 @@ Reads run folders through ``bench_lib.results.read``; the store of baselines by 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +74,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bench_lib.measure.stats import welch_log_change
 from bench_lib.measure.timing import slowest_per_step
 from bench_lib.results.read import read_cases, read_env, read_steps
 from bench_lib.results.schema import ResultsError
@@ -55,6 +82,9 @@ from bench_lib.results.schema import ResultsError
 DEFAULT_THRESHOLD_PCT = 10.0
 CONFIDENCE = 0.95
 RESAMPLES = 4000
+MIN_LAUNCHES_FOR_WELCH = 2
+METHOD_WELCH = "welch over launches"
+METHOD_BOOTSTRAP = "bootstrap over steps (1 launch: launch-to-launch spread not included)"
 METRICS = ("auto", "step_time", "speedup")
 WORKLOAD_KEYS = ["model", "image_size", "batch_size", "precision", "loss"]
 EXIT_OK, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
@@ -63,7 +93,9 @@ SOFTWARE_KEYS = ("torch", "torchvision", "cuda", "cudnn", "nccl", "driver", "pyt
 reported beside the verdict, never a reason to refuse one."""
 
 Samples = npt.NDArray[np.float64]
-"""One case's step times in seconds, a step's time being its slowest rank's."""
+"""One launch's step times in seconds, a step's time being its slowest rank's."""
+Launches = dict[int, Samples]
+"""One case's launches: launch (round) index -> its step times, in round order."""
 
 
 class CompareError(ValueError):
@@ -72,23 +104,44 @@ class CompareError(ValueError):
 
 @dataclass(frozen=True)
 class Run:
-    """A run folder's ok cases and their per-step samples (slowest rank per step)."""
+    """A run folder's ok cases and their per-launch step samples (slowest rank per step)."""
 
     path: Path
     env: dict[str, Any]
     cases: dict[str, dict[str, Any]]
     """case_id -> its cases.csv row, every status."""
-    samples: dict[str, Samples]
-    """case_id -> step times in seconds, for ok cases."""
+    launches: dict[str, Launches]
+    """case_id -> its launches' step times in seconds, in round order, for ok cases."""
+
+    @property
+    def samples(self) -> dict[str, Samples]:
+        """case_id -> every launch's step times pooled, in round order (spread, throughput
+        range); the statistics use ``launches``."""
+        return {cid: np.concatenate(list(parts.values())) for cid, parts in self.launches.items()}
+
+    def launch_medians(self, case_id: str) -> dict[int, float]:
+        """Launch index -> the median of that launch's step times, in round order."""
+        return {r: float(np.median(v)) for r, v in self.launches[case_id].items()}
+
+    def median_s(self, case_id: str) -> float:
+        """The case's step time: the geometric mean of its launch medians (one launch: its
+        median), as cases.csv's ``step_time_s_median``."""
+        medians = list(self.launch_medians(case_id).values())
+        return float(np.exp(np.mean(np.log(medians))))
 
     def single_of(self, case_id: str) -> str | None:
         """The ``single`` case of the same workload, if this run has one that ran."""
         row = self.cases[case_id]
         for cid, other in self.cases.items():
-            if (other["strategy"] == "single" and cid in self.samples
+            if (other["strategy"] == "single" and cid in self.launches
                     and all(other[k] == row[k] for k in WORKLOAD_KEYS)):
                 return cid
         return None
+
+    def common_rounds(self, case_id: str, other: str) -> list[int]:
+        """The rounds (launch indices) in which both cases ran, in order."""
+        theirs = self.launches[other]
+        return [r for r in self.launches[case_id] if r in theirs]
 
 
 def run_dir_of(path: Path) -> Path:
@@ -99,27 +152,41 @@ def run_dir_of(path: Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def step_samples(run_dir: Path) -> dict[str, Samples]:
-    """Per case, the time of each timed step from steps.csv: the slowest rank's.
+def step_samples(run_dir: Path) -> dict[str, Launches]:
+    """Per case and per launch, the time of each timed step from steps.csv: the slowest rank's.
 
-    The rule is ``bench_lib.measure.timing.slowest_per_step``, the one the runner applies;
-    ranks that timed different numbers of steps make the run unusable (``CompareError``).
+    Launches are keyed by steps.csv's ``launch`` (the round they ran in), in round order.
+    The rule is ``bench_lib.measure.timing.slowest_per_step``, the one the runner applies,
+    within each launch; ranks that timed different numbers of steps in a launch, or a step
+    row without its launch, make the run unusable (``CompareError``).
     """
     try:
         steps = read_steps(run_dir)
     except ResultsError as e:
         raise CompareError(str(e)) from None
-    out: dict[str, Samples] = {}
+    out: dict[str, Launches] = {}
     for case_id, case in steps.groupby("case_id", sort=True):
-        per_rank: dict[int, list[float]] = {}
+        where = f"{run_dir / 'steps.csv'}, case {case_id}"
+        if case["launch"].isna().any():
+            raise CompareError(f"{where}: a step row without its launch index (not written by "
+                               "this schema's runner?)")
+        launches: Launches = {}
         try:
-            ordered = case.sort_values(["rank", "step"], kind="stable")
-            for rank, seconds in zip(ordered["rank"].astype(int).tolist(),
-                                     ordered["step_time_s"].astype(float).tolist(), strict=True):
-                per_rank.setdefault(rank, []).append(seconds)
-            out[str(case_id)] = np.asarray(slowest_per_step(per_rank), dtype=np.float64)
+            ordered = case.sort_values(["launch", "rank", "step"], kind="stable")
+            launch_of = ordered["launch"].astype(int)
+            for launch in sorted(set(launch_of.tolist())):
+                part = ordered[launch_of == launch]
+                per_rank: dict[int, list[float]] = {}
+                for rank, seconds in zip(part["rank"].astype(int).tolist(),
+                                         part["step_time_s"].astype(float).tolist(),
+                                         strict=True):
+                    per_rank.setdefault(rank, []).append(seconds)
+                launches[int(launch)] = np.asarray(slowest_per_step(per_rank), dtype=np.float64)
         except (ValueError, TypeError) as e:  # unequal ranks, or a word where a number goes
-            raise CompareError(f"{run_dir / 'steps.csv'}, case {case_id}: {e}") from None
+            raise CompareError(f"{where}: {e}") from None
+        if not all(bool(np.all(np.isfinite(v) & (v > 0))) for v in launches.values()):
+            raise CompareError(f"{where}: a step time that is not a positive number")
+        out[str(case_id)] = launches
     return out
 
 
@@ -135,7 +202,7 @@ def load_run(path: Path) -> Run:
              for r in df.astype(object).to_dict("records")}
     samples = step_samples(run_dir)
     ok = {cid: samples[cid] for cid, r in cases.items()
-          if r["status"] == "ok" and len(samples.get(cid, ())) >= 2}
+          if r["status"] == "ok" and sum(v.size for v in samples.get(cid, {}).values()) >= 2}
     return Run(run_dir, env, cases, ok)
 
 
@@ -148,21 +215,48 @@ def boot_medians(values: Samples, rng: np.random.Generator) -> Samples:
     return np.median(values[idx], axis=1)
 
 
+def boot_mean_log_median(launches: Launches, rounds: list[int],
+                         rng: np.random.Generator) -> Samples:
+    """RESAMPLES bootstrap values of the mean over ``rounds`` of the log launch median,
+    each launch's steps resampled on their own (the fallback's statistic)."""
+    logs = [np.log(boot_medians(launches[r], rng)) for r in rounds]
+    return np.asarray(np.mean(logs, axis=0), dtype=np.float64)
+
+
 @dataclass(frozen=True)
 class Change:
-    """A relative change (+0.15 = 15% slower) with its bootstrap confidence interval."""
+    """A relative change (+0.15 = 15% slower) with its confidence interval and its method."""
 
     metric: str
     value: float
     ci_low: float
     ci_high: float
+    method: str = METHOD_WELCH
+    """METHOD_WELCH or METHOD_BOOTSTRAP: what the interval covers."""
+    n_base: int = 0
+    """Launches (step_time) or rounds (speedup) behind the baseline's side."""
+    n_cand: int = 0
+    """The same on the candidate's side."""
 
     @classmethod
-    def of(cls, metric: str, point: float, boot: Samples) -> Change:
+    def of(cls, metric: str, point: float, boot: Samples, n_base: int = 1,
+           n_cand: int = 1) -> Change:
         """The change ``point`` with the central CONFIDENCE interval of its bootstrap."""
         alpha = (1 - CONFIDENCE) / 2
         low, high = np.quantile(boot, [alpha, 1 - alpha])
-        return cls(metric, float(point), float(low), float(high))
+        return cls(metric, float(point), float(low), float(high), METHOD_BOOTSTRAP,
+                   n_base, n_cand)
+
+    @classmethod
+    def welch(cls, metric: str, base: list[float], cand: list[float]) -> Change:
+        """The change of geometric means of per-launch (per-round) figures, Welch on logs."""
+        point, low, high = welch_log_change(base, cand, CONFIDENCE)
+        return cls(metric, point, low, high, METHOD_WELCH, len(base), len(cand))
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width, in the change's units (0.05 = 5 points)."""
+        return (self.ci_high - self.ci_low) / 2
 
     def verdict(self, threshold: float) -> str:
         """regression / improvement only when beyond the threshold and significant."""
@@ -173,19 +267,55 @@ class Change:
         return "unchanged"
 
 
+def _log_medians(run: Run, case_id: str, rounds: list[int]) -> npt.NDArray[np.float64]:
+    """The log launch medians of ``case_id`` in ``rounds``."""
+    medians = run.launch_medians(case_id)
+    return np.log(np.asarray([medians[r] for r in rounds], dtype=np.float64))
+
+
+def step_time_change(base: Run, cand: Run, case_id: str, rng: np.random.Generator) -> Change:
+    """The case's step time, candidate over baseline: Welch over launches, or the bootstrap
+    over steps where a side has 1 launch."""
+    rb, rc = list(base.launches[case_id]), list(cand.launches[case_id])
+    lb, lc = _log_medians(base, case_id, rb), _log_medians(cand, case_id, rc)
+    if min(len(rb), len(rc)) >= MIN_LAUNCHES_FOR_WELCH:
+        return Change.welch("step_time", np.exp(lb).tolist(), np.exp(lc).tolist())
+    point = math.expm1(float(lc.mean() - lb.mean()))
+    boot = np.expm1(boot_mean_log_median(cand.launches[case_id], rc, rng)
+                    - boot_mean_log_median(base.launches[case_id], rb, rng))
+    return Change.of("step_time", point, boot, len(rb), len(rc))
+
+
+def speedup_change(base: Run, cand: Run, case_id: str, single: str,
+                   rng: np.random.Generator) -> Change | None:
+    """The case's time over its run's ``single``, candidate over baseline, per round r the
+    ratio case_r / single_r of launch medians (rounds both ran): Welch over the two runs'
+    rounds, or the bootstrap over steps where a side has 1 round. None without a common
+    round on a side."""
+    rb, rc = base.common_rounds(case_id, single), cand.common_rounds(case_id, single)
+    if not rb or not rc:
+        return None
+    xb = _log_medians(base, case_id, rb) - _log_medians(base, single, rb)
+    xc = _log_medians(cand, case_id, rc) - _log_medians(cand, single, rc)
+    if min(len(rb), len(rc)) >= MIN_LAUNCHES_FOR_WELCH:
+        return Change.welch("speedup", np.exp(xb).tolist(), np.exp(xc).tolist())
+    point = math.expm1(float(xc.mean() - xb.mean()))
+    boot_b = (boot_mean_log_median(base.launches[case_id], rb, rng)
+              - boot_mean_log_median(base.launches[single], rb, rng))
+    boot_c = (boot_mean_log_median(cand.launches[case_id], rc, rng)
+              - boot_mean_log_median(cand.launches[single], rc, rng))
+    return Change.of("speedup", point, np.expm1(boot_c - boot_b), len(rb), len(rc))
+
+
 def changes(base: Run, cand: Run, case_id: str, seed: int = 0) -> dict[str, Change]:
     """The case's step_time change and, where both runs have a ``single``, its speedup change."""
     rng = np.random.default_rng(seed)
-    b, c = base.samples[case_id], cand.samples[case_id]
-    bb, cb = boot_medians(b, rng), boot_medians(c, rng)
-    out = {"step_time": Change.of("step_time", float(np.median(c) / np.median(b) - 1),
-                                  cb / bb - 1)}
+    out = {"step_time": step_time_change(base, cand, case_id, rng)}
     bs, cs = base.single_of(case_id), cand.single_of(case_id)
     if bs and cs and bs != case_id and bs == cs:
-        b1, c1 = base.samples[bs], cand.samples[cs]
-        point = float((np.median(c) / np.median(c1)) / (np.median(b) / np.median(b1)) - 1)
-        boot = (cb / boot_medians(c1, rng)) / (bb / boot_medians(b1, rng)) - 1
-        out["speedup"] = Change.of("speedup", point, boot)
+        speedup = speedup_change(base, cand, case_id, bs, rng)
+        if speedup is not None:
+            out["speedup"] = speedup
     return out
 
 
@@ -268,15 +398,15 @@ def compare_runs(base: Run, cand: Run, threshold_pct: float = DEFAULT_THRESHOLD_
     results = []
     for cid in shared:
         strategy = str(cand.cases[cid]["strategy"])
-        in_b, in_c = cid in base.samples, cid in cand.samples
+        in_b, in_c = cid in base.launches, cid in cand.launches
         if in_b and in_c:
             ch = changes(base, cand, cid)
             verdict, by = judge(ch, metric, threshold_pct / 100)
-            results.append(CaseResult(cid, strategy, float(np.median(base.samples[cid])),
-                                      float(np.median(cand.samples[cid])), ch, verdict, by))
+            results.append(CaseResult(cid, strategy, base.median_s(cid), cand.median_s(cid),
+                                      ch, verdict, by))
         elif in_b:
             status = cand.cases[cid]["status"]
-            results.append(CaseResult(cid, strategy, float(np.median(base.samples[cid])), None,
+            results.append(CaseResult(cid, strategy, base.median_s(cid), None,
                                       verdict="broken", by=f"candidate status {status}"))
     if not results:
         raise CompareError(

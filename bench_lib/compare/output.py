@@ -17,7 +17,12 @@ import numpy as np
 
 from bench_lib.compare import gate as cmp
 from bench_lib.compare.baseline import resolve_baseline
-from bench_lib.measure.stats import bootstrap_median_ci
+from bench_lib.measure.stats import (
+    MIN_LAUNCHES_FOR_CI,
+    bootstrap_median_ci,
+    launch_interval,
+    paired_ratio_interval,
+)
 
 HEADER = ["case", "base_ms", "cand_ms", "step_time_change_pct [95% CI]",
           "vs_single_change_pct [95% CI]", "verdict (metric)"]
@@ -33,6 +38,29 @@ def _pct(change: cmp.Change | None) -> str:
 def _ms(seconds: float | None) -> str:
     """Seconds as milliseconds; ``-`` for none."""
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def interval_methods(results: list[cmp.CaseResult]) -> str:
+    """How the intervals were had, said once: ``95% intervals: welch over launches, 3 vs 3
+    launches (baseline vs candidate)``; where cases differ, each method with its cases.
+    (A speedup counts the rounds its case and ``single`` share: the same, bar a failure.)"""
+    by_method: dict[str, dict[str, None]] = {}
+    counts: dict[str, dict[tuple[int, int], None]] = {}
+    for r in results:
+        for ch in r.changes.values():
+            by_method.setdefault(ch.method, {})[r.case_id] = None
+            counts.setdefault(ch.method, {})[(ch.n_base, ch.n_cand)] = None
+    if not by_method:
+        return "no intervals: no case ran in both runs"
+
+    def said(method: str) -> str:
+        ns = ", ".join(f"{b} vs {c}" for b, c in counts[method])
+        return f"{method}, {ns} launches (baseline vs candidate)"
+
+    if len(by_method) == 1:
+        return f"{cmp.CONFIDENCE:.0%} intervals: {said(next(iter(by_method)))}"
+    parts = [f"{said(m)} for {', '.join(cases)}" for m, cases in by_method.items()]
+    return f"{cmp.CONFIDENCE:.0%} intervals: " + "; ".join(parts)
 
 
 def rows(results: list[cmp.CaseResult]) -> list[list[str]]:
@@ -86,6 +114,10 @@ def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[s
             out.append(f"the {name} was measured under contention: {'; '.join(contended)}; "
                        "other work held CPU the case was timed on, so its step times may be "
                        "slower than this code on a quiet machine, however narrow the intervals")
+    if any(ch.method == cmp.METHOD_BOOTSTRAP for r in results for ch in r.changes.values()):
+        out.append("a run measured in 1 launch (--launches 1) gets intervals from its steps "
+                   "alone: they leave out how much a fresh launch moves the figure, so they "
+                   "are too narrow wherever launches differ; measure in 3 launches or more")
     singles = [r for r in results if r.by == "step_time" and r.verdict == "regression"]
     speedups = [r for r in results if "speedup" in r.changes]
     if singles and speedups and all(r.changes["speedup"].verdict(0) != "regression"
@@ -118,8 +150,8 @@ def markdown_text(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
     """Markdown for a pull-request comment: the verdict line, the table, the notes."""
     lines = [f"### parabench regression gate: {verdict_line(results)}", "",
              f"Baseline `{base.path.name}`, candidate `{cand.path.name}`; threshold "
-             f"{threshold_pct:g}% and a {cmp.CONFIDENCE:.0%} bootstrap interval that excludes 0. "
-             "Changes are + when slower.", "",
+             f"{threshold_pct:g}% and a {cmp.CONFIDENCE:.0%} interval that excludes 0. "
+             "Changes are + when slower.", "", f"{interval_methods(results)}.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(results)]
     extra = notes(results, base, cand) + [f"compared across different hardware: {d}" for d in diffs]
@@ -132,25 +164,48 @@ def benchmark_json(results: list[cmp.CaseResult], cand: cmp.Run,
                    base: cmp.Run | None = None) -> list[dict[str, Any]]:
     """github-action-benchmark ``customBiggerIsBetter`` entries: throughput and speedup.
 
-    Each entry's ``extra`` is the case's verdict, plus the software note where ``base``
-    ran other software versions.
+    The throughput is the batch over the candidate's step time (the geometric mean of its
+    launch medians), its ``range`` the t interval across launches (the bootstrap interval of
+    the median of its steps with 1 launch); the speedup is single's launch median over the
+    case's, paired by round, with the t interval across rounds where there are 2 or more.
+    Each entry's ``extra`` is the case's verdict with the deciding change, its interval and
+    the interval's method, plus the software note where ``base`` ran other software versions.
     """
     software = software_note(base, cand) if base is not None else None
     out: list[dict[str, Any]] = []
     for r in results:
         if r.cand_median_s is None:
             continue
-        extra = f"{r.verdict} ({r.by})" + (f"; {software}" if software else "")
+        change = r.changes.get(r.by)
+        extra = (f"{r.verdict} ({r.by})"
+                 + (f": {_pct(change)}, {change.method}" if change else "")
+                 + (f"; {software}" if software else ""))
         batch = float(cand.cases[r.case_id]["batch_size"])
-        low, high = bootstrap_median_ci(cand.samples[r.case_id].tolist())
+        medians = cand.launch_medians(r.case_id)
+        if len(medians) >= MIN_LAUNCHES_FOR_CI:
+            step = launch_interval(list(medians.values()))
+            low, high = step.low, step.high
+        else:
+            low, high = bootstrap_median_ci(cand.samples[r.case_id].tolist())
         value = batch / r.cand_median_s
-        out.append({"name": f"{r.case_id} throughput", "unit": "img/s", "value": round(value, 3),
-                    "range": f"{batch / high:.3f}..{batch / low:.3f}", "extra": extra})
+        entry: dict[str, Any] = {"name": f"{r.case_id} throughput", "unit": "img/s",
+                                 "value": round(value, 3), "extra": extra}
+        if np.isfinite(low) and np.isfinite(high):
+            entry["range"] = f"{batch / high:.3f}..{batch / low:.3f}"
+        out.append(entry)
         single = cand.single_of(r.case_id)
         if single and single != r.case_id:
-            speedup = float(np.median(cand.samples[single])) / r.cand_median_s
-            out.append({"name": f"{r.case_id} speedup over single", "unit": "x",
-                        "value": round(speedup, 4), "extra": extra})
+            rounds = cand.common_rounds(r.case_id, single)
+            if not rounds:
+                continue
+            singles = cand.launch_medians(single)
+            speedup = paired_ratio_interval([singles[k] for k in rounds],
+                                            [medians[k] for k in rounds])
+            entry = {"name": f"{r.case_id} speedup over single", "unit": "x",
+                     "value": round(speedup.point, 4), "extra": extra}
+            if speedup.n >= MIN_LAUNCHES_FOR_CI:
+                entry["range"] = f"{speedup.low:.4f}..{speedup.high:.4f}"
+            out.append(entry)
     return out
 
 
@@ -192,6 +247,7 @@ def gate(baseline: Path, candidate: Path, *, threshold_pct: float = cmp.DEFAULT_
         print(f"error: {e}", file=sys.stderr)
         return cmp.EXIT_UNUSABLE
     print(table(results))
+    print(interval_methods(results))
     for n in notes(results, base, cand) + [f"different hardware: {d}" for d in diffs]:
         print(f"note: {n}")
     print(verdict_line(results))

@@ -11,9 +11,26 @@ The median's 95% interval, by sample size n (``median_ci``):
   and under-covers (tests/test_ci_coverage.py);
 - n < 6: none (no pair of order statistics reaches 95%), with the reason in ``ci_note``.
 
-Every interval here covers step-to-step noise within one launch and assumes independent
-steps: a case's launch-to-launch spread and correlated consecutive steps
-(``lag1_autocorr``) are not in it.
+Those intervals cover step-to-step noise within one launch and assume independent steps:
+a case's launch-to-launch spread and correlated consecutive steps (``lag1_autocorr``) are
+not in them. The adaptive stop uses them inside a launch; the figures a run reports come
+from replicated launches instead (``LaunchInterval``):
+
+- a case's step time: per launch the median of its timed steps; across L launches the
+  geometric mean of those medians, with the Student t interval (L - 1 degrees of freedom)
+  of the mean of their logarithms, mapped back (``launch_interval``). Each launch median
+  carries its launch's whole within-launch noise, correlated or not, and its launch's own
+  offset (allocation, placement, drift), so treating launches as the independent units
+  covers both without modelling either; the t interval is the one whose coverage holds at
+  3 units, where a bootstrap over 3 values cannot (it has at most 10 distinct resamples).
+- a speedup over ``single``: per round r (every case of a workload is launched once per
+  round) the ratio single_r / case_r, and the same t interval over the rounds' log ratios
+  (``paired_ratio_interval``): pairing by round cancels drift that hits both alike.
+- below 2 launches there is no interval, and the note says why.
+
+tests/test_ci_coverage.py checks that the 95% intervals cover the true value in 90-98% of
+400 seeded synthetic sweeps: independent and AR(1) steps (0.3, 0.6), launch offsets, with
+the adaptive stop deciding each launch's length.
 """
 
 from __future__ import annotations
@@ -24,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 BOOTSTRAP_RESAMPLES = 2000
 CI_CONFIDENCE = 0.95
@@ -118,6 +136,21 @@ def lag1_autocorr(values: Sequence[float]) -> float:
     return float(np.dot(dev[:-1], dev[1:]) / denom)
 
 
+def lag1_autocorr_within(series: Sequence[Sequence[float]]) -> float:
+    """The lag-1 autocorrelation of several series (a case's launches) pooled: each
+    series' deviations from its own mean, products of neighbours within a series only,
+    over the summed squares. NaN under ``MIN_SAMPLES_FOR_AUTOCORR`` values in all or a
+    constant whole; one series gives ``lag1_autocorr``."""
+    parts = [np.asarray(s, dtype=float) for s in series if len(s) > 0]
+    if sum(p.size for p in parts) < MIN_SAMPLES_FOR_AUTOCORR:
+        return float("nan")
+    devs = [p - p.mean() for p in parts]
+    denom = float(sum(np.dot(d, d) for d in devs))
+    if denom == 0:
+        return float("nan")
+    return float(sum(np.dot(d[:-1], d[1:]) for d in devs) / denom)
+
+
 @dataclass(frozen=True)
 class Stats:
     """Summary of a sample of step times, in seconds."""
@@ -169,3 +202,92 @@ class Stats:
 
     def as_dict(self, prefix: str = "") -> dict[str, float | str]:
         return {f"{prefix}{k}": v for k, v in asdict(self).items()}
+
+
+MIN_LAUNCHES_FOR_CI = 2
+"""Fewer launches give no interval across launches (a t interval needs 2 units)."""
+
+
+@dataclass(frozen=True)
+class LaunchInterval:
+    """A figure measured once per launch (or per round), summarised across launches: the
+    geometric mean and the 95% t interval of the mean log (``launch_interval``)."""
+
+    point: float
+    low: float
+    """NaN when there is no interval (``note`` says why)."""
+    high: float
+    n: int
+    """Launches (or rounds) behind it."""
+    method: str = ""
+    """``t over N launches`` or empty."""
+    note: str = ""
+
+    @property
+    def half_width_rel(self) -> float:
+        """Half the interval's width over its point (inf without an interval)."""
+        if math.isnan(self.low) or self.point == 0:
+            return float("inf")
+        return (self.high - self.low) / 2 / self.point
+
+    def covers(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def t_quantile(confidence: float, df: float) -> float:
+    """The two-sided Student t quantile: P(|T_df| <= q) = confidence."""
+    return float(scipy_stats.t.ppf(0.5 + confidence / 2, df))
+
+
+def launch_interval(values: Sequence[float], units: str = "launches",
+                    confidence: float = CI_CONFIDENCE) -> LaunchInterval:
+    """Geometric mean of positive per-launch figures and the t interval of their mean log.
+
+    Step times are multiplicative (a slower machine scales them), hence logs: the interval
+    is symmetric in ratios and never goes below zero. With one value the point is that
+    value and the interval is empty, with the reason. ``units`` names what the values are
+    per (``launches``, ``rounds``) in the method and note.
+    """
+    data = np.asarray(values, dtype=float)
+    if data.size == 0 or np.any(~np.isfinite(data)) or np.any(data <= 0):
+        raise ValueError(f"per-launch figures must be positive and finite, got {list(values)}")
+    logs = np.log(data)
+    n = int(data.size)
+    mean = float(logs.mean())
+    if n < MIN_LAUNCHES_FOR_CI:
+        nan = float("nan")
+        return LaunchInterval(float(np.exp(mean)), nan, nan, n, "",
+                              f"{units} measured: {n}; an interval across them needs "
+                              f"{MIN_LAUNCHES_FOR_CI} (--launches)")
+    half = t_quantile(confidence, n - 1) * float(logs.std(ddof=1)) / math.sqrt(n)
+    return LaunchInterval(float(np.exp(mean)), float(np.exp(mean - half)),
+                          float(np.exp(mean + half)), n, f"t over {n} {units}")
+
+
+def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[float],
+                          confidence: float = CI_CONFIDENCE) -> LaunchInterval:
+    """numerator_r / denominator_r per round r, summarised by ``launch_interval``: e.g. a
+    speedup, single's launch median over the case's, paired by the round they ran in."""
+    if len(numerators) != len(denominators):
+        raise ValueError(f"unpaired rounds: {len(numerators)} vs {len(denominators)}")
+    ratios = [a / b for a, b in zip(numerators, denominators)]
+    return launch_interval(ratios, "rounds", confidence)
+
+
+def welch_log_change(base: Sequence[float], cand: Sequence[float],
+                     confidence: float = CI_CONFIDENCE) -> tuple[float, float, float]:
+    """The relative change of candidate over baseline, geometric means of positive values,
+    and its Welch t interval (unequal variances) on the logs: (change, low, high), where
+    +0.15 means 15% larger. NaN ends with fewer than 2 values on a side."""
+    lb, lc = np.log(np.asarray(base, dtype=float)), np.log(np.asarray(cand, dtype=float))
+    diff = float(lc.mean() - lb.mean())
+    point = math.expm1(diff)
+    if lb.size < 2 or lc.size < 2:
+        return point, float("nan"), float("nan")
+    vb, vc = float(lb.var(ddof=1)) / lb.size, float(lc.var(ddof=1)) / lc.size
+    se2 = vb + vc
+    if se2 == 0:
+        return point, point, point
+    df = se2**2 / (vb**2 / (lb.size - 1) + vc**2 / (lc.size - 1))
+    half = t_quantile(confidence, df) * math.sqrt(se2)
+    return point, math.expm1(diff - half), math.expm1(diff + half)

@@ -27,7 +27,7 @@ from matplotlib.colors import TABLEAU_COLORS, TwoSlopeNorm, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from bench_lib.report.headlines import case_name, rank, speedup_range
+from bench_lib.report.headlines import case_name, rank, speedup_interval
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
@@ -176,8 +176,8 @@ def fig_throughput(cases: pd.DataFrame) -> Figure | None:
                      lambda r: f"{r.step_time_s_median:.3g} s")
         ax.set_title(workload_title(key), fontsize=10)
         ax.set_ylabel("throughput (images/s)")
-    fig.suptitle("Throughput per strategy (error bars: 95% CI of the median step; "
-                 "label: median step time; pipelined: best split)", fontsize=11)
+    fig.suptitle("Throughput per strategy (error bars: 95% CI across launches; label: median "
+                 "step time; pipelined: best split)", fontsize=11)
     _legend_runs(axes, cases)
     return fig
 
@@ -237,7 +237,8 @@ def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
 def _grid_cells(g: pd.DataFrame, col: str) -> pd.DataFrame:
     """Per (image size, column value), the fastest ok case where that value applies, with
     ``grid_verdict`` against the cell's runner-up (``headlines.rank``: winner, tie, no
-    interval, alone), ``grid_runner_up`` and the speedup's rough range ``grid_rough``."""
+    interval, alone), ``grid_runner_up`` and the speedup's 95% interval ``grid_ci``
+    (``headlines.speedup_interval``: None with 1 launch)."""
     ok = g[g.status == "ok"]
     cells: list[dict[str, Any]] = []
     for image in sorted(g.image_size.unique()):
@@ -246,20 +247,20 @@ def _grid_cells(g: pd.DataFrame, col: str) -> pd.DataFrame:
             found = rank(cand)
             if found is None:
                 continue
-            single = next((r for r in cand if r["strategy"] == "single"), None)
             cells.append(dict(found.best) | {
                 "grid_row": image, "grid_col": value, "grid_verdict": found.verdict,
                 "grid_runner_up": None if found.runner_up is None else case_name(found.runner_up),
-                "grid_rough": None if single is None else speedup_range(found.best, single)})
+                "grid_ci": speedup_interval(found.best)})
     return pd.DataFrame(cells)
 
 
 def _cell_text(cell: Mapping[str, Any]) -> str:
     """A grid cell's words: the winner, or ``tie: a`` over ``~ b``; the speedup over single
-    with its rough range; ``(no interval)`` where no winner can be claimed."""
-    speed, rough = cell["speedup_vs_single"], cell["grid_rough"]
+    with its 95% interval (none with 1 launch); ``(no interval)`` where no winner can be
+    claimed."""
+    speed, ci = cell["speedup_vs_single"], cell["grid_ci"]
     sp = "no single" if pd.isna(speed) else f"{speed:.2f}x" + (
-        f"\n[{rough[0]:.2f}, {rough[1]:.2f}]" if isinstance(rough, tuple) else "")
+        f"\n[{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, tuple) else "")
     name = case_name(cell)
     if cell["grid_verdict"] == "tie":
         return f"tie: {name}\n~ {cell['grid_runner_up']}\n{sp}"
@@ -305,9 +306,9 @@ def fig_winner_grid(cases: pd.DataFrame) -> Figure | None:
         ax.grid(which="minor", color="white", linewidth=4, alpha=1)
         ax.tick_params(which="minor", length=0)
         fig.colorbar(im, ax=ax, label="speedup over single (x)")
-    fig.suptitle("Winning strategy per cell and its speedup over single\n"
-                 "[a rough range, from the two medians' 95% intervals]\n"
-                 "tie: the best's and the runner-up's intervals overlap\n"
+    fig.suptitle("Winning strategy per cell, its speedup over single [95% CI]\n"
+                 "tie: runner-up over best step time, paired by round, CI holds 1\n"
+                 "(a case with 1 launch: their own 95% CIs overlap)\n"
                  "black box: best split of a pipelined strategy per image size", fontsize=10)
     fig.subplots_adjust(top=1 - 1.25 / fig.get_figheight())  # room for the four lines
     return fig
@@ -338,16 +339,19 @@ def fig_scaling(cases: pd.DataFrame) -> Figure | None:
     reps = reps[reps.strategy != "single"]
     if reps.empty:
         return None
+    # The speedup's 95% interval over the devices (NaN with 1 launch: no error bar).
+    reps = reps.assign(eff_lo=reps.speedup_ci_low / reps.world_size,
+                       eff_hi=reps.speedup_ci_high / reps.world_size)
     groups = by_workload(reps)
     fig, axes = facets(len(groups))
     for ax, (key, g) in zip(axes, groups, strict=True):
-        grouped_bars(ax, g, "scaling_efficiency", None,
+        grouped_bars(ax, g, "scaling_efficiency", ("eff_lo", "eff_hi"),
                      lambda r: f"{r.speedup_vs_single:.2f}x on {int(r.world_size)}")
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
         ax.text(ax.get_xlim()[1], 1.0, " ideal", va="center", fontsize=8)
         ax.set_ylabel("scaling efficiency (speedup / devices)")
         ax.set_title(workload_title(key), fontsize=10)
-    fig.suptitle("Scaling efficiency per strategy (label: speedup over single on N devices)",
-                 fontsize=11)
+    fig.suptitle("Scaling efficiency per strategy (label: speedup over single on N devices)\n"
+                 "error bars: the speedup's 95% CI (paired by round) over N", fontsize=11)
     _legend_runs(axes, cases)
     return fig

@@ -1,17 +1,26 @@
 """The end-of-run headlines the CLI prints: per workload, the best strategy with its 95%
-interval, whether it is clear of the runner-up or a tie, its speedup over single with a rough
-range, and the best split of each pipelined strategy.
+interval, whether it is clear of the runner-up or a tie, its speedup over single with its 95%
+interval, and the best split of each pipelined strategy.
 
-    (model, image, batch, precision)  best img/s [95% CI] vs runner-up      vs single [rough range]
-    ... 64 ...  ddp 41.2 [40.1, 42.0] img/s > pipeline s8 35.0 [34.2, 35.9]  1.18x [1.12, 1.23]
-    ... 128 ... tie: 1f1b s4 14.9 [14.1, 15.6] img/s ~ ddp 14.6 [14.0, 15.1]  1.61x [1.49, 1.74]
+    model image batch prec  best img/s [95% CI] vs runner-up              vs single [95% CI]
+    ...    64 ...  ddp 41.2 [40.1, 42.0] img/s > pipeline s8 35.0 [34.2, 35.9]
+                   (paired 1.18x [1.15, 1.21])                            1.18x [1.12, 1.23]
+    ...   128 ...  tie: 1f1b s4 14.9 [14.1, 15.6] img/s ~ ddp 14.6 [14.0, 15.1]
+                   (paired 1.02x [0.97, 1.07])                            1.61x [1.49, 1.74]
 
-then the best split of each pipelined strategy (``pipeline 8, 1f1b 4``), and what the brackets
-mean.
+(each workload on one line, folded here), then the best split of each pipelined strategy
+(``pipeline 8, 1f1b 4``), and what the brackets mean.
+
+Every case of a workload is measured in the same rounds of fresh launches (schema 5), so two
+cases compare round by round: the runner-up's launch median over the best's in each round,
+with the 95% t interval of those ratios across rounds (``Best.paired``). Drift that slows a
+whole round cancels in the ratio, so this decides clear-vs-tie more sharply than setting the
+two cases' own intervals side by side, which is the rule left for cases with one launch.
 
 The comparison (``rank``, ``Best``) is shared with the report's headlines and its winner
 grid. Plain rows (dicts as the runner wrote them to cases.csv, or a DataFrame's records):
-no pandas, no matplotlib.
+no pandas, no matplotlib, no torch (``launch_medians`` parses the column here, since
+``bench_lib.run.rows`` imports torch).
 """
 
 from __future__ import annotations
@@ -21,23 +30,53 @@ import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from bench_lib.measure.stats import MIN_LAUNCHES_FOR_CI, LaunchInterval, paired_ratio_interval
+
 Interval = tuple[float, float]
-"""A (low, high) pair: here the 95% interval of a case's throughput in img/s."""
+"""A (low, high) pair: a 95% interval, of a throughput in img/s or of a ratio."""
 
 OPTION_TAGS = (("channels_last", "cl"), ("compile", "compile"), ("sync_bn", "syncbn"))
 """Option columns that make a strategy-variant of their own, and their tag in its label."""
 
-INTERVAL_NOTE = ("[low, high] beside a throughput: the 95% interval of the median step time "
-                 "(bootstrap, within the run), as img/s. '>': the best is clear of the "
-                 "runner-up (the best case of another strategy-variant); 'tie': their "
-                 "intervals overlap.")
 NOTE_WIDTH = 100
-RANGE_RULE = ("a rough range from the two medians' intervals (the best's low over single's "
-              "high, its high over single's low), not a confidence interval of the speedup: "
-              "that comes with replicated launches.")
-RANGE_NOTE = f"vs single [low, high]: {RANGE_RULE}"
+TIE_RULE = ("'>': the best is clear of the runner-up (the best case of another "
+            "strategy-variant); 'tie': not clear. 'paired': the runner-up's launch median "
+            "over the best's, round by round (every case of a workload runs once per round, so "
+            "drift that slows a round cancels), its geometric mean and 95% t interval across "
+            "rounds; 'tie' when that interval holds 1. With 1 launch: 'tie' when the two "
+            "cases' intervals overlap.")
+
+
+def _launch_words(launches: Iterable[int] = (), unit: str = "launches") -> str:
+    """``3 launches``, ``2-3 launches``, or ``its launches`` where the counts are unknown."""
+    counts = sorted({n for n in launches if n >= MIN_LAUNCHES_FOR_CI})
+    if not counts:
+        return f"its {unit}"
+    span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"{span} {unit}"
+
+
+def interval_note(launches: Iterable[int] = ()) -> str:
+    """What the brackets beside a throughput are and how a tie is decided; ``launches``: the
+    launch counts of the cases shown (their intervals' sizes), where known."""
+    return (f"[low, high] beside a throughput: the 95% t interval across {_launch_words(launches)} "
+            "of the median step time (geometric mean of the launch medians), as img/s; none "
+            "with 1 launch. " + TIE_RULE)
+
+
+def speedup_note(launches: Iterable[int] = ()) -> str:
+    """What the brackets beside a speedup over single are."""
+    return ("vs single [low, high]: the speedup, the geometric mean over rounds of single's "
+            "launch median over the case's in the same round, and its 95% t interval across "
+            f"{_launch_words(launches, 'rounds')} (pairing by round cancels drift); none with 1 "
+            "launch.")
+
+
+INTERVAL_NOTE = interval_note()
+SPEEDUP_NOTE = speedup_note()
 
 
 def _number(value: Any) -> float | None:
@@ -77,8 +116,9 @@ def throughput(row: Mapping[str, Any]) -> float | None:
 
 
 def throughput_interval(row: Mapping[str, Any]) -> Interval | None:
-    """The 95% interval of the row's throughput: the batch over the bootstrap interval of the
-    median step time (``step_time_s_ci_high`` gives the low end); None where it has none."""
+    """The 95% interval of the row's throughput: the batch over the interval of the median
+    step time (a t interval across launches; ``step_time_s_ci_high`` gives the low end);
+    None where it has none (1 launch)."""
     batch = _number(row.get("batch_size"))
     low, high = _number(row.get("step_time_s_ci_low")), _number(row.get("step_time_s_ci_high"))
     if batch is None or low is None or high is None or not 0 < low <= high or batch <= 0:
@@ -86,8 +126,54 @@ def throughput_interval(row: Mapping[str, Any]) -> Interval | None:
     return batch / high, batch / low
 
 
+def launch_medians(value: Any) -> list[float]:
+    """cases.csv's ``launch_medians_s`` (``0.451;0.447;0.462``, round order) as numbers; []
+    where missing or unreadable. One launch's may come as a number (pandas reads ``0.451`` as
+    a float). The same as ``bench_lib.run.rows.launch_medians``, which imports torch."""
+    if isinstance(value, (int, float)):
+        number = _number(value)
+        return [] if number is None else [number]
+    if not isinstance(value, str) or not value.strip():
+        return []
+    try:
+        return [float(v) for v in value.split(";")]
+    except ValueError:
+        return []
+
+
 def _interval_text(interval: Interval | None) -> str:
     return "" if interval is None else f" [{interval[0]:.1f}, {interval[1]:.1f}]"
+
+
+def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """False only where both rows name their run and the runs differ (rounds pair within a
+    run)."""
+    runs = [r.get("run_label", r.get("run_id")) for r in (a, b)]
+    return None in runs or runs[0] == runs[1]
+
+
+def paired_ratio(numerator: Mapping[str, Any],
+                 denominator: Mapping[str, Any]) -> LaunchInterval | None:
+    """``numerator``'s time per image over ``denominator``'s, round by round (their launch
+    medians paired by round, over the batch), with the 95% t interval across rounds
+    (``measure.stats.paired_ratio_interval``). Where one ran fewer launches, its rounds are
+    the first ones (the runner launches a case in rounds 0..L-1). None under 2 paired rounds,
+    or for rows of different runs."""
+    a, b = launch_medians(numerator.get("launch_medians_s")), \
+        launch_medians(denominator.get("launch_medians_s"))
+    batch_a, batch_b = _number(numerator.get("batch_size")), _number(denominator.get("batch_size"))
+    rounds = min(len(a), len(b))
+    if rounds < MIN_LAUNCHES_FOR_CI or not _same_run(numerator, denominator) \
+            or batch_a is None or batch_b is None or batch_a <= 0 or batch_b <= 0:
+        return None
+    a, b = a[:rounds], b[:rounds]
+    if not all(math.isfinite(v) and v > 0 for v in a + b):
+        return None
+    return paired_ratio_interval([v / batch_a for v in a], [v / batch_b for v in b])
+
+
+def _ratio_text(ratio: LaunchInterval) -> str:
+    return f" (paired {ratio.point:.2f}x [{ratio.low:.2f}, {ratio.high:.2f}])"
 
 
 @dataclass(frozen=True)
@@ -106,12 +192,36 @@ class Best:
     def runner_up_interval(self) -> Interval | None:
         return None if self.runner_up is None else throughput_interval(self.runner_up)
 
+    @cached_property
+    def paired(self) -> LaunchInterval | None:
+        """The runner-up's time per image over the best's, round by round (``paired_ratio``):
+        above 1 the best is faster. None without a runner-up or 2 paired launches."""
+        return None if self.runner_up is None else paired_ratio(self.runner_up, self.best)
+
+    @property
+    def rule(self) -> str:
+        """How ``verdict`` was decided: ``paired`` (the ratio's interval across rounds),
+        ``overlap`` (the two cases' own intervals: a case with 1 launch) or empty (no
+        comparison: alone, or an interval missing)."""
+        if self.runner_up is None:
+            return ""
+        if self.paired is not None:
+            return "paired"
+        return "overlap" if self.interval is not None and self.runner_up_interval is not None \
+            else ""
+
     @property
     def verdict(self) -> str:
-        """``winner`` (intervals apart), ``tie`` (they overlap), ``no interval`` (one is
-        missing: no winner claimed) or ``alone`` (no other strategy-variant ran)."""
+        """``winner`` (clear of the runner-up), ``tie``, ``no interval`` (no comparison
+        possible: no winner claimed) or ``alone`` (no other strategy-variant ran).
+
+        With 2 or more launches of both, paired by round: ``winner`` when the interval of the
+        runner-up's time over the best's lies above 1, else ``tie``. Otherwise (1 launch) by
+        the cases' own intervals: ``tie`` when they overlap."""
         if self.runner_up is None:
             return "alone"
+        if self.paired is not None:
+            return "winner" if self.paired.low > 1.0 else "tie"
         mine, theirs = self.interval, self.runner_up_interval
         if mine is None or theirs is None:
             return "no interval"
@@ -120,18 +230,19 @@ class Best:
     def describe(self, unit: str = "img/s") -> tuple[str, str]:
         """(lead, rest) in words: the lead is the best's name, ``tie:`` or ``best (no
         interval):``; e.g. ``("tie:", "ddp 53.6 [51.0, 55.9] img/s ~ 1f1b[balanced] s8 52.1
-        [49.8, 54.0]")``."""
+        [49.8, 54.0] (paired 1.03x [0.98, 1.08])")``: the paired ratio where it decided."""
         name = case_name(self.best)
         figures = f"{throughput(self.best) or 0.0:.1f}{_interval_text(self.interval)} {unit}"
         if self.runner_up is None:
             return name, f"{figures} (the only strategy that ran)"
         other = (f"{case_name(self.runner_up)} {throughput(self.runner_up) or 0.0:.1f}"
                  f"{_interval_text(self.runner_up_interval)}")
+        ratio = "" if self.paired is None else _ratio_text(self.paired)
         verdict = self.verdict
         if verdict == "winner":
-            return name, f"{figures} > {other}"
+            return name, f"{figures} > {other}{ratio}"
         if verdict == "tie":
-            return "tie:", f"{name} {figures} ~ {other}"
+            return "tie:", f"{name} {figures} ~ {other}{ratio}"
         lead = "best (no interval):" if self.interval is None else \
             "best (runner-up has no interval):"
         return lead, f"{name} {figures} vs {other}"
@@ -154,24 +265,43 @@ def rank(rows: Iterable[Mapping[str, Any]]) -> Best | None:
     return Best(best, max(others, key=lambda r: throughput(r) or 0.0) if others else None)
 
 
-def speedup_range(best: Mapping[str, Any], single: Mapping[str, Any]) -> Interval | None:
-    """A rough range of the best's speedup over single: its throughput interval's ends over
-    single's opposite ends. Not a confidence interval of the speedup (the two medians'
-    intervals, combined at their extremes); None without both intervals, or when the best is
-    single itself."""
-    if best is single or best.get("case_id") == single.get("case_id"):
-        return None
-    mine, theirs = throughput_interval(best), throughput_interval(single)
-    if mine is None or theirs is None:
-        return None
-    return mine[0] / theirs[1], mine[1] / theirs[0]
+def _is_single(row: Mapping[str, Any]) -> bool:
+    return row.get("strategy") == "single"
 
 
-def speedup_text(speedup: float | None, rough: Interval | None) -> str:
-    """``1.25x [1.15, 1.36]``, ``1.25x`` without a range, ``n/a`` without a speedup."""
-    if speedup is None:
+def speedup(row: Mapping[str, Any], single: Mapping[str, Any] | None = None) -> float | None:
+    """The row's speedup over single: its ``speedup_vs_single`` (paired by round), else its
+    throughput over ``single``'s; None without either."""
+    value = _number(row.get("speedup_vs_single"))
+    if value is not None:
+        return value
+    if single is None:
+        return None
+    mine, theirs = throughput(row), throughput(single)
+    return None if mine is None or not theirs else mine / theirs
+
+
+def speedup_interval(row: Mapping[str, Any]) -> Interval | None:
+    """The 95% interval of the row's speedup over single (``speedup_ci_low``, ``_high``: a t
+    interval across rounds); None where it has none (1 launch) or the row is single itself."""
+    low, high = _number(row.get("speedup_ci_low")), _number(row.get("speedup_ci_high"))
+    if _is_single(row) or low is None or high is None or not 0 < low <= high:
+        return None
+    return low, high
+
+
+def speedup_text(value: float | None, interval: Interval | None) -> str:
+    """``1.25x [1.15, 1.36]``, ``1.25x`` without an interval, ``n/a`` without a speedup."""
+    if value is None:
         return "n/a"
-    return f"{speedup:.2f}x" + ("" if rough is None else f" [{rough[0]:.2f}, {rough[1]:.2f}]")
+    return f"{value:.2f}x" + ("" if interval is None else
+                              f" [{interval[0]:.2f}, {interval[1]:.2f}]")
+
+
+def _launches(row: Mapping[str, Any]) -> int:
+    """The row's launch count: ``launches``, else its launch medians'."""
+    n = _number(row.get("launches"))
+    return int(n) if n is not None else len(launch_medians(row.get("launch_medians_s")))
 
 
 def _best_splits(ok: list[dict[str, Any]]) -> str:
@@ -193,8 +323,9 @@ def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         groups[(r["model"], r["image_size"], r["batch_size"], r["precision"])].append(r)
     table = [["model", "image", "batch", "prec", "best img/s [95% CI] vs runner-up",
-              "vs single [rough range]", "best split per pipelined strategy"]]
-    intervals = ranges = False
+              "vs single [95% CI]", "best split per pipelined strategy"]]
+    shown: list[int] = []  # launch counts of the cases whose intervals are shown
+    speedups: list[int] = []  # and of those whose speedup has one
     for (model, image, batch, precision), group in sorted(groups.items()):
         head = [str(model), str(image), str(batch), str(precision)]
         found = rank(group)
@@ -203,15 +334,14 @@ def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
             table.append([*head, f"no case ran ({', '.join(statuses)})"])
             continue
         best = found.best
-        single = next((r for r in group if r["strategy"] == "single" and r["status"] == "ok"
+        single = next((r for r in group if _is_single(r) and r["status"] == "ok"
                        and throughput(r) is not None), None)
-        speedup = rough = None
-        if single is not None:
-            speedup = (throughput(best) or 0.0) / (throughput(single) or 1.0)
-            rough = speedup_range(best, single)
-        intervals |= found.interval is not None or found.runner_up_interval is not None
-        ranges |= rough is not None
-        table.append([*head, found.text(), speedup_text(speedup, rough),
+        value = speedup(best, single)
+        interval = speedup_interval(best) if value is not None else None
+        shown += [_launches(r) for r in (best, found.runner_up) if r is not None
+                  and (throughput_interval(r) is not None or found.rule == "paired")]
+        speedups += [_launches(best)] if interval is not None else []
+        table.append([*head, found.text(), speedup_text(value, interval),
                       _best_splits([r for r in group if r["status"] == "ok"])])
     # A workload where no case ran is a short row: its message does not widen the columns.
     widths = [max(len(row[i]) for row in table if len(row) == len(table[0]))
@@ -224,8 +354,8 @@ def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
         return " ".join(cells[:4]) + ("  " + "  ".join(cells[4:]) if len(cells) > 4 else "")
 
     lines = [aligned(row).rstrip() for row in table]
-    lines += textwrap.wrap(INTERVAL_NOTE, NOTE_WIDTH) if intervals else []
-    lines += textwrap.wrap(RANGE_NOTE, NOTE_WIDTH) if ranges else []
+    lines += textwrap.wrap(interval_note(shown), NOTE_WIDTH) if shown else []
+    lines += textwrap.wrap(speedup_note(speedups), NOTE_WIDTH) if speedups else []
     failed = [r for r in rows if r["status"] in ("error", "timeout", "oom")]
     if failed:
         lines.append(f"{len(failed)} case(s) failed: "

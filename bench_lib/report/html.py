@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import datetime
 import html
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from bench_lib.report.figures import GROUP, records
-from bench_lib.report.headlines import INTERVAL_NOTE, RANGE_RULE, rank, speedup_range
+from bench_lib.report.headlines import (
+    interval_note,
+    rank,
+    speedup,
+    speedup_interval,
+    speedup_note,
+    speedup_text,
+)
 
 if TYPE_CHECKING:
     from bench_lib.report.build import Runs
@@ -44,7 +52,8 @@ def _num(value: Any, fmt: str) -> str:
 
 def _headlines(cases: pd.DataFrame) -> str:
     """Per run and workload: the fastest strategy with its 95% interval, clear of the
-    runner-up or a tie with it (``headlines.rank``), and its speedup over single."""
+    runner-up or a tie with it (``headlines.rank``: paired by round where both ran 2 or more
+    launches), and its speedup over single with its 95% interval."""
     items = []
     for key, g in sorted(cases.groupby(GROUP), key=lambda kv: kv[0]):
         run, model, image, batch, precision = key
@@ -54,25 +63,17 @@ def _headlines(cases: pd.DataFrame) -> str:
             items.append(f"<li>{head}no case ran</li>")
             continue
         lead, rest = found.describe("images/s")
-        speed = _number_or_none(found.best.get("speedup_vs_single"))
         single = next((r for r in records(g[g.status == "ok"]) if r["strategy"] == "single"),
                       None)
-        rough = speedup_range(found.best, single) if single is not None else None
+        value = speedup(found.best, single)
         items.append(
             f"<li>{head}<span class=best>{_e(lead)}</span> {_e(rest)}"
-            + ((f"; {speed:.2f}x single" + (
-                f" (rough range {rough[0]:.2f}–{rough[1]:.2f}, from the two medians' 95% "
-                "intervals)" if rough is not None else "")) if speed is not None
-               else "; no single baseline")
+            + (f"; {speedup_text(value, speedup_interval(found.best))} vs single"
+               if value is not None else "; no single baseline")
             + f" ({(g.status != 'ok').sum()} of {len(g)} cases did not run)</li>")
-    return ("<ul>" + "".join(items) + "</ul><p class=caption>" + _e(INTERVAL_NOTE) + " "
-            + _e(f"The speedup's rough range is {RANGE_RULE}")
-            + "</p>")
-
-
-def _number_or_none(value: Any) -> float | None:
-    """A number, or None for a missing value."""
-    return None if value is None or pd.isna(value) else float(value)
+    launches = [int(n) for n in cases.loc[cases.status == "ok", "launches"].dropna()]
+    return ("<ul>" + "".join(items) + "</ul><p class=caption>" + _e(interval_note(launches))
+            + " " + _e(speedup_note(launches)) + "</p>")
 
 
 def _runs_table(envs: dict[str, dict[str, Any]], names: dict[str, str],
@@ -93,38 +94,51 @@ def _runs_table(envs: dict[str, dict[str, Any]], names: dict[str, str],
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+def _interval(low: Any, high: Any, fmt: str) -> str:
+    """``low–high``; nothing where either end is missing."""
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return ""
+    return f"{format(low, fmt)}–{format(high, fmt)}"
+
+
 def _cases_table(cases: pd.DataFrame) -> str:
     """Every case of every run, failures hatched with their reason, then the strategy notes."""
-    # (heading, column, number format; "" for text)
-    cols: list[tuple[str, str, str]] = [
-        ("run", "run_label", ""), ("strategy", "strategy", ""),
-        ("image (px)", "image_size", ""), ("batch", "batch_size", ""),
-        ("split", "split_size", ".0f"), ("status", "status", ""),
-        ("median step (s)", "step_time_s_median", ".4f"),
-        ("95% CI (s)", "", ""), ("throughput (img/s)", "throughput_img_s", ".1f"),
-        ("speedup vs single", "speedup_vs_single", ".2f"),
-        ("peak mem net max (MiB)", "peak_mem_net_mib_max", ".0f"), ("reason", "reason", "")]
-    first = 0 if cases.run_label.nunique() > 1 else 1  # one run: no run column
-    head = "".join(f"<th>{h}</th>" for h, _, _ in cols[first:])
+    # (heading, the cell of a row, is it a number)
+    cols: list[tuple[str, Callable[[dict[str, Any]], str], bool]] = [
+        ("run", lambda r: _e(r["run_label"]), False),
+        ("strategy", lambda r: _e(r["strategy"]), False),
+        ("image (px)", lambda r: _e(r["image_size"]), False),
+        ("batch", lambda r: _e(r["batch_size"]), False),
+        ("split", lambda r: _num(r["split_size"], ".0f"), True),
+        ("status", lambda r: _e(r["status"]), False),
+        ("launches", lambda r: _num(r["launches"], ".0f"), True),
+        ("median step (s)", lambda r: _num(r["step_time_s_median"], ".4f"), True),
+        ("95% CI (s)", lambda r: _interval(r["step_time_s_ci_low"], r["step_time_s_ci_high"],
+                                           ".4f"), True),
+        ("throughput (img/s)", lambda r: _num(r["throughput_img_s"], ".1f"), True),
+        ("speedup vs single", lambda r: _num(r["speedup_vs_single"], ".2f"), True),
+        ("speedup 95% CI", lambda r: "" if r["strategy"] == "single" else
+         _interval(r["speedup_ci_low"], r["speedup_ci_high"], ".2f"), True),
+        ("peak mem net max (MiB)", lambda r: _num(r["peak_mem_net_mib_max"], ".0f"), True),
+        ("reason", lambda r: _e(r["reason"]), False)]
+    if cases.run_label.nunique() <= 1:
+        cols = cols[1:]  # one run: no run column
+    head = "".join(f"<th>{h}</th>" for h, _, _ in cols)
     body = []
     for r in records(cases):
-        cells = []
-        for _, col, fmt in cols[first:7]:
-            value = r[col]
-            cells.append(f"<td class=num>{_num(value, fmt)}</td>" if fmt else
-                         f"<td{' class=status' if col == 'status' else ''}>{_e(value)}</td>")
-        ci = (f"{r['step_time_s_ci_low']:.4f}–{r['step_time_s_ci_high']:.4f}"
-              if pd.notna(r["step_time_s_ci_low"]) else "")
-        cells.append(f"<td class=num>{ci}</td>")
-        for _, col, fmt in cols[8:11]:
-            cells.append(f"<td class=num>{_num(r[col], fmt)}</td>")
-        cells.append(f"<td>{_e(r['reason'])}</td>")
+        cells = "".join(f"<td class=num>{cell(r)}</td>" if number else
+                        f"<td{' class=status' if h == 'status' else ''}>{cell(r)}</td>"
+                        for h, cell, number in cols)
         cls = "" if r["status"] == "ok" else " class=notok"
-        body.append(f"<tr{cls}>{''.join(cells)}</tr>")
+        body.append(f"<tr{cls}>{cells}</tr>")
     notes = cases[cases.note.notna()].drop_duplicates(["strategy", "note"])
     items = "".join(f"<li><b>{_e(n.strategy)}</b>: {_e(n.note)}</li>" for n in notes.itertuples())
     reading = f"<h3>How to read each strategy here</h3><ul>{items}</ul>" if items else ""
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>{reading}"
+    caption = ("<p class=caption>95% CI: the t interval across the case's launches of its "
+               "median step time (the geometric mean of the launch medians); the speedup's, "
+               "across rounds of single's launch median over the case's in the same round. "
+               "None with 1 launch.</p>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>{caption}{reading}"
 
 
 def _signed_pct(value: Any) -> str:

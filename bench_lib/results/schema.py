@@ -8,7 +8,13 @@ A run folder ``results/<run_id>/`` holds::
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
 
-Version 4 (this one) is version 3 with contention made visible: each rank's CPU time per
+Version 5 (this one) measures every case in several fresh launches, interleaved in rounds
+(``launches``, ``steps_per_launch``, ``launch_medians_s``; steps.csv ``launch``): the
+median step time is the geometric mean of the launches' medians and its interval a t
+interval across launches; the speedup over single has its own interval, paired by round
+(``speedup_ci_low``, ``speedup_ci_high``, ``speedup_ci_note``); the lag-1
+autocorrelation is pooled within launches; ``warmup_steps`` is the most any launch ran.
+Version 4 was version 3 with contention made visible: each rank's CPU time per
 timed step (steps.csv ``cpu_time_s``) and, per case, the machine's steal and other
 processes' CPU over the case and a ``contention`` reason (``cpu_steal_pct``,
 ``other_cpu_pct``, ``contention``; ``bench_lib.measure.contention``); and with numbers you
@@ -35,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
 
 
@@ -76,34 +82,39 @@ CASES = _cols(
     ("loss", "ce or mse-onehot"),
     ("status", "ok, oom, unsupported, skipped, timeout or error"),
     ("reason", "why a case did not end ok"),
-    ("warmup_steps", "discarded warm-up steps actually run before timing: at least the "
-                     "profile's warmup_steps, then more while step times still fell (the "
-                     "latest more than 2% faster than every earlier one; the slowest rank's "
-                     "times, all ranks alike), at most 8 more; empty for a case not timed", N),
-    ("timed_steps", "steps timed (the slowest rank's per step)", N),
-    ("step_time_s_median", "median step time, seconds", N),
-    ("step_time_s_mean", "mean step time, seconds", N),
-    ("step_time_s_stdev", "standard deviation of step times, seconds", N),
-    ("step_time_s_p10", "10th percentile of step times, seconds", N),
-    ("step_time_s_p90", "90th percentile of step times, seconds", N),
-    ("step_time_s_iqr", "interquartile range of step times, seconds", N),
+    ("warmup_steps", "discarded warm-up steps actually run before timing, the most of any "
+                     "launch: at least the profile's warmup_steps, then more while step "
+                     "times still fell (the latest more than 2% faster than every earlier "
+                     "one; the slowest rank's times, all ranks alike), at most 8 more; empty "
+                     "for a case not timed", N),
+    ("launches", "fresh process launches the case was measured in (the profile's launches; "
+                 "interleaved in rounds with the other cases of its workload)", N),
+    ("steps_per_launch", "timed steps of each launch, in round order, e.g. 8;8;7"),
+    ("launch_medians_s", "each launch's median step time (the slowest rank's per step), in "
+                         "round order, seconds, e.g. 0.451;0.447;0.462"),
+    ("timed_steps", "steps timed, all launches (the slowest rank's per step)", N),
+    ("step_time_s_median", "the case's median step time: the geometric mean of the launches' "
+                           "medians (with 1 launch, its median), seconds", N),
+    ("step_time_s_mean", "mean step time, all launches' steps, seconds", N),
+    ("step_time_s_stdev", "standard deviation of step times, all launches' steps, seconds",
+     N),
+    ("step_time_s_p10", "10th percentile of step times, all launches' steps, seconds", N),
+    ("step_time_s_p90", "90th percentile of step times, all launches' steps, seconds", N),
+    ("step_time_s_iqr", "interquartile range of step times, all launches' steps, seconds",
+     N),
     ("step_time_s_ci_low", "95% confidence interval of the median step time, low end, "
-                           "seconds (method in step_time_ci_method; empty with the reason in "
-                           "step_time_ci_note). It covers step-to-step noise within this one "
-                           "launch and assumes independent steps: not the spread between "
-                           "launches, and too narrow where consecutive steps correlate "
-                           "(step_time_lag1_autocorr)", N),
+                           "seconds: the Student t interval (launches - 1 degrees of freedom) "
+                           "of the mean log launch median, so it holds the step-to-step noise "
+                           "(correlated or not) and the launch-to-launch spread both "
+                           "(coverage checked in tests/test_ci_coverage.py); empty with 1 "
+                           "launch (reason in step_time_ci_note)", N),
     ("step_time_s_ci_high", "the same interval's high end, seconds", N),
-    ("step_time_ci_method", "how the median's interval was had: bootstrap (percentile "
-                            "bootstrap, 8 steps or more), 'order statistics (NN.N%)' (6 or 7 "
-                            "steps: the exact distribution-free interval [x_(k), x_(n-k+1)], "
-                            "its achieved confidence >= 95% in brackets), or empty"),
-    ("step_time_ci_note", "why the median has no interval, e.g. '3 steps: too few for a 95% "
-                          "interval (needs 6)': [min, max] of n steps covers the median with "
-                          "probability 1 - 2/2^n, under 95% below 6 steps"),
-    ("step_time_lag1_autocorr", "lag-1 autocorrelation of the case's step times in order (the "
-                                "slowest rank's per step): 0 for independent steps, toward 1 "
-                                "when slow steps follow slow ones; empty under 10 steps "
+    ("step_time_ci_method", "how the interval was had: 't over N launches', or empty"),
+    ("step_time_ci_note", "why the median has no interval (1 launch)"),
+    ("step_time_lag1_autocorr", "lag-1 autocorrelation of consecutive step times within "
+                                "launches (the slowest rank's per step; each launch about its "
+                                "own mean, pooled): 0 for independent steps, toward 1 when "
+                                "slow steps follow slow ones; empty under 10 steps in all "
                                 "(standard error about 1/sqrt(steps) when independent)", N),
     ("throughput_img_s", "global batch over the median step time, images per second", N),
     ("peak_mem_mib_max", "largest per-device peak memory over the timed steps (gross), MiB",
@@ -123,9 +134,10 @@ CASES = _cols(
                         "after warm-up through clear_refs) or ru_maxrss (the process's "
                         "lifetime peak, build and warm-up included, where it could not "
                         "be reset)"),
-    ("case_wall_time_s", "the case's wall time from launch to its row, seconds", N),
-    # Contention over the whole case, launch to the last rank reaped (measure.contention):
-    # the machine's CPU times (/proc/stat) at its start and end.
+    ("case_wall_time_s", "the case's wall time, its launches summed, each from start to its "
+                         "last rank reaped, seconds", N),
+    # Contention over each launch, start to the last rank reaped (measure.contention): the
+    # machine's CPU times (/proc/stat) at its start and end; the busiest launch's figures.
     ("cpu_steal_pct", "steal over the case (CPU time the hypervisor gave to other guests), % "
                       "of the machine's CPU capacity (every logical CPU x the case's wall "
                       "time)", N),
@@ -141,7 +153,8 @@ CASES = _cols(
                    "under 80% of its pinned cores x wall time (it waited for a core; "
                    "distributed ranks wait on peers by design and are not judged so)"),
     ("note", "how to read this strategy's numbers on this rig"),
-    ("stop_reason", "what ended timing: ci_target, time_cap or step_cap"),
+    ("stop_reason", "what ended timing: ci_target, time_cap or step_cap (each launch's, "
+                    "in round order, e.g. ci_target;time_cap;ci_target, where they differ)"),
     ("util_pct_mean", "mean over devices of util_pct_mean_by_device, %; empty (reason in "
                       "sampler_note) for a timed window under 1 s or a device with under 3 "
                       "samples in it", N),
@@ -177,9 +190,18 @@ CASES = _cols(
     ("mfu_note", "why mfu_pct is empty, or a flag where it is over 100%: the case beat the "
                  "measured peak, so that probe is not the attainable peak here and the figure "
                  "is not an efficiency"),
-    ("speedup_vs_single", "throughput over the single case of the same workload and run", N),
+    ("speedup_vs_single", "throughput over the single case of the same workload and run: the "
+                          "geometric mean over rounds of single's launch median over this "
+                          "case's launch median of the same round", N),
+    ("speedup_ci_low", "95% confidence interval of speedup_vs_single, low end: the t "
+                       "interval of the rounds' mean log ratio (pairing by round cancels "
+                       "drift that slows both alike); empty with 1 round", N),
+    ("speedup_ci_high", "the same interval's high end", N),
+    ("speedup_ci_note", "why the speedup has no interval (1 round)"),
     ("scaling_efficiency", "speedup_vs_single over world_size", N),
-    ("partition", "stage cut used, method:block indices (strategies that cut the model)"),
+    ("partition", "stage cut used, method:block indices (strategies that cut the model); "
+                  "balanced cuts are profiled in each launch: every distinct one, joined "
+                  "by |, where launches chose differently"),
     ("channels_last", "1 when model and inputs were channels-last", N),
     ("compile", "1 when modules were torch.compiled", N),
     ("sync_bn", "1 when BatchNorm was synchronised across ranks", N),
@@ -202,8 +224,10 @@ CASES = _cols(
                              "traced step was slower)", N),
 )
 STEPS = _cols(
-    ("run_id", "the run folder's name"), ("case_id", "the case"), ("rank", "process rank", N),
-    ("step", "timed step index from 0", N), ("step_time_s", "this rank's step time, seconds", N),
+    ("run_id", "the run folder's name"), ("case_id", "the case"),
+    ("launch", "the launch (round) index from 0", N), ("rank", "process rank", N),
+    ("step", "timed step index from 0 within the launch", N),
+    ("step_time_s", "this rank's step time, seconds", N),
     ("cpu_time_s", "this rank's process CPU time in the step (time.process_time: every "
                    "thread), seconds. On a cpu rig a rank pinned to T cores reads up to "
                    "T x step_time_s; well under it, the rank waited (for a peer, or for a "

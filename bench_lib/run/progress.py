@@ -1,11 +1,13 @@
-"""Progress of a sweep: a tqdm bar on a terminal, one plain line per case elsewhere.
+"""Progress of a sweep: a tqdm bar on a terminal, plain lines elsewhere: one per launch as
+it ends, one per case as its row is written (after its workload's last round).
 
-The ETA starts from the cases' estimated durations and is corrected by the measured pace
-(actual over estimated seconds of the cases done so far).
+The ETA starts from the cases' estimated durations (every launch of them) and is corrected
+by the measured pace (actual over estimated seconds of the launches done so far).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Mapping
@@ -13,29 +15,46 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.estimate import format_duration
 
 
+def _interval(row: Mapping[str, Any], low: str, high: str, fmt: str) -> str:
+    """`` [a, b]`` from two row columns, or nothing where the row has no interval."""
+    a, b = row.get(low), row.get(high)
+    if a is None or b is None or a == "" or b == "" or math.isnan(float(b)):
+        return ""
+    return f" [{float(a):{fmt}}, {float(b):{fmt}}]"
+
+
 class Progress:
-    """Reports each case as it starts and ends; silent when ``quiet``."""
+    """Reports each launch and case as they start and end; silent when ``quiet``."""
 
     def __init__(self, estimates_s: list[float], quiet: bool = False,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, launches: list[int] | None = None) -> None:
+        """``estimates_s``: each case's estimated seconds, all its launches;
+        ``launches``: each case's launch count (default 1 each)."""
         self.estimates_s = estimates_s
+        self.launches = launches or [1] * len(estimates_s)
         self.total = len(estimates_s)
         self.quiet = quiet
         self.stream = stream or sys.stderr
         self.start = time.monotonic()
         self.done_estimate_s = 0.0
+        self.dropped_estimate_s = 0.0
+        """Estimates of launches that will not run (a case stops after a failed launch)."""
+        self.launches_done = [0] * len(estimates_s)
+        self.cases_done = 0
         self.bar = None
         if not quiet and self.stream.isatty():
             self.bar = tqdm(total=self.total, unit="case", file=self.stream, dynamic_ncols=True,
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
 
-    def eta_s(self, next_index: int) -> float:
-        """Seconds left: remaining estimates scaled by the pace measured so far."""
-        remaining = sum(self.estimates_s[next_index:])
+    def eta_s(self) -> float:
+        """Seconds left: the estimates of launches not yet done, scaled by the pace so far."""
+        remaining = max(0.0, sum(self.estimates_s) - self.done_estimate_s
+                        - self.dropped_estimate_s)
         elapsed = time.monotonic() - self.start
         pace = elapsed / self.done_estimate_s if self.done_estimate_s > 0 else 1.0
         return remaining * pace
@@ -51,22 +70,46 @@ class Progress:
     def header(self, text: str) -> None:
         self._line(text)
 
-    def case_start(self, index: int, case: Case) -> None:
+    def _of(self, index: int, launch: int) -> str:
+        return f"launch {launch + 1}/{self.launches[index]}"
+
+    def _drop_unrun(self, index: int) -> None:
+        unrun = self.launches[index] - self.launches_done[index]
+        self.dropped_estimate_s += self.estimates_s[index] * unrun / self.launches[index]
+        self.launches_done[index] = self.launches[index]
+
+    def launch_start(self, index: int, case: Case, launch: int) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(
-                f"{case.describe()} | ETA ~{format_duration(self.eta_s(index))}"
-            )
+            self.bar.set_postfix_str(f"{case.describe()} {self._of(index, launch)} | "
+                                     f"ETA ~{format_duration(self.eta_s())}")
+
+    def launch_done(self, index: int, case: Case, launch: int, outcome: CaseOutcome) -> None:
+        self.done_estimate_s += self.estimates_s[index] / self.launches[index]
+        self.launches_done[index] += 1
+        if outcome.status != "ok":  # the runner launches a failed case no more
+            self._drop_unrun(index)
+        if outcome.status == "ok" and outcome.step_times_s:
+            times = sorted(outcome.step_times_s)
+            detail = f"median {times[len(times) // 2]:.3f} s/step over {len(times)} steps"
+        else:
+            detail = f"{outcome.status}: {outcome.reason}"
+        self._line(f"  {case.describe()} {self._of(index, launch)}: {detail} | "
+                   f"ETA ~{format_duration(self.eta_s())}")
 
     def case_done(self, index: int, case: Case, row: Mapping[str, Any]) -> None:
-        self.done_estimate_s += self.estimates_s[index]
+        self._drop_unrun(index)
+        self.cases_done += 1
         if row["status"] == "ok":
-            detail = (f"{row['step_time_s_median']:.3f} s/step, "
+            step = _interval(row, "step_time_s_ci_low", "step_time_s_ci_high", ".3f")
+            detail = (f"{row['step_time_s_median']:.3f}{step} s/step, "
                       f"{row['throughput_img_s']:.1f} img/s")
+            if row.get("speedup_vs_single") not in (None, "") and case.strategy != "single":
+                speed = _interval(row, "speedup_ci_low", "speedup_ci_high", ".2f")
+                detail += f", {row['speedup_vs_single']:.2f}x{speed} vs single"
         else:
             detail = row["reason"]
-        eta = format_duration(self.eta_s(index + 1))
-        self._line(f"[{index + 1}/{self.total}] {case.describe()}: {row['status']} ({detail})"
-                   + (f" | ETA ~{eta}" if index + 1 < self.total else ""))
+        self._line(f"[{self.cases_done}/{self.total}] {case.describe()}: {row['status']} "
+                   f"({detail})")
         if self.bar is not None:
             self.bar.update(1)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,18 +37,22 @@ def baseline_path(case_dir: Path, rank: int) -> Path:
 
 @dataclass(frozen=True)
 class CaseSpec:
-    """What every rank of a case is told: the case and the rig."""
+    """What every rank of a case's launch is told: the case, the rig, and whether to trace
+    a step for the pipeline timeline after the timed ones (the first launch only)."""
 
     case: Case
     rig: Rig
+    trace: bool = True
 
     def write(self, path: Path) -> None:
-        write_json_atomic(path, {"case": self.case.as_dict(), "rig": self.rig.as_dict()})
+        write_json_atomic(path, {"case": self.case.as_dict(), "rig": self.rig.as_dict(),
+                                 "trace": self.trace})
 
     @classmethod
     def read(cls, path: Path) -> CaseSpec:
         data = json.loads(path.read_text())
-        return cls(Case.from_dict(data["case"]), Rig.from_dict(data["rig"]))
+        return cls(Case.from_dict(data["case"]), Rig.from_dict(data["rig"]),
+                   bool(data.get("trace", True)))
 
 
 @dataclass(frozen=True)
@@ -136,3 +141,74 @@ class CaseOutcome:
     wall_time_s: float = 0.0
     machine_load: MachineLoad | None = None
     """Steal and other processes' CPU over the whole case (None: the case did not run)."""
+    launches: list[CaseOutcome] = field(default_factory=list)
+    """The outcome of each launch, in round order, where this one combines several
+    (``of_launches``); empty: this outcome is one launch."""
+
+    def parts(self) -> list[CaseOutcome]:
+        """The launches behind this outcome (itself when it is one)."""
+        return self.launches or [self]
+
+    def launch_step_times_s(self) -> list[list[float]]:
+        """Each launch's timed steps (the slowest rank's per step), in round order."""
+        return [p.step_times_s for p in self.parts()]
+
+    @classmethod
+    def of_launches(cls, launches: list[CaseOutcome]) -> CaseOutcome:
+        """One case's outcome from its launches (round order): the first launch that did not
+        end ok decides a failed case; otherwise steps are pooled (``launches`` keeps them
+        apart), peaks are the largest any launch reached, the timeline is the first
+        launch's (the only one traced), and the load is the busiest launch's."""
+        if not launches:
+            raise ValueError("a case needs at least one launch")
+        if len(launches) == 1:
+            return launches[0]
+        total = len(launches)
+        wall = sum(o.wall_time_s for o in launches)
+        samples = [s for o in launches for s in o.samples]
+        for k, o in enumerate(launches):
+            if o.status != "ok":
+                return cls(o.status, f"launch {k + 1} of {total}: {o.reason}", samples=samples,
+                           wall_time_s=wall, machine_load=o.machine_load)
+
+        def pooled(get: Callable[[CaseOutcome], dict[int, list[float]]],
+                   ) -> dict[int, list[float]]:
+            out: dict[int, list[float]] = {}
+            for o in launches:
+                for rank, times in get(o).items():
+                    out.setdefault(rank, []).extend(times)
+            return out
+
+        def largest(get: Callable[[CaseOutcome], dict[str, float]]) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for o in launches:
+                for key, mib in get(o).items():
+                    out[key] = max(mib, out.get(key, mib))
+            return out
+
+        loads = [o.machine_load for o in launches if o.machine_load is not None]
+        sources = {o.peak_mem_source for o in launches}
+        reasons = [o.stop_reason for o in launches]
+        cuts = list(dict.fromkeys(o.partition for o in launches if o.partition))
+        first = launches[0]
+        return cls(
+            "ok", step_times_s=[t for o in launches for t in o.step_times_s],
+            rank_step_times_s=pooled(lambda o: o.rank_step_times_s),
+            rank_step_cpu_times_s=pooled(lambda o: o.rank_step_cpu_times_s),
+            peak_mem_mib=largest(lambda o: o.peak_mem_mib),
+            peak_mem_net_mib=largest(lambda o: o.peak_mem_net_mib),
+            peak_mem_source="ru_maxrss" if "ru_maxrss" in sources else first.peak_mem_source,
+            peak_mem_reserved_mib=largest(lambda o: o.peak_mem_reserved_mib),
+            timed_window_unix_s=first.timed_window_unix_s,
+            stop_reason=reasons[0] if len(set(reasons)) == 1 else ";".join(reasons),
+            # The most warm-up any launch needed; steps.csv has each launch's timed steps.
+            warmup_steps=max((o.warmup_steps for o in launches if o.warmup_steps is not None),
+                             default=None),
+            # Balanced cuts are profiled in every launch: all of them, if they differ.
+            partition="|".join(cuts),
+            timeline=first.timeline, traced_step_s=first.traced_step_s, samples=samples,
+            wall_time_s=wall,
+            machine_load=max(loads, key=lambda m: m.other_cpu_pct + m.cpu_steal_pct,
+                             default=None),
+            launches=list(launches),
+        )

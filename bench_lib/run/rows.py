@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,13 @@ from bench_lib.measure import bubble
 from bench_lib.measure.contention import contention, cpu_per_wall
 from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
-from bench_lib.measure.stats import Stats
+from bench_lib.measure.stats import (
+    LaunchInterval,
+    Stats,
+    lag1_autocorr_within,
+    launch_interval,
+    paired_ratio_interval,
+)
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome, SampleRow
 from bench_lib.sweep.cases import Case
@@ -58,21 +66,27 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         row["case_wall_time_s"] = round(outcome.wall_time_s, 3)
     row |= contention_columns(case, rig, outcome)
     if outcome.status == "ok":
-        s = Stats.of(outcome.step_times_s)
+        s = Stats.of(outcome.step_times_s)  # every launch's steps pooled: the spread columns
+        per_launch = outcome.launch_step_times_s()
+        medians = [statistics.median(times) for times in per_launch]
+        step = launch_interval(medians)  # the case's step time and its interval
         row |= {
+            "launches": len(per_launch),
+            "steps_per_launch": ";".join(str(len(times)) for times in per_launch),
+            "launch_medians_s": ";".join(f"{m:.6g}" for m in medians),
             "timed_steps": s.n,
-            "step_time_s_median": s.median,
+            "step_time_s_median": step.point,
             "step_time_s_mean": s.mean,
             "step_time_s_stdev": s.stdev,
             "step_time_s_p10": s.p10,
             "step_time_s_p90": s.p90,
             "step_time_s_iqr": s.iqr,
-            "step_time_s_ci_low": _finite(s.ci_low),
-            "step_time_s_ci_high": _finite(s.ci_high),
-            "step_time_ci_method": s.ci_method,
-            "step_time_ci_note": s.ci_note,
-            "step_time_lag1_autocorr": _finite(s.lag1_autocorr),
-            "throughput_img_s": case.batch_size / s.median,
+            "step_time_s_ci_low": _finite(step.low),
+            "step_time_s_ci_high": _finite(step.high),
+            "step_time_ci_method": step.method,
+            "step_time_ci_note": step.note,
+            "step_time_lag1_autocorr": _finite(lag1_autocorr_within(per_launch)),
+            "throughput_img_s": case.batch_size / step.point,
             "peak_mem_mib_max": max(outcome.peak_mem_mib.values()),
             "peak_mem_mib_by_device": by_device(outcome.peak_mem_mib),
         }
@@ -123,9 +137,10 @@ def derived_columns(case: Case, outcome: CaseOutcome, throughput_img_s: float,
     world size).
     """
     cols: Row = {"stop_reason": outcome.stop_reason}
-    if outcome.timed_window_unix_s is not None:
+    windows = [w for p in outcome.parts() if (w := p.timed_window_unix_s) is not None]
+    if windows:
         images = case.batch_size * len(outcome.step_times_s)
-        cols |= window_columns(outcome.samples, *outcome.timed_window_unix_s, images,
+        cols |= window_columns(outcome.samples, windows, images,
                                idle_power.watts if idle_power else None)
     if outcome.peak_mem_reserved_mib:
         cols["peak_mem_reserved_mib_max"] = max(outcome.peak_mem_reserved_mib.values())
@@ -199,32 +214,37 @@ def _plural(devices: dict[str, int]) -> str:
     return ", ".join(f"{d}: {n}" for d, n in sorted(devices.items()))
 
 
-def window_columns(samples: list[SampleRow], t0: float, t1: float, images: int,
-                   idle_w: dict[str, float] | None = None) -> Row:
-    """Sampler columns over the timed window [t0, t1] (unix seconds) in which ``images`` ran.
+def window_columns(samples: list[SampleRow], windows: Sequence[tuple[float, float]],
+                   images: int, idle_w: dict[str, float] | None = None) -> Row:
+    """Sampler columns over the timed windows [t0, t1] (unix seconds; one per launch) in
+    which ``images`` ran in all.
 
-    Utilisation: the mean per device (GPU utilisation where NVML gives it, else worker CPU
-    percent of what the worker holds: both 0-100). Energy: each counter's mean power between
-    its first and last sample inside the window, times the window's length, summed over
-    counters, per image; net of ``idle_w`` (idle watts per counter's device label) too.
-    Left empty, with the reason in ``sampler_note``, where the window is shorter than
-    ``MIN_WINDOW_S``, a device (counter) has fewer than ``MIN_SAMPLES`` samples in it, or no
-    counter exists.
+    Utilisation: the mean per device of its samples inside the windows (GPU utilisation
+    where NVML gives it, else worker CPU percent of what the worker holds: both 0-100).
+    Energy: per window, each counter's mean power between its first and last sample inside
+    it, summed over counters, times the window's length; summed over windows, per image;
+    net of ``idle_w`` (idle watts per counter's device label) too. Left empty, with the
+    reason in ``sampler_note``, where a window is shorter than ``MIN_WINDOW_S``, a device
+    (counter) has fewer than ``MIN_SAMPLES`` samples in one, or no counter exists.
     """
-    inside = [s for s in samples if t0 <= s["time_unix_s"] <= t1]
     util: dict[str, list[float]] = {}
-    energy: dict[str, list[tuple[float, float]]] = {}
+    energy: dict[str, list[list[tuple[float, float]]]] = {}
     for s in samples:  # every device that reports, so one with no sample inside counts as 0
         if s["util_gpu_pct"] is not None or s["cpu_pct"] is not None:
             util.setdefault(s["device"], [])
         if s["energy_j"] is not None:
-            energy.setdefault(s["device"], [])
-    for s in inside:
-        u = s["util_gpu_pct"] if s["util_gpu_pct"] is not None else s["cpu_pct"]
-        if u is not None:
-            util[s["device"]].append(u)
-        if s["energy_j"] is not None:
-            energy[s["device"]].append((s["time_unix_s"], s["energy_j"]))
+            energy.setdefault(s["device"], [[] for _ in windows])
+    counts: dict[str, list[int]] = {d: [0] * len(windows) for d in util}
+    for w, (t0, t1) in enumerate(windows):
+        for s in samples:
+            if not t0 <= s["time_unix_s"] <= t1:
+                continue
+            u = s["util_gpu_pct"] if s["util_gpu_pct"] is not None else s["cpu_pct"]
+            if u is not None:
+                util[s["device"]].append(u)
+                counts[s["device"]][w] += 1
+            if s["energy_j"] is not None:
+                energy[s["device"]][w].append((s["time_unix_s"], s["energy_j"]))
     out: Row = {
         "util_pct_mean_by_device": "",
         "util_pct_mean": None,
@@ -234,14 +254,14 @@ def window_columns(samples: list[SampleRow], t0: float, t1: float, images: int,
         "energy_source": "",
         "sampler_note": "",
     }
-    window = t1 - t0
-    if window < MIN_WINDOW_S:
-        out["sampler_note"] = (f"timed window {window:.2f} s is under {MIN_WINDOW_S:g} s "
+    shortest = min(t1 - t0 for t0, t1 in windows)
+    if shortest < MIN_WINDOW_S:
+        out["sampler_note"] = (f"timed window {shortest:.2f} s is under {MIN_WINDOW_S:g} s "
                                "(NVML averages over up to 1 s): utilisation and energy left "
                                "empty")
         return out
     notes = []
-    few = {d: len(v) for d, v in util.items() if len(v) < MIN_SAMPLES}
+    few = {d: min(c) for d, c in counts.items() if min(c) < MIN_SAMPLES}
     if few:
         notes.append(f"samples in the timed window per device ({_plural(few)}) under "
                      f"{MIN_SAMPLES}: utilisation left empty")
@@ -249,21 +269,25 @@ def window_columns(samples: list[SampleRow], t0: float, t1: float, images: int,
         means = {d: sum(v) / len(v) for d, v in util.items()}
         out["util_pct_mean_by_device"] = by_device(means)
         out["util_pct_mean"] = sum(means.values()) / len(means)
-    short = {d: len(p) for d, p in energy.items() if len(p) < MIN_SAMPLES or p[-1][0] <= p[0][0]}
+    short = {d: min(len(p) for p in per) for d, per in energy.items()
+             if any(len(p) < MIN_SAMPLES or p[-1][0] <= p[0][0] for p in per)}
     if not energy:
         notes.append("no readable energy counter")
     elif short:
         notes.append(f"energy counter samples in the timed window ({_plural(short)}) under "
                      f"{MIN_SAMPLES}: energy left empty")
     elif images > 0:
-        rates = {d: (p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0]) for d, p in energy.items()}
-        power = sum(rates.values())
-        out["power_w_mean"] = power
-        out["energy_j_per_img"] = power * window / images
+        span = sum(t1 - t0 for t0, t1 in windows)
+        joules = {d: sum((p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0]) * (t1 - t0)
+                         for p, (t0, t1) in zip(per, windows))
+                  for d, per in energy.items()}
+        total = sum(joules.values())
+        out["power_w_mean"] = total / span
+        out["energy_j_per_img"] = total / images
         out["energy_source"] = "rapl-rig-packages" if "host" in energy else "nvml-gpus"
-        if idle_w is not None and all(d in idle_w for d in rates):
-            idle = sum(idle_w[d] for d in rates)
-            out["energy_j_per_img_net"] = (power - idle) * window / images
+        if idle_w is not None and all(d in idle_w for d in joules):
+            idle = sum(idle_w[d] for d in joules)
+            out["energy_j_per_img_net"] = (total - idle * span) / images
         else:
             notes.append("no idle power measured for these counters: net energy left empty")
     out["sampler_note"] = "; ".join(notes)
@@ -271,21 +295,32 @@ def window_columns(samples: list[SampleRow], t0: float, t1: float, images: int,
 
 
 def step_rows(outcome: CaseOutcome) -> list[Row]:
-    """steps.csv rows: every rank's every timed step, its wall and CPU time."""
+    """steps.csv rows: every launch's every rank's every timed step, its wall and CPU time."""
     rows = []
-    for rank, times in sorted(outcome.rank_step_times_s.items()):
-        cpu = outcome.rank_step_cpu_times_s.get(rank, [])
-        rows += [{"rank": rank, "step": i, "step_time_s": t,
-                  "cpu_time_s": cpu[i] if i < len(cpu) else ""} for i, t in enumerate(times)]
+    for launch, part in enumerate(outcome.parts()):
+        for rank, times in sorted(part.rank_step_times_s.items()):
+            cpu = part.rank_step_cpu_times_s.get(rank, [])
+            rows += [{"launch": launch, "rank": rank, "step": i, "step_time_s": t,
+                      "cpu_time_s": cpu[i] if i < len(cpu) else ""}
+                     for i, t in enumerate(times)]
     return rows
 
 
+def launch_medians(text: object) -> list[float]:
+    """cases.csv's ``launch_medians_s`` (``0.45;0.44;0.46``) as numbers; [] when empty."""
+    if not isinstance(text, str) or not text.strip():
+        return []
+    return [float(v) for v in text.split(";")]
+
+
 class SpeedupTable:
-    """Fills speedup_vs_single and scaling_efficiency from the `single` case of the same
-    workload in the same run (``sweep.cases.baselines_first`` runs it first)."""
+    """Fills the speedup columns from the ``single`` case of the same workload in the same
+    run (``sweep.cases.baselines_first`` puts it first): the speedup is single's launch
+    medians over the case's, paired by round (``paired_ratio_interval``), with its interval;
+    scaling efficiency is the speedup over the world size."""
 
     def __init__(self) -> None:
-        self._single: dict[tuple[str, int, int, str, str], float] = {}
+        self._single: dict[tuple[str, int, int, str, str], list[float]] = {}
 
     def seed(self, cases_csv: Path) -> None:
         """Learn the `single` rows a run folder already holds (a resumed run)."""
@@ -293,18 +328,31 @@ class SpeedupTable:
             return
         with cases_csv.open(newline="") as f:
             for r in csv.DictReader(f):
-                if r["strategy"] == "single" and r["status"] == "ok" and r["throughput_img_s"]:
+                if r["strategy"] == "single" and r["status"] == "ok" and r["launch_medians_s"]:
                     key = (r["model"], int(r["image_size"]), int(r["batch_size"]),
                            r["precision"], r["loss"])
-                    self._single[key] = float(r["throughput_img_s"])
+                    self._single[key] = launch_medians(r["launch_medians_s"])
 
     def fill(self, case: Case, row: Row) -> None:
         if row.get("status") != "ok":
             return
+        medians = launch_medians(row["launch_medians_s"])
         if case.strategy == "single":
-            self._single[case.workload_key] = row["throughput_img_s"]
+            self._single[case.workload_key] = medians
         base = self._single.get(case.workload_key)
-        if base:
-            speedup = row["throughput_img_s"] / base
-            row["speedup_vs_single"] = speedup
-            row["scaling_efficiency"] = speedup / case.world_size
+        if not base:
+            return
+        rounds = min(len(base), len(medians))
+        speedup = paired_ratio_interval(base[:rounds], medians[:rounds])
+        row |= speedup_columns(speedup, case.world_size)
+
+
+def speedup_columns(speedup: LaunchInterval, world_size: int) -> Row:
+    """The speedup columns of a row from its paired interval."""
+    return {
+        "speedup_vs_single": speedup.point,
+        "speedup_ci_low": _finite(speedup.low),
+        "speedup_ci_high": _finite(speedup.high),
+        "speedup_ci_note": speedup.note,
+        "scaling_efficiency": speedup.point / world_size,
+    }

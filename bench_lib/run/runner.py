@@ -1,14 +1,23 @@
-"""Isolated execution of cases: fresh worker process(es) per case, with a timeout.
+"""Isolated execution of cases: fresh worker process(es) per launch, with a timeout.
 
-Every process of a case shares one process group of its own, so a crash, hang or OOM
-ends that case alone: on timeout or on a dead rank the whole group is killed, and the
+Every process of a launch shares one process group of its own, so a crash, hang or OOM
+ends that launch alone: on timeout or on a dead rank the whole group is killed, and the
 case still yields exactly one row.
+
+Replication (``Measurement.launches`` = L): the cases of one workload (its ``single`` and
+every strategy compared with it) are launched in L rounds, each case once per round in a
+seeded shuffled order (the same in every run, so a baseline and its candidate match), each
+launch a fresh process. The launches' spread is what the case's interval and its speedup's
+interval are made of (``measure.stats.launch_interval``; the speedup pairs each round's
+launches), so slow drift, a noisy launch and the position in the sweep count as noise, not
+as a difference between strategies. The group's rows are written once its last round ends.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -257,13 +266,14 @@ def _cuda_bus_ids(count: int) -> dict[str, str | int]:
     return keys
 
 
-def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
-    """Run one case in fresh process(es) and return its outcome (never raises for the case)."""
+def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True) -> CaseOutcome:
+    """Run one launch of a case in fresh process(es) and return its outcome (never raises
+    for the case); ``trace``: trace a step for the pipeline timeline after the timed ones."""
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
     spec_path = case_dir / "spec.json"
-    CaseSpec(case, rig).write(spec_path)
+    CaseSpec(case, rig, trace).write(spec_path)
     log_path = case_dir / "worker.log"
     start = time.monotonic()
     cpu_start = CpuSnapshot.now()  # the machine's and our CPU times: contention over the case
@@ -291,37 +301,77 @@ def run_case(case: Case, rig: Rig, work_root: Path) -> CaseOutcome:
     return outcome
 
 
+def round_order(count: int, round_index: int) -> list[int]:
+    """The order of a workload's ``count`` cases in round ``round_index``: a shuffle seeded
+    by the round alone, so every run of the same sweep launches in the same order."""
+    order = list(range(count))
+    random.Random(round_index).shuffle(order)
+    return order
+
+
+def workload_groups(cases: list[Case]) -> list[list[int]]:
+    """Indices of the cases of each workload (``Case.workload_key``), in first-seen order."""
+    groups: dict[tuple[str, int, int, str, str], list[int]] = {}
+    for i, case in enumerate(cases):
+        groups.setdefault(case.workload_key, []).append(i)
+    return list(groups.values())
+
+
+LaunchStart = Callable[[int, Case, int], None]
+"""(case index, case, launch index) as a launch starts."""
+LaunchDone = Callable[[int, Case, int, CaseOutcome], None]
+"""(case index, case, launch index, the launch's outcome) as it ends."""
+
+
 def run_sweep(
     cases: list[Case],
     rig: Rig,
     writer: RunWriter,
     on_case_done: Callable[[int, Case, Row], None] | None = None,
-    on_case_start: Callable[[int, Case], None] | None = None,
+    on_launch_start: LaunchStart | None = None,
     attainable_peak: AttainablePeak | None = None,
     idle: IdlePower | None = None,
+    on_launch_done: LaunchDone | None = None,
 ) -> list[Row]:
-    """Run every case in order, writing its row as soon as it ends; returns the rows.
+    """Run every case, workload by workload in rounds of launches (module docstring),
+    writing each workload's rows once its last round ends; returns the rows in the order
+    written (``cases``' order within a workload: ``single`` first, as ``baselines_first``
+    puts it, so its speedups are known when the others' rows are made).
 
     ``attainable_peak`` is the rig's measured FLOP peak, for the MFU columns; ``idle`` its
-    idle power, for the net energy column.
+    idle power, for the net energy column. A case whose launch fails is not launched again.
     """
     work_root = writer.run_dir / ".work"
     rows = []
     speedups = SpeedupTable()
     speedups.seed(writer.run_dir / "cases.csv")  # a resumed run's earlier `single` rows
-    for i, case in enumerate(cases):
-        if on_case_start:
-            on_case_start(i, case)
-        if case.status is not None:
-            outcome = CaseOutcome(case.status, case.reason)
-        else:
-            outcome = run_case(case, rig, work_root)
-        row = case_row(case, rig, outcome, attainable_peak, idle)
-        speedups.fill(case, row)
-        writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
-        rows.append(row)
-        if on_case_done:
-            on_case_done(i, case, row)
+    for group in workload_groups(cases):
+        launched: dict[int, list[CaseOutcome]] = {i: [] for i in group}
+        rounds = max(cases[i].measurement.launches for i in group)
+        for r in range(rounds):
+            for k in round_order(len(group), r):
+                i = group[k]
+                case, done = cases[i], launched[group[k]]
+                if (case.status is not None or r >= case.measurement.launches
+                        or any(o.status != "ok" for o in done)):
+                    continue
+                if on_launch_start:
+                    on_launch_start(i, case, r)
+                done.append(run_case(case, rig, work_root, trace=not done))
+                if on_launch_done:
+                    on_launch_done(i, case, r, done[-1])
+        for i in group:
+            case = cases[i]
+            if case.status is not None:
+                outcome = CaseOutcome(case.status, case.reason)
+            else:
+                outcome = CaseOutcome.of_launches(launched[i])
+            row = case_row(case, rig, outcome, attainable_peak, idle)
+            speedups.fill(case, row)
+            writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
+            rows.append(row)
+            if on_case_done:
+                on_case_done(i, case, row)
     if work_root.exists() and not any(work_root.iterdir()):
         work_root.rmdir()
     return rows

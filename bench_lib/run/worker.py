@@ -34,8 +34,8 @@ from bench_lib.workloads import Workload
 PROCESS_GROUP_TIMEOUT_S = 120.0
 
 
-def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> RankResult:
-    """Measure this rank's part of the case."""
+def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True) -> RankResult:
+    """Measure this rank's part of one launch of the case (``trace``: then trace a step)."""
     # A rank of a process group drives its own device; a lone process drives them all.
     indices = [rank] if case.process_group else list(range(case.world_size))
     pin_worker(rig, indices[0])  # a lone process driving several devices: like single
@@ -79,7 +79,8 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path) -> RankResult:
         group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
     )
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
-    traced = _trace(trainer, x, y, [f"{rig.kind}:{i}" for i in indices], case.process_group)
+    traced = (_trace(trainer, x, y, [f"{rig.kind}:{i}" for i in indices], case.process_group)
+              if trace else None)
     if case.process_group:
         dist.destroy_process_group()
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
@@ -113,7 +114,7 @@ def main(argv: list[str]) -> int:
     spec_path, rank = Path(argv[0]).resolve(), int(argv[1])
     spec = CaseSpec.read(spec_path)
     try:
-        result = run_rank(spec.case, spec.rig, rank, spec_path.parent)
+        result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace)
     except torch.OutOfMemoryError as e:
         result = RankResult(rank, "oom", f"out of memory: {str(e)[:300]}")
     except MemoryError as e:

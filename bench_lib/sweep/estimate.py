@@ -28,14 +28,15 @@ def step_seconds(case: Case, rig: Rig) -> float:
 
 
 def case_seconds(case: Case, rig: Rig) -> float:
-    """Estimated wall time of a case, from process start to its row (0 when it won't run)."""
+    """Estimated wall time of a case, all its launches, each from process start to its end
+    (0 when it won't run)."""
     if case.status is not None:
         return 0.0
     step = step_seconds(case, rig)
     m = case.measurement
     timed = min(m.timed_steps * step, max(m.max_time_s, MIN_STEPS_UNDER_TIME_CAP * step))
-    total = PROCESS_START_S + m.warmup_steps * step + timed
-    return min(total, m.case_timeout_s)
+    launch = PROCESS_START_S + m.warmup_steps * step + timed
+    return m.launches * min(launch, m.case_timeout_s)
 
 
 def format_duration(seconds: float) -> str:

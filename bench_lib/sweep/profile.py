@@ -30,22 +30,29 @@ class Measurement:
     """How every case of a sweep is measured: counts, caps, limits, sampling."""
 
     warmup_steps: int = 2
-    """Steps run and discarded before timing."""
+    """Steps run and discarded before timing, at least (per launch)."""
     timed_steps: int = 10
-    """Most steps timed per case."""
+    """Most steps timed per launch."""
     max_time_s: float = 60.0
-    """Timing of a case stops after this many seconds of timed steps (at least 3 steps)."""
+    """Timing of a launch stops after this many seconds of timed steps (at least 3 steps)."""
+    launches: int = 3
+    """Fresh process launches per case, interleaved in rounds across the cases of a
+    workload (``run.runner``): the case's interval comes from the spread between them, so
+    1 gives none."""
     case_timeout_s: float = 600.0
-    """A case still running after this many seconds is killed and recorded as ``timeout``."""
+    """A launch still running after this many seconds is killed; the case is recorded as
+    ``timeout``."""
     max_memory_per_device_mib: float = 0.0
     """Memory cap per device in MiB (0: none); a case above it is recorded as ``oom``."""
     ci_target_pct: float = 2.0
-    """Timing stops once the median's 95% CI half-width is under this % of it (0: off);
-    ``timed_steps`` and ``max_time_s`` stay caps."""
+    """A launch's timing stops once its median's 95% CI half-width (over its own steps) is
+    under this % of it (0: off); ``timed_steps`` and ``max_time_s`` stay caps."""
     sample_interval_ms: float = 100.0
     """Interval of the utilisation/memory/power sampler (NVML refreshes every 1/6 s to 1 s)."""
 
     def __post_init__(self) -> None:
+        if self.launches < 1:
+            raise UsageError(f"launches must be >= 1, got {self.launches}")
         if self.warmup_steps < 0 or self.timed_steps < 1:
             raise UsageError(f"warmup_steps must be >= 0 (got {self.warmup_steps}) and "
                              f"timed_steps >= 1 (got {self.timed_steps})")
