@@ -117,7 +117,8 @@ def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
         add("--max-memory-per-device", type=_memory_mib, dest="max_memory_per_device_mib",
             metavar="SIZE",
             help="memory cap per device, e.g. 12GiB: a case above it is recorded as oom "
-                 "(CPU workers: resident memory; GPUs: allocator limit)"),
+                 "(CPU workers: resident memory; GPUs: the caching allocator's limit only, "
+                 "so the CUDA context and NCCL buffers come on top of it)"),
     ]
 
 
@@ -178,12 +179,19 @@ def _profile_overrides(args: argparse.Namespace) -> dict[str, object]:
     given = {f.dest: getattr(args, f.dest) for f in args.sweep_flags if f.dest in keys}
     if args.microbatches is not None and args.split_sizes is None:
         given["split_sizes"] = ()  # counts given alone replace the profile's split sizes
+    if args.split_sizes is not None and args.microbatches is None:
+        given["microbatches"] = ()  # and sizes given alone the profile's counts
     return given
 
 
 def plan_new(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
-    """The rig, profile and cases of a new sweep, validated (raises on bad input)."""
-    rig = detect_rig(args.rig, args.devices, args.threads_per_worker)
+    """The rig, profile and cases of a new sweep, validated (raises on bad input).
+
+    A dry run only plans: ``--rig cuda --devices N`` then plans for N GPUs without asking
+    CUDA anything, so a sweep for another box can be planned (and timed) on any machine.
+    """
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker,
+                     plan_only=args.dry_run)
     profile = load_profile(profile_path(args.profile_flag or "default", rig))
     profile = profile.override(**_profile_overrides(args))
     return rig, profile, expand(profile, rig)
@@ -238,6 +246,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_plan(cases, rig, estimates)
         return EXIT_OK
+    if rig.kind == "cuda":  # NCCL, /dev/shm, NVML checked in seconds, not hours in (exit 2)
+        from bench_lib.measure import preflight
+
+        preflight.check(rig, quiet=args.quiet)
 
     if args.resume:
         run_dir = args.resume

@@ -229,20 +229,29 @@ class Rig:
 
 def detect_rig(
     kind: str | None = None, num_devices: int | None = None, threads: int | None = None,
-    topology: CpuTopology | None = None,
+    topology: CpuTopology | None = None, plan_only: bool = False,
 ) -> Rig:
     """Detect the rig, with optional overrides from the CLI.
 
     Default: every visible GPU when CUDA is available; otherwise two CPU workers (one on a
     machine with one physical core) that share the available physical cores evenly, one
     thread per physical core. ``topology`` defaults to this machine's (sysfs).
+
+    ``plan_only`` (a dry run): a cuda rig of ``num_devices`` GPUs is built without asking
+    CUDA or NVML anything, whatever this machine has, so that a sweep for an N-GPU box can be
+    planned anywhere; nothing may run on such a rig.
     """
+    if kind == "cuda" and plan_only and num_devices is not None:
+        return Rig("cuda", num_devices)
     if kind is None:
         kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cuda":
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if have == 0:
-            raise RigError("--rig cuda asked for, but no CUDA GPU is visible")
+            raise RigError("--rig cuda asked for, but no CUDA GPU is visible"
+                           + (": give --devices N to plan a sweep for N GPUs" if plan_only
+                              else ": a run needs GPUs (--dry-run --devices N plans the "
+                                   "sweep for N GPUs without them)"))
         n = have if num_devices is None else num_devices
         if n > have:
             raise RigError(f"{n} devices asked for, but this cuda rig has {have} GPU(s)")
@@ -341,12 +350,18 @@ def init_process_group(
 ) -> None:
     """Join a process group through a ``file://`` rendezvous (unique per case).
 
-    NCCL on cuda rigs, gloo on cpu rigs; single-node groups talk over loopback only.
+    NCCL on cuda rigs, gloo on cpu rigs; single-node groups talk over loopback only: on
+    Linux both libraries are told so (``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` =
+    ``lo``, unless already set), so NCCL's bootstrap and socket fallback never pick another
+    interface (a docker bridge, a VPN) to reach a rank on the same host. NCCL's intra-node
+    transports (P2P, NVLink, shared memory) are unaffected. A cuda rank selects its GPU
+    before joining, and passes it as ``device_id`` (NCCL binds its communicator eagerly).
     """
     import torch.distributed as dist
 
-    if platform.system() == "Linux":
+    if platform.system() == "Linux":  # every group of ours is one node (file:// rendezvous)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     timeout = datetime.timedelta(seconds=timeout_s)
     device_id = None
     if rig.kind == "cuda":

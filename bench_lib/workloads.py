@@ -111,7 +111,12 @@ class Workload:
         return mse_onehot
 
     def autocast(self, device: torch.device) -> torch.autocast:
-        """The autocast context for this workload's precision on ``device``."""
+        """The autocast context for this workload's precision on ``device``.
+
+        Autocast's state, its dtype included, is thread-local: a thread the step runs
+        work in (DataParallel's replicas) must enter this context itself, or it computes in
+        that device type's default autocast dtype (float16 on CUDA); see ``strategies.dp``.
+        """
         return torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
         )

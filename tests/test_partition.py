@@ -96,6 +96,19 @@ def test_balanced_partitions_minimise_the_slowest_stage(name, stages):
         _brute_force_best(list(p.block_costs), stages))
 
 
+def test_a_chosen_cuts_label_is_reused_without_profiling(monkeypatch):
+    workload, model = _tiny()
+    first = choose("balanced", model, 3, workload, 2, CPU)
+    monkeypatch.setattr("bench_lib.strategies.partition.block_costs",
+                        lambda *a, **k: pytest.fail("a given cut must not be profiled"))
+    again = choose(first.label, model, 3, workload, 2, CPU)
+    assert again.label == first.label and again.block_costs == ()
+    for bad, why in (("balanced:2", "does not make 3 stages"), ("balanced:4,2", "does not make"),
+                     ("balanced:a,b", "bad cut"), ("even:2,4", "unknown partition 'even'")):
+        with pytest.raises(WorkloadError, match=why):
+            choose(bad, model, 3, workload, 2, CPU)
+
+
 def test_flop_costs_are_deterministic_and_grow_with_micro_batch():
     workload, model = _tiny()
     a = choose("balanced-flops", model, 2, workload, 2, CPU)
@@ -132,7 +145,8 @@ def test_sweep_expands_partitions_and_options_into_unique_cases(cpu_rig: Rig):
 
 
 def test_cli_rejects_an_unknown_partition(tmp_path, capsys):
-    code = cli.main(["run", "--profile", "smoke", "--partition", "even", "--out", str(tmp_path)])
+    code = cli.main(["run", "--profile", "smoke", "--rig", "cpu", "--partition", "even",
+                     "--out", str(tmp_path)])
     assert code == cli.EXIT_USAGE
     assert "unknown partition 'even'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())

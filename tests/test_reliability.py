@@ -23,7 +23,9 @@ from bench_lib.sweep.cases import expand
 from bench_lib.sweep.profile import Profile
 from tests.conftest import PYTHON, REPO
 
-TINY = ["--profile", "smoke", "--models", "resnet-tiny", "--image-sizes", "32",
+# Pinned to the cpu rig (a GPU box would detect cuda): the memory cap's alloc fault grows host
+# memory, which only a cpu rig's resident-memory cap stops.
+TINY = ["--profile", "smoke", "--rig", "cpu", "--models", "resnet-tiny", "--image-sizes", "32",
         "--batch-size", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
         "--launches", "1"]
 

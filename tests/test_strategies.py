@@ -46,6 +46,43 @@ def test_strategy_runs_one_case(name, cpu_rig, tmp_path):
     assert row["note"], "every strategy says how to read it on a cpu rig"
 
 
+def _cuda_rig(devices: int) -> Rig:
+    from bench_lib.rig import detect_rig
+
+    return detect_rig("cuda", devices)
+
+
+def _run_on_cuda(name: str, rig: Rig, tmp_path) -> None:
+    """One tiny case of ``name`` on ``rig``: ok with 2 timed steps, or refused for a reason
+    the strategy states (never an error row)."""
+    spec = strategies.get(name)
+    reason = spec.unsupported_reason(rig)
+    case = tiny_case(name, rig)
+    if reason or case.status is not None:
+        assert (reason or case.reason), f"{name} refused {rig.label} without a reason"
+        return
+    outcome = run_case(case, rig, tmp_path)
+    assert outcome.status == "ok", outcome.reason
+    assert len(outcome.step_times_s) == 2 and all(t > 0 for t in outcome.step_times_s)
+    row = case_row(case, rig, outcome)
+    assert row["peak_mem_source"] == "cuda-allocator"
+    assert row["world_size"] == spec.num_devices(rig)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
+def test_strategy_runs_one_case_on_one_gpu(name, tmp_path):
+    _run_on_cuda(name, _cuda_rig(1), tmp_path)
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
+def test_strategy_runs_one_case_on_two_gpus(name, tmp_path):
+    _run_on_cuda(name, _cuda_rig(2), tmp_path)
+
+
 def test_registry_rejects_duplicates_and_unknown_names():
     with pytest.raises(ValueError, match="already registered; known: .*single"):
         strategies.register(strategies.get("single"))

@@ -146,7 +146,7 @@ def test_trace_step_with_cuda_events():
 @pytest.mark.timeout(300)
 def test_run_writes_timeline_csv_and_bubble_columns_for_pipelined_cases_only(tmp_path):
     proc = subprocess.run(
-        [PYTHON, "-m", "bench_lib", "run", "--profile", "smoke", "--strategies",
+        [PYTHON, "-m", "bench_lib", "run", "--profile", "smoke", "--rig", "cpu", "--strategies",
          "single,pipeline,gpipe,zbv", "--models", "resnet-tiny", "--image-sizes", "32",
          "--batch-size", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
          "--quiet", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torchvision
 
+from bench_lib.measure.sampler import cuda_visible_gpus, nvml_session, nvml_text
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.rig import CpuTopology, Rig, available_cores, read_cpu_topology, set_math_mode
 
@@ -133,6 +136,143 @@ def cpu_topology(rig: Rig, topology: CpuTopology | None = None) -> dict[str, Any
     }
 
 
+SHM_PATH = Path("/dev/shm")
+TOPOLOGY_LEVELS = {0: "BOARD (one multi-GPU board)", 10: "PIX (one PCIe switch)",
+                   20: "PXB (several PCIe switches)", 30: "PHB (a PCIe host bridge)",
+                   40: "NODE (host bridges within one NUMA node)",
+                   50: "SYS (across NUMA nodes: SMP interconnect)"}
+"""NVML's common-ancestor levels (nvmlGpuTopologyLevel_t), named as ``nvidia-smi topo -m``."""
+P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3}
+"""NVML's P2P capability indices (nvmlGpuP2PCapsIndex_t)."""
+P2P_STATUS = {0: "ok", 1: "chipset not supported", 2: "gpu not supported",
+              3: "ioh topology not supported", 4: "disabled by regkey", 5: "not supported",
+              6: "unknown"}
+NVLINK_MAX_LINKS = 18
+
+
+def shm_size(path: Path = SHM_PATH) -> dict[str, Any]:
+    """The size of ``path`` (/dev/shm: NCCL's shared-memory transport lives there; Docker
+    gives a container 64 MiB unless run with ``--shm-size`` or ``--ipc=host``)."""
+    try:
+        st = os.statvfs(path)
+    except OSError as e:
+        return {"path": str(path), "unsupported": f"{type(e).__name__}: {e}"}
+    return {"path": str(path), "total_mib": st.f_frsize * st.f_blocks / 2**20,
+            "free_mib": st.f_frsize * st.f_bavail / 2**20}
+
+
+def _try(fn: Any, *args: Any) -> Any:
+    """An NVML reading, or None where this driver, GPU or pynvml lacks it."""
+    try:
+        return fn(*args)
+    except Exception:  # NVMLError_NotSupported, an older pynvml without the function, ...
+        return None
+
+
+def _nvlinks(nv: Any, handle: Any) -> list[str]:
+    """The bus ids at the far end of each active NVLink of a GPU (a peer GPU or a switch)."""
+    remote = []
+    for link in range(NVLINK_MAX_LINKS):
+        state = _try(nv.nvmlDeviceGetNvLinkState, handle, link)
+        if state is None:  # past the GPU's last link, or no NVLink at all
+            break
+        if state:
+            pci = _try(nv.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+            remote.append("" if pci is None else nvml_text(pci.busId).upper())
+    return remote
+
+
+def gpu_topology(count: int, nvml: Any = None,
+                 environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The rig's GPUs as NVML sees them, without a CUDA context: per GPU its CUDA and NVML
+    index, name, PCI bus id, UUID and active NVLinks; per pair the link between them (NVLink,
+    or the PCIe path: PIX/PXB/PHB/NODE/SYS as ``nvidia-smi topo -m`` writes it), direct
+    NVLinks and NVML's P2P status (read, write, nvlink, atomics). Where NVML cannot be read,
+    ``unsupported`` says why.
+    """
+    try:
+        gpus = cuda_visible_gpus(nvml, environ)[:count]
+        with nvml_session(nvml) as nv:
+            handles = [nv.nvmlDeviceGetHandleByPciBusId(g.bus_id) for g in gpus]
+            links = [_nvlinks(nv, h) for h in handles]
+            devices = [{"cuda_index": g.cuda_index, "nvml_index": g.nvml_index, "name": g.name,
+                        "bus_id": g.bus_id, "uuid": g.uuid, "nvlinks_active": len(link)}
+                       for g, link in zip(gpus, links)]
+            pairs = {f"{i}-{j}": _pair(nv, handles[i], handles[j],
+                                       links[i].count(gpus[j].bus_id.upper()))
+                     for i in range(len(gpus)) for j in range(i + 1, len(gpus))}
+    except Exception as e:  # no NVML library or driver, a GPU it does not see
+        return {"unsupported": f"NVML unavailable ({type(e).__name__}: {e})"}
+    return {"gpus": devices, "pairs": pairs, "source": "nvml"}
+
+
+def _pair(nv: Any, a: Any, b: Any, direct: int) -> dict[str, Any]:
+    """How two GPUs reach each other; ``direct``: NVLinks from ``a`` that end on ``b``."""
+    p2p: dict[str, str | None] = {}
+    for cap, index in P2P_CAPS.items():
+        status = _try(nv.nvmlDeviceGetP2PStatus, a, b, index)
+        p2p[cap] = None if status is None else P2P_STATUS.get(status, str(status))
+    level = _try(nv.nvmlDeviceGetTopologyCommonAncestor, a, b)
+    pcie = None if level is None else TOPOLOGY_LEVELS.get(level, str(level))
+    if direct:
+        link: str | None = f"NVLink x{direct}"
+    elif p2p["nvlink"] == "ok":  # through NVSwitches: no link ends on the peer itself
+        link = "NVLink (switched)"
+    else:
+        link = None if pcie is None else f"PCIe {pcie.split()[0]}"
+    return {"link": link, "pcie_common_ancestor": pcie, "nvlinks_direct": direct, "p2p": p2p}
+
+
+def nvidia_smi_topology(timeout_s: float = 20.0) -> str | None:
+    """``nvidia-smi topo -m`` as printed (None without nvidia-smi or where it fails)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True,
+                             timeout=timeout_s, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def multi_gpu_environment(rig: Rig, nvml: Any = None, environ: Mapping[str, str] | None = None,
+                          shm: Path = SHM_PATH,
+                          nvidia_smi: Callable[[], str | None] = nvidia_smi_topology
+                          ) -> dict[str, Any]:
+    """env.json ``multi_gpu``: what makes multi-GPU boxes misbehave, read without a CUDA
+    context in the runner: /dev/shm's size, the variables that choose and order the GPUs
+    (CUDA_DEVICE_ORDER unset is CUDA's FASTEST_FIRST) and tune NCCL (every NCCL_*), and on a
+    cuda rig the GPUs' bus ids, links and P2P status through NVML (``gpu_topology``),
+    ``nvidia-smi topo -m`` where present, and the CUDA driver's version as NVML reports it
+    (NCCL's version and the driver's are in ``versions``).
+    """
+    env = os.environ if environ is None else environ
+    record: dict[str, Any] = {
+        "dev_shm": shm_size(shm),
+        "cuda_device_order": env.get("CUDA_DEVICE_ORDER"),
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "nccl_env": {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")},
+    }
+    if rig.kind != "cuda":
+        return record
+    record["topology"] = gpu_topology(rig.num_devices, nvml, env)
+    cuda: int | None = None
+    nvml_version: str | None = None
+    try:
+        with nvml_session(nvml) as nv:
+            cuda = _try(nv.nvmlSystemGetCudaDriverVersion)
+            version = _try(nv.nvmlSystemGetNVMLVersion)
+            nvml_version = None if version is None else nvml_text(version)
+    except Exception:  # no NVML: the topology says why
+        pass
+    record["cuda_driver_version"] = (None if cuda is None
+                                     else f"{cuda // 1000}.{cuda % 1000 // 10}")
+    record["nvml_version"] = nvml_version
+    record["nvidia_smi_topo_m"] = nvidia_smi()
+    return record
+
+
 def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
             attainable_peak: dict[str, Any] | None = None,
             idle_power: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -150,6 +290,8 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         "git": git_info(),
         "fingerprint": hardware_fingerprint(rig),
         "cpu_topology": cpu_topology(rig),
+        # /dev/shm, GPU ordering and NCCL variables; on GPUs links, P2P and bus ids (NVML).
+        "multi_gpu": multi_gpu_environment(rig),
         # What every worker and the peak probe set (rig.set_math_mode), read back here.
         "math_mode": set_math_mode(),
         "profile": profile,

@@ -4,9 +4,16 @@ Counts come from ``torch.utils.flop_counter`` (matmuls and convolutions; normali
 element-wise work are not counted, as in the usual MFU definition). The peak is measured,
 not looked up: per device and precision the best of a large matrix product (``gemm``) and a
 large ResNet-like 3x3 convolution (``conv``, and ``conv-cl`` in channels-last), in the math
-mode the workers train in (``rig.set_math_mode``). On CPUs oneDNN's convolutions beat its
-GEMM by half again, and on GPUs cuDNN's convolutions and cuBLAS's GEMMs differ too, so a
-GEMM alone is not the attainable peak of a convolutional network.
+mode the workers train in. On CPUs oneDNN's convolutions beat its GEMM by half again, and on
+GPUs cuDNN's convolutions and cuBLAS's GEMMs differ too, so a GEMM alone is not the
+attainable peak of a convolutional network.
+
+The math mode: the probe process sets it with the workers' own ``rig.set_math_mode`` before
+it builds a probe, refuses to report a peak if the flags change while it probes, and records
+the flags (``math_mode``), the TF32 environment variables set (``math_env``) and, per
+precision, the mode in words (``math``). That matters on Ampere and later, where a TF32
+convolution runs several times faster than an IEEE fp32 GEMM: a peak taken in another mode
+than training's would put an fp32 MFU far over (or under) its truth.
 
 Every device is probed at once, one process per device, pinned as in a case (a cpu worker's
 cores and threads), each probe started together through a file barrier: a CPU worker's peak
@@ -33,7 +40,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench_lib.rig import Rig, pin_worker, set_math_mode, synchronize
+from bench_lib.rig import Rig, math_mode, pin_worker, set_math_mode, synchronize
 from bench_lib.workloads import LossFn, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -43,6 +50,41 @@ PEAK_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 PEAK_MIN_TIME_S = 0.5
 PEAK_TIMEOUT_S = 300
 PROBES = ("gemm", "conv", "conv-cl")
+TF32_ENV = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
+"""Environment variables that act on TF32 beside torch's flags (NVIDIA's libraries use no
+TF32 under ``NVIDIA_TF32_OVERRIDE=0``; the other is ATen's cuBLAS override). Workers and the
+probe inherit the runner's environment, so they apply to both alike; those set are recorded."""
+
+
+def tf32_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``TF32_ENV`` variables set in ``environ`` (default: this process's)."""
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in TF32_ENV if k in env}
+
+
+def math_mode_label(mode: Mapping[str, Any], precision: str = "fp32",
+                    env: Mapping[str, str] | None = None) -> str:
+    """In words, the arithmetic of ``precision`` matmuls and convolutions under the math
+    flags ``mode`` (``rig.math_mode``) and the TF32 environment ``env``."""
+    if precision != "fp32":
+        return f"{precision} (the fp32 TF32 flags do not apply)"
+    if not mode:
+        return "fp32 in an unrecorded math mode"
+    matmul = "TF32" if mode.get("cuda_matmul_allow_tf32") else "IEEE"
+    conv = "TF32" if mode.get("cudnn_allow_tf32") else "IEEE"
+    if matmul == conv == "IEEE":
+        label = "IEEE fp32 (TF32 off in cuBLAS matmuls and cuDNN convolutions)"
+    elif matmul == conv:
+        label = "TF32 (on in cuBLAS matmuls and cuDNN convolutions)"
+    else:
+        label = f"fp32 with {matmul} cuBLAS matmuls and {conv} cuDNN convolutions"
+    onednn = {k: v for k, v in (mode.get("fp32_precision") or {}).items()
+              if k.startswith("mkldnn") and v not in (None, "none", "ieee")}
+    label += "".join(f", oneDNN {k.removeprefix('mkldnn_')} in {v}"
+                     for k, v in sorted(onednn.items()))
+    if env:
+        label += ", with " + " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    return label
 
 
 @dataclass(frozen=True)
@@ -172,11 +214,25 @@ PEAK_ROUNDS = 2
 of a shared machine does not fall on one probe alone; a probe's figure is its best."""
 
 
+def _check_math_mode(expected: Mapping[str, Any], when: str) -> None:
+    """Raise if the math flags now differ from ``expected`` (the workers' mode)."""
+    now = math_mode()
+    changed = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
+    if changed:
+        raise RuntimeError(f"math flags changed {when} ({', '.join(changed)}): the peak would "
+                           "not be in the mode the workers train in")
+
+
 def probe_device(rig: Rig, index: int, precisions: list[str], n: int, conv: ConvShape,
                  min_time_s: float, barrier: FileBarrier | None = None) -> dict[str, Any]:
     """Every probe of device ``index`` in every precision, in this process, pinned and in
     the workers' math mode; with a barrier, the devices' processes run each probe together.
-    Each probe gets ``min_time_s`` in all, over ``PEAK_ROUNDS`` rounds."""
+    Each probe gets ``min_time_s`` in all, over ``PEAK_ROUNDS`` rounds.
+
+    The math mode is the workers' own ``set_math_mode`` (TF32 in cuBLAS and cuDNN, cuDNN
+    autotuning), set before any probe is built; the flags are global to the process, so
+    every probe's matmul or convolution computes under them, and they are read back after
+    each precision's probes: a change raises instead of giving a peak in another mode."""
     pin_worker(rig, index)  # on a cpu rig: this worker's cores and threads
     if rig.kind == "cuda":
         torch.cuda.set_device(index)
@@ -195,9 +251,11 @@ def probe_device(rig: Rig, index: int, precisions: list[str], n: int, conv: Conv
                 best[name] = max(best[name], _best_tflop_s(
                     op, flop, device, min_time_s / PEAK_ROUNDS, barrier,
                     f"{precision}-{name}-{r}"))
+        _check_math_mode(mode, f"while probing {precision}")
         results[precision] = best
         del probes
-    return {"tflop_s": results, "window_unix_s": [t0, time.time()], "math_mode": mode}
+    return {"tflop_s": results, "window_unix_s": [t0, time.time()], "math_mode": mode,
+            "math_env": tf32_env()}
 
 
 def measure_here(rig: Rig, precisions: list[str], n: int | None = None,
@@ -234,6 +292,12 @@ class AttainablePeak:
     """The math flags the probe ran under (``rig.math_mode``): the workers' too."""
     window_unix_s: dict[str, tuple[float, float]] = field(default_factory=dict)
     """device -> wall-clock start and end of its probing (they overlap: probed together)."""
+    math_env: dict[str, str] = field(default_factory=dict)
+    """The TF32 environment variables (``TF32_ENV``) set while probing: the workers' too."""
+
+    def math_of(self, precision: str) -> str:
+        """In words, the math mode the peak of ``precision`` was measured in."""
+        return math_mode_label(self.math_mode, precision, self.math_env)
 
     def of_devices(self, precision: str, world: int) -> float | None:
         """Summed peak of devices 0..world-1 in ``precision``, or None if any is unknown."""
@@ -252,6 +316,8 @@ class AttainablePeak:
         return {"tflop_s": self.tflop_s, "probe": self.probe, "by_probe": self.by_probe,
                 "matmul_n": self.matmul_n, "conv_batch_channels_size_kernel": list(self.conv),
                 "dtype_of": DTYPE_NAMES, "math_mode": self.math_mode,
+                "math_env": self.math_env,
+                "math": {p: self.math_of(p) for p in self.tflop_s},
                 "probed_together": True,
                 "window_unix_s": {k: list(v) for k, v in self.window_unix_s.items()}}
 
@@ -264,7 +330,8 @@ class AttainablePeak:
                    dict(d.get("by_probe") or {}),
                    tuple(d.get("conv_batch_channels_size_kernel") or ()),
                    dict(d.get("math_mode") or {}),
-                   {k: (v[0], v[1]) for k, v in (d.get("window_unix_s") or {}).items()})
+                   {k: (v[0], v[1]) for k, v in (d.get("window_unix_s") or {}).items()},
+                   dict(d.get("math_env") or {}))
 
     @classmethod
     def of_probes(cls, found: dict[str, dict[str, Any]], n: int, conv: ConvShape
@@ -279,7 +346,8 @@ class AttainablePeak:
                for p, devs in by_probe.items()}
         first = found[min(found)]
         return cls(best, n, "", won, by_probe, tuple(conv.as_list()), first["math_mode"],
-                   {d: (r["window_unix_s"][0], r["window_unix_s"][1]) for d, r in found.items()})
+                   {d: (r["window_unix_s"][0], r["window_unix_s"][1]) for d, r in found.items()},
+                   dict(first.get("math_env") or {}))
 
 
 def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,

@@ -130,7 +130,19 @@ def peak_reserved_mib(devices: list[torch.device], labels: list[str]) -> dict[st
 def cap_cuda_memory(devices: list[torch.device], cap_mib: float) -> None:
     """``--max-memory-per-device`` on GPUs: past the cap the allocator raises OutOfMemoryError.
 
-    It caps the caching allocator only; the CUDA context and NCCL's buffers sit outside it.
+    ``torch.cuda.set_per_process_memory_fraction`` (cap over the device's total memory)
+    limits this process's caching allocator only: what it reserves (its segments: the
+    tensors plus free cached and fragmented blocks; it releases the cached ones and retries
+    before it raises). Memory taken
+    outside the allocator is not capped and not counted: the CUDA context of each device the
+    process touches (driver state, loaded kernels, library handles; commonly hundreds of MiB,
+    by GPU, driver and CUDA version) and NCCL's communication buffers (ranks of distributed
+    strategies). So a case that fits a 12GiB cap can still not fit a real 12 GB card: the
+    cap mimics a card whose free memory after those is the cap. The suite does not measure
+    the context's size (it would need ``torch.cuda.mem_get_info`` around CUDA's
+    initialisation in each worker); NVML's device-wide ``mem_used_mib`` (samples.csv) less
+    ``peak_mem_reserved_mib_*`` shows roughly what sits outside the allocator (any other
+    process on the GPU included).
     """
     if not cap_mib:
         return

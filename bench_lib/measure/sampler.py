@@ -4,17 +4,22 @@
         ...                      # the case runs
     s.samples                    # one dict per (tick, device), columns of samples.csv
 
-A metric a source cannot read is ``None`` (an empty CSV cell), never zero. Sources are
-read from a background thread in the runner (parent) process, so the sampler never runs
+A metric a source cannot read is ``None`` (an empty CSV cell), never zero. A source that
+cannot be opened (no NVML library or driver) is an ``UnavailableSource`` and one that fails
+while read is dropped: either way ``Sampler.note`` says why its columns are empty. Sources
+are read from a background thread in the runner (parent) process, so the sampler never runs
 inside the processes it measures.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +36,23 @@ class Source(Protocol):
     def read(self) -> list[Reading]: ...
 
     def close(self) -> None: ...
+
+
+class UnavailableSource:
+    """Stands in for a source that could not be opened: reads nothing, and says why
+    (``note``, which reaches ``Sampler.note``) instead of its columns going empty silently."""
+
+    def __init__(self, what: str, error: BaseException | str) -> None:
+        why = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.note = f"{what} unavailable ({why}): its columns are empty"
+
+    def read(self) -> list[Reading]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
 POWERCAP = Path("/sys/class/powercap")
 _PACKAGE_DOMAIN = re.compile(r"^[a-z-]*rapl:\d+$")  # packages, not their sub-domains
 
@@ -148,24 +170,127 @@ class RaplSource:
         pass
 
 
+def load_nvml(nvml: Any = None) -> Any:
+    """``nvml``, or the pynvml module (provided by nvidia-ml-py); raises ImportError without."""
+    if nvml is not None:
+        return nvml
+    import pynvml
+
+    return pynvml
+
+
+@contextmanager
+def nvml_session(nvml: Any = None) -> Iterator[Any]:
+    """NVML (``nvml``, default pynvml) initialised for the block and shut down after it, also
+    when the block raises (NVML counts its inits: sessions nest with an open NvmlSource)."""
+    nvml = load_nvml(nvml)
+    nvml.nvmlInit()
+    try:
+        yield nvml
+    finally:
+        nvml.nvmlShutdown()
+
+
+def nvml_text(value: Any) -> str:
+    """An NVML string (bytes in older pynvml, str in newer) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class VisibleGpu:
+    """A GPU as CUDA numbers it in this process, and as NVML knows it."""
+
+    cuda_index: int
+    """Its index in this process's CUDA numbering (after CUDA_VISIBLE_DEVICES)."""
+    nvml_index: int
+    bus_id: str
+    """PCI bus id as NVML writes it, e.g. ``00000000:3B:00.0``: the key NvmlSource opens."""
+    uuid: str
+    name: str
+
+
+def _visible_entry(entry: str, gpus: Sequence[tuple[int, str, str]], nvml: Any) -> int | None:
+    """The position in ``gpus`` (NVML index, bus id, uuid; in PCI bus order) of one
+    CUDA_VISIBLE_DEVICES entry, or None where CUDA would take it as invalid."""
+    if entry.isdigit():
+        return int(entry) if int(entry) < len(gpus) else None
+    if entry.startswith("MIG-"):  # a MIG instance: its parent GPU's bus id
+        try:
+            parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+                nvml.nvmlDeviceGetHandleByUUID(entry.encode()))
+            uuid = nvml_text(nvml.nvmlDeviceGetUUID(parent))
+        except Exception:  # unknown instance, or an NVML without MIG
+            return None
+        return next((k for k, g in enumerate(gpus) if g[2] == uuid), None)
+    # A GPU UUID, which CUDA takes by any unambiguous prefix (``GPU-5c1b``).
+    matches = [k for k, g in enumerate(gpus) if g[2].startswith(entry)] if entry else []
+    return matches[0] if len(matches) == 1 else None
+
+
+def cuda_visible_gpus(nvml: Any = None, environ: Mapping[str, str] | None = None
+                      ) -> list[VisibleGpu]:
+    """The GPUs this process's CUDA would see, in CUDA's numbering, through NVML alone: no
+    CUDA context (nor CUDA call) in the runner.
+
+    CUDA_VISIBLE_DEVICES is read as CUDA reads it: comma-separated indices, GPU UUIDs (or
+    unambiguous prefixes) or MIG UUIDs (mapped to their parent GPU), up to the first invalid
+    or repeated entry; unset means every GPU. Indices (and the order when unset) are taken
+    in PCI bus order, which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID. CUDA's
+    default (FASTEST_FIRST) puts the fastest GPU first and is PCI order only on a machine
+    of identical GPUs: on a mixed machine set CUDA_DEVICE_ORDER=PCI_BUS_ID, or the bus ids
+    (and so the sampled GPUs) may not be the ones the workers use.
+    """
+    env = os.environ if environ is None else environ
+    with nvml_session(nvml) as nv:
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        gpus = sorted(((i, nvml_text(nv.nvmlDeviceGetPciInfo(h).busId),
+                        nvml_text(nv.nvmlDeviceGetUUID(h))) for i, h in enumerate(handles)),
+                      key=lambda g: g[1].upper())
+        order: list[int] = list(range(len(gpus)))
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            order = []
+            for entry in visible.split(","):
+                k = _visible_entry(entry.strip(), gpus, nv)
+                if k is None or k in order:  # CUDA stops at an invalid or repeated entry
+                    break
+                order.append(k)
+        return [VisibleGpu(c, gpus[k][0], gpus[k][1], gpus[k][2],
+                           nvml_text(nv.nvmlDeviceGetName(handles[gpus[k][0]])))
+                for c, k in enumerate(order)]
+
+
 class NvmlSource:
     """Per-GPU NVML counters; GPM SM utilisation and tensor activity where supported."""
 
-    def __init__(self, devices: dict[str, str | int], nvml: Any = None) -> None:
-        """``devices`` maps a device label to its PCI bus id (str) or NVML index (int)."""
-        if nvml is None:
-            import pynvml  # provided by nvidia-ml-py
+    def __init__(self, devices: dict[str, str | int], nvml: Any = None,
+                 gpm_min_span_s: float = 0.0) -> None:
+        """``devices`` maps a device label to its PCI bus id (str) or NVML index (int).
 
-            nvml = pynvml
+        GPM metrics compare two GPM samples no closer than ``gpm_min_span_s``: a tick that
+        comes sooner (the sampler's first, right after opening) gets none and keeps the
+        earlier sample, instead of a figure over ~0 ms. A case's sampler passes half its
+        interval. Raises where NVML or a device cannot be opened, after shutting NVML down.
+        """
+        nvml = load_nvml(nvml)
         self._nvml = nvml
-        nvml.nvmlInit()
+        self._gpm_min_span_s = gpm_min_span_s
         self._handles: dict[str, Any] = {}
-        for label, key in devices.items():
-            if isinstance(key, str):
-                self._handles[label] = nvml.nvmlDeviceGetHandleByPciBusId(key)
-            else:
-                self._handles[label] = nvml.nvmlDeviceGetHandleByIndex(key)
-        self._gpm_prev = {label: self._gpm_sample(h) for label, h in self._handles.items()}
+        self._gpm_prev: dict[str, tuple[Any, float] | None] = {}
+        self._closed = False
+        nvml.nvmlInit()
+        try:
+            for label, key in devices.items():
+                if isinstance(key, str):
+                    self._handles[label] = nvml.nvmlDeviceGetHandleByPciBusId(key)
+                else:
+                    self._handles[label] = nvml.nvmlDeviceGetHandleByIndex(key)
+            for label, h in self._handles.items():
+                sample = self._gpm_sample(h)
+                self._gpm_prev[label] = None if sample is None else (sample, time.monotonic())
+        except BaseException:  # a handle lookup failed: leak neither an init nor a sample
+            self.close()
+            raise
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """An NVML reading, or None where this GPU or driver does not provide it."""
@@ -180,16 +305,26 @@ class NvmlSource:
         if support is None or not support.isSupportedDevice:
             return None
         sample = self._call(nvml.nvmlGpmSampleAlloc)
-        return None if sample is None else self._call(nvml.nvmlGpmSampleGet, handle, sample)
+        if sample is None:
+            return None
+        if self._call(nvml.nvmlGpmSampleGet, handle, sample) is None:
+            self._call(nvml.nvmlGpmSampleFree, sample)
+            return None
+        return sample
 
     def _gpm_metrics(self, label: str, handle: Any) -> Reading:
-        """SM utilisation and tensor activity between the previous tick and this one."""
-        nvml, prev = self._nvml, self._gpm_prev[label]
-        if prev is None:
+        """SM utilisation and tensor activity between the previous GPM sample and this tick
+        (none while the previous one is under ``gpm_min_span_s`` old)."""
+        nvml, entry = self._nvml, self._gpm_prev[label]
+        if entry is None:
+            return {}
+        prev, t_prev = entry
+        if time.monotonic() - t_prev < self._gpm_min_span_s:
             return {}
         cur = self._gpm_sample(handle)
         if cur is None:
             return {}
+        t_cur = time.monotonic()
         get = nvml.c_nvmlGpmMetricsGet_t()
         get.version, get.numMetrics = nvml.NVML_GPM_METRICS_GET_VERSION, 2
         get.sample1, get.sample2 = prev, cur
@@ -197,7 +332,7 @@ class NvmlSource:
         get.metrics[1].metricId = nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
         result = self._call(nvml.nvmlGpmMetricsGet, get)
         self._call(nvml.nvmlGpmSampleFree, prev)
-        self._gpm_prev[label] = cur
+        self._gpm_prev[label] = (cur, t_cur)
         if result is None:
             return {}
         m = result.metrics
@@ -227,9 +362,14 @@ class NvmlSource:
         return rows
 
     def close(self) -> None:
-        for sample in self._gpm_prev.values():
-            if sample is not None:
-                self._call(self._nvml.nvmlGpmSampleFree, sample)
+        """Free the GPM samples and shut NVML down (once: NVML counts inits)."""
+        if self._closed:
+            return
+        self._closed = True
+        for entry in self._gpm_prev.values():
+            if entry is not None:
+                self._call(self._nvml.nvmlGpmSampleFree, entry[0])
+        self._gpm_prev = {}
         self._call(self._nvml.nvmlShutdown)
 
 
@@ -241,7 +381,11 @@ def _read_float(path: Path) -> float | None:
 
 
 class Sampler:
-    """Context manager: reads every source each ``interval_s`` on a background thread."""
+    """Context manager: reads every source each ``interval_s`` on a background thread.
+
+    A source whose ``read`` raises is not read again (its columns stay empty from then on)
+    and the sampler goes on with the others; ``note`` says why a source gave nothing.
+    """
 
     def __init__(self, sources: Sequence[Source], interval_s: float = 0.1) -> None:
         if interval_s <= 0:
@@ -249,8 +393,16 @@ class Sampler:
         self.sources = list(sources)
         self.interval_s = interval_s
         self.samples: list[Reading] = []
+        self._failed: dict[int, str] = {}  # index in sources -> why it is no longer read
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
+
+    @property
+    def note(self) -> str:
+        """Why some source's columns are empty ("" when every source was read): one that
+        could not be opened (``UnavailableSource``), or one whose read failed."""
+        notes = [n for s in self.sources if (n := str(getattr(s, "note", "") or ""))]
+        return "; ".join(notes + list(self._failed.values()))
 
     def __enter__(self) -> Sampler:
         self._tick()
@@ -261,8 +413,12 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self._tick()  # a last sample, so the end of the case is covered
-        for source in self.sources:
-            source.close()
+        for i, source in enumerate(self.sources):
+            try:
+                source.close()
+            except Exception as e:  # a broken source must not break the case's outcome
+                self._failed.setdefault(i, f"{type(source).__name__} failed to close "
+                                           f"({type(e).__name__}: {e})")
 
     def _loop(self) -> None:
         next_t = time.monotonic() + self.interval_s
@@ -273,6 +429,15 @@ class Sampler:
 
     def _tick(self) -> None:
         t = time.time()  # wall clock: comparable with the ranks' timed windows
-        for source in self.sources:
-            for row in source.read():
+        for i, source in enumerate(self.sources):
+            if i in self._failed:
+                continue
+            try:
+                rows = source.read()
+            except Exception as e:
+                self._failed[i] = (f"{type(source).__name__} read failed at "
+                                   f"{time.strftime('%H:%M:%S', time.gmtime(t))} UTC and was "
+                                   f"not read again ({type(e).__name__}: {e})")
+                continue
+            for row in rows:
                 self.samples.append({"time_unix_s": t, **dict.fromkeys(SAMPLE_METRIC_NAMES), **row})

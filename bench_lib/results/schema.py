@@ -200,8 +200,8 @@ CASES = _cols(
     ("speedup_ci_note", "why the speedup has no interval (1 round)"),
     ("scaling_efficiency", "speedup_vs_single over world_size", N),
     ("partition", "stage cut used, method:block indices (strategies that cut the model); "
-                  "balanced cuts are profiled in each launch: every distinct one, joined "
-                  "by |, where launches chose differently"),
+                  "a balanced cut is profiled in the case's first launch and reused by its "
+                  "later ones, so all launches measure the same cut"),
     ("channels_last", "1 when model and inputs were channels-last", N),
     ("compile", "1 when modules were torch.compiled", N),
     ("sync_bn", "1 when BatchNorm was synchronised across ranks", N),

@@ -5,7 +5,10 @@ measurement.
 
 * ``PARABENCH_TEST_FAULT=STRATEGY:RANK:KIND`` makes that rank of that strategy's cases
   misbehave just before timing: ``sigkill`` (dies at once), ``hang`` (sleeps forever, so its
-  peers block in a collective), ``alloc`` (keeps allocating resident memory).
+  peers block in a collective), ``alloc`` (keeps allocating resident memory), ``oom`` (raises
+  ``torch.OutOfMemoryError``, as a GPU that runs out of memory does, while its peers wait for
+  it in a collective); or in the extra traced step after the timed ones: ``trace-oom``
+  (raises ``torch.OutOfMemoryError`` as that step starts; the timed steps are kept).
 * ``PARABENCH_INJECT_SLOWDOWN=0.15`` makes every timed step do 15% more work, to demonstrate
   the regression gate (benchmarks/regression_gate.py).
 """
@@ -22,19 +25,33 @@ import torch
 from bench_lib.measure.environment import INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV
 from bench_lib.rig import synchronize
 
-__all__ = ["INJECT_SLOWDOWN_ENV", "TEST_FAULT_ENV", "inject_test_fault", "with_injected_slowdown"]
-FAULT_KINDS = ("sigkill", "hang", "alloc")
+__all__ = ["INJECT_SLOWDOWN_ENV", "TEST_FAULT_ENV", "inject_test_fault", "inject_trace_fault",
+           "with_injected_slowdown"]
+FAULT_KINDS = ("sigkill", "hang", "alloc", "oom", "trace-oom")
 MIB = 2**20
 
 
-def inject_test_fault(strategy: str, rank: int) -> None:
-    """Misbehave as ``PARABENCH_TEST_FAULT`` says, if it names this strategy and rank."""
+def _fault_kind(strategy: str, rank: int) -> str | None:
+    """The fault ``PARABENCH_TEST_FAULT`` asks of this strategy's rank, or None."""
     fault = os.environ.get(TEST_FAULT_ENV, "")
     if fault.count(":") != 2:
-        return
+        return None
     name, fault_rank, kind = fault.split(":")
     if name != strategy or int(fault_rank) != rank:
-        return
+        return None
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"unknown {TEST_FAULT_ENV} kind {kind!r}; valid: {', '.join(FAULT_KINDS)}")
+    return kind
+
+
+def _simulated_oom(where: str) -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError(f"{TEST_FAULT_ENV}: simulated out of memory {where}")
+
+
+def inject_test_fault(strategy: str, rank: int) -> None:
+    """Misbehave as ``PARABENCH_TEST_FAULT`` says, if it names this strategy and rank
+    (the kinds that strike before timing; ``inject_trace_fault`` for the traced step)."""
+    kind = _fault_kind(strategy, rank)
     if kind == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "hang":
@@ -45,8 +62,15 @@ def inject_test_fault(strategy: str, rank: int) -> None:
         while True:  # 64 MiB at a time, touched so that it is resident
             hoard.append(b"\x01" * (64 * MIB))
             time.sleep(0.01)
-    else:
-        raise ValueError(f"unknown {TEST_FAULT_ENV} kind {kind!r}; valid: {', '.join(FAULT_KINDS)}")
+    elif kind == "oom":
+        raise _simulated_oom("before timing")
+
+
+def inject_trace_fault(strategy: str, rank: int) -> None:
+    """As the traced step starts: raise ``torch.OutOfMemoryError`` where
+    ``PARABENCH_TEST_FAULT`` says ``trace-oom`` for this strategy and rank."""
+    if _fault_kind(strategy, rank) == "trace-oom":
+        raise _simulated_oom("in the traced step")
 
 
 def with_injected_slowdown(step: Callable[[], None],

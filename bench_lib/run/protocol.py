@@ -37,22 +37,25 @@ def baseline_path(case_dir: Path, rank: int) -> Path:
 
 @dataclass(frozen=True)
 class CaseSpec:
-    """What every rank of a case's launch is told: the case, the rig, and whether to trace
-    a step for the pipeline timeline after the timed ones (the first launch only)."""
+    """What every rank of a case's launch is told: the case, the rig, whether to trace a
+    step for the pipeline timeline after the timed ones (the first launch only), and the
+    stage cut to use instead of choosing one (``cut``: the first launch's, e.g.
+    ``balanced:6,12``, so that every launch measures the same cut; empty: choose it)."""
 
     case: Case
     rig: Rig
     trace: bool = True
+    cut: str = ""
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, {"case": self.case.as_dict(), "rig": self.rig.as_dict(),
-                                 "trace": self.trace})
+                                 "trace": self.trace, "cut": self.cut})
 
     @classmethod
     def read(cls, path: Path) -> CaseSpec:
         data = json.loads(path.read_text())
         return cls(Case.from_dict(data["case"]), Rig.from_dict(data["rig"]),
-                   bool(data.get("trace", True)))
+                   bool(data.get("trace", True)), str(data.get("cut", "")))
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,14 @@ class RankResult:
     """The traced step's intervals on this host's monotonic clock (pipelined strategies)."""
     traced_step_s: float | None = None
     """Wall time of this rank's traced step, timed like a timed step (None: no trace)."""
+    failed_at_unix_s: float | None = None
+    """Wall-clock time (``time.time()``) the rank's exception handler caught its failure
+    (``oom``/``error``); the runner blames the rank that failed first. None: it did not."""
+    trace_note: str = ""
+    """Why an ``ok`` rank has no timeline though it timed fine: its traced step failed (e.g.
+    out of memory), or did not finish (the rank writes its timed result before tracing, with
+    this saying so, and rewrites it once the traced step is done). Empty: traced, or no
+    trace was asked for."""
 
     def __post_init__(self) -> None:
         if self.status not in RANK_STATUSES:
@@ -136,6 +147,13 @@ class CaseOutcome:
     """Pipeline timeline rows of the traced step, every rank's on one time axis."""
     traced_step_s: float | None = None
     """Wall time of the traced step, the slowest rank's (None: no trace)."""
+    sampler_note: str = ""
+    """Why a sampler source gave nothing (``Sampler.note``): joined into the row's
+    ``sampler_note``."""
+    trace_note: str = ""
+    """Why an ``ok`` case has no timeline although it timed fine: each rank's traced step
+    that failed or did not finish, e.g. ``rank 1: out of memory in the traced step ...``
+    (the timed steps are kept; a partial timeline is dropped). Empty otherwise."""
     samples: list[SampleRow] = field(default_factory=list)
     """The sampler's rows over the whole case."""
     wall_time_s: float = 0.0
@@ -157,8 +175,8 @@ class CaseOutcome:
     def of_launches(cls, launches: list[CaseOutcome]) -> CaseOutcome:
         """One case's outcome from its launches (round order): the first launch that did not
         end ok decides a failed case; otherwise steps are pooled (``launches`` keeps them
-        apart), peaks are the largest any launch reached, the timeline is the first
-        launch's (the only one traced), and the load is the busiest launch's."""
+        apart), peaks are the largest any launch reached, the timeline (and its trace note)
+        is the first launch's (the only one traced), and the load is the busiest launch's."""
         if not launches:
             raise ValueError("a case needs at least one launch")
         if len(launches) == 1:
@@ -204,9 +222,13 @@ class CaseOutcome:
             # The most warm-up any launch needed; steps.csv has each launch's timed steps.
             warmup_steps=max((o.warmup_steps for o in launches if o.warmup_steps is not None),
                              default=None),
-            # Balanced cuts are profiled in every launch: all of them, if they differ.
+            # Later launches reuse the first launch's cut (CaseSpec.cut): one label; any other
+            # would show here.
             partition="|".join(cuts),
-            timeline=first.timeline, traced_step_s=first.traced_step_s, samples=samples,
+            timeline=first.timeline, traced_step_s=first.traced_step_s,
+            trace_note=first.trace_note, samples=samples,
+            sampler_note="; ".join(dict.fromkeys(o.sampler_note for o in launches
+                                                 if o.sampler_note)),
             wall_time_s=wall,
             machine_load=max(loads, key=lambda m: m.other_cpu_pct + m.cpu_steal_pct,
                              default=None),

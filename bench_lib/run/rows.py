@@ -55,7 +55,8 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         "reason": outcome.reason,
         # The warm-up steps run (the profile's warmup_steps is the minimum); empty untimed.
         "warmup_steps": "" if outcome.warmup_steps is None else outcome.warmup_steps,
-        "note": case.note,
+        # How to read the strategy here, and why an ok case has no timeline.
+        "note": "; ".join(filter(None, [case.note, outcome.trace_note])),
         # The cut actually used (with its block indices) once run; the asked-for method before.
         "partition": outcome.partition or case.partition or "",
         "channels_last": int(case.channels_last),
@@ -142,6 +143,9 @@ def derived_columns(case: Case, outcome: CaseOutcome, throughput_img_s: float,
         images = case.batch_size * len(outcome.step_times_s)
         cols |= window_columns(outcome.samples, windows, images,
                                idle_power.watts if idle_power else None)
+        if outcome.sampler_note:  # a source that gave nothing says why first
+            cols["sampler_note"] = "; ".join(filter(None, [outcome.sampler_note,
+                                                           cols["sampler_note"]]))
     if outcome.peak_mem_reserved_mib:
         cols["peak_mem_reserved_mib_max"] = max(outcome.peak_mem_reserved_mib.values())
         cols["peak_mem_reserved_mib_by_device"] = by_device(outcome.peak_mem_reserved_mib)
@@ -199,14 +203,19 @@ def efficiency(flops_per_img: float, throughput_img_s: float,
 def mfu_note(mfu: float | None, peak: AttainablePeak | None, precision: str,
              devices: int) -> str:
     """Why ``mfu_pct`` is empty, or a flag where it is over 100% (the case beat the peak
-    probe, so the probe is not the attainable peak here: read the figure as suspect)."""
+    probe, so the probe is not the attainable peak here: read the figure as suspect). The
+    flag names the math mode the peak was measured in (``AttainablePeak.math_of``), the
+    one the workers train in: a TF32 case against an IEEE peak is not the reason."""
     if mfu is None:
         why = peak.unsupported if peak is not None else ""
         return f"no attainable peak: {why or f'none measured for {precision} on these devices'}"
     if mfu > 100:
         probes = "/".join(peak.probes_of(precision, devices) if peak else []) or "peak"
+        mode = (f"; peak measured in {peak.math_of(precision)}, the workers' math mode"
+                if peak is not None and peak.math_mode else
+                "; the math mode of the peak is not recorded")
         return (f"over 100%: the case beat the measured peak ({probes} probe), so that "
-                "probe is not the attainable peak here")
+                f"probe is not the attainable peak here{mode}")
     return ""
 
 

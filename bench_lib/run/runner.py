@@ -25,13 +25,22 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from bench_lib.measure.contention import CpuSnapshot, machine_load
 from bench_lib.measure.energy import IDLE_SECONDS, IdlePower, idle_power, rig_packages
 from bench_lib.measure.flops import AttainablePeak
-from bench_lib.measure.sampler import NvmlSource, ProcessSource, RaplSource, Sampler, Source
+from bench_lib.measure.sampler import (
+    NvmlSource,
+    ProcessSource,
+    RaplSource,
+    Sampler,
+    Source,
+    UnavailableSource,
+    cuda_visible_gpus,
+)
 from bench_lib.measure.timing import slowest_per_step
 from bench_lib.measure.trace import align
 from bench_lib.results.store import RunWriter
@@ -47,29 +56,24 @@ PEER_GRACE_S = 10.0
 LOG_TAIL_CHARS = 400
 
 
-def _die_with_runner() -> None:
-    """In the child before exec: get SIGKILL if the runner dies, so no rank outlives it.
-
-    Linux only (prctl PR_SET_PDEATHSIG); elsewhere the runner's own cleanup has to do.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _launch(spec_path: Path, nproc: int, log_path: Path) -> list[subprocess.Popen[bytes]]:
-    """Start the case's ranks in one new process group (the first rank leads it)."""
+    """Start the case's ranks in one new process group (the first rank leads it).
+
+    Each rank is told the runner's pid and asks, as it starts, to be killed when the runner
+    dies (``worker.die_with_parent``). Not in a ``preexec_fn``: that runs between fork and
+    exec, where a runner that already has threads (progress, CUDA driver) can deadlock the
+    child (Python's documented hazard); ``process_group`` needs none.
+    """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs: list[subprocess.Popen[bytes]] = []
     with log_path.open("ab") as log:
         for rank in range(nproc):
-            cmd = [sys.executable, "-m", "bench_lib.run.worker", str(spec_path), str(rank)]
+            cmd = [sys.executable, "-m", "bench_lib.run.worker", str(spec_path), str(rank),
+                   str(os.getpid())]
             group = procs[0].pid if procs else 0  # 0: a new group led by rank 0
             procs.append(
                 subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 process_group=group, preexec_fn=_die_with_runner)
+                                 process_group=group)
             )
     return procs
 
@@ -140,18 +144,29 @@ def _rss_over_cap(procs: Sequence[subprocess.Popen[bytes]], cap_mib: float, case
 def _supervise(
     procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
     over_cap: Callable[[], str | None] | None = None,
+    exited_at: dict[int, float] | None = None,
 ) -> tuple[str, str] | None:
     """Wait for the ranks; returns (status, reason) when the runner had to stop them.
 
     ``over_cap`` says why the ranks hold more memory than allowed (they are then an oom).
+    ``exited_at`` gets, for each rank that exited on its own (not killed by the runner), the
+    wall-clock time (``time.time()``) of the last poll that still saw it running: a lower
+    bound of when it ended (0.0 if the first poll found it gone).
     Kills the whole process group whatever happens, including on KeyboardInterrupt.
     """
     pgid = procs[0].pid
     deadline = time.monotonic() + timeout_s
     first_failure: float | None = None
+    seen_running = 0.0
     try:
         while True:
+            polled = time.time()
             codes = [p.poll() for p in procs]
+            if exited_at is not None:
+                for rank, code in enumerate(codes):
+                    if code is not None and rank not in exited_at:
+                        exited_at[rank] = seen_running
+            seen_running = polled
             if all(c is not None for c in codes):
                 return None
             now = time.monotonic()
@@ -171,21 +186,66 @@ def _supervise(
             p.wait()
 
 
-def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]],
-             log_path: Path) -> CaseOutcome:
-    """Merge the ranks' result files into one outcome."""
+def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]], log_path: Path,
+             stopped: tuple[str, str] | None = None,
+             exited_at: dict[int, float] | None = None) -> CaseOutcome:
+    """Merge the ranks' result files into one outcome.
+
+    Every rank file that exists is read, also when the runner stopped the case
+    (``stopped``: ``_supervise``'s status and reason; ``exited_at``: its record of the ranks
+    that exited on their own). The outcome, in this order:
+
+    1. A rank failed: the one that failed first is blamed, named in the reason. Failures are
+       the ranks that wrote ``oom``/``error`` and those that exited on their own without a
+       result (crashed, or killed by a signal that is not the runner's). An ``oom`` is blamed
+       before any other failure (a peer's failure makes collectives fail or hang; it never
+       allocates), then the earliest: a written failure at ``failed_at_unix_s``, an exit at
+       the last poll that saw the rank running (so a peer's error that follows a crash within
+       a poll reads as its consequence). Ranks the runner killed without a result were
+       waiting for the failed one, and are not blamed.
+    2. The runner stopped the case (timeout, or over the memory cap) before every rank had
+       written its timed result: that status and reason.
+    3. A rank has no result: ``error``.
+    4. ``ok``. A rank whose traced step failed, or did not finish (it was stopped in it),
+       leaves the case without a timeline, and ``trace_note`` says why.
+    """
+    exited = exited_at or {}
     results: dict[int, RankResult] = {}
-    for rank, proc in enumerate(procs):
+    for rank in range(len(procs)):
         path = case_dir / f"rank{rank}.json"
-        if not path.exists():
-            reason = _describe_exit(rank, proc.returncode) + " without a result"
-            tail = _log_tail(log_path)
-            return CaseOutcome("error", f"{reason}: {tail}" if tail else reason)
-        results[rank] = RankResult.read(path)
-    failed = [r for r in results.values() if r.status != "ok"]
-    if failed:
-        worst = next((r for r in failed if r.status == "oom"), failed[0])
-        return CaseOutcome(worst.status, f"rank {worst.rank}: {worst.reason}")
+        if path.exists():
+            results[rank] = RankResult.read(path)
+
+    def without_result(rank: int) -> str:
+        reason = _describe_exit(rank, procs[rank].returncode) + " without a result"
+        tail = _log_tail(log_path)
+        return f"{reason}: {tail}" if tail else reason
+
+    def killed(rank: int) -> str:
+        code = procs[rank].returncode
+        return f" (killed by {signal.Signals(-code).name})" if code is not None and code < 0 else ""
+
+    # (not an oom, when, rank, status, reason) of each failure: the smallest is blamed.
+    failures: list[tuple[bool, float, int, str, str]] = [
+        (res.status != "oom",
+         float("inf") if res.failed_at_unix_s is None else res.failed_at_unix_s,
+         rank, res.status, f"rank {rank}: {res.reason}")
+        for rank, res in results.items() if res.status != "ok"]
+    failures += [(True, exited[rank], rank, "error", without_result(rank))
+                 for rank in range(len(procs)) if rank not in results and rank in exited]
+    if failures:
+        _, _, _, status, reason = min(failures)
+        return CaseOutcome(status, reason)
+    missing = [rank for rank in range(len(procs)) if rank not in results]
+    if stopped is not None and missing:
+        return CaseOutcome(*stopped)
+    if missing:
+        return CaseOutcome("error", without_result(missing[0]))
+    notes = [f"rank {rank}: {res.trace_note}{killed(rank)}"
+             for rank, res in results.items() if res.trace_note]
+    if notes and stopped is not None:
+        notes.insert(0, stopped[1])
+    trace_note = "no timeline: " + "; ".join(notes) if notes else ""
     per_rank = {r: list(res.step_times_s) for r, res in results.items()}
     windows = [res.timed_window_unix_s for res in results.values() if res.timed_window_unix_s]
     sources = {res.peak_mem_source for res in results.values()}
@@ -203,22 +263,32 @@ def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]],
                              if windows else None),
         stop_reason=results[0].stop_reason, partition=results[0].partition,
         warmup_steps=results[0].warmup_steps,
-        # One time axis for all ranks: stamps share the host's monotonic clock.
-        timeline=align([{"rank": rank, **e} for rank, res in results.items()
-                        for e in res.timeline]),
-        traced_step_s=max((res.traced_step_s for res in results.values()
-                           if res.traced_step_s is not None), default=None),
+        # One time axis for all ranks: stamps share the host's monotonic clock. Only a trace
+        # every rank finished: part of one would misstate the bubble.
+        timeline=[] if notes else align([{"rank": rank, **e} for rank, res in results.items()
+                                         for e in res.timeline]),
+        traced_step_s=None if notes else max((res.traced_step_s for res in results.values()
+                                              if res.traced_step_s is not None), default=None),
+        trace_note=trace_note,
     )
 
 
 def case_sampler(case: Case, rig: Rig, pids: Sequence[int]) -> Sampler:
-    """A sampler over the devices a case uses; device labels match peak_mem_mib's keys."""
+    """A sampler over the devices a case uses; device labels match peak_mem_mib's keys.
+
+    Where NVML cannot be opened (no library, no driver, a GPU not found) the GPU columns
+    stay empty and the sampler's ``note`` says why (for the row's ``sampler_note``).
+    """
     sources: list[Source] = []
+    interval_s = case.measurement.sample_interval_ms / 1000
     if rig.kind == "cuda":
         try:
-            sources.append(NvmlSource(_cuda_bus_ids(case.world_size)))
-        except Exception:  # no NVML library or driver: the GPU columns stay empty
-            pass
+            # GPM metrics over at least half an interval: none from the first tick, which
+            # comes right after opening.
+            sources.append(NvmlSource(_cuda_bus_ids(case.world_size),
+                                      gpm_min_span_s=interval_s / 2))
+        except Exception as e:  # whatever it was, it is recorded, not swallowed
+            sources.append(UnavailableSource("NVML", e))
     else:
         if case.process_group:
             labels = [str(r) for r in range(len(pids))]
@@ -230,20 +300,21 @@ def case_sampler(case: Case, rig: Rig, pids: Sequence[int]) -> Sampler:
         rapl = RaplSource(packages=rig_packages(rig))  # the packages holding the rig's cores
         if rapl.available:
             sources.append(rapl)
-    return Sampler(sources, case.measurement.sample_interval_ms / 1000)
+    return Sampler(sources, interval_s)
 
 
 def measure_idle_power(rig: Rig, seconds: float = IDLE_SECONDS) -> IdlePower:
     """The rig's power with nothing of ours running, over the counters cases are read
-    through: RAPL of the packages holding a cpu rig's cores, NVML of every GPU of a cuda rig."""
+    through: RAPL of the packages holding a cpu rig's cores, NVML of every GPU of a cuda rig
+    (where NVML cannot be opened, ``unsupported`` says why)."""
     sources: list[Source] = []
     described: list[str] = []
     if rig.kind == "cuda":
         try:
             sources.append(NvmlSource(_cuda_bus_ids(rig.num_devices)))
             described += [f"nvml gpu {i}" for i in range(rig.num_devices)]
-        except Exception:  # no NVML library or driver: no idle figure
-            pass
+        except Exception as e:  # no NVML library or driver: no idle figure, and why
+            return IdlePower(unsupported=f"NVML unavailable ({type(e).__name__}: {e})")
     else:
         rapl = RaplSource(packages=rig_packages(rig))
         if rapl.available:
@@ -252,28 +323,35 @@ def measure_idle_power(rig: Rig, seconds: float = IDLE_SECONDS) -> IdlePower:
     return idle_power(sources, described, seconds)
 
 
-def _cuda_bus_ids(count: int) -> dict[str, str | int]:
+def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
     """NVML keys of CUDA devices 0..count-1: PCI bus ids, since CUDA and NVML may order
-    GPUs differently (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER)."""
-    import torch
+    GPUs differently (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER).
 
-    keys: dict[str, str | int] = {}
-    for i in range(count):
-        p = torch.cuda.get_device_properties(i)
-        # Present at run time, missing from torch's type stubs.
-        domain, bus, dev = (getattr(p, f"pci_{k}_id") for k in ("domain", "bus", "device"))
-        keys[str(i)] = f"{domain:08X}:{bus:02X}:{dev:02X}.0"
-    return keys
+    Read through NVML alone, so the runner never creates a CUDA context (one would hold
+    memory on a GPU the case measures): ``sampler.cuda_visible_gpus`` maps CUDA's visible
+    indices to bus ids as CUDA_VISIBLE_DEVICES says, taking CUDA's order as PCI bus order,
+    which holds under CUDA_DEVICE_ORDER=PCI_BUS_ID and on machines of identical GPUs (CUDA's
+    default FASTEST_FIRST may reorder mixed ones). Raises where NVML cannot be read or sees
+    fewer than ``count`` visible GPUs.
+    """
+    gpus = cuda_visible_gpus(nvml)
+    if len(gpus) < count:
+        raise RuntimeError(f"NVML sees {len(gpus)} GPU(s) visible to CUDA "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}), "
+                           f"the case needs {count}")
+    return {str(g.cuda_index): g.bus_id for g in gpus[:count]}
 
 
-def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True) -> CaseOutcome:
+def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
+             cut: str = "") -> CaseOutcome:
     """Run one launch of a case in fresh process(es) and return its outcome (never raises
-    for the case); ``trace``: trace a step for the pipeline timeline after the timed ones."""
+    for the case); ``trace``: trace a step for the pipeline timeline after the timed ones;
+    ``cut``: the stage cut to use (``CaseSpec.cut``)."""
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
     spec_path = case_dir / "spec.json"
-    CaseSpec(case, rig, trace).write(spec_path)
+    CaseSpec(case, rig, trace, cut).write(spec_path)
     log_path = case_dir / "worker.log"
     start = time.monotonic()
     cpu_start = CpuSnapshot.now()  # the machine's and our CPU times: contention over the case
@@ -287,16 +365,19 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True) -> CaseO
     def over_cap() -> str | None:
         return _rss_over_cap(procs, cap, case_dir, per_process, baselines)
 
+    exited_at: dict[int, float] = {}
     with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
         stopped = _supervise(procs, case.measurement.case_timeout_s,
-                             over_cap if cap else None)
+                             over_cap if cap else None, exited_at)
     # Every rank has been reaped (_supervise waits for them): their CPU is in our children's.
     load = machine_load(cpu_start, CpuSnapshot.now())
-    outcome = CaseOutcome(*stopped) if stopped else _combine(case_dir, procs, log_path)
+    # The ranks' files, also when the runner stopped them: one may have failed first.
+    outcome = _combine(case_dir, procs, log_path, stopped, exited_at)
     outcome.machine_load = load
     outcome.samples = sampler.samples
+    outcome.sampler_note = sampler.note
     outcome.wall_time_s = time.monotonic() - start
-    if outcome.status == "ok":
+    if outcome.status == "ok" and not outcome.trace_note:  # else keep worker.log: why
         shutil.rmtree(case_dir, ignore_errors=True)
     return outcome
 
@@ -357,7 +438,10 @@ def run_sweep(
                     continue
                 if on_launch_start:
                     on_launch_start(i, case, r)
-                done.append(run_case(case, rig, work_root, trace=not done))
+                # Later launches reuse the first launch's cut: the same configuration, and
+                # no second profiling of a balanced cut.
+                cut = done[0].partition if done else ""
+                done.append(run_case(case, rig, work_root, trace=not done, cut=cut))
                 if on_launch_done:
                     on_launch_done(i, case, r, done[-1])
         for i in group:

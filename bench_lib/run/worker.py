@@ -1,20 +1,86 @@
 """The code that runs inside a case's fresh process(es).
 
-    python -m bench_lib.run.worker SPEC_JSON RANK
+    python -m bench_lib.run.worker SPEC_JSON RANK [RUNNER_PID]
 
 Builds the workload, applies the strategy, measures its steps (``measure.timing``), reads
 peak memory (after warm-up, net of the process's footprint before the model was built:
 ``measure.memory``), traces one pipeline step where the strategy has stages, and writes its
 ``RankResult`` as ``rank<RANK>.json`` next to the spec. Any failure becomes a result with a
-status; the runner turns a missing file into an ``error``.
+status (and the time it was caught, so the runner can blame the rank that failed first);
+the runner turns a missing file into an ``error``.
+
+Around that:
+
+- First, before importing torch, the worker asks to be killed when the runner dies
+  (``die_with_parent``; ``RUNNER_PID`` closes the race where the runner died before it asked).
+- A rank with a traced step to run writes its timed result before that step (with a
+  ``trace_note`` that the step did not finish), so a rank killed in it keeps its timing;
+  a traced step that fails (out of memory, or a peer's failure surfacing as a
+  communication error) keeps the timed result and says why there is no timeline.
+- On every path, failures included, the result file is written first (so the runner sees it
+  early), then the process group is destroyed if one is up (never raising, and not waited
+  for past ``PROCESS_GROUP_SHUTDOWN_S``).
+
+Exit codes: 0 ok; 1 (``EXIT_FAILED``) the rank failed (its result says why); 3
+(``EXIT_TRACE_FAILED``) timed fine but the traced step failed, so its peers may be stuck in
+that step: a nonzero code starts the runner's grace period for them (``runner.PEER_GRACE_S``);
+4 (``EXIT_ORPHANED``) the runner was gone before the worker started.
 """
 
 from __future__ import annotations
 
+# The worker asks to die with the runner (die_with_parent) before torch's imports below,
+# which take seconds: a runner killed meanwhile must not leave a rank behind.
+# ruff: noqa: E402
+import dataclasses
+import functools
 import gc
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+EXIT_FAILED = 1
+EXIT_TRACE_FAILED = 3
+EXIT_ORPHANED = 4
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: int | None,
+                    prctl: Callable[[int, int], object] | None = None) -> bool:
+    """Ask for SIGKILL when the runner dies, so that no rank outlives it; False: the runner
+    (``parent_pid``) is already gone, and the worker should exit at once.
+
+    Linux only (prctl ``PR_SET_PDEATHSIG``); elsewhere the runner's own cleanup has to do.
+    Asked here, as the worker starts, not in a ``preexec_fn`` of the runner's ``Popen``: that
+    runs between fork and exec in a runner that already has threads (progress, CUDA driver),
+    where Python documents that the child can deadlock. The signal comes only for a parent
+    that dies after the call (the thread that started the worker: the runner starts cases
+    from its main thread), so the parent is then checked against the runner's pid: a worker
+    whose runner died before (it was re-parented) learns it here.
+    """
+    if not sys.platform.startswith("linux"):
+        return True
+    if prctl is None:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return parent_pid is None or os.getppid() == parent_pid
+
+
+def _runner_pid(argv: list[str]) -> int | None:
+    """The runner's pid from the worker's arguments (SPEC_JSON RANK [RUNNER_PID])."""
+    return int(argv[2]) if len(argv) > 2 else None
+
+
+if __name__ == "__main__" and not die_with_parent(_runner_pid(sys.argv[1:])):
+    print("the runner is gone; not starting", file=sys.stderr)
+    sys.exit(EXIT_ORPHANED)
 
 import torch
 import torch.distributed as dist
@@ -28,14 +94,30 @@ from bench_lib.rig import Rig, init_process_group, pin_worker, set_math_mode
 from bench_lib.run import faults
 from bench_lib.run.protocol import CaseSpec, RankResult, baseline_path
 from bench_lib.strategies import BuildContext, Trainer
+from bench_lib.strategies.base import TimelineStage
 from bench_lib.sweep.cases import Case
 from bench_lib.workloads import Workload
 
 PROCESS_GROUP_TIMEOUT_S = 120.0
+PROCESS_GROUP_SHUTDOWN_S = 10.0
+"""How long a rank waits for ``destroy_process_group`` (which can block where a peer is stuck
+in a collective) before it exits without it."""
+TRACE_UNFINISHED = "the traced step did not finish"
+"""The ``trace_note`` of the timed result a rank writes before its traced step."""
+NOTE_CHARS = 300
 
 
-def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True) -> RankResult:
-    """Measure this rank's part of one launch of the case (``trace``: then trace a step)."""
+def result_path(workdir: Path, rank: int) -> Path:
+    return workdir / f"rank{rank}.json"
+
+
+def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
+             cut: str = "") -> RankResult:
+    """Measure this rank's part of one launch of the case (``trace``: then trace a step;
+    ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``).
+
+    Leaves the process group (if any) up: ``main`` destroys it once the result is written.
+    """
     # A rank of a process group drives its own device; a lone process drives them all.
     indices = [rank] if case.process_group else list(range(case.world_size))
     pin_worker(rig, indices[0])  # a lone process driving several devices: like single
@@ -54,7 +136,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True)
     workload = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
                         precision=case.precision)
     ctx = BuildContext(workload, case.micro, rank, case.world_size if case.process_group else 1,
-                       partition=case.partition or "tutorial", sync_bn=case.sync_bn)
+                       partition=cut or case.partition or "tutorial", sync_bn=case.sync_bn)
     model = workload.build_model()
     if case.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -79,12 +161,8 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True)
         group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
     )
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
-    traced = (_trace(trainer, x, y, [f"{rig.kind}:{i}" for i in indices], case.process_group)
-              if trace else None)
-    if case.process_group:
-        dist.destroy_process_group()
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
-    return RankResult(
+    result = RankResult(
         rank, "ok", step_times_s=tuple(timed.times_s),
         step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
         stop_reason=timed.stop_reason, warmup_steps=timed.warmup_steps,
@@ -92,38 +170,122 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True)
         peak_mem_net_mib=peaks.net_mib, peak_mem_source=peaks.source,
         peak_mem_reserved_mib=reserved,
         partition=partition.label if partition is not None else "",
-        timeline=tuple(traced.events) if traced else (),
-        traced_step_s=traced.step_s if traced else None,
     )
-
-
-def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, slot_labels: list[str],
-           process_group: bool) -> TracedStep | None:
-    """One extra step after the timed ones, traced for the pipeline timeline (None when the
-    strategy has no stages). Devices are labelled by rig slot (``cpu:1``, ``cuda:1``)."""
-    stages = trainer.timeline_stages()
+    stages = trainer.timeline_stages() if trace else []
     if not stages:
-        return None
-    if process_group:
-        dist.barrier()  # the ranks start it together, as they start the timed window
-    return trace_step(lambda: trainer.step(x, y), stages, trainer.devices, slot_labels)
+        return result
+    # The timed result first: a rank killed in the traced step (a peer failed in it and left
+    # this one waiting) keeps its timing. main rewrites it once the step is done.
+    dataclasses.replace(result, trace_note=TRACE_UNFINISHED).write(result_path(workdir, rank))
+    traced, note = _trace(trainer, x, y, stages, [f"{rig.kind}:{i}" for i in indices],
+                          case.process_group,
+                          fault=functools.partial(faults.inject_trace_fault, case.strategy, rank))
+    if traced is None:
+        return dataclasses.replace(result, trace_note=note)
+    return dataclasses.replace(result, timeline=tuple(traced.events),
+                               traced_step_s=traced.step_s)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:NOTE_CHARS] if text else ""
+
+
+def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, stages: Sequence[TimelineStage],
+           slot_labels: list[str], process_group: bool,
+           fault: Callable[[], None] = lambda: None) -> tuple[TracedStep | None, str]:
+    """One extra step after the timed ones, traced for the pipeline timeline; returns it, or
+    None and why there is none. Devices are labelled by rig slot (``cpu:1``, ``cuda:1``).
+
+    The step's failure does not throw the timed steps away: out of memory (the traced step
+    can need more than the timed ones: its stamps, a first stage's input that needs a
+    gradient) or any other exception (in a process group, a peer's failure in the step
+    surfaces here as a communication error, whose type depends on the backend) becomes the
+    note, and on GPUs the caching allocator's cache is emptied after it. ``fault``: the
+    test hook, called as the step starts (``faults.inject_trace_fault``).
+    """
+
+    def step() -> None:
+        fault()
+        trainer.step(x, y)
+
+    try:
+        if process_group:
+            dist.barrier()  # the ranks start it together, as they start the timed window
+        return trace_step(step, stages, trainer.devices, slot_labels), ""
+    except torch.OutOfMemoryError as e:
+        note = f"out of memory in the traced step after the timed ones: {_first_line(e)}"
+        print(f"traced step: {note}", file=sys.stderr)
+    except Exception as e:  # the traceback goes to the worker log
+        traceback.print_exc()
+        note = f"the traced step failed: {type(e).__name__}: {_first_line(e)}"
+    # Out of the handler, the failed step's frames (and the tensors they held) are gone.
+    gc.collect()
+    if any(d.type == "cuda" for d in trainer.devices):
+        torch.cuda.empty_cache()
+    return None, note
+
+
+def _destroy_process_group(code: int, timeout_s: float = PROCESS_GROUP_SHUTDOWN_S) -> None:
+    """Destroy this rank's process group if one is up, on every path (failures included: a
+    rank that exits with an NCCL group up can block in its teardown), never raising.
+
+    ``destroy_process_group`` can itself block where a peer is stuck in a collective: after
+    ``timeout_s`` the process exits with ``code`` without it (its result is written).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+
+    def give_up() -> None:
+        print(f"destroy_process_group still blocked after {timeout_s:g} s; exiting without it",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+    timer = threading.Timer(timeout_s, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        dist.destroy_process_group()
+    except Exception:  # a group a peer's failure broke: nothing more to tear down here
+        traceback.print_exc()
+    finally:
+        timer.cancel()
+
+
+def exit_code(result: RankResult) -> int:
+    """The worker's exit code for its final result (module docstring)."""
+    if result.status != "ok":
+        return EXIT_FAILED
+    return EXIT_TRACE_FAILED if result.trace_note else 0
 
 
 def main(argv: list[str]) -> int:
     # Absolute: a relative path would make the file:// rendezvous URL name a host, and hang.
     spec_path, rank = Path(argv[0]).resolve(), int(argv[1])
+    # Run as a program, the module asked already, before its imports; asking twice is
+    # harmless, and covers a caller that imported it.
+    if not die_with_parent(_runner_pid(argv)):
+        print(f"rank {rank}: the runner is gone; not starting", file=sys.stderr)
+        return EXIT_ORPHANED
     spec = CaseSpec.read(spec_path)
     try:
-        result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace)
+        result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace, spec.cut)
     except torch.OutOfMemoryError as e:
-        result = RankResult(rank, "oom", f"out of memory: {str(e)[:300]}")
+        result = RankResult(rank, "oom", f"out of memory: {str(e)[:NOTE_CHARS]}",
+                            failed_at_unix_s=time.time())
     except MemoryError as e:
-        result = RankResult(rank, "oom", f"host out of memory: {e}")
+        result = RankResult(rank, "oom", f"host out of memory: {e}", failed_at_unix_s=time.time())
     except Exception as e:  # recorded as the case's error row, with the traceback in the log
+        failed_at = time.time()
         traceback.print_exc()
-        result = RankResult(rank, "error", f"{type(e).__name__}: {e}"[:500])
-    result.write(spec_path.parent / f"rank{rank}.json")
-    return 0 if result.status == "ok" else 1
+        result = RankResult(rank, "error", f"{type(e).__name__}: {e}"[:500],
+                            failed_at_unix_s=failed_at)
+    # The result first, so that the runner sees it early; then the process group.
+    result.write(result_path(spec_path.parent, rank))
+    code = exit_code(result)
+    _destroy_process_group(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -226,10 +226,22 @@ def choose(
 
     ``placement``: the rank of each stage, where a rank drives several (the balanced cut
     then minimises the most loaded rank); None: one stage per device. Collective when a
-    process group is up: every rank gets the same cut.
+    process group is up: every rank gets the same cut. ``name`` may also be a chosen cut's
+    label (``Partition.label``, e.g. ``balanced:6,12``): that cut is used as it is, without
+    profiling (a case's later launches reuse its first launch's cut).
     """
+    name, _, given = name.partition(":")
     if name not in PARTITIONS:
         raise WorkloadError(f"unknown partition {name!r}; valid: {', '.join(PARTITIONS)}")
+    if given:
+        try:
+            cuts = tuple(int(c) for c in given.split(","))
+        except ValueError:
+            raise WorkloadError(f"bad cut {given!r}: block indices, e.g. 6,12") from None
+        if len(cuts) != num_stages - 1 or list(cuts) != sorted(set(cuts)) or cuts[0] < 1:
+            raise WorkloadError(f"cut {given!r} does not make {num_stages} stages")
+        shared = placement is not None and len(set(placement)) < len(placement)
+        return Partition(name, cuts, (), tuple(placement) if shared and placement else ())
     if name == "tutorial":
         return Partition(name, tuple(default_cuts(model, num_stages)))
     method = "flops" if name == "balanced-flops" else "time"

@@ -7,20 +7,29 @@ nothing written). A combination that some cases can use and others cannot become
 Everything later stages need is resolved here, once, and carried on the ``Case``: the
 strategy's world size and process count, the note on reading it on this rig, and the
 micro-batching (split size, count, evenness).
+
+What torch would refuse is decided here too, from the rig's size alone (no device is asked),
+so that a plan for an N-GPU box made anywhere shows the same skipped rows as the box:
+data-parallel strategies need a batch divisible by their world size, and the
+torch.distributed.pipelining schedules have their own rules (``schedule_refusal``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from bench_lib import strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies.base import Microbatching
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
+from bench_lib.workloads import MODELS, blocks
 
 
 @dataclass(frozen=True)
@@ -154,12 +163,16 @@ def _problem(strat: strategies.Strategy, rig: Rig, case: Case) -> tuple[str, str
         return "skipped", f"{micro.count} micro-batches do not fit in batch size {batch}"
     if micro is not None and micro.split_size is not None and micro.split_size > batch:
         return "skipped", f"split size {micro.split_size} is larger than batch size {batch}"
-    if strat.per_device_processes and case.batch_size % case.world_size:
+    if strat.data_parallel and case.batch_size % case.world_size:
         return "skipped", (f"batch size {case.batch_size} is not divisible by world size "
                            f"{case.world_size}")
     if strat.even_split and micro is not None and not micro.even:
         return "skipped", (f"{strat.name} needs equal micro-batches: batch {case.batch_size} "
                            f"is not a multiple of split {micro.split_size}")
+    if strat.name in PIPELINING_STAGES_PER_RANK and micro is not None:
+        refusal = schedule_refusal(strat.name, case.model, case.world_size, micro.count)
+        if refusal:
+            return "skipped", refusal
     if case.sync_bn and rig.kind != "cuda":
         return "unsupported", ("torch.nn.SyncBatchNorm only runs on GPU inputs; "
                                "a cpu rig cannot synchronise BatchNorm")
@@ -170,12 +183,63 @@ def _problem(strat: strategies.Strategy, rig: Rig, case: Case) -> tuple[str, str
     return None
 
 
+PIPELINING_STAGES_PER_RANK = {
+    "gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2, "interleaved-zb": 2, "zbv": 2}
+"""Stages each rank drives in the torch.distributed.pipelining strategies
+(``strategies.schedules``): the model is cut into ranks x this many stages."""
+
+
+@functools.cache
+def model_blocks(model: str) -> int:
+    """How many blocks ``model`` has (the most stages it can be cut into); built on the meta
+    device, so no memory is filled and no device is touched."""
+    with torch.device("meta"):
+        return len(blocks(MODELS[model](1)))
+
+
+def schedule_refusal(strategy: str, model: str, ranks: int, microbatches: int) -> str | None:
+    """Why torch.distributed.pipelining would refuse ``strategy``'s schedule over ``ranks``
+    ranks and ``microbatches`` micro-batches, or None when it builds.
+
+    The rules are those of torch 2.14's schedule constructors (``tests/test_cuda_planning.py``
+    builds torch's own schedules to hold them to it):
+
+    - every schedule: the model is cut into ranks x stages-per-rank stages at block edges,
+      so it needs that many blocks;
+    - ``Schedule1F1B``: at least as many micro-batches as stages (one stage per rank);
+    - ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``: the micro-batches run
+      in rounds = max(1, m // ranks), and m must be a multiple of the rounds;
+    - ``ScheduleGPipe``, ``ScheduleZBVZeroBubble``: any count (ZB-V pads a short one).
+    """
+    stages = ranks * PIPELINING_STAGES_PER_RANK[strategy]
+    have = model_blocks(model)
+    if stages > have:
+        return (f"{strategy} on {ranks} ranks cuts the model into {stages} stages; {model} has "
+                f"only {have} blocks to cut")
+    if strategy == "1f1b" and microbatches < stages:
+        return (f"1f1b needs at least as many micro-batches as stages: {microbatches} "
+                f"micro-batches on {stages} stages (torch's Schedule1F1B refuses fewer)")
+    if strategy in ("interleaved-1f1b", "interleaved-zb"):
+        rounds = max(1, microbatches // ranks)
+        if microbatches % rounds:
+            return (f"{strategy} runs {microbatches} micro-batches on {ranks} ranks in "
+                    f"max(1, {microbatches} // {ranks}) = {rounds} rounds, and torch needs the "
+                    f"count to be a multiple of the rounds")
+    return None
+
+
 def validate(profile: Profile, rig: Rig) -> None:
-    """Raise ``UsageError`` for values that no case of the sweep can use."""
+    """Raise ``UsageError`` for values that no case of the sweep can use.
+
+    A batch size that a data-parallel strategy's world size does not divide is an error only
+    when nothing else of the sweep could run: otherwise those cases are ``skipped`` rows (a
+    sweep for 7 GPUs runs ``single``, ``mp``... and says why ``ddp`` did not).
+    """
     strats = [strategies.get(s) for s in profile.strategies]
+    used = profile.used_batch_sizes or profile.batch_sizes
     if any(s.uses_split for s in strats):
-        biggest = max(profile.batch_sizes)
-        batches = ", ".join(map(str, profile.batch_sizes))
+        biggest = max(used)
+        batches = ", ".join(map(str, used))
         if not profile.split_sizes and not profile.microbatches:
             raise UsageError("pipelined strategies need split sizes or micro-batch counts")
         for split in profile.split_sizes:
@@ -190,15 +254,15 @@ def validate(profile: Profile, rig: Rig) -> None:
                     f"{count} micro-batches is more than every batch size ({batches}) holds; "
                     f"use a count <= {biggest}"
                 )
-    for strat in strats:
-        if not strat.per_device_processes or strat.unsupported_reason(rig):
-            continue
-        world = strat.num_devices(rig)
-        if not any(b % world == 0 for b in profile.batch_sizes):
-            raise UsageError(
-                f"no batch size ({', '.join(map(str, profile.batch_sizes))}) is divisible by "
-                f"{strat.name}'s world size {world}; use a multiple of {world}"
-            )
+    runnable = [s for s in strats if not s.unsupported_reason(rig)]
+    indivisible = [s for s in runnable if s.data_parallel
+                   and not any(b % s.num_devices(rig) == 0 for b in used)]
+    if indivisible and len(indivisible) == len(runnable):
+        world = indivisible[0].num_devices(rig)
+        raise UsageError(
+            f"no batch size ({', '.join(map(str, used))}) is divisible by "
+            f"{indivisible[0].name}'s world size {world}; use a multiple of {world}"
+        )
 
 
 def expand(profile: Profile, rig: Rig) -> list[Case]:
@@ -206,8 +270,11 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
     or unsupported."""
     validate(profile, rig)
     cases: list[Case] = []
-    grid = itertools.product(profile.models, profile.precisions, profile.image_sizes,
-                             profile.batch_sizes, profile.strategies)
+    grid = ((model, precision, image, batch, name)
+            for model, precision, image in itertools.product(
+                profile.models, profile.precisions, profile.image_sizes)
+            for batch in profile.batch_sizes_for(image)
+            for name in profile.strategies)
     for model, precision, image, batch, name in grid:
         strat = strategies.get(name)
         micro: list[dict[str, int]] = [{}]

@@ -1,15 +1,21 @@
-"""Rough duration estimates of cases, for --dry-run and the progress bar's first ETA.
+"""Rough estimates of cases: duration, for --dry-run and the progress bar's first ETA, and
+the memory one device needs to train a whole batch, for choosing a profile's batch sizes.
 
-The figures are deliberately simple: forward+backward seconds per image at 64 px on one
-CPU thread (from runs on a 2-core machine), scaled by pixel count and threads. The
+The duration figures are deliberately simple: forward+backward seconds per image at 64 px on
+one CPU thread (from runs on a 2-core machine), scaled by pixel count and threads. The
 progress bar corrects them with the pace it measures as the sweep goes.
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
+
 from bench_lib.measure.timing import MIN_STEPS_UNDER_TIME_CAP
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
+from bench_lib.workloads import MODELS
 
 CPU_S_PER_IMAGE_64PX = {"resnet50": 0.035, "resnet18": 0.012, "resnet-tiny": 0.004}
 # A data-centre GPU trains ResNet50 a few hundred times faster than one CPU thread.
@@ -46,3 +52,43 @@ def format_duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+# Memory of training a whole batch on one device (``single``), fp32.
+SAVED_MIB_PER_IMAGE_224PX = {"resnet50": 81.9, "resnet18": 21.2, "resnet-tiny": 15.4}
+"""What autograd keeps for backward per 224 px image, fp32 (bf16 autocast keeps less): the
+inputs of every convolution, BatchNorm and linear layer, the ReLU outputs, max-pool
+indices. Counted, not guessed: ``tests/test_cuda_planning.py`` sums torch's saved tensors
+(``torch.autograd.graph.saved_tensors_hooks``) for one 224 px image and holds these to 2%.
+The activations scale with the pixel count (exactly at multiples of 32 px); BatchNorm's
+per-channel statistics and the head, well under 1% at 224 px, do not."""
+PEAK_OVER_SAVED = 1.35
+"""The allocator's peak over the saved activations: backward's activation gradients, cuDNN
+workspaces and allocator rounding come on top. From issue #14's single case at batch 120 and
+512 px, reported at about 67 GiB against 50 GiB of saved activations and weights (1.33)."""
+WEIGHT_COPIES = 2
+"""Copies of the weights a step holds: the weights and their gradients (plain SGD keeps no
+optimizer state)."""
+CARD_RESERVE_MIB = 2048.0
+"""What a card's memory loses before our tensors: the CUDA context, cuDNN and cuBLAS
+handles and the allocator's fragmentation (a 24 GiB card leaves about 22 GiB to a case)."""
+
+
+@functools.cache
+def parameters(model: str) -> int:
+    """Parameter count of ``model`` (built on the meta device: no memory, no device)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in MODELS[model](1000).parameters())
+
+
+def single_device_mib(model: str, image_size: int, batch_size: int) -> float:
+    """Estimated peak MiB of one device training ``batch_size`` images at ``image_size`` px
+    in fp32 (``single``; a strategy that spreads the batch or the model needs less per
+    device): the saved activations times ``PEAK_OVER_SAVED``, plus weights and gradients."""
+    per_image = SAVED_MIB_PER_IMAGE_224PX[model] * (image_size / 224) ** 2 * PEAK_OVER_SAVED
+    return batch_size * per_image + WEIGHT_COPIES * parameters(model) * 4 / 2**20
+
+
+def fits_card(model: str, image_size: int, batch_size: int, card_gib: float) -> bool:
+    """True when ``single`` is estimated to fit a card of ``card_gib`` GiB."""
+    return single_device_mib(model, image_size, batch_size) <= card_gib * 1024 - CARD_RESERVE_MIB

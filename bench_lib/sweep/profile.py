@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,12 @@ class Profile:
     """Square image sizes in pixels."""
     batch_sizes: tuple[int, ...] = (32,)
     """Global batch sizes."""
+    batch_sizes_by_image_size: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """Global batch sizes of particular image sizes, swept there instead of ``batch_sizes``
+    (a smaller batch where ``batch_sizes`` would not fit one device at that size). In a file
+    an inline table, ``batch_sizes_by_image_size = { 512 = [24] }``; here sorted (image size,
+    batch sizes) pairs. An entry for an image size the sweep does not use is ignored, and a
+    ``--batch-size`` given on the command line replaces it as it replaces ``batch_sizes``."""
     split_sizes: tuple[int, ...] = (8,)
     """Micro-batch sizes for strategies that pipeline (ignored by the others)."""
     microbatches: tuple[int, ...] = ()
@@ -105,6 +112,8 @@ class Profile:
     """How each case is measured (flat keys in files: ``warmup_steps``, ``timed_steps``...)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_sizes_by_image_size",
+                           _image_batches(self.batch_sizes_by_image_size))
         for name in ("image_sizes", "batch_sizes", "split_sizes", "microbatches"):
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -123,19 +132,36 @@ class Profile:
                     f"use {MIN_IMAGE_SIZE} or more"
                 )
 
+    def batch_sizes_for(self, image_size: int) -> tuple[int, ...]:
+        """The batch sizes swept at ``image_size``."""
+        return dict(self.batch_sizes_by_image_size).get(image_size, self.batch_sizes)
+
+    @property
+    def used_batch_sizes(self) -> tuple[int, ...]:
+        """Every batch size some image size of the sweep uses, ascending."""
+        return tuple(sorted({b for size in self.image_sizes for b in self.batch_sizes_for(size)}))
+
     @staticmethod
     def keys() -> tuple[str, ...]:
         """Every flat key a profile file, env.json or a CLI override may set."""
         return GRID_KEYS + MEASUREMENT_KEYS
 
     def override(self, **changes: object) -> Profile:
-        """A copy with the non-None ``changes`` (flat keys) applied: the CLI's flags."""
+        """A copy with the non-None ``changes`` (flat keys) applied: the CLI's flags.
+
+        New ``batch_sizes`` replace the per-image-size ones too (unless those are given).
+        """
         given = {k: v for k, v in changes.items() if v is not None}
+        if "batch_sizes" in given:
+            given.setdefault("batch_sizes_by_image_size", ())
         return Profile.from_dict(self.as_dict() | given)
 
     def as_dict(self) -> dict[str, Any]:
-        """Flat keys, as in a profile file."""
+        """Flat keys, as in a profile file (``batch_sizes_by_image_size`` as a table with
+        string keys, as TOML and JSON write it)."""
         grid = {k: getattr(self, k) for k in GRID_KEYS}
+        grid["batch_sizes_by_image_size"] = {
+            str(size): list(batches) for size, batches in self.batch_sizes_by_image_size}
         return grid | dataclasses.asdict(self.measurement)
 
     @classmethod
@@ -151,6 +177,35 @@ class Profile:
         return cls(**grid, measurement=Measurement(**measurement))
 
 
+def _image_batches(value: object) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """``batch_sizes_by_image_size`` as sorted (image size, batch sizes) pairs, from a table
+    (``{512: [24]}``; keys may be strings, as TOML and JSON give them) or such pairs."""
+    example = "like { 512 = [24] } (image size = batch sizes)"
+    pairs: list[tuple[object, object]] = []
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, tuple | list) and all(
+            isinstance(p, tuple | list) and len(p) == 2 for p in value):
+        pairs = [(p[0], p[1]) for p in value]
+    else:
+        raise UsageError(f"batch_sizes_by_image_size must be a table {example}, got {value!r}")
+    out: dict[int, tuple[int, ...]] = {}
+    for key, batches in pairs:
+        size = int(key) if isinstance(key, str) and key.isdigit() else key
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise UsageError(f"batch_sizes_by_image_size: image size {key!r} is not a "
+                             f"positive integer; write the table {example}")
+        if (not isinstance(batches, tuple | list) or not batches
+                or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
+                       for b in batches)):
+            raise UsageError(f"batch_sizes_by_image_size: image size {size} needs a list of "
+                             f"positive batch sizes, got {batches!r}")
+        if size in out:
+            raise UsageError(f"batch_sizes_by_image_size: image size {size} is given twice")
+        out[size] = tuple(batches)
+    return tuple(sorted(out.items()))
+
+
 def _check_names(what: str, given: tuple[str, ...], valid: list[str] | tuple[str, ...]) -> None:
     for name in given:
         if name not in valid:
@@ -159,7 +214,9 @@ def _check_names(what: str, given: tuple[str, ...], valid: list[str] | tuple[str
 
 GRID_KEYS = tuple(f.name for f in dataclasses.fields(Profile) if f.name != "measurement")
 MEASUREMENT_KEYS = tuple(f.name for f in dataclasses.fields(Measurement))
-_TUPLE_KEYS = {f.name for f in dataclasses.fields(Profile) if "tuple" in str(f.type)}
+# Keys whose value is a list in a file (a tuple here); batch_sizes_by_image_size is a table.
+_TUPLE_KEYS = {f.name for f in dataclasses.fields(Profile)
+               if "tuple" in str(f.type)} - {"batch_sizes_by_image_size"}
 
 
 def profile_path(name_or_path: str, rig: Rig) -> Path:
