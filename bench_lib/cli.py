@@ -267,6 +267,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_json_atomic(run_dir / "env.json", env)
     # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-C too, even where the run was started with SIGINT ignored (a background job of a
+    # non-interactive shell inherits that, and Python then leaves it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     progress = Progress(estimates, quiet=args.quiet,
                         launches=[c.measurement.launches for c in cases])
     verb = "resuming" if args.resume else "run"
