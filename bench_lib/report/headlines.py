@@ -19,8 +19,7 @@ two cases' own intervals side by side, which is the rule left for cases with one
 
 The comparison (``rank``, ``Best``) is shared with the report's headlines and its winner
 grid. Plain rows (dicts as the runner wrote them to cases.csv, or a DataFrame's records):
-no pandas, no matplotlib, no torch (``launch_medians`` parses the column here, since
-``bench_lib.run.rows`` imports torch).
+no pandas, no matplotlib, no torch (the column parser is ``results.schema``'s).
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from functools import cached_property
 from typing import Any
 
 from bench_lib.measure.stats import MIN_LAUNCHES_FOR_CI, LaunchInterval, paired_ratio_interval
+from bench_lib.results.schema import launch_medians as schema_launch_medians
 
 Interval = tuple[float, float]
 """A (low, high) pair: a 95% interval, of a throughput in img/s or of a ratio."""
@@ -129,14 +129,12 @@ def throughput_interval(row: Mapping[str, Any]) -> Interval | None:
 def launch_medians(value: Any) -> list[float]:
     """cases.csv's ``launch_medians_s`` (``0.451;0.447;0.462``, round order) as numbers; []
     where missing or unreadable. One launch's may come as a number (pandas reads ``0.451`` as
-    a float). The same as ``bench_lib.run.rows.launch_medians``, which imports torch."""
+    a float). ``results.schema.launch_medians``, forgiving a number or an unreadable cell."""
     if isinstance(value, (int, float)):
         number = _number(value)
         return [] if number is None else [number]
-    if not isinstance(value, str) or not value.strip():
-        return []
     try:
-        return [float(v) for v in value.split(";")]
+        return schema_launch_medians(value)
     except ValueError:
         return []
 

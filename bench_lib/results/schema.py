@@ -265,6 +265,14 @@ TIMELINE = _cols(
 )
 
 
+def launch_medians(text: object) -> list[float]:
+    """cases.csv's ``launch_medians_s`` (``0.451;0.447;0.462``, round order) as numbers; []
+    when empty; a ValueError where a part is not a number."""
+    if not isinstance(text, str) or not text.strip():
+        return []
+    return [float(v) for v in text.split(";")]
+
+
 def names(columns: tuple[Column, ...]) -> list[str]:
     """The column names, in file order."""
     return [c.name for c in columns]

@@ -21,6 +21,7 @@ from bench_lib.measure.stats import (
     launch_interval,
     paired_ratio_interval,
 )
+from bench_lib.results.schema import launch_medians
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome, SampleRow
 from bench_lib.sweep.cases import Case
@@ -313,13 +314,6 @@ def step_rows(outcome: CaseOutcome) -> list[Row]:
                       "cpu_time_s": cpu[i] if i < len(cpu) else ""}
                      for i, t in enumerate(times)]
     return rows
-
-
-def launch_medians(text: object) -> list[float]:
-    """cases.csv's ``launch_medians_s`` (``0.45;0.44;0.46``) as numbers; [] when empty."""
-    if not isinstance(text, str) or not text.strip():
-        return []
-    return [float(v) for v in text.split(";")]
 
 
 class SpeedupTable:
