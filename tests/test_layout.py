@@ -23,3 +23,19 @@ def test_report_compare_and_results_never_import_torch():
     proc = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_worker_starts_without_scipy():
+    """Every launch imports the worker; scipy.stats alone added ~0.8 s to each on 2 cores.
+
+    Only the runner and the readers compute t intervals (``stats.t_quantile`` imports scipy
+    when first called); the interval itself still uses it there.
+    """
+    code = ("import bench_lib.run.worker, sys; "
+            "leaked = sorted(m for m in sys.modules if m.startswith('scipy')); "
+            "assert not leaked, leaked; "
+            "from bench_lib.measure.stats import t_quantile; "
+            "assert abs(t_quantile(0.95, 2) - 4.302653) < 1e-5")
+    proc = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr

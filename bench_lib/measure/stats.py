@@ -41,7 +41,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 BOOTSTRAP_RESAMPLES = 2000
 CI_CONFIDENCE = 0.95
@@ -235,7 +234,13 @@ class LaunchInterval:
 
 
 def t_quantile(confidence: float, df: float) -> float:
-    """The two-sided Student t quantile: P(|T_df| <= q) = confidence."""
+    """The two-sided Student t quantile: P(|T_df| <= q) = confidence.
+
+    scipy is imported here, not at the top: only the runner and the report compute intervals,
+    and scipy.stats costs every worker launch about half a second of start-up on 2 cores.
+    """
+    from scipy import stats as scipy_stats
+
     return float(scipy_stats.t.ppf(0.5 + confidence / 2, df))
 
 
