@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv bench test lint env smoke regress baseline report clean help
+.PHONY: venv bench test lint env smoke parity regress baseline report clean help
 
 help:            ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,6 +25,9 @@ report: venv     ## write report.html (+ PNGs) for the latest run under results/
 	@runs="$(RUNS)"; test -n "$$runs" || runs=$$(ls -d results/[0-9]*/ 2>/dev/null | sort | tail -n1); \
 	test -n "$$runs" || { echo "error: no run folder under results/; run make bench first" >&2; exit 2; }; \
 	$(PY) -m bench_lib report $$runs
+
+parity: venv     ## train every strategy on real data from the same weights; exit 1 when one learns differently
+	$(PY) -m bench_lib parity $(ARGS)
 
 smoke: venv      ## the smoke sweep (all seed strategies, tiny grid)
 	$(PY) -m bench_lib run --profile smoke $(ARGS)

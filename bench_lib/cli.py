@@ -11,14 +11,18 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from bench_lib import strategies
 from bench_lib.results.schema import ResultsError
 from bench_lib.rig import RIG_KINDS, Rig, RigError, detect_rig
 from bench_lib.sweep.cases import Case, expand
 from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_names, profile_path
-from bench_lib.workloads import WorkloadError
+from bench_lib.workloads import MODELS, WorkloadError
+
+if TYPE_CHECKING:
+    from bench_lib.run.launch import Launcher
+    from bench_lib.sweep.shard import Shard, ShardPlan, SweepRecord
 
 EXIT_OK, EXIT_FAILED_CASES, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 SWEEP_GROUP = "sweep (flags > profile file > defaults; --resume takes them from the run folder)"
@@ -62,8 +66,23 @@ def _memory_mib(text: str) -> float:
     return value * _UNITS_MIB[unit]
 
 
+def _gpu_slots(args: argparse.Namespace) -> int:
+    """``--gpu-slots``, 1 when not given (None, so that ``--resume`` can refuse it given)."""
+    return 1 if args.gpu_slots is None else int(args.gpu_slots)
+
+
 def _str_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _shard(text: str) -> Shard:
+    """``K/N`` -> ``Shard`` (argparse's type: bad input exits 2 with the form to use)."""
+    from bench_lib.sweep.shard import Shard
+
+    try:
+        return Shard.parse(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_rig_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -72,6 +91,11 @@ def _add_rig_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
         g.add_argument("--rig", choices=RIG_KINDS, help="device kind (default: cuda if available)"),
         g.add_argument("--devices", type=int, help="number of devices (GPUs or CPU workers)"),
         g.add_argument("--threads-per-worker", type=int, help="intra-op threads per CPU worker"),
+        g.add_argument("--gpu-slots", type=int, metavar="K",
+                       help="validation only: K device slots per GPU, so that the multi-device "
+                            "code paths run on fewer GPUs (e.g. --devices 2 --gpu-slots 2 on "
+                            "one GPU; gloo between ranks; rows say they are no multi-GPU "
+                            "measurement)"),
     ]
 
 
@@ -84,7 +108,8 @@ def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
             help=f"profile name ({', '.join(profile_names())}) or a .toml path (default: default)"),
         add("--strategies", type=_str_list,
             help=f"comma-separated, from: {', '.join(sorted(strategies.REGISTRY))}"),
-        add("--models", type=_str_list, help="comma-separated model names"),
+        add("--models", type=_str_list,
+            help=f"comma-separated, from: {', '.join(sorted(MODELS))}"),
         add("--image-sizes", type=_int_list, help="comma-separated pixel sizes"),
         add("--batch-size", type=_int_list, dest="batch_sizes",
             help="global batch size(s), comma-separated"),
@@ -101,7 +126,7 @@ def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
             help="torch.compile each strategy's modules"),
         add("--sync-bn", action="store_true", default=None,
             help="SyncBatchNorm in ddp/fsdp (GPU rigs only)"),
-        add("--loss", help="ce or mse-onehot"),
+        add("--loss", help="ce or mse-onehot (toy always trains with mse)"),
         add("--launches", type=int,
             help="fresh launches per case, interleaved in rounds (default 3; intervals come "
                  "from their spread, so 1 gives none)"),
@@ -120,6 +145,71 @@ def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
                  "(CPU workers: resident memory; GPUs: the caching allocator's limit only, "
                  "so the CUDA context and NCCL buffers come on top of it)"),
     ]
+
+
+def _add_launcher_args(run: argparse.ArgumentParser) -> None:
+    """How each multi-process case starts its ranks, and the multi-node run (run.launch,
+    run.multinode). Not sweep flags: the same sweep runs under either launcher."""
+    from bench_lib.run.launch import ENDPOINT_ENV, LAUNCHERS
+
+    g = run.add_argument_group(
+        "launcher (multi-node: every node runs the same command, with its own --node-rank; "
+        "only ddp, fsdp and the pipelining schedules span nodes, single runs on node 0, "
+        "the other strategies are unsupported)")
+    g.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                   help="local: the runner starts each rank (default); torchrun: each "
+                        "multi-process case through PyTorch's torchrun (c10d rendezvous, "
+                        "--max-restarts 0; --standalone on one node)")
+    g.add_argument("--nnodes", type=int, metavar="N",
+                   help="nodes of a multi-node run (torchrun; default SLURM_NNODES, else 1)")
+    g.add_argument("--node-rank", type=int, metavar="I",
+                   help="this node's index, 0 writes the run folder (default SLURM_NODEID)")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help=f"node 0's rendezvous address, the same on every node (default "
+                        f"${ENDPOINT_ENV}; required with --nnodes > 1, never guessed)")
+    g.add_argument("--coord-port", type=int, metavar="PORT",
+                   help="node 0's coordination port for the runners (default: the "
+                        "rendezvous port + 1)")
+    g.add_argument("--nproc-per-node", type=int, metavar="G",
+                   help="ranks per node, torchrun's word for --devices (must match it)")
+
+
+def _resolve_launcher(args: argparse.Namespace) -> Launcher:
+    """The run's launcher (exit 2 on bad input); ``--nproc-per-node`` fills ``--devices``."""
+    from bench_lib.run.launch import resolve
+
+    launcher = resolve(args.launcher, args.nnodes, args.node_rank, args.rdzv_endpoint,
+                       args.coord_port)
+    if args.nproc_per_node is not None:
+        if launcher.kind != "torchrun":
+            raise UsageError("--nproc-per-node needs --launcher torchrun")
+        if args.devices not in (None, args.nproc_per_node):
+            raise UsageError(f"--nproc-per-node {args.nproc_per_node} and --devices "
+                             f"{args.devices} disagree: each node runs one rank per device")
+        args.devices = args.nproc_per_node
+    if launcher.multi_node and args.resume:
+        raise UsageError("--resume of a multi-node run is not supported: run it again")
+    return launcher
+
+
+def _follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[Case]) -> int:
+    """A non-first node of a multi-node run: follow node 0, which writes the run folder."""
+    from bench_lib.run.multinode import NodeZeroGone
+    from bench_lib.run.runner import run_follower
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        end = run_follower(cases, rig, launcher, args.out)
+    except KeyboardInterrupt:
+        print(f"node {launcher.node_rank}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except NodeZeroGone as e:
+        print(f"error: node {launcher.node_rank}: {e}", file=sys.stderr)
+        return EXIT_FAILED_CASES
+    print(f"node {launcher.node_rank}: node 0 ended the run ({end}); its run folder holds "
+          "the results", file=sys.stderr)
+    return {"done": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(end, EXIT_FAILED_CASES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="list the cases and an estimated duration; run nothing")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR",
                      help="finish an interrupted run: skip the cases it already recorded")
+    run.add_argument("--shard", type=_shard, metavar="K/N",
+                     help="run only the K-th (from 1) of N parts of the sweep, balanced by "
+                          "estimated duration, whole workloads each, into its own run folder; "
+                          "join them with `merge` (--resume keeps the folder's shard)")
+    _add_launcher_args(run)
     after = run.add_argument_group("after the sweep (each acts on the run folder it wrote)")
     after.add_argument("--report", action="store_true",
                        help="write report.html and the figures into the run folder")
@@ -170,6 +265,23 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="write figures and report.html into the first run folder")
     report.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                         help="run folder(s); several are compared side by side")
+
+    merge = sub.add_parser(
+        "merge", help="join the shards of one sweep (run --shard K/N) into one run folder")
+    merge.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                       help="the shards' run folders, or folders holding them (run --out)")
+    merge.add_argument("--out", type=Path, required=True, metavar="DIR",
+                       help="the merged run folder to create (must not exist)")
+    merge.add_argument("--allow-partial", action="store_true",
+                       help="merge even with shards or cases missing (env.json names them)")
+
+    from bench_lib.parity import run as parity_run
+
+    parity = sub.add_parser(
+        "parity", help="train every strategy on real data from the same weights; exit 1 when "
+                       "one learns differently from single")
+    parity_run.add_arguments(parity)
+    _add_rig_args(parity)
     return parser
 
 
@@ -191,7 +303,7 @@ def plan_new(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     CUDA anything, so a sweep for another box can be planned (and timed) on any machine.
     """
     rig = detect_rig(args.rig, args.devices, args.threads_per_worker,
-                     plan_only=args.dry_run)
+                     plan_only=args.dry_run, gpu_slots=_gpu_slots(args))
     profile = load_profile(profile_path(args.profile_flag or "default", rig))
     profile = profile.override(**_profile_overrides(args))
     return rig, profile, expand(profile, rig)
@@ -218,6 +330,27 @@ def plan_resume(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     return rig, profile, [c for c in cases if c.case_id not in done]
 
 
+def plan_shard(args: argparse.Namespace, rig: Rig, profile: Profile, cases: list[Case],
+               ) -> tuple[list[Case], SweepRecord | None, ShardPlan | None]:
+    """The cases of the shard to run (``--shard``, or the resumed folder's own: a resumed
+    shard stays that shard), its env.json record, and the cut of the whole sweep."""
+    from bench_lib.sweep import shard
+
+    if args.resume:
+        from bench_lib.results.read import read_env
+
+        recorded = shard.SweepRecord.of_env(read_env(args.resume))
+        mine = recorded.shard if recorded else None
+        if args.shard is not None and args.shard != mine:
+            ran = f"shard {mine.label}" if mine else "the whole sweep"
+            raise UsageError(f"{args.resume} ran {ran}; drop --shard {args.shard.label}")
+        return (shard.select(cases, recorded) if recorded else cases), recorded, None
+    if args.shard is None:
+        return cases, None, None
+    sweep, cut = shard.record(profile, rig, cases, args.shard)
+    return shard.select(cases, sweep), sweep, cut
+
+
 def _print_plan(cases: list[Case], rig: Rig, estimates: list[float]) -> None:
     from bench_lib.sweep.estimate import format_duration
 
@@ -236,20 +369,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench_lib.report.headlines import headline_lines, tutorial_lines
     from bench_lib.results.read import read_env
     from bench_lib.results.store import RunWriter, create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.run.multinode import cluster_env, open_coordinator
+    from bench_lib.run.multinode import plan as plan_nodes
     from bench_lib.run.progress import Progress
     from bench_lib.run.runner import measure_idle_power, run_sweep
     from bench_lib.sweep.estimate import case_seconds
+    from bench_lib.sweep.shard import describe as describe_shard
+    from bench_lib.sweep.shard import record as sweep_record
 
     # Everything is validated before the run folder exists: bad input writes nothing.
+    launcher = _resolve_launcher(args)
     rig, profile, cases = plan_resume(args) if args.resume else plan_new(args)
+    if launcher.multi_node:  # planned again, on every node's devices
+        rig, cases = plan_nodes(profile, rig, launcher.nnodes)
+    cases, sweep, cut = plan_shard(args, rig, profile, cases)
     estimates = [case_seconds(c, rig) for c in cases]
     if args.dry_run:
         _print_plan(cases, rig, estimates)
+        if sweep is not None and sweep.shard is not None:
+            print(describe_shard(sweep, cut))
         return EXIT_OK
     if rig.kind == "cuda":  # NCCL, /dev/shm, NVML checked in seconds, not hours in (exit 2)
         from bench_lib.measure import preflight
 
         preflight.check(rig, quiet=args.quiet)
+    if launcher.node_rank > 0:  # node 0 writes the run folder; this node follows it
+        return _follow(args, launcher, rig, cases)
+    # Node 0 of a multi-node run: the nodes admitted before anything is written.
+    coordinator = open_coordinator(launcher, rig, cases) if launcher.multi_node else None
 
     if args.resume:
         run_dir = args.resume
@@ -264,7 +411,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         peak = flops.measure_peak(rig, list(profile.precisions))
         env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
                                   idle.as_dict())
+        env["sweep"] = (sweep or sweep_record(profile, rig, cases)[0]).as_dict()
+        env["launcher"] = launcher.as_dict()
+        if coordinator is not None:
+            env = cluster_env(env, coordinator.infos)
         write_json_atomic(run_dir / "env.json", env)
+        if coordinator is not None:
+            coordinator.welcome(run_dir.name)
     # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # Ctrl-C too, even where the run was started with SIGINT ignored (a background job of a
@@ -273,11 +426,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress = Progress(estimates, quiet=args.quiet,
                         launches=[c.measurement.launches for c in cases])
     verb = "resuming" if args.resume else "run"
-    progress.header(f"{verb} {run_dir.name}: {len(cases)} cases on rig {rig.label}")
+    part = f" (shard {sweep.shard.label})" if sweep is not None and sweep.shard else ""
+    progress.header(f"{verb} {run_dir.name}: {len(cases)} cases on rig {rig.label}{part}")
     try:
         with RunWriter(run_dir) as writer:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
-                             attainable_peak=peak, idle=idle, on_launch_done=progress.launch_done)
+                             attainable_peak=peak, idle=idle, on_launch_done=progress.launch_done,
+                             launcher=launcher, coordinator=coordinator)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "
@@ -323,10 +478,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from bench_lib.run.merge import merge
+
+    print(merge(args.run_dirs, args.out, allow_partial=args.allow_partial))
+    return EXIT_OK
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from bench_lib.parity import run as parity_run
+
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, gpu_slots=_gpu_slots(args))
+    return parity_run.command(args, rig)
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     from bench_lib.measure import environment
 
-    rig = detect_rig(args.rig, args.devices, args.threads_per_worker)
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, gpu_slots=_gpu_slots(args))
     print(json.dumps(environment.collect(rig, {}, sys.argv), indent=2, default=str))
     return EXIT_OK
 
@@ -355,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_baseline(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "merge":
+            return cmd_merge(args)
+        if args.command == "parity":
+            return cmd_parity(args)
         return cmd_run(args)
     except (UsageError, RigError, WorkloadError, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -12,9 +12,12 @@ worker's threads never compete with another worker's for a core's execution unit
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
-from collections.abc import Iterable
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -152,12 +155,26 @@ class Rig:
     physical_cores: tuple[tuple[int, ...], ...] = ()
     """The physical cores of ``cores`` in hand-out order, each as its logical CPUs; worker i
     gets physical cores [i*T, (i+1)*T). Empty: each logical CPU counts as a core."""
+    nodes: int = 1
+    """Nodes of a multi-node run (``run.multinode``), each with this node's devices:
+    ``num_devices`` and the cores stay this node's, so device slots index this node."""
+    gpu_slots: int = 1
+    """Device slots per GPU (cuda only). Above 1 is the validation mode (``--gpu-slots``):
+    slot i runs on GPU i // gpu_slots, so two "devices" share one card and the two-device
+    code paths run on a one-GPU machine; its numbers are no multi-GPU measurement
+    (``validation_note``), and its process groups use gloo (NCCL refuses two ranks on one
+    GPU: "Duplicate GPU detected")."""
 
     def __post_init__(self) -> None:
         if self.kind not in RIG_KINDS:
             raise RigError(f"unknown rig kind {self.kind!r}; valid: {', '.join(RIG_KINDS)}")
         if self.num_devices < 1:
             raise RigError(f"a rig needs at least one device, got {self.num_devices}")
+        if self.nodes < 1:
+            raise RigError(f"a rig needs at least one node, got {self.nodes}")
+        if self.gpu_slots < 1 or (self.gpu_slots > 1 and self.kind != "cuda"):
+            raise RigError(f"--gpu-slots {self.gpu_slots}: slots per GPU are >= 1, and above 1 "
+                           f"only on a cuda rig (a cpu rig's devices are its workers)")
         if self.kind == "cpu":
             if self.threads_per_worker < 1:
                 raise RigError(f"threads per worker must be >= 1, got {self.threads_per_worker}")
@@ -177,15 +194,50 @@ class Rig:
 
     @property
     def label(self) -> str:
-        """Short rig name used in result rows, e.g. ``cpu:2x1t`` or ``cuda:2``."""
+        """Short rig name used in result rows, e.g. ``cpu:2x1t`` or ``cuda:2``; across nodes
+        ``cuda:8@2nodes`` (8 GPUs on each of 2 nodes)."""
         if self.kind == "cpu":
-            return f"cpu:{self.num_devices}x{self.threads_per_worker}t"
-        return f"cuda:{self.num_devices}"
+            label = f"cpu:{self.num_devices}x{self.threads_per_worker}t"
+        elif self.gpu_slots > 1:  # never mistaken for cuda:N
+            label = f"cuda:{self.num_devices}slots-on-{self.num_gpus}gpu-validation"
+        else:
+            label = f"cuda:{self.num_devices}"
+        return label if self.nodes == 1 else f"{label}@{self.nodes}nodes"
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the rig's devices run on (per node); 0 on a cpu rig."""
+        if self.kind != "cuda":
+            return 0
+        return -(-self.num_devices // self.gpu_slots)
+
+    @property
+    def validation_note(self) -> str:
+        """Empty, or why this rig's numbers are no measurement of its device count."""
+        if self.gpu_slots == 1:
+            return ""
+        return (f"validation run: {self.num_devices} device slots on {self.num_gpus} GPU(s) "
+                f"(--gpu-slots {self.gpu_slots}) check the multi-device code paths; the slots "
+                f"share each GPU's compute and memory, and ranks talk through gloo, so the "
+                f"numbers are not a {self.num_devices}-GPU measurement")
+
+    @property
+    def backend(self) -> str:
+        """The process groups' backend: NCCL on GPUs, gloo on CPUs and in the validation mode
+        (NCCL refuses two ranks on one GPU)."""
+        return "nccl" if self.kind == "cuda" and self.gpu_slots == 1 else "gloo"
+
+    def cuda_index(self, index: int) -> int:
+        """The CUDA device index (this process's numbering) of device slot ``index``."""
+        self._check_index(index)
+        return index // self.gpu_slots
 
     def device(self, index: int) -> torch.device:
         """The torch device of device slot ``index``."""
         self._check_index(index)
-        return torch.device("cuda", index) if self.kind == "cuda" else torch.device("cpu")
+        if self.kind == "cuda":
+            return torch.device("cuda", self.cuda_index(index))
+        return torch.device("cpu")
 
     def devices(self, count: int | None = None) -> list[torch.device]:
         """The first ``count`` devices (all when None)."""
@@ -198,9 +250,15 @@ class Rig:
         return [c for core in self.core_groups[index * t : (index + 1) * t] for c in core]
 
     def device_names(self) -> list[str]:
-        """Human-readable names of the devices."""
+        """Human-readable names of the devices.
+
+        On a cuda rig, read without a CUDA context in this process (the runner's: a context
+        would hold memory on a GPU the cases measure): through NVML, else from a child
+        process (``cuda_device_names``).
+        """
         if self.kind == "cuda":
-            return [torch.cuda.get_device_name(i) for i in range(self.num_devices)]
+            gpus = cuda_device_names(self.num_gpus)
+            return [gpus[self.cuda_index(i)] for i in range(self.num_devices)]
         return [
             f"cpu worker {i} (cores {','.join(map(str, self.cores_of(i)))})"
             for i in range(self.num_devices)
@@ -213,6 +271,8 @@ class Rig:
             "threads_per_worker": self.threads_per_worker,
             "cores": list(self.cores),
             "physical_cores": [list(c) for c in self.physical_cores],
+            "nodes": self.nodes,
+            "gpu_slots": self.gpu_slots,
             "label": self.label,
         }
 
@@ -220,16 +280,59 @@ class Rig:
     def from_dict(cls, d: dict[str, Any]) -> Rig:
         physical = tuple(tuple(c) for c in d.get("physical_cores") or ())
         return cls(d["kind"], d["num_devices"], d["threads_per_worker"], tuple(d["cores"]),
-                   physical)
+                   physical, int(d.get("nodes", 1)), int(d.get("gpu_slots", 1)))
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.num_devices:
             raise RigError(f"device {index} does not exist on rig {self.label}")
 
 
+def cuda_device_count() -> int:
+    """GPUs visible to CUDA, counted without initialising CUDA in this process.
+
+    ``torch.cuda.device_count`` asks NVML first (no ``cuInit``, no context; it honours
+    CUDA_VISIBLE_DEVICES) and falls back to the CUDA runtime only where NVML fails;
+    ``torch.cuda.is_available`` would call ``cudaGetDeviceCount`` and initialise the driver.
+    A GPU that NVML sees but CUDA cannot use fails the pre-flight check, before any case.
+    """
+    return torch.cuda.device_count() if torch.backends.cuda.is_built() else 0
+
+
+def cuda_device_names(count: int, nvml: Any = None,
+                      child: Callable[[int], list[str]] | None = None) -> list[str]:
+    """Names of CUDA devices 0..count-1 in CUDA's numbering, without a CUDA context here.
+
+    NVML first (``sampler.cuda_visible_gpus``: CUDA_VISIBLE_DEVICES and bus order applied);
+    where NVML cannot be read, or sees fewer GPUs, a child process asks torch
+    (``_names_from_child``) and exits, taking its context with it.
+    """
+    from bench_lib.measure.sampler import cuda_visible_gpus
+
+    try:
+        gpus = cuda_visible_gpus(nvml)
+    except Exception:  # no NVML library or driver: ask CUDA, in a child
+        gpus = []
+    if len(gpus) >= count:
+        return [g.name for g in gpus[:count]]
+    return (child or _names_from_child)(count)
+
+
+def _names_from_child(count: int, timeout_s: float = 120.0) -> list[str]:
+    code = ("import json, sys, torch; "
+            "print(json.dumps([torch.cuda.get_device_name(i) for i in range(int(sys.argv[1]))]))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(count)], capture_output=True,
+                              text=True, timeout=timeout_s, check=True)
+        names = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        raise RigError(f"cannot read the names of {count} CUDA device(s) through NVML or "
+                       f"torch in a child process: {e}") from e
+    return [str(n) for n in names]
+
+
 def detect_rig(
     kind: str | None = None, num_devices: int | None = None, threads: int | None = None,
-    topology: CpuTopology | None = None, plan_only: bool = False,
+    topology: CpuTopology | None = None, plan_only: bool = False, gpu_slots: int = 1,
 ) -> Rig:
     """Detect the rig, with optional overrides from the CLI.
 
@@ -240,22 +343,31 @@ def detect_rig(
     ``plan_only`` (a dry run): a cuda rig of ``num_devices`` GPUs is built without asking
     CUDA or NVML anything, whatever this machine has, so that a sweep for an N-GPU box can be
     planned anywhere; nothing may run on such a rig.
+
+    ``gpu_slots`` above 1 (the validation mode, ``Rig.gpu_slots``): ``num_devices`` slots
+    (default: every GPU's slots) on ceil(num_devices / gpu_slots) GPUs; cuda only.
     """
+    if gpu_slots > 1:
+        if kind == "cpu":
+            raise RigError(f"--gpu-slots {gpu_slots} needs a cuda rig (it puts several device "
+                           f"slots on one GPU); a cpu rig's devices are its workers")
+        kind = "cuda"
     if kind == "cuda" and plan_only and num_devices is not None:
-        return Rig("cuda", num_devices)
+        return Rig("cuda", num_devices, gpu_slots=gpu_slots)
     if kind is None:
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
+        kind = "cuda" if cuda_device_count() > 0 else "cpu"
     if kind == "cuda":
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        have = cuda_device_count()
         if have == 0:
             raise RigError("--rig cuda asked for, but no CUDA GPU is visible"
                            + (": give --devices N to plan a sweep for N GPUs" if plan_only
                               else ": a run needs GPUs (--dry-run --devices N plans the "
                                    "sweep for N GPUs without them)"))
-        n = have if num_devices is None else num_devices
-        if n > have:
-            raise RigError(f"{n} devices asked for, but this cuda rig has {have} GPU(s)")
-        return Rig("cuda", n)
+        n = have * gpu_slots if num_devices is None else num_devices
+        if -(-n // gpu_slots) > have:
+            slots = f" at {gpu_slots} slots per GPU" if gpu_slots > 1 else ""
+            raise RigError(f"{n} devices asked for{slots}, but this cuda rig has {have} GPU(s)")
+        return Rig("cuda", n, gpu_slots=gpu_slots)
     if kind != "cpu":
         raise RigError(f"unknown rig kind {kind!r}; valid: {', '.join(RIG_KINDS)}")
     topology = topology or read_cpu_topology()
@@ -346,30 +458,39 @@ def synchronize(devices: Iterable[torch.device]) -> None:
 
 
 def init_process_group(
-    rig: Rig, rank: int, world_size: int, init_file: str, timeout_s: float
+    rig: Rig, rank: int, world_size: int, init_file: str, timeout_s: float,
+    local_rank: int | None = None, loopback: bool = True,
 ) -> None:
-    """Join a process group through a ``file://`` rendezvous (unique per case).
+    """Join a case's process group: through a ``file://`` rendezvous (``init_file``, unique
+    per case: the local launcher), or through ``env://`` where ``init_file`` is empty (the
+    store torchrun's rendezvous set up, at its MASTER_ADDR and MASTER_PORT).
 
-    NCCL on cuda rigs, gloo on cpu rigs; single-node groups talk over loopback only: on
-    Linux both libraries are told so (``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` =
-    ``lo``, unless already set), so NCCL's bootstrap and socket fallback never pick another
-    interface (a docker bridge, a VPN) to reach a rank on the same host. NCCL's intra-node
-    transports (P2P, NVLink, shared memory) are unaffected. A cuda rank selects its GPU
-    before joining, and passes it as ``device_id`` (NCCL binds its communicator eagerly).
+    NCCL on cuda rigs, gloo on cpu rigs. A group on one node (``loopback``) talks over
+    loopback only: on Linux both libraries are told so (``GLOO_SOCKET_IFNAME`` and
+    ``NCCL_SOCKET_IFNAME`` = ``lo``, unless already set), so NCCL's bootstrap and socket
+    fallback never pick another interface (a docker bridge, a VPN) to reach a rank on the
+    same host. NCCL's intra-node transports (P2P, NVLink, shared memory) are unaffected. A
+    group that spans nodes leaves the interface to the libraries (or to those variables, set
+    by the user). A cuda rank selects its GPU (``local_rank``, default ``rank``: its slot on
+    this node) before joining, and passes it as ``device_id`` (NCCL binds its communicator
+    eagerly).
     """
     import torch.distributed as dist
 
-    if platform.system() == "Linux":  # every group of ours is one node (file:// rendezvous)
+    if loopback and platform.system() == "Linux":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     timeout = datetime.timedelta(seconds=timeout_s)
+    slot = rank if local_rank is None else local_rank
     device_id = None
     if rig.kind == "cuda":
-        torch.cuda.set_device(rank)
-        device_id = torch.device("cuda", rank)
+        device = rig.device(slot)
+        torch.cuda.set_device(rig.cuda_index(slot))
+        if rig.backend == "nccl":
+            device_id = device
     dist.init_process_group(
-        backend="nccl" if rig.kind == "cuda" else "gloo",
-        init_method=f"file://{init_file}",
+        backend=rig.backend,
+        init_method=f"file://{init_file}" if init_file else "env://",
         rank=rank,
         world_size=world_size,
         timeout=timeout,

@@ -2,8 +2,9 @@
 
     results = run_ranks(fn, world_size=2, args=(...,))
 
-``fn(rank, world_size, *args)`` runs in a spawned process after the process group is up;
-its return value (picklable) comes back in rank order. A rank that raises, or a test
+``fn(rank, world_size, *args)`` runs in a spawned process after the process group is up
+(``group=False``: with none, for code that starts its own, as the worker does); its return
+value (picklable) comes back in rank order. A rank that raises, or a test
 that exceeds ``timeout_s``, fails with the rank's error.
 """
 
@@ -24,9 +25,12 @@ import torch.multiprocessing as mp
 GROUP_TIMEOUT_S = 60
 
 
-def _entry(rank, world_size, init_file, fn, args, queue):
+def _entry(rank, world_size, init_file, fn, args, queue, group=True):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     try:
+        if not group:
+            queue.put((rank, "ok", pickle.dumps(fn(rank, world_size, *args))))
+            return
         dist.init_process_group(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S),
@@ -42,14 +46,15 @@ def _entry(rank, world_size, init_file, fn, args, queue):
         raise
 
 
-def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout_s: float = 180):
+def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout_s: float = 180,
+              group: bool = True):
     """Run ``fn`` on ``world_size`` gloo ranks; return their results in rank order."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
-            ctx.Process(target=_entry, args=(r, world_size, init_file, fn, args, queue))
+            ctx.Process(target=_entry, args=(r, world_size, init_file, fn, args, queue, group))
             for r in range(world_size)
         ]
         for p in procs:

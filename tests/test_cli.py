@@ -90,7 +90,7 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
         (["--image-sizes", "16"], "image size 16 is too small"),
         (["--devices", "64"], "64 devices asked for"),
         (["--profile", "nope"], "unknown profile 'nope'; valid: ci, default"),
-        (["--models", "vgg"], "unknown model 'vgg'; valid: resnet-tiny"),
+        (["--models", "vgg"], "unknown model 'vgg'; valid: mlp, resnet-tiny"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
@@ -115,7 +115,7 @@ def _sweep_flags() -> list:
 
 
 def test_every_sweep_flag_reaches_the_profile_or_the_rig():
-    rig_dests = {"rig", "devices", "threads_per_worker"}
+    rig_dests = {"rig", "devices", "threads_per_worker", "gpu_slots"}
     dests = {f.dest for f in _sweep_flags()} - rig_dests - {"profile_flag"}
     assert dests <= set(Profile.keys()), dests - set(Profile.keys())
     # What a profile file can set and the command line cannot (--batch-size replaces the

@@ -55,7 +55,7 @@ def torch_refuses(strategy: str, ranks: int, microbatches: int) -> str | None:
 
 @functools.cache
 def model_blocks(model: str) -> int:
-    return len(blocks(MODELS[model](10)))
+    return len(blocks(MODELS[model].build(10)))
 
 
 def test_the_table_of_stages_covers_every_pipelining_strategy():
@@ -182,7 +182,7 @@ def test_a_real_cuda_run_without_gpus_exits_2_with_a_clear_message(tmp_path, cap
 def _saved_mib_per_image(model_name: str, image_size: int) -> float:
     """MiB autograd keeps for backward of one image (fp32, CPU), weights excluded."""
     torch.manual_seed(0)
-    model = MODELS[model_name](1000).train()
+    model = MODELS[model_name].build(1000).train()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 

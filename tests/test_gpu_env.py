@@ -477,3 +477,55 @@ def test_cli_runs_no_preflight_on_a_cpu_rig(monkeypatch, tmp_path, cpu_rig):
 
     monkeypatch.setattr(store, "create_run_dir", stop)
     assert cli.main(["run", "--out", str(tmp_path / "out")]) == cli.EXIT_USAGE
+
+
+# --- The runner's device names: NVML, else a child process; never a CUDA call here --------
+
+def test_cuda_device_names_come_from_nvml_without_a_cuda_call(monkeypatch, no_cuda_calls):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    child_asked: list[int] = []
+    names = rig_module.cuda_device_names(2, topo_nvml(), child=child_asked.append)
+    assert names == ["NVIDIA H100 80GB HBM3"] * 2
+    assert child_asked == []  # NVML answered: no child process
+    # The rig's own method takes the same path (pynvml is the default NVML).
+    monkeypatch.setitem(sys.modules, "pynvml", topo_nvml())
+    assert Rig("cuda", 2).device_names() == ["NVIDIA H100 80GB HBM3"] * 2
+
+
+def test_cuda_device_names_fall_back_to_a_child_process(monkeypatch, no_cuda_calls):
+    broken = topo_nvml(init_error=FakeNvmlError("no driver"))
+    asked: list[int] = []
+
+    def child(count: int) -> list[str]:
+        asked.append(count)
+        return [f"gpu {i}" for i in range(count)]
+
+    assert rig_module.cuda_device_names(2, broken, child=child) == ["gpu 0", "gpu 1"]
+    assert asked == [2]
+    # NVML that sees fewer GPUs than the rig (CUDA_VISIBLE_DEVICES naming one) also asks.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert rig_module.cuda_device_names(2, topo_nvml(), child=child) == ["gpu 0", "gpu 1"]
+
+
+def test_a_child_that_cannot_name_the_gpus_is_a_rig_error(monkeypatch):
+    # This machine's torch in a child process, asked for a GPU it may not have: either it
+    # names them (a GPU box) or the failure is a RigError that says what was tried.
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the child names it")
+    with pytest.raises(RigError, match="NVML or torch in a child process"):
+        rig_module._names_from_child(1)
+
+
+def test_rig_detection_counts_gpus_without_initialising_cuda(monkeypatch):
+    def no_runtime(*_args, **_kwargs):
+        raise AssertionError("cudaGetDeviceCount called: CUDA initialised in the runner")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_runtime)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # NVML-based in torch
+    assert rig_module.detect_rig("cuda").num_devices == 2
+    assert rig_module.detect_rig().kind == "cuda"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert rig_module.detect_rig().kind == "cpu"
+    with pytest.raises(RigError, match="no CUDA GPU is visible"):
+        rig_module.detect_rig("cuda")

@@ -17,7 +17,14 @@ import torchvision
 
 from bench_lib.measure.sampler import cuda_visible_gpus, nvml_session, nvml_text
 from bench_lib.results.schema import SCHEMA_VERSION
-from bench_lib.rig import CpuTopology, Rig, available_cores, read_cpu_topology, set_math_mode
+from bench_lib.rig import (
+    CpuTopology,
+    Rig,
+    available_cores,
+    cuda_device_count,
+    read_cpu_topology,
+    set_math_mode,
+)
 
 # Test-only hooks (bench_lib.run.faults): a run made with one is not a real measurement.
 TEST_FAULT_ENV = "PARABENCH_TEST_FAULT"
@@ -69,8 +76,12 @@ def nvidia_driver() -> str | None:
 
 
 def software_versions() -> dict[str, Any]:
-    """Versions of everything that changes what is measured."""
-    cuda = torch.cuda.is_available()
+    """Versions of everything that changes what is measured.
+
+    Read in the runner, so without a CUDA context: the GPU count through NVML
+    (``rig.cuda_device_count``); NCCL's and cuDNN's versions are library calls.
+    """
+    cuda = cuda_device_count() > 0
     nccl = None
     if cuda and hasattr(torch.cuda, "nccl"):
         try:

@@ -128,14 +128,15 @@ def count_train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
 
 @functools.cache
 def train_flops_per_image(model: str, image_size: int) -> float:
-    """Training FLOPs (forward + backward) per image of a workload model (cached)."""
+    """Training FLOPs (forward + backward) per image (per sample: ``toy``'s is a vector) of
+    a workload model, with its own head, inputs and default loss (cached)."""
     # Two images, not one: BatchNorm in training mode needs more than one value per channel
     # where a small image has shrunk to 1x1. Meta tensors count shapes without computing.
     workload = Workload(model, image_size, batch_size=2)
-    with torch.device("meta"):
+    meta = torch.device("meta")
+    with meta:
         net = workload.build_model()
-        x = torch.randn(2, 3, image_size, image_size)
-        y = torch.randint(0, workload.num_classes, (2,))
+    x, y = workload.make_batch(2, meta)
     return count_train_flops(net, x, y, workload.loss_fn()) / 2
 
 
@@ -235,7 +236,7 @@ def probe_device(rig: Rig, index: int, precisions: list[str], n: int, conv: Conv
     each precision's probes: a change raises instead of giving a peak in another mode."""
     pin_worker(rig, index)  # on a cpu rig: this worker's cores and threads
     if rig.kind == "cuda":
-        torch.cuda.set_device(index)
+        torch.cuda.set_device(rig.cuda_index(index))
     mode = set_math_mode()
     device = rig.device(index)
     t0 = time.time()

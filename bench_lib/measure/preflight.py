@@ -111,15 +111,6 @@ def nvml_check(rig: Rig, nvml: Any = None, environ: Mapping[str, str] | None = N
     return Check("nvml", "ok", f"bus ids {buses}")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent dies (Linux), so no rank outlives
-    an interrupted pre-flight."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _tail(path: Path) -> str:
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
@@ -160,9 +151,9 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
     """All-reduce across the rig's devices in child processes (``all_reduce``), and on a
     cuda rig which GPU pairs have peer access (``peer_access``)."""
     world = rig.num_devices
-    backend = "nccl" if rig.kind == "cuda" else "gloo"
+    backend = rig.backend
     what = (f"{backend} all-reduce between the {world} "
-            f"{'GPUs' if rig.kind == 'cuda' else 'workers'}")
+            f"{'workers' if rig.kind != 'cuda' else 'GPUs' if rig.gpu_slots == 1 else 'GPU slots'}")
     base = list(command or [sys.executable, "-m", "bench_lib.measure.preflight"])
     with tempfile.TemporaryDirectory(prefix="parabench-preflight-") as tmp:
         folder = Path(tmp)
@@ -172,14 +163,15 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
         try:
             with log_path.open("ab") as log:
                 for rank in range(world):
+                    # The rank ties itself to this process as it starts (no preexec_fn: see
+                    # run.lifeline.die_with_parent), so no rank outlives an interrupted check.
                     args = [json.dumps(rig.as_dict()), str(rank), str(world),
                             str(folder / "rendezvous"), str(folder / f"rank{rank}.json"),
-                            str(timeout_s)]
+                            str(timeout_s), str(os.getpid())]
                     procs.append(subprocess.Popen(
                         [*base, *args], stdout=log, stderr=subprocess.STDOUT,
                         env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                        process_group=procs[0].pid if procs else 0,
-                        preexec_fn=_die_with_parent))
+                        process_group=procs[0].pid if procs else 0))
         except BaseException:  # a rank could not start: the started ones go too
             if procs:
                 _wait(procs, 0.0)
@@ -261,7 +253,12 @@ def check(rig: Rig, quiet: bool = False, **kwargs: Any) -> list[Check]:
 
 def _rank(argv: Sequence[str]) -> int:
     """One rank of ``all_reduce`` (``python -m bench_lib.measure.preflight RIG RANK WORLD
-    INIT_FILE RESULT_FILE TIMEOUT_S``): writes its result as JSON, exits 0 when right."""
+    INIT_FILE RESULT_FILE TIMEOUT_S [PARENT_PID]``): writes its result as JSON, exits 0 when
+    right; with PARENT_PID, first asks to die with that process (exit 4 if it is gone)."""
+    from bench_lib.run.lifeline import EXIT_ORPHANED, die_with_parent
+
+    if len(argv) > 6 and not die_with_parent(int(argv[6])):
+        return EXIT_ORPHANED
     import torch
     import torch.distributed as dist
 
@@ -280,9 +277,10 @@ def _rank(argv: Sequence[str]) -> int:
         out |= {"value": float(x[0]), "ok": bool((x == expected).all())}
         dist.barrier()
         if rig.kind == "cuda" and rank == 0:
+            gpus = rig.num_gpus  # with --gpu-slots, slots on one GPU need no peer access
             try:
                 out["peer_access"] = {f"{i}-{j}": bool(torch.cuda.can_device_access_peer(i, j))
-                                      for i in range(world) for j in range(world) if i != j}
+                                      for i in range(gpus) for j in range(gpus) if i != j}
             except Exception as e:  # not the all-reduce's failure: no peer figure, and why
                 out["peer_access_error"] = f"{type(e).__name__}: {e}"
         dist.destroy_process_group()

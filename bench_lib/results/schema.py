@@ -2,11 +2,17 @@
 
 A run folder ``results/<run_id>/`` holds::
 
-    env.json     environment, rig, profile, command line, schema version
+    env.json     environment, rig, profile, command line, schema version; ``sweep``: the
+                 sweep's id (``sweep.shard.sweep_id``) and the shard K/N a ``run --shard``
+                 ran (with its case ids), or the shards a ``merge`` joined (``merged_from``);
+                 ``launcher``: local or torchrun, nodes, node rank, rendezvous endpoint; in
+                 a multi-node run ``nodes``, every node (host, devices, versions,
+                 fingerprint), and the fingerprint covers all of them (``fingerprint.nodes``)
     cases.csv    exactly one row per case, whatever happened to it
     steps.csv    every timed step of every rank
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
+    shards/K/    a merged folder only: shard K's own env.json (``run.merge``)
 
 Version 5 (this one) measures every case in several fresh launches, interleaved in rounds
 (``launches``, ``steps_per_launch``, ``launch_medians_s``; steps.csv ``launch``): the
@@ -70,16 +76,21 @@ CASES = _cols(
     ("case_id", "strategy, model, image size, batch, split and options, e.g. "
                 "ddp_resnet50_img128_b32_s-_fp32"),
     ("strategy", "registry name of the strategy"),
-    ("model", "workload model name"),
-    ("rig", "rig label, e.g. cpu:2x1t or cuda:2"),
+    ("model", "workload model name (bench_lib.workloads.MODELS): resnet18/50/101/152, "
+              "resnet-tiny, mlp, toy"),
+    ("rig", "rig label, e.g. cpu:2x1t or cuda:2; cuda:8@2nodes in a multi-node run (8 GPUs "
+            "on each of 2 nodes; world_size says how many a case used)"),
     ("world_size", "devices the case uses", N),
     ("threads_per_worker", "intra-op threads of each CPU worker (empty on GPUs)", N),
-    ("image_size", "square input size in pixels", N),
+    ("image_size", "square input size in pixels; a model that takes no image size runs "
+                   "once, whatever the sweep's sizes, at its own: mlp 28 (28x28 digits), toy 0 "
+                   "(its input is 10 features, not an image)", N),
     ("batch_size", "global images per training step", N),
     ("split_size", "images per micro-batch (empty where no split applies)", N),
     ("num_microbatches", "micro-batches per step (empty where no split applies)", N),
     ("precision", "fp32 or bf16 (autocast)"),
-    ("loss", "ce or mse-onehot"),
+    ("loss", "ce or mse-onehot (classifiers), or mse on real-valued targets (toy, "
+             "whatever the sweep's loss)"),
     ("status", "ok, oom, unsupported, skipped, timeout or error"),
     ("reason", "why a case did not end ok"),
     ("warmup_steps", "discarded warm-up steps actually run before timing, the most of any "
@@ -182,7 +193,8 @@ CASES = _cols(
     ("peak_mem_reserved_mib_by_device", "CUDA caching-allocator peak per device after warm-up, "
                                         "device:MiB;..."),
     ("mem_imbalance_ratio", "max over min net peak memory across the devices used", N),
-    ("flops_per_img", "training FLOPs (forward + backward) per image", N),
+    ("flops_per_img", "training FLOPs (forward + backward) per image (per sample for toy)",
+     N),
     ("achieved_tflop_s", "flops_per_img x throughput, TFLOP/s", N),
     ("mfu_pct", "achieved over the measured attainable peak of the devices whose compute "
                 "the case holds (a cpu rig's mp/pipeline: one worker's), %; the peak is the "
@@ -256,12 +268,45 @@ SAMPLES = _cols(
 TIMELINE = _cols(
     ("run_id", "the run folder's name"), ("case_id", "the case"), ("rank", "process rank", N),
     ("stage", "global stage index", N),
-    ("device", "the device that ran it: cuda:N on GPUs, the rig's worker slot cpu:N on CPUs"),
+    ("device", "the device that ran it: cuda:N on GPUs, the rig's worker slot cpu:N on CPUs; "
+               "in a multi-node run prefixed with the node's rendezvous rank, n1/cuda:0"),
     ("microbatch", "micro-batch index", N),
     ("phase", "fwd, bwd (input gradient, or the whole backward where it is not split) or "
               "wgt (weight gradient: zero-bubble schedules)"),
     ("start_s", "start on the case's aligned clock, seconds", N),
     ("end_s", "end on the case's aligned clock, seconds", N),
+)
+
+# parity.csv and parity_verdicts.csv: ``python -m bench_lib parity`` (bench_lib.parity).
+PARITY = _cols(
+    ("run_id", "the run folder's name"),
+    ("model", "workload model name"),
+    ("strategy", "registry name of the strategy"),
+    ("precision", "fp32, or fp64 for single's float64 reference run"),
+    ("world_size", "processes of the run (1 where one process drives its devices)", N),
+    ("epoch", "epoch index from 0", N),
+    ("train_loss", "mean of the epoch's global-batch training losses", N),
+    ("test_loss", "loss over the whole test set after the epoch, evaluated on one unsplit "
+                  "copy of the trained model", N),
+    ("test_accuracy", "share of test images classified right (empty for toy's regression)",
+     N),
+    ("epoch_time_s", "wall time of the epoch's training steps on rank 0, seconds", N),
+)
+PARITY_VERDICTS = _cols(
+    ("run_id", "the run folder's name"),
+    ("model", "workload model name"),
+    ("strategy", "registry name of the strategy"),
+    ("verdict", "reference (single), match, diverged, unsupported, skipped or error"),
+    ("reason", "why a strategy did not run, or failed"),
+    ("world_size", "processes of the run", N),
+    ("test_loss", "final epoch's test loss", N),
+    ("test_accuracy", "final epoch's test accuracy (empty for a regression)", N),
+    ("test_loss_diff", "absolute difference from single's final test loss", N),
+    ("test_accuracy_diff", "absolute difference from single's final test accuracy", N),
+    ("loss_tolerance", "the largest test_loss_diff that matches (bench_lib.parity.verdict)",
+     N),
+    ("accuracy_tolerance", "the largest test_accuracy_diff that matches", N),
+    ("tolerance_note", "how the tolerance was derived, with its numbers"),
 )
 
 
@@ -283,4 +328,6 @@ STEP_COLUMNS = names(STEPS)
 SAMPLE_METRIC_NAMES = tuple(names(SAMPLE_METRICS))
 SAMPLE_COLUMNS = names(SAMPLES)
 TIMELINE_COLUMNS = names(TIMELINE)
+PARITY_COLUMNS = names(PARITY)
+PARITY_VERDICT_COLUMNS = names(PARITY_VERDICTS)
 NUMERIC_CASE_COLUMNS = [c.name for c in CASES if c.numeric]

@@ -11,6 +11,10 @@ measurement.
   (raises ``torch.OutOfMemoryError`` as that step starts; the timed steps are kept).
 * ``PARABENCH_INJECT_SLOWDOWN=0.15`` makes every timed step do 15% more work, to demonstrate
   the regression gate (benchmarks/regression_gate.py).
+
+RANK ``*`` is every rank of the process that reads the variable: in a multi-node test, the
+ranks of the one node whose runner has it set, whichever global ranks the rendezvous gives
+them.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def _fault_kind(strategy: str, rank: int) -> str | None:
     if fault.count(":") != 2:
         return None
     name, fault_rank, kind = fault.split(":")
-    if name != strategy or int(fault_rank) != rank:
+    if name != strategy or fault_rank not in ("*", str(rank)):
         return None
     if kind not in FAULT_KINDS:
         raise ValueError(f"unknown {TEST_FAULT_ENV} kind {kind!r}; valid: {', '.join(FAULT_KINDS)}")

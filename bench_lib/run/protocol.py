@@ -1,7 +1,8 @@
 """The runner <-> worker protocol, typed on both sides.
 
 The runner writes a ``CaseSpec`` as ``spec.json`` into the case's work folder and starts
-the ranks (``python -m bench_lib.run.worker SPEC_JSON RANK``); each rank writes its
+the ranks (``python -m bench_lib.run.worker SPEC_JSON RANK``, or through torchrun with the
+rank in its environment: ``run.launch``); each rank writes its
 ``RankResult`` as ``rank<RANK>.json`` beside it. The runner combines the rank results (and
 what it saw itself: exit codes, timeouts, the sampler) into one ``CaseOutcome``. Before it
 builds the model, each rank records its resident memory in ``baseline_path`` (the runner's

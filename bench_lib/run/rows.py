@@ -350,8 +350,13 @@ class SpeedupTable:
         row |= speedup_columns(speedup, case.world_size)
 
 
+SPEEDUP_COLUMNS = ("speedup_vs_single", "speedup_ci_low", "speedup_ci_high",
+                   "speedup_ci_note", "scaling_efficiency")
+"""The columns ``speedup_columns`` fills (``run.merge`` clears them before filling again)."""
+
+
 def speedup_columns(speedup: LaunchInterval, world_size: int) -> Row:
-    """The speedup columns of a row from its paired interval."""
+    """The speedup columns of a row from its paired interval (``SPEEDUP_COLUMNS``)."""
     return {
         "speedup_vs_single": speedup.point,
         "speedup_ci_low": _finite(speedup.low),

@@ -2,7 +2,11 @@
 
 Every process of a launch shares one process group of its own, so a crash, hang or OOM
 ends that launch alone: on timeout or on a dead rank the whole group is killed, and the
-case still yields exactly one row.
+case still yields exactly one row. Under ``--launcher torchrun`` (``run.launch``) a
+multi-process launch is one torchrun agent instead, supervised the same way (timeout,
+memory cap, sampler, the ranks' files combined by the same rules); on node 0 of a
+multi-node run it is announced to the other nodes, whose runners follow (``follow_sweep``),
+and their ranks' files come back over node 0's coordination store (``run.multinode``).
 
 Replication (``Measurement.launches`` = L): the cases of one workload (its ``single`` and
 every strategy compared with it) are launched in L rounds, each case once per round in a
@@ -15,17 +19,20 @@ as a difference between strategies. The group's rows are written once its last r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -45,7 +52,26 @@ from bench_lib.measure.timing import slowest_per_step
 from bench_lib.measure.trace import align
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult, baseline_path
+from bench_lib.run.launch import (
+    LOCAL,
+    TORCHRUN_SUMMARY,
+    AgentExits,
+    AgentRanks,
+    Launcher,
+    agent_env,
+    start_agent,
+    torchrun_args,
+)
+from bench_lib.run.multinode import (
+    Coordinator,
+    Follower,
+    LaunchNotice,
+    LaunchWatch,
+    NodeReport,
+    NodeZeroGone,
+    this_node,
+)
+from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult, SampleRow, baseline_path
 from bench_lib.run.rows import Row, SpeedupTable, case_row, step_rows
 from bench_lib.sweep.cases import Case
 
@@ -53,6 +79,9 @@ POLL_S = 0.1
 MIB = 2**20
 # After one rank dies, its peers get this long to notice and exit before the group is killed.
 PEER_GRACE_S = 10.0
+REPORT_GRACE_S = 15.0
+"""Multi-node: how long node 0 waits for the other nodes' reports beyond ``PEER_GRACE_S``
+(after which they stop their ranks) once its own have ended."""
 LOG_TAIL_CHARS = 400
 
 
@@ -60,7 +89,7 @@ def _launch(spec_path: Path, nproc: int, log_path: Path) -> list[subprocess.Pope
     """Start the case's ranks in one new process group (the first rank leads it).
 
     Each rank is told the runner's pid and asks, as it starts, to be killed when the runner
-    dies (``worker.die_with_parent``). Not in a ``preexec_fn``: that runs between fork and
+    dies (``lifeline.die_with_parent``). Not in a ``preexec_fn``: that runs between fork and
     exec, where a runner that already has threads (progress, CUDA driver) can deadlock the
     child (Python's documented hazard); ``process_group`` needs none.
     """
@@ -86,16 +115,24 @@ def _kill_group(pgid: int) -> None:
 
 
 def _describe_exit(rank: int, code: int | None) -> str:
-    if code is not None and code < 0:
+    if code is None:  # under torchrun: a rank the agent's failure summary does not name
+        return f"rank {rank} ended"
+    if code < 0:
         return f"rank {rank} was killed by {signal.Signals(-code).name}"
     return f"rank {rank} exited with code {code}"
 
 
 def _log_tail(log_path: Path) -> str:
+    """The log's last lines, for a reason; under torchrun, those before the agent's own
+    traceback and failure summary (``launch.failure_codes`` reads that)."""
     try:
-        text = log_path.read_text(errors="replace").strip()
+        text = log_path.read_text(errors="replace")
     except OSError:
         return ""
+    if TORCHRUN_SUMMARY in text:
+        text = text[:text.rfind("Traceback (most recent call last)", 0,
+                                text.index(TORCHRUN_SUMMARY))]
+    text = text.strip()
     return " | ".join(text[-LOG_TAIL_CHARS:].splitlines()[-3:])
 
 
@@ -107,8 +144,18 @@ def _read_baseline_mib(case_dir: Path, rank: int) -> float | None:
         return None
 
 
-def _rss_over_cap(procs: Sequence[subprocess.Popen[bytes]], cap_mib: float, case_dir: Path,
-                  devices_per_process: int = 1,
+class _HasPid(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+
+class _Ended(Protocol):
+    @property
+    def returncode(self) -> int | None: ...
+
+
+def _rss_over_cap(procs: Sequence[_HasPid] | Mapping[int, _HasPid], cap_mib: float,
+                  case_dir: Path, devices_per_process: int = 1,
                   baselines: dict[int, float] | None = None) -> str | None:
     """Why a rank holds more resident memory than its devices' cap allows, or None.
 
@@ -116,11 +163,12 @@ def _rss_over_cap(procs: Sequence[subprocess.Popen[bytes]], cap_mib: float, case
     resident memory (its children's included) net of its footprint before the model was
     built (``protocol.baseline_path``; a rank that has not recorded it yet has built nothing
     and is not checked), and a process that drives k devices (mp, pipeline) gets k caps.
-    ``baselines`` caches the recorded footprints between polls.
+    ``baselines`` caches the recorded footprints between polls. ``procs``: the ranks in
+    rank order, or by rank (under torchrun, those found on this node).
     """
     known = {} if baselines is None else baselines
     cap = cap_mib * devices_per_process
-    for rank, proc in enumerate(procs):
+    for rank, proc in procs.items() if isinstance(procs, Mapping) else enumerate(procs):
         if rank not in known:
             base = _read_baseline_mib(case_dir, rank)
             if base is None:
@@ -145,14 +193,18 @@ def _supervise(
     procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
     over_cap: Callable[[], str | None] | None = None,
     exited_at: dict[int, float] | None = None,
+    watch: Callable[[], tuple[str, str] | None] | None = None,
+    kill: Callable[[], None] | None = None,
 ) -> tuple[str, str] | None:
     """Wait for the ranks; returns (status, reason) when the runner had to stop them.
 
     ``over_cap`` says why the ranks hold more memory than allowed (they are then an oom).
     ``exited_at`` gets, for each rank that exited on its own (not killed by the runner), the
     wall-clock time (``time.time()``) of the last poll that still saw it running: a lower
-    bound of when it ended (0.0 if the first poll found it gone).
-    Kills the whole process group whatever happens, including on KeyboardInterrupt.
+    bound of when it ended (0.0 if the first poll found it gone). ``watch``, called at each
+    poll, says why to stop them now (under torchrun: a memory cap, another node's state).
+    Kills the whole process group whatever happens, including on KeyboardInterrupt (or calls
+    ``kill`` instead: torchrun's ranks are not in the agent's group).
     """
     pgid = procs[0].pid
     deadline = time.monotonic() + timeout_s
@@ -174,6 +226,8 @@ def _supervise(
                 return "timeout", f"case still running after {timeout_s:g} s; killed"
             if over_cap is not None and (reason := over_cap()):
                 return "oom", reason
+            if watch is not None and (stop := watch()):
+                return stop
             if first_failure is None and any(c not in (None, 0) for c in codes):
                 first_failure = now
             if first_failure is not None and now - first_failure > PEER_GRACE_S:
@@ -181,12 +235,15 @@ def _supervise(
             time.sleep(POLL_S)
     finally:
         # Kill the whole group: stuck peers, and any children the ranks started.
-        _kill_group(pgid)
+        if kill is None:
+            _kill_group(pgid)
+        else:
+            kill()
         for p in procs:
             p.wait()
 
 
-def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]], log_path: Path,
+def _combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
              stopped: tuple[str, str] | None = None,
              exited_at: dict[int, float] | None = None) -> CaseOutcome:
     """Merge the ranks' result files into one outcome.
@@ -208,6 +265,8 @@ def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]], log_path:
     3. A rank has no result: ``error``.
     4. ``ok``. A rank whose traced step failed, or did not finish (it was stopped in it),
        leaves the case without a timeline, and ``trace_note`` says why.
+
+    ``procs``: one per rank, only their exit codes are read (None: not known).
     """
     exited = exited_at or {}
     results: dict[int, RankResult] = {}
@@ -263,8 +322,9 @@ def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]], log_path:
                              if windows else None),
         stop_reason=results[0].stop_reason, partition=results[0].partition,
         warmup_steps=results[0].warmup_steps,
-        # One time axis for all ranks: stamps share the host's monotonic clock. Only a trace
-        # every rank finished: part of one would misstate the bubble.
+        # One time axis for all ranks: stamps share the host's monotonic clock (across nodes,
+        # each rank's counts from the barrier that starts the step: worker._trace). Only a
+        # trace every rank finished: part of one would misstate the bubble.
         timeline=[] if notes else align([{"rank": rank, **e} for rank, res in results.items()
                                          for e in res.timeline]),
         traced_step_s=None if notes else max((res.traced_step_s for res in results.values()
@@ -273,25 +333,32 @@ def _combine(case_dir: Path, procs: Sequence[subprocess.Popen[bytes]], log_path:
     )
 
 
-def case_sampler(case: Case, rig: Rig, pids: Sequence[int]) -> Sampler:
+def case_sampler(case: Case, rig: Rig, pids: Sequence[int],
+                 ranks: Mapping[int, int] | None = None) -> Sampler:
     """A sampler over the devices a case uses; device labels match peak_mem_mib's keys.
 
-    Where NVML cannot be opened (no library, no driver, a GPU not found) the GPU columns
-    stay empty and the sampler's ``note`` says why (for the row's ``sampler_note``).
+    ``ranks`` (under torchrun): the global rank of each of ``pids`` -> its device slot on
+    this node, for ranks that need not be 0..n-1 here (by default, ``pids`` are ranks
+    0..n-1 on slots 0..n-1). Where NVML cannot be opened (no library, no driver, a GPU not
+    found) the GPU columns stay empty and the sampler's ``note`` says why (for the row's
+    ``sampler_note``).
     """
     sources: list[Source] = []
     interval_s = case.measurement.sample_interval_ms / 1000
+    slots = dict(ranks) if ranks is not None else {r: r for r in range(case.world_size)}
     if rig.kind == "cuda":
         try:
+            gpu = {r: rig.cuda_index(s) for r, s in slots.items()}  # slots share a GPU with
+            bus = _cuda_bus_ids(max(gpu.values()) + 1)  # --gpu-slots: each samples it whole
             # GPM metrics over at least half an interval: none from the first tick, which
             # comes right after opening.
-            sources.append(NvmlSource(_cuda_bus_ids(case.world_size),
+            sources.append(NvmlSource({str(r): bus[str(g)] for r, g in gpu.items()},
                                       gpm_min_span_s=interval_s / 2))
         except Exception as e:  # whatever it was, it is recorded, not swallowed
             sources.append(UnavailableSource("NVML", e))
     else:
         if case.process_group:
-            labels = [str(r) for r in range(len(pids))]
+            labels = [str(r) for r in (list(slots) if ranks is not None else range(len(pids)))]
         else:  # one process drives every device of the case
             labels = ["+".join(str(i) for i in range(case.world_size))]
         # Each process is pinned to one worker: its CPU % is of that worker's threads.
@@ -311,8 +378,8 @@ def measure_idle_power(rig: Rig, seconds: float = IDLE_SECONDS) -> IdlePower:
     described: list[str] = []
     if rig.kind == "cuda":
         try:
-            sources.append(NvmlSource(_cuda_bus_ids(rig.num_devices)))
-            described += [f"nvml gpu {i}" for i in range(rig.num_devices)]
+            sources.append(NvmlSource(_cuda_bus_ids(rig.num_gpus)))
+            described += [f"nvml gpu {i}" for i in range(rig.num_gpus)]
         except Exception as e:  # no NVML library or driver: no idle figure, and why
             return IdlePower(unsupported=f"NVML unavailable ({type(e).__name__}: {e})")
     else:
@@ -343,10 +410,13 @@ def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
 
 
 def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
-             cut: str = "") -> CaseOutcome:
+             cut: str = "", launcher: Launcher = LOCAL,
+             coordinator: Coordinator | None = None, launch: int = 0) -> CaseOutcome:
     """Run one launch of a case in fresh process(es) and return its outcome (never raises
     for the case); ``trace``: trace a step for the pipeline timeline after the timed ones;
-    ``cut``: the stage cut to use (``CaseSpec.cut``)."""
+    ``cut``: the stage cut to use (``CaseSpec.cut``). ``launcher``: how its ranks start
+    (a case of one process always starts here); ``coordinator`` and ``launch`` (its round):
+    node 0's side of a multi-node run."""
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
@@ -355,7 +425,23 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     log_path = case_dir / "worker.log"
     start = time.monotonic()
     cpu_start = CpuSnapshot.now()  # the machine's and our CPU times: contention over the case
-    procs = _launch(spec_path, case.processes, log_path)
+    if launcher.kind == "torchrun" and case.process_group:
+        outcome = _run_torchrun(case, rig, case_dir, log_path, launcher, coordinator,
+                                launch, trace, cut)
+    else:
+        outcome = _run_local(case, rig, case_dir, log_path)
+    # Every rank has been reaped (_supervise waits for them; under torchrun the agent reaped
+    # its ranks and we the agent): their CPU is in our children's.
+    outcome.machine_load = machine_load(cpu_start, CpuSnapshot.now())
+    outcome.wall_time_s = time.monotonic() - start
+    if outcome.status == "ok" and not outcome.trace_note:  # else keep worker.log: why
+        shutil.rmtree(case_dir, ignore_errors=True)
+    return outcome
+
+
+def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path) -> CaseOutcome:
+    """The local launcher: the runner starts every rank itself (``_launch``)."""
+    procs = _launch(case_dir / "spec.json", case.processes, log_path)
     # CPU workers are capped here by the resident memory the case adds, per device they
     # drive; GPUs by their allocator (worker.py).
     cap = case.measurement.max_memory_per_device_mib if rig.kind == "cpu" else 0.0
@@ -369,17 +455,184 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
         stopped = _supervise(procs, case.measurement.case_timeout_s,
                              over_cap if cap else None, exited_at)
-    # Every rank has been reaped (_supervise waits for them): their CPU is in our children's.
-    load = machine_load(cpu_start, CpuSnapshot.now())
     # The ranks' files, also when the runner stopped them: one may have failed first.
     outcome = _combine(case_dir, procs, log_path, stopped, exited_at)
-    outcome.machine_load = load
     outcome.samples = sampler.samples
     outcome.sampler_note = sampler.note
-    outcome.wall_time_s = time.monotonic() - start
-    if outcome.status == "ok" and not outcome.trace_note:  # else keep worker.log: why
-        shutil.rmtree(case_dir, ignore_errors=True)
     return outcome
+
+
+@dataclass
+class AgentRun:
+    """This node's part of one torchrun launch, as its runner saw it."""
+
+    stopped: tuple[str, str] | None
+    """Why the runner stopped the agent (``_supervise``), if it did."""
+    exits: AgentExits
+    samples: list[SampleRow]
+    sampler_note: str
+
+
+def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: Launcher,
+              rdzv_id: str = "", watch: LaunchWatch | None = None) -> AgentRun:
+    """Start this node's torchrun agent for one launch of ``case`` and supervise it as the
+    local launcher's ranks are: the case timeout, the memory cap, the sampler (from when
+    the ranks are found: ``launch.AgentRanks``), and ``watch`` (the other nodes)."""
+    nproc = case.world_size // launcher.nnodes
+    args = torchrun_args(launcher, nproc, rdzv_id, case.measurement.case_timeout_s)
+    threads = rig.threads_per_worker if rig.kind == "cpu" else None
+    agent = start_agent(case_dir / "spec.json", args, log_path, agent_env(threads))
+    ranks = AgentRanks(agent, nproc)
+    cap = case.measurement.max_memory_per_device_mib if rig.kind == "cpu" else 0.0
+    baselines: dict[int, float] = {}
+    samplers: list[Sampler] = []
+    with contextlib.ExitStack() as stack:
+
+        def tick() -> tuple[str, str] | None:
+            ranks.poll()
+            if not samplers and ranks.complete:
+                order = sorted(ranks.pids)
+                pids, slots = [ranks.pids[r] for r in order], {r: ranks.local[r] for r in order}
+                samplers.append(stack.enter_context(case_sampler(case, rig, pids, slots)))
+            if cap and (why := _rss_over_cap(ranks.procs, cap, case_dir, 1, baselines)):
+                return "oom", why
+            return watch() if watch is not None else None
+
+        stopped = _supervise([agent], case.measurement.case_timeout_s, watch=tick,
+                             kill=ranks.kill)
+    ended = time.time()
+    try:
+        log_text = log_path.read_text(errors="replace")
+    except OSError:
+        log_text = ""
+    sampler = samplers[0] if samplers else None
+    return AgentRun(stopped, AgentExits.of(ranks, log_text, ended),
+                    sampler.samples if sampler else [],
+                    sampler.note if sampler else "no samples: the ranks ended before all "
+                                                 "were found")
+
+
+def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: Launcher,
+                  coordinator: Coordinator | None, launch: int, trace: bool,
+                  cut: str) -> CaseOutcome:
+    """One launch through torchrun: this node's agent; on node 0 of a multi-node run,
+    announced to the other nodes first, and their reports gathered after
+    (``run.multinode``)."""
+    if not launcher.multi_node:
+        part = run_agent(case, rig, case_dir, log_path, launcher)
+        outcome = _combine_launch(case_dir, case.world_size, log_path, part.stopped,
+                                  [part.exits])
+    else:
+        if coordinator is None:
+            raise ValueError("node 0 of a multi-node run needs its coordinator")
+        notice = coordinator.announce(case.case_id, launch, trace, cut)
+        part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
+                         coordinator.watch(notice.seq, PEER_GRACE_S))
+        coordinator.over(notice.seq)
+        reports, lost = coordinator.collect(notice.seq, PEER_GRACE_S + REPORT_GRACE_S)
+        exits = [part.exits]
+        with log_path.open("a") as log:
+            for report in reports.values():
+                for rank, text in report.results.items():
+                    path = case_dir / f"rank{rank}.json"
+                    if not path.exists():
+                        path.write_text(text)
+                log.write(f"\n--- node {report.node} ({report.hostname}) ---\n"
+                          f"{report.log_tail}\n")
+                exits.append(AgentExits(report.exit_codes, report.exited_at))
+        outcome = _combine_launch(case_dir, case.world_size, log_path, part.stopped, exits,
+                                  lost)
+    outcome.samples = part.samples
+    outcome.sampler_note = part.sampler_note
+    return outcome
+
+
+@dataclass(frozen=True)
+class _Exit:
+    returncode: int | None
+
+
+def _combine_launch(case_dir: Path, world_size: int, log_path: Path,
+                    stopped: tuple[str, str] | None, exits: Sequence[AgentExits],
+                    lost: Mapping[int, str] | None = None) -> CaseOutcome:
+    """``_combine`` for a torchrun launch: the nodes' exit codes and exit times, and the
+    nodes lost meanwhile named first (unless a rank ran out of memory: that is blamed
+    first, as always)."""
+    codes = {r: c for e in exits for r, c in e.exit_codes.items()}
+    exited_at = {r: t for e in exits for r, t in e.exited_at.items()}
+    outcome = _combine(case_dir, [_Exit(codes.get(r)) for r in range(world_size)], log_path,
+                       stopped, exited_at)
+    if not lost or outcome.status == "oom":
+        return outcome
+    why = "; ".join(lost[i] for i in sorted(lost))
+    tail = "" if outcome.status == "ok" or outcome.reason.startswith(why) else outcome.reason
+    return CaseOutcome("error", f"{why}; then {tail}" if tail else why)
+
+
+def run_follower(cases: Sequence[Case], rig: Rig, launcher: Launcher, out: Path) -> str:
+    """A non-first node's whole run: join node 0 (``CoordinationError`` when it cannot),
+    then ``follow_sweep``, with its case folders under ``out/<run id>.node<I>`` (kept only
+    for launches that failed here: their worker.log says why)."""
+    follower = Follower(launcher, this_node(rig, launcher, cases))
+    try:
+        run_id = follower.wait_welcome()
+    except BaseException:
+        follower.close()
+        raise
+    return follow_sweep(cases, rig, launcher, follower,
+                        out / f"{run_id}.node{launcher.node_rank}")
+
+
+def follow_sweep(cases: Sequence[Case], rig: Rig, launcher: Launcher, follower: Follower,
+                 work_root: Path) -> str:
+    """A non-first node's run: start this node's agent for each launch node 0 announces,
+    and report its part, until node 0 ends the run; returns how it ended (``done``,
+    ``interrupted``...). Raises ``multinode.NodeZeroGone`` when node 0 vanishes."""
+    by_id = {c.case_id: c for c in cases}
+    seq = 0
+    try:
+        while not (notice := follower.next_notice(seq)).end:
+            case = by_id.get(notice.case_id)
+            if case is None:  # the digest check makes this a bug, not a user's mistake
+                report = NodeReport(launcher.node_rank, socket.gethostname(), stopped=(
+                    "error", f"node {launcher.node_rank} has no case {notice.case_id}"))
+            else:
+                report = _follow_launch(case, rig, launcher, follower, notice, work_root)
+            follower.report(seq, report)
+            seq += 1
+        return notice.end
+    except KeyboardInterrupt:
+        with contextlib.suppress(NodeZeroGone):  # node 0 may be gone: nobody to tell
+            follower.report(seq, NodeReport(launcher.node_rank, socket.gethostname(), stopped=(
+                "error", f"node {launcher.node_rank} was interrupted")))
+        raise
+    finally:
+        follower.close()
+        if work_root.exists() and not any(work_root.iterdir()):
+            work_root.rmdir()
+
+
+def _follow_launch(case: Case, rig: Rig, launcher: Launcher, follower: Follower,
+                   notice: LaunchNotice, work_root: Path) -> NodeReport:
+    """This node's part of one announced launch, as a report for node 0."""
+    case_dir = work_root / f"{notice.seq}_{case.case_id}"
+    shutil.rmtree(case_dir, ignore_errors=True)
+    case_dir.mkdir(parents=True)
+    CaseSpec(case, rig, notice.trace, notice.cut).write(case_dir / "spec.json")
+    log_path = case_dir / "worker.log"
+    part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
+                     lambda: follower.should_stop(notice.seq, PEER_GRACE_S))
+    files = {int(p.stem.removeprefix("rank")): p for p in case_dir.glob("rank*.json")
+             if p.stem.removeprefix("rank").isdigit()}  # not rank<N>.baseline.json
+    report = NodeReport(launcher.node_rank, socket.gethostname(),
+                        {rank: path.read_text() for rank, path in files.items()},
+                        part.exits.exit_codes, part.exits.exited_at, part.stopped,
+                        _log_tail(log_path))
+    fine = (part.stopped is None and len(files) == case.world_size // launcher.nnodes
+            and all(RankResult.read(p).status == "ok" for p in files.values()))
+    if fine:
+        shutil.rmtree(case_dir, ignore_errors=True)  # else keep worker.log: why
+    return report
 
 
 def round_order(count: int, round_index: int) -> list[int]:
@@ -413,6 +666,8 @@ def run_sweep(
     attainable_peak: AttainablePeak | None = None,
     idle: IdlePower | None = None,
     on_launch_done: LaunchDone | None = None,
+    launcher: Launcher = LOCAL,
+    coordinator: Coordinator | None = None,
 ) -> list[Row]:
     """Run every case, workload by workload in rounds of launches (module docstring),
     writing each workload's rows once its last round ends; returns the rows in the order
@@ -421,7 +676,30 @@ def run_sweep(
 
     ``attainable_peak`` is the rig's measured FLOP peak, for the MFU columns; ``idle`` its
     idle power, for the net energy column. A case whose launch fails is not launched again.
+    ``launcher``: how multi-process cases start their ranks; ``coordinator``: node 0's side
+    of a multi-node run, told at the end (or on Ctrl-C) so that the other nodes stop too.
     """
+    try:
+        rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start, attainable_peak,
+                           idle, on_launch_done, launcher, coordinator)
+    except BaseException as e:
+        if coordinator is not None:
+            coordinator.finish("interrupted" if isinstance(e, KeyboardInterrupt)
+                               else f"node 0 failed: {type(e).__name__}: {e}")
+        raise
+    if coordinator is not None:
+        coordinator.finish("done")
+    return rows
+
+
+def _run_groups(
+    cases: list[Case], rig: Rig, writer: RunWriter,
+    on_case_done: Callable[[int, Case, Row], None] | None,
+    on_launch_start: LaunchStart | None, attainable_peak: AttainablePeak | None,
+    idle: IdlePower | None, on_launch_done: LaunchDone | None, launcher: Launcher,
+    coordinator: Coordinator | None,
+) -> list[Row]:
+    """``run_sweep``'s walk: workload by workload, round by round."""
     work_root = writer.run_dir / ".work"
     rows = []
     speedups = SpeedupTable()
@@ -441,7 +719,8 @@ def run_sweep(
                 # Later launches reuse the first launch's cut: the same configuration, and
                 # no second profiling of a balanced cut.
                 cut = done[0].partition if done else ""
-                done.append(run_case(case, rig, work_root, trace=not done, cut=cut))
+                done.append(run_case(case, rig, work_root, trace=not done, cut=cut,
+                                     launcher=launcher, coordinator=coordinator, launch=r))
                 if on_launch_done:
                     on_launch_done(i, case, r, done[-1])
         for i in group:

@@ -1,6 +1,11 @@
 """The code that runs inside a case's fresh process(es).
 
-    python -m bench_lib.run.worker SPEC_JSON RANK [RUNNER_PID]
+    python -m bench_lib.run.worker SPEC_JSON RANK [RUNNER_PID]       (the local launcher)
+    python -m bench_lib.run.worker SPEC_JSON env AGENT_PID           (under torchrun)
+
+Under torchrun (``run.launch``) the rank, world size and local rank come from torchrun's
+environment (``RankPlace.from_env``), the process group is joined through ``env://`` (the
+store torchrun's rendezvous set up), and the device is the local rank's.
 
 Builds the workload, applies the strategy, measures its steps (``measure.timing``), reads
 peak memory (after warm-up, net of the process's footprint before the model was built:
@@ -11,8 +16,9 @@ the runner turns a missing file into an ``error``.
 
 Around that:
 
-- First, before importing torch, the worker asks to be killed when the runner dies
-  (``die_with_parent``; ``RUNNER_PID`` closes the race where the runner died before it asked).
+- First, before importing torch, the worker asks to be killed when its parent dies: the
+  runner, or torchrun's agent, itself tied to the runner (``run.lifeline``); the parent's pid
+  closes the race where it died before the worker asked.
 - A rank with a traced step to run writes its timed result before that step (with a
   ``trace_note`` that the step did not finish), so a rank killed in it keeps its timing;
   a traced step that fails (out of memory, or a peer's failure surfacing as a
@@ -24,7 +30,8 @@ Around that:
 Exit codes: 0 ok; 1 (``EXIT_FAILED``) the rank failed (its result says why); 3
 (``EXIT_TRACE_FAILED``) timed fine but the traced step failed, so its peers may be stuck in
 that step: a nonzero code starts the runner's grace period for them (``runner.PEER_GRACE_S``);
-4 (``EXIT_ORPHANED``) the runner was gone before the worker started.
+4 (``EXIT_ORPHANED``) the runner was gone before the worker started. (Under torchrun any
+nonzero code makes the agent stop the other ranks at once.)
 """
 
 from __future__ import annotations
@@ -36,45 +43,31 @@ import dataclasses
 import functools
 import gc
 import os
-import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from bench_lib.run.lifeline import (  # torch-free: imported before torch, see above
+    EXIT_ORPHANED,
+    PR_SET_PDEATHSIG,
+    RANK_FROM_ENV,
+    die_with_parent,
+)
+
+# The lifeline's names stay importable from here, where they lived first.
+__all__ = ["EXIT_FAILED", "EXIT_ORPHANED", "EXIT_TRACE_FAILED", "PR_SET_PDEATHSIG", "RankPlace",
+           "die_with_parent", "main", "run_rank"]
 EXIT_FAILED = 1
 EXIT_TRACE_FAILED = 3
-EXIT_ORPHANED = 4
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with_parent(parent_pid: int | None,
-                    prctl: Callable[[int, int], object] | None = None) -> bool:
-    """Ask for SIGKILL when the runner dies, so that no rank outlives it; False: the runner
-    (``parent_pid``) is already gone, and the worker should exit at once.
-
-    Linux only (prctl ``PR_SET_PDEATHSIG``); elsewhere the runner's own cleanup has to do.
-    Asked here, as the worker starts, not in a ``preexec_fn`` of the runner's ``Popen``: that
-    runs between fork and exec in a runner that already has threads (progress, CUDA driver),
-    where Python documents that the child can deadlock. The signal comes only for a parent
-    that dies after the call (the thread that started the worker: the runner starts cases
-    from its main thread), so the parent is then checked against the runner's pid: a worker
-    whose runner died before (it was re-parented) learns it here.
-    """
-    if not sys.platform.startswith("linux"):
-        return True
-    if prctl is None:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    return parent_pid is None or os.getppid() == parent_pid
 
 
 def _runner_pid(argv: list[str]) -> int | None:
-    """The runner's pid from the worker's arguments (SPEC_JSON RANK [RUNNER_PID])."""
+    """The parent's pid from the worker's arguments (SPEC_JSON RANK [PARENT_PID]): the
+    runner's, or under torchrun the agent's."""
     return int(argv[2]) if len(argv) > 2 else None
 
 
@@ -111,22 +104,68 @@ def result_path(workdir: Path, rank: int) -> Path:
     return workdir / f"rank{rank}.json"
 
 
+@dataclass(frozen=True)
+class RankPlace:
+    """Where this rank sits, resolved once as the worker starts: from its arguments (the
+    local launcher: one node, the rank is its device slot) or from torchrun's environment."""
+
+    rank: int
+    """Global rank (names its result file and its device label)."""
+    local_rank: int
+    """Device slot on this node: the device, the cores it is pinned to."""
+    world_size: int | None = None
+    """The ranks torchrun started in all (None: the local launcher's, the case's)."""
+    node: int | None = None
+    """This node's rank in torchrun's rendezvous where the group spans nodes, else None."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> RankPlace:
+        """The place torchrun gives: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and
+        GROUP_RANK (the rendezvous numbers nodes; ours, ``--node-rank``, is the runner's)."""
+        try:
+            rank, local, world, local_world = (int(environ[k]) for k in (
+                "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+        except KeyError as e:
+            raise RuntimeError(f"{e.args[0]} is not set: the worker was told to read its "
+                               "rank from torchrun's environment") from None
+        node = int(environ.get("GROUP_RANK", "0")) if world > local_world else None
+        return cls(rank, local, world, node)
+
+    @property
+    def env_init(self) -> bool:
+        """Whether the process group is joined through ``env://`` (torchrun's store)."""
+        return self.world_size is not None
+
+    def slot_label(self, kind: str, index: int) -> str:
+        """A device's label in the timeline: ``cpu:1``, ``cuda:0``; across nodes prefixed
+        with the node (``n1/cuda:0``), since every node has a ``cuda:0``."""
+        return f"{kind}:{index}" if self.node is None else f"n{self.node}/{kind}:{index}"
+
+
 def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
-             cut: str = "") -> RankResult:
+             cut: str = "", place: RankPlace | None = None) -> RankResult:
     """Measure this rank's part of one launch of the case (``trace``: then trace a step;
-    ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``).
+    ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``; ``place``:
+    where torchrun put this rank, default the local launcher's: rank = device slot).
 
     Leaves the process group (if any) up: ``main`` destroys it once the result is written.
     """
+    place = place or RankPlace(rank, rank)
     # A rank of a process group drives its own device; a lone process drives them all.
-    indices = [rank] if case.process_group else list(range(case.world_size))
+    indices = [place.local_rank] if case.process_group else list(range(case.world_size))
     pin_worker(rig, indices[0])  # a lone process driving several devices: like single
     set_math_mode()  # before the model is built: the FLOP peak probe uses the same mode
     if case.process_group:
-        init_process_group(rig, rank, case.world_size, str(workdir / "rendezvous"),
-                           PROCESS_GROUP_TIMEOUT_S)
+        if place.world_size not in (None, case.world_size):
+            raise RuntimeError(f"torchrun started {place.world_size} ranks; the case needs "
+                               f"{case.world_size}")
+        init_process_group(rig, rank, case.world_size,
+                           "" if place.env_init else str(workdir / "rendezvous"),
+                           PROCESS_GROUP_TIMEOUT_S, local_rank=place.local_rank,
+                           loopback=place.node is None)
     devices = [rig.device(i) for i in indices]
-    labels = [str(i) for i in indices]
+    # Ranks are labelled by global rank (unique across nodes; the slot on one node).
+    labels = [str(rank)] if case.process_group else [str(i) for i in indices]
     cap_cuda_memory(devices, case.measurement.max_memory_per_device_mib)
     # The footprint before the model is built (torch, pinning, process group): peaks are
     # reported net of it, and the runner's CPU memory cap counts only what comes after it.
@@ -177,9 +216,10 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     # The timed result first: a rank killed in the traced step (a peer failed in it and left
     # this one waiting) keeps its timing. main rewrites it once the step is done.
     dataclasses.replace(result, trace_note=TRACE_UNFINISHED).write(result_path(workdir, rank))
-    traced, note = _trace(trainer, x, y, stages, [f"{rig.kind}:{i}" for i in indices],
-                          case.process_group,
-                          fault=functools.partial(faults.inject_trace_fault, case.strategy, rank))
+    slots = [place.slot_label(rig.kind, i) for i in indices]
+    traced, note = _trace(trainer, x, y, stages, slots, case.process_group,
+                          fault=functools.partial(faults.inject_trace_fault, case.strategy, rank),
+                          rebase=place.node is not None)
     if traced is None:
         return dataclasses.replace(result, trace_note=note)
     return dataclasses.replace(result, timeline=tuple(traced.events),
@@ -193,7 +233,8 @@ def _first_line(e: BaseException) -> str:
 
 def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, stages: Sequence[TimelineStage],
            slot_labels: list[str], process_group: bool,
-           fault: Callable[[], None] = lambda: None) -> tuple[TracedStep | None, str]:
+           fault: Callable[[], None] = lambda: None,
+           rebase: bool = False) -> tuple[TracedStep | None, str]:
     """One extra step after the timed ones, traced for the pipeline timeline; returns it, or
     None and why there is none. Devices are labelled by rig slot (``cpu:1``, ``cuda:1``).
 
@@ -203,6 +244,11 @@ def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, stages: Sequence[
     surfaces here as a communication error, whose type depends on the backend) becomes the
     note, and on GPUs the caching allocator's cache is emptied after it. ``fault``: the
     test hook, called as the step starts (``faults.inject_trace_fault``).
+
+    ``rebase`` (ranks on several hosts, whose monotonic clocks have nothing in common): the
+    stamps count from the moment this rank left the barrier that starts the step, as its
+    peers did within the network's latency, so that the runner can still put every rank
+    on one time axis (``trace.align``).
     """
 
     def step() -> None:
@@ -212,7 +258,13 @@ def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, stages: Sequence[
     try:
         if process_group:
             dist.barrier()  # the ranks start it together, as they start the timed window
-        return trace_step(step, stages, trainer.devices, slot_labels), ""
+        origin = time.perf_counter()
+        traced = trace_step(step, stages, trainer.devices, slot_labels)
+        if rebase:
+            traced = dataclasses.replace(traced, events=[
+                e | {"start_s": e["start_s"] - origin, "end_s": e["end_s"] - origin}
+                for e in traced.events])
+        return traced, ""
     except torch.OutOfMemoryError as e:
         note = f"out of memory in the traced step after the timed ones: {_first_line(e)}"
         print(f"traced step: {note}", file=sys.stderr)
@@ -262,7 +314,10 @@ def exit_code(result: RankResult) -> int:
 
 def main(argv: list[str]) -> int:
     # Absolute: a relative path would make the file:// rendezvous URL name a host, and hang.
-    spec_path, rank = Path(argv[0]).resolve(), int(argv[1])
+    spec_path = Path(argv[0]).resolve()
+    place = (RankPlace.from_env(os.environ) if argv[1] == RANK_FROM_ENV
+             else RankPlace(int(argv[1]), int(argv[1])))
+    rank = place.rank
     # Run as a program, the module asked already, before its imports; asking twice is
     # harmless, and covers a caller that imported it.
     if not die_with_parent(_runner_pid(argv)):
@@ -270,7 +325,8 @@ def main(argv: list[str]) -> int:
         return EXIT_ORPHANED
     spec = CaseSpec.read(spec_path)
     try:
-        result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace, spec.cut)
+        result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace, spec.cut,
+                          place)
     except torch.OutOfMemoryError as e:
         result = RankResult(rank, "oom", f"out of memory: {str(e)[:NOTE_CHARS]}",
                             failed_at_unix_s=time.time())

@@ -204,11 +204,16 @@ class Strategy:
     """True when the strategy only means something on GPUs."""
     cpu_note: str = ""
     """How to read this strategy's numbers on a cpu rig (written to each case row)."""
+    shared_gpu_unsupported: str = ""
+    """Why the strategy cannot run with several device slots on one GPU (``--gpu-slots``;
+    empty when it can)."""
 
     def unsupported_reason(self, rig: Rig) -> str | None:
         """Why this strategy cannot run on ``rig``, or None when it can."""
         if self.needs_cuda and rig.kind != "cuda":
             return f"{self.name} needs CUDA devices; on a {rig.kind} rig it would not be parallel"
+        if rig.gpu_slots > 1 and self.shared_gpu_unsupported and self.num_devices(rig) > 1:
+            return f"--gpu-slots {rig.gpu_slots}: {self.shared_gpu_unsupported}"
         need = self.num_devices(rig)
         if need > rig.num_devices:
             return f"{self.name} needs {need} devices; rig {rig.label} has {rig.num_devices}"

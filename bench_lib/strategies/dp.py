@@ -56,4 +56,6 @@ STRATEGY = Strategy(
     build=build,
     num_devices=all_devices,
     needs_cuda=True,
+    shared_gpu_unsupported=("DataParallel replicates the module onto distinct GPUs (its "
+                            "device_ids); two replicas on one GPU are not what it does"),
 )

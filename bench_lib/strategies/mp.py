@@ -1,7 +1,8 @@
 """``mp``: naive model parallelism, the tutorial's ``ModelParallelResNet50``.
 
-The model's blocks are cut in two (by default after layer2, the tutorial's cut); stage 0
-lives on device 0, stage 1 on device 1, and one process runs them one after another.
+The model's blocks are cut in two (by default the tutorial's cut: a ResNet after layer2,
+``toy`` after its ReLU, ``mlp`` after its first layer); stage 0 lives on device 0, stage 1
+on device 1, and one process runs them one after another.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def build(model: nn.Module, devices: list[torch.device], ctx: BuildContext) -> T
 
 STRATEGY = Strategy(
     name="mp",
-    description="naive model parallel: conv1..layer2 on device 0, layer3..fc on device 1",
+    description="naive model parallel: the model cut in two (ResNet: conv1..layer2 on device 0, "
+    "layer3..fc on device 1)",
     build=build,
     num_devices=two_devices,
     uses_partition=True,

@@ -1,6 +1,8 @@
 """Partitions: where a model's blocks are cut into pipeline / model-parallel stages.
 
-``tutorial`` is the PyTorch tutorial's fixed cut after layer2 (even blocks for 3+ stages).
+``tutorial`` is the tutorial's fixed cut the model declares (``workloads.tutorial_cut``: a
+ResNet after layer2, ``toy`` after its ReLU, ``mlp`` after its first layer; even blocks for
+3+ stages).
 ``balanced`` profiles each block's forward+backward time on this process's own device and
 cores, at the micro-batch size the strategy will run, and picks the contiguous cut that
 minimises the slowest stage, or, where a rank drives several stages (interleaved and ZB-V

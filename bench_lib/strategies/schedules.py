@@ -179,6 +179,9 @@ def _strategy(name: str, description: str, schedule_cls: type, spr: int, style: 
         num_devices=all_devices, per_device_processes=True, uses_split=True,
         uses_partition=True, even_split=True, cpu_note=_CPU_NOTE,
         compile_unsupported=_NO_COMPILE_ZB if zero_bubble else "",
+        shared_gpu_unsupported=("ranks sharing a GPU talk through gloo (NCCL refuses two "
+                                "ranks on one GPU), and gloo has no send/recv of CUDA "
+                                "tensors, which the pipeline stages exchange"),
     )
 
 

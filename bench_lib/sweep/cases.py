@@ -12,6 +12,13 @@ What torch would refuse is decided here too, from the rig's size alone (no devic
 so that a plan for an N-GPU box made anywhere shows the same skipped rows as the box:
 data-parallel strategies need a batch divisible by their world size, and the
 torch.distributed.pipelining schedules have their own rules (``schedule_refusal``).
+
+So is what a model cannot do (``workload_refusal``, from the model built on the meta device):
+a strategy that cuts it into more stages than it has blocks, channels-last without a
+convolution, SyncBatchNorm without a BatchNorm. Those cases are ``unsupported``: no split,
+batch or image size would make them run. A model that takes no image size (``toy``, ``mlp``)
+runs once per batch size at its own recorded size (``ModelSpec.image_size``), and a model
+that trains with neither classifier loss (``toy``) with its own (``ModelSpec.loss_for``).
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from bench_lib import strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies.base import Microbatching
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
-from bench_lib.workloads import MODELS, blocks
+from bench_lib.workloads import blocks, get_model
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,8 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
     case is skipped) apply to strategies that use a split; others ignore them.
     """
     strat = strategies.get(strategy)
+    spec = get_model(model)
+    image_size, loss = spec.image_size(image_size), spec.loss_for(loss)
     micro = None
     if strat.uses_split:
         if split_size is not None:
@@ -146,7 +156,8 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
         partition=(partition or "tutorial") if strat.uses_partition else None,
         channels_last=channels_last, compile=compile, sync_bn=sync_bn and strat.data_parallel,
         world_size=world, process_group=strat.per_device_processes,
-        note=strat.cpu_note if rig.kind == "cpu" else "",
+        note="; ".join(filter(None, [strat.cpu_note if rig.kind == "cpu" else "",
+                                     rig.validation_note])),
         measurement=measurement or Measurement(),
     )
     problem = _problem(strat, rig, case)
@@ -155,9 +166,12 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
 
 def _problem(strat: strategies.Strategy, rig: Rig, case: Case) -> tuple[str, str] | None:
     """(status, reason) when the case cannot run, else None."""
-    reason = strat.unsupported_reason(rig)
+    reason = strat.unsupported_reason(rig) or workload_refusal(strat, case)
     if reason:
         return "unsupported", reason
+    too_small = get_model(case.model).image_size_problem(case.image_size)
+    if too_small:  # another model of the sweep takes this size (``Profile`` checks that)
+        return "skipped", too_small
     micro, batch = case.micro, case.batch_size
     if micro is not None and micro.split_size is None:
         return "skipped", f"{micro.count} micro-batches do not fit in batch size {batch}"
@@ -189,12 +203,68 @@ PIPELINING_STAGES_PER_RANK = {
 (``strategies.schedules``): the model is cut into ranks x this many stages."""
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the planning needs to know of a model's structure."""
+
+    blocks: int
+    """How many blocks it has (the most stages it can be cut into)."""
+    conv: bool
+    """True when it has a 2-d convolution (channels-last memory format applies)."""
+    batch_norm: bool
+    """True when it has BatchNorm (SyncBatchNorm applies)."""
+
+
 @functools.cache
-def model_blocks(model: str) -> int:
-    """How many blocks ``model`` has (the most stages it can be cut into); built on the meta
-    device, so no memory is filled and no device is touched."""
+def model_facts(model: str) -> ModelFacts:
+    """The structure of ``model``, built on the meta device, so no memory is filled and no
+    device is touched."""
     with torch.device("meta"):
-        return len(blocks(MODELS[model](1)))
+        net = get_model(model).build(1)
+    modules = list(net.modules())
+    return ModelFacts(len(blocks(net)), any(isinstance(m, nn.Conv2d) for m in modules),
+                      any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules))
+
+
+def model_blocks(model: str) -> int:
+    """How many blocks ``model`` has (the most stages it can be cut into)."""
+    return model_facts(model).blocks
+
+
+def cut_stages(strat: strategies.Strategy, world_size: int) -> int:
+    """Stages a strategy that cuts the model cuts it into on ``world_size`` devices (0 for
+    strategies that do not cut it)."""
+    if not strat.uses_partition:
+        return 0
+    return world_size * PIPELINING_STAGES_PER_RANK.get(strat.name, 1)
+
+
+def _too_few_blocks(strategy: str, model: str, ranks: int, stages: int) -> str | None:
+    have = model_blocks(model)
+    if stages <= have:
+        return None
+    return (f"{strategy} on {ranks} ranks cuts the model into {stages} stages; {model} has "
+            f"only {have} blocks to cut")
+
+
+def workload_refusal(strat: strategies.Strategy, case: Case) -> str | None:
+    """Why ``case``'s model cannot be trained with its strategy and options, or None.
+
+    A strategy that cuts the model needs a block per stage (``toy`` has 2, ``mlp`` 3: no
+    4-stage interleaved or ZB-V schedule on 2 ranks); channels-last needs a convolution and
+    SyncBatchNorm a BatchNorm to act on, else the case would be a relabelled copy of another.
+    """
+    facts = model_facts(case.model)
+    few = _too_few_blocks(strat.name, case.model, case.world_size,
+                          cut_stages(strat, case.world_size))
+    if few:
+        return few
+    if case.channels_last and not facts.conv:
+        return (f"{case.model} has no convolution: the channels-last memory format does not "
+                "apply")
+    if case.sync_bn and not facts.batch_norm:
+        return f"{case.model} has no BatchNorm: SyncBatchNorm does not apply"
+    return None
 
 
 def schedule_refusal(strategy: str, model: str, ranks: int, microbatches: int) -> str | None:
@@ -212,10 +282,9 @@ def schedule_refusal(strategy: str, model: str, ranks: int, microbatches: int) -
     - ``ScheduleGPipe``, ``ScheduleZBVZeroBubble``: any count (ZB-V pads a short one).
     """
     stages = ranks * PIPELINING_STAGES_PER_RANK[strategy]
-    have = model_blocks(model)
-    if stages > have:
-        return (f"{strategy} on {ranks} ranks cuts the model into {stages} stages; {model} has "
-                f"only {have} blocks to cut")
+    few = _too_few_blocks(strategy, model, ranks, stages)
+    if few:
+        return few
     if strategy == "1f1b" and microbatches < stages:
         return (f"1f1b needs at least as many micro-batches as stages: {microbatches} "
                 f"micro-batches on {stages} stages (torch's Schedule1F1B refuses fewer)")
@@ -271,8 +340,8 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
     validate(profile, rig)
     cases: list[Case] = []
     grid = ((model, precision, image, batch, name)
-            for model, precision, image in itertools.product(
-                profile.models, profile.precisions, profile.image_sizes)
+            for model, precision in itertools.product(profile.models, profile.precisions)
+            for image in profile.image_sizes_for(model)
             for batch in profile.batch_sizes_for(image)
             for name in profile.strategies)
     for model, precision, image, batch, name in grid:

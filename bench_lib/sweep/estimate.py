@@ -2,7 +2,8 @@
 the memory one device needs to train a whole batch, for choosing a profile's batch sizes.
 
 The duration figures are deliberately simple: forward+backward seconds per image at 64 px on
-one CPU thread (from runs on a 2-core machine), scaled by pixel count and threads. The
+one CPU thread (from runs on a 2-core machine), scaled by pixel count and threads; a model
+that takes no image size (``toy``, ``mlp``) has a figure per sample, not scaled. The
 progress bar corrects them with the pace it measures as the sweep goes.
 """
 
@@ -15,9 +16,13 @@ import torch
 from bench_lib.measure.timing import MIN_STEPS_UNDER_TIME_CAP
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
-from bench_lib.workloads import MODELS
+from bench_lib.workloads import get_model
 
-CPU_S_PER_IMAGE_64PX = {"resnet50": 0.035, "resnet18": 0.012, "resnet-tiny": 0.004}
+CPU_S_PER_IMAGE_64PX = {"resnet50": 0.035, "resnet18": 0.012, "resnet-tiny": 0.004,
+                        "resnet101": 0.067, "resnet152": 0.098, "toy": 2e-6, "mlp": 2e-5}
+"""Seconds per image at 64 px (per sample for fixed-shape models) on one CPU thread. The
+ResNet101/152 figures scale ResNet50's by their FLOPs (7.8 and 11.5 against 4.1 GFLOP at
+224 px); toy's and mlp's are a few microseconds of tiny matrix products."""
 # A data-centre GPU trains ResNet50 a few hundred times faster than one CPU thread.
 GPU_SPEEDUP_OVER_ONE_THREAD = 300.0
 PROCESS_START_S = 6.0  # python + torch import + model build in a fresh process
@@ -25,7 +30,9 @@ PROCESS_START_S = 6.0  # python + torch import + model build in a fresh process
 
 def step_seconds(case: Case, rig: Rig) -> float:
     """Estimated seconds of one training step of ``case`` on ``rig``."""
-    per_image = CPU_S_PER_IMAGE_64PX.get(case.model, 0.035) * (case.image_size / 64) ** 2
+    per_image = CPU_S_PER_IMAGE_64PX.get(case.model, 0.035)
+    if get_model(case.model).sized:
+        per_image *= (case.image_size / 64) ** 2
     if rig.kind == "cuda":
         per_image /= GPU_SPEEDUP_OVER_ONE_THREAD
     else:
@@ -55,7 +62,8 @@ def format_duration(seconds: float) -> str:
 
 
 # Memory of training a whole batch on one device (``single``), fp32.
-SAVED_MIB_PER_IMAGE_224PX = {"resnet50": 81.9, "resnet18": 21.2, "resnet-tiny": 15.4}
+SAVED_MIB_PER_IMAGE_224PX = {"resnet50": 81.9, "resnet18": 21.2, "resnet-tiny": 15.4,
+                             "resnet101": 121.8, "resnet152": 170.4}
 """What autograd keeps for backward per 224 px image, fp32 (bf16 autocast keeps less): the
 inputs of every convolution, BatchNorm and linear layer, the ReLU outputs, max-pool
 indices. Counted, not guessed: ``tests/test_cuda_planning.py`` sums torch's saved tensors
@@ -78,13 +86,15 @@ handles and the allocator's fragmentation (a 24 GiB card leaves about 22 GiB to 
 def parameters(model: str) -> int:
     """Parameter count of ``model`` (built on the meta device: no memory, no device)."""
     with torch.device("meta"):
-        return sum(p.numel() for p in MODELS[model](1000).parameters())
+        return sum(p.numel() for p in get_model(model).build(1000).parameters())
 
 
 def single_device_mib(model: str, image_size: int, batch_size: int) -> float:
     """Estimated peak MiB of one device training ``batch_size`` images at ``image_size`` px
     in fp32 (``single``; a strategy that spreads the batch or the model needs less per
-    device): the saved activations times ``PEAK_OVER_SAVED``, plus weights and gradients."""
+    device): the saved activations times ``PEAK_OVER_SAVED``, plus weights and gradients.
+    For the ResNets of ``SAVED_MIB_PER_IMAGE_224PX`` (``toy`` and ``mlp`` keep well under a
+    MiB per sample: no card question arises)."""
     per_image = SAVED_MIB_PER_IMAGE_224PX[model] * (image_size / 224) ** 2 * PEAK_OVER_SAVED
     return batch_size * per_image + WEIGHT_COPIES * parameters(model) * 4 / 2**20
 

@@ -17,7 +17,7 @@ from typing import Any
 from bench_lib import strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies.partition import PARTITIONS
-from bench_lib.workloads import LOSSES, MIN_IMAGE_SIZE, MODELS, PRECISIONS
+from bench_lib.workloads import CLASSIFIER_LOSSES, MODELS, PRECISIONS, get_model
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -83,7 +83,8 @@ class Profile:
     models: tuple[str, ...] = ("resnet50",)
     """Model names (keys of ``workloads.MODELS``)."""
     image_sizes: tuple[int, ...] = (128,)
-    """Square image sizes in pixels."""
+    """Square image sizes in pixels. A model that takes no image size (``toy``, ``mlp``)
+    runs once at its own recorded size instead (``image_sizes_for``)."""
     batch_sizes: tuple[int, ...] = (32,)
     """Global batch sizes."""
     batch_sizes_by_image_size: tuple[tuple[int, tuple[int, ...]], ...] = ()
@@ -107,7 +108,8 @@ class Profile:
     sync_bn: bool = False
     """SyncBatchNorm in data-parallel strategies (ddp, fsdp); it needs GPU inputs."""
     loss: str = "ce"
-    """``ce`` or ``mse-onehot`` (the tutorial's)."""
+    """``ce`` or ``mse-onehot`` (the tutorial's), for the classifiers; ``toy``, whose targets
+    are real values, always trains with ``mse``."""
     measurement: Measurement = field(default_factory=Measurement)
     """How each case is measured (flat keys in files: ``warmup_steps``, ``timed_steps``...)."""
 
@@ -124,13 +126,20 @@ class Profile:
         _check_names("model", self.models, sorted(MODELS))
         _check_names("partition", self.partitions, PARTITIONS)
         _check_names("precision", self.precisions, PRECISIONS)
-        _check_names("loss", (self.loss,), LOSSES)
+        _check_names("loss", (self.loss,), CLASSIFIER_LOSSES)
+        sized = [get_model(m) for m in self.models if get_model(m).sized]
         for size in self.image_sizes:
-            if size < MIN_IMAGE_SIZE:
-                raise UsageError(
-                    f"image size {size} is too small for ResNets (they downsample by 32); "
-                    f"use {MIN_IMAGE_SIZE} or more"
-                )
+            # Too small for every model it applies to: no case could use it. Too small for
+            # some only: their cases are skipped rows (``cases.new_case``).
+            problems = [spec.image_size_problem(size) for spec in sized]
+            if problems and all(problems):
+                raise UsageError(str(problems[0]))
+
+    def image_sizes_for(self, model: str) -> tuple[int, ...]:
+        """The image sizes ``model`` runs at: the sweep's, or where the image size does not
+        apply to it, its own recorded size alone."""
+        spec = get_model(model)
+        return self.image_sizes if spec.sized else (spec.recorded_image_size,)
 
     def batch_sizes_for(self, image_size: int) -> tuple[int, ...]:
         """The batch sizes swept at ``image_size``."""
@@ -138,8 +147,9 @@ class Profile:
 
     @property
     def used_batch_sizes(self) -> tuple[int, ...]:
-        """Every batch size some image size of the sweep uses, ascending."""
-        return tuple(sorted({b for size in self.image_sizes for b in self.batch_sizes_for(size)}))
+        """Every batch size some model and image size of the sweep use, ascending."""
+        return tuple(sorted({b for model in self.models for size in self.image_sizes_for(model)
+                             for b in self.batch_sizes_for(size)}))
 
     @staticmethod
     def keys() -> tuple[str, ...]:

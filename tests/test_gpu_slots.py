@@ -1,0 +1,152 @@
+"""The one-GPU validation mode (``--gpu-slots``): several device slots on one card.
+
+Everything here runs without a GPU: the slot arithmetic, the process group's backend and
+device (a recording fake of ``torch.distributed``), which strategies can run, the labels
+every row and the run carry, and a dry run of the default GPU sweep on one GPU's two slots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from bench_lib import rig as rig_module
+from bench_lib import strategies
+from bench_lib.measure import preflight
+from bench_lib.rig import Rig, RigError, detect_rig, init_process_group
+from bench_lib.sweep.cases import new_case
+from tests.conftest import PYTHON, REPO
+
+
+def test_slots_map_onto_gpus_and_say_what_they_are():
+    rig = Rig("cuda", 4, gpu_slots=2)
+    assert [rig.cuda_index(i) for i in range(4)] == [0, 0, 1, 1]
+    assert rig.devices() == [torch.device("cuda", g) for g in (0, 0, 1, 1)]
+    assert rig.num_gpus == 2 and rig.backend == "gloo"
+    assert rig.label == "cuda:4slots-on-2gpu-validation"  # never read as cuda:4
+    assert "not a 4-GPU measurement" in rig.validation_note
+    assert Rig.from_dict(json.loads(json.dumps(rig.as_dict()))) == rig
+    plain = Rig("cuda", 2)
+    assert plain.backend == "nccl" and plain.num_gpus == 2 and plain.validation_note == ""
+    assert plain.devices() == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert Rig.from_dict({k: v for k, v in plain.as_dict().items() if k != "gpu_slots"}) == plain
+
+
+def test_slots_are_refused_where_they_mean_nothing():
+    with pytest.raises(RigError, match="only on a cuda rig"):
+        Rig("cpu", 1, 1, (0,), gpu_slots=2)
+    with pytest.raises(RigError, match=">= 1"):
+        Rig("cuda", 2, gpu_slots=0)
+    with pytest.raises(RigError, match="needs a cuda rig"):
+        detect_rig("cpu", 2, gpu_slots=2)
+
+
+def test_detection_fits_the_slots_on_the_gpus_there_are(monkeypatch):
+    monkeypatch.setattr(rig_module, "cuda_device_count", lambda: 1)
+    assert detect_rig("cuda", 2, gpu_slots=2) == Rig("cuda", 2, gpu_slots=2)
+    assert detect_rig(None, None, gpu_slots=2) == Rig("cuda", 2, gpu_slots=2)  # all slots
+    with pytest.raises(RigError, match="3 devices asked for at 2 slots per GPU.*1 GPU"):
+        detect_rig("cuda", 3, gpu_slots=2)
+    monkeypatch.setattr(rig_module, "cuda_device_count", lambda: 0)
+    assert detect_rig("cuda", 2, plan_only=True, gpu_slots=2).label.endswith("validation")
+
+
+def test_ranks_sharing_a_gpu_join_through_gloo_on_their_gpu(monkeypatch):
+    import torch.distributed as dist
+
+    joined: list[dict[str, Any]] = []
+    selected: list[int] = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: joined.append(kw))
+    monkeypatch.setattr(torch.cuda, "set_device", selected.append)
+    shared = Rig("cuda", 4, gpu_slots=2)
+    for rank in range(4):
+        init_process_group(shared, rank, 4, "/tmp/x", 5.0)
+    assert selected == [0, 0, 1, 1]
+    assert {kw["backend"] for kw in joined} == {"gloo"}
+    assert all(kw["device_id"] is None for kw in joined)  # NCCL's eager binding only
+    joined.clear()
+    selected.clear()
+    init_process_group(Rig("cuda", 2), 1, 2, "/tmp/x", 5.0)  # the real thing: unchanged
+    assert joined[0]["backend"] == "nccl" and joined[0]["device_id"] == torch.device("cuda", 1)
+    assert selected == [1]
+
+
+@pytest.mark.parametrize("name, runs", [
+    ("single", True), ("mp", True), ("pipeline", True), ("accum", True), ("ddp", True),
+    ("dp", False), ("fsdp", False), ("gpipe", False), ("1f1b", False),
+    ("interleaved-1f1b", False), ("zbv", False),
+])
+def test_what_runs_on_shared_gpus_and_why_not(name, runs):
+    shared = Rig("cuda", 2, gpu_slots=2)
+    reason = strategies.get(name).unsupported_reason(shared)
+    assert (reason is None) == runs, reason
+    if not runs:
+        assert reason.startswith("--gpu-slots 2: ")
+        assert ("gloo" in reason) or ("DataParallel" in reason)
+    assert strategies.get(name).unsupported_reason(Rig("cuda", 2)) is None
+
+
+def test_every_case_row_of_a_validation_rig_says_so():
+    shared = Rig("cuda", 2, gpu_slots=2)
+    case = new_case(shared, "ddp", "resnet50", 64, 16)
+    assert case.status is None and "validation run" in case.note
+    assert new_case(Rig("cuda", 2), "ddp", "resnet50", 64, 16).note == ""
+
+
+def test_dry_run_of_the_default_gpu_sweep_on_one_gpu_with_two_slots(tmp_path):
+    proc = subprocess.run(
+        [PYTHON, "-m", "bench_lib", "run", "--profile", "default-cuda", "--rig", "cuda",
+         "--devices", "2", "--gpu-slots", "2", "--dry-run", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "cuda:2slots-on-1gpu-validation" in out
+    lines = out.splitlines()
+    gpipe = [ln for ln in lines if ln.lstrip().startswith("gpipe")]
+    ddp = [ln for ln in lines if ln.lstrip().startswith("ddp")]
+    assert gpipe and all("unsupported" in ln for ln in gpipe)
+    assert ddp and not any("unsupported" in ln for ln in ddp)
+    assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
+
+
+def test_the_preflight_ranks_tie_themselves_to_the_runner(monkeypatch, tmp_path):
+    """No ``preexec_fn`` (a deadlock hazard in a threaded parent): each rank is given this
+    process's pid and asks for the parent-death signal itself."""
+    started: list[tuple[list[str], dict[str, Any]]] = []
+
+    class Done:
+        pid = 4242
+        returncode = 0
+
+        def poll(self) -> int:
+            return 0
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    def popen(cmd: list[str], **kwargs: Any) -> Done:
+        started.append((cmd, kwargs))
+        return Done()
+
+    monkeypatch.setattr(preflight.subprocess, "Popen", popen)
+    monkeypatch.setattr(preflight.os, "killpg", lambda pgid, sig: None)  # 4242 is not ours
+    preflight.all_reduce(Rig("cuda", 2, gpu_slots=2), timeout_s=1, command=["rank"])
+    assert len(started) == 2
+    assert all("preexec_fn" not in kwargs for _, kwargs in started)
+    assert all(json.loads(cmd[1])["gpu_slots"] == 2 for cmd, _ in started)
+    assert all(cmd[-1] == str(os.getpid()) for cmd, _ in started)
+
+
+def test_a_preflight_rank_whose_runner_is_gone_does_not_start():
+    # PARENT_PID names a process that is not this rank's parent: it exits 4 at once.
+    rig = json.dumps(Rig("cuda", 2).as_dict())
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench_lib.measure.preflight", rig, "0", "2", "/nonexistent",
+         "/nonexistent.json", "5", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stderr
