@@ -144,6 +144,10 @@ def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
             help="memory cap per device, e.g. 12GiB: a case above it is recorded as oom "
                  "(CPU workers: resident memory; GPUs: the caching allocator's limit only, "
                  "so the CUDA context and NCCL buffers come on top of it)"),
+        add("--no-predict-skip", dest="predict_skip", action="store_false", default=None,
+            help="launch a case even where its predicted peak memory exceeds a device's "
+                 "memory (--max-memory-per-device, else a GPU's total memory); by default it "
+                 "is recorded oom, reason 'predicted: ...', without being launched"),
     ]
 
 

@@ -1,23 +1,40 @@
-"""Learning parity: the shared batches, the data, the tolerance and verdict, and a tiny run
-of ``python -m bench_lib parity`` end to end."""
+"""Learning parity: the shared batches, the data (digits, a user's MNIST / CIFAR-10 folder),
+the tolerances and verdicts (BatchNorm statistics included), and tiny runs of ``python -m
+bench_lib parity`` end to end."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import subprocess
+import threading
 
 import pandas as pd
 import pytest
 import torch
 
 from bench_lib import cli
+from bench_lib.parity import launch as parity_launch
 from bench_lib.parity import run as parity_run
-from bench_lib.parity.data import DIGITS_TEST, digits, loader, teacher
-from bench_lib.parity.train import EpochResult
-from bench_lib.parity.verdict import Final, judge, tolerance
+from bench_lib.parity.data import DIGITS_TEST, digits, loader, parity_workload, teacher
+from bench_lib.parity.train import EpochResult, merged
+from bench_lib.parity.verdict import (
+    BATCH,
+    MICRO,
+    NO_BN,
+    RANK,
+    Final,
+    bn_statistics,
+    judge,
+    prediction_factor,
+    reference_of,
+    seeds_tolerance,
+    tighter,
+    tolerance,
+)
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
+from bench_lib.strategies import get as get_strategy
 from bench_lib.sweep.profile import UsageError
 from tests.conftest import PYTHON, REPO
 
@@ -69,6 +86,86 @@ def test_tolerance_and_verdict_by_hand():
     assert tolerance([Final(0.2, None)], [Final(0.2, None)], 256).accuracy is None
 
 
+def test_parity_trains_resnets_at_32_px_with_ten_classes():
+    resnet, mlp, toy = (parity_workload(m, 32) for m in ("resnet-tiny", "mlp", "toy"))
+    assert (resnet.input_shape, resnet.num_classes) == ((3, 32, 32), 10)
+    assert (mlp.input_shape, mlp.num_classes) == ((1, 28, 28), 10)
+    assert (toy.input_shape, toy.num_classes, toy.loss) == ((10,), 5, "mse")
+
+
+def test_seeds_tolerance_by_hand():
+    # Losses 0.10..0.13: s = 0.012910; t(0.995, 3 dof) = 5.8409, x sqrt(2) = 8.2603.
+    assert prediction_factor(4) == pytest.approx(8.2603, abs=1e-3)
+    finals = [Final(0.10, 0.95), Final(0.12, 0.96), Final(0.11, 0.95), Final(0.13, 0.96)]
+    tol = seeds_tolerance(finals, 100_000)
+    assert tol.kind == "seeds"
+    assert tol.loss == pytest.approx(8.2603 * 0.012910, rel=1e-3)  # 0.1066
+    # Accuracies 0.95, 0.96, 0.95, 0.96: s = 0.0057735 (its binomial floor, 3.6428 x
+    # sqrt(0.045 x 0.955 / 100,000), is 0.0024).
+    assert tol.accuracy == pytest.approx(8.2603 * 0.0057735, rel=1e-3)  # 0.0477
+    assert "over 4 seeds" in tol.note
+    # Seeds that agree exactly leave the test set's standard error, with the normal z:
+    # 2.5758 x sqrt(2) = 3.6428; the accuracy's binomial sqrt(0.05 x 0.95 / 360) = 0.011487.
+    assert prediction_factor(0) == pytest.approx(3.6428, abs=1e-3)
+    same = seeds_tolerance([Final(0.1, 0.95, 0.3)] + [Final(0.1, 0.95)] * 3, 360)
+    assert same.loss == pytest.approx(3.6428 * 0.3 / 360**0.5, rel=1e-3)  # 0.0576
+    assert same.accuracy == pytest.approx(3.6428 * 0.011487, rel=1e-3)  # 0.0418
+    # Without a spread over the test images, the floor of the loss.
+    assert seeds_tolerance([Final(0.1, 0.95)] * 3, 360).loss == pytest.approx(1e-6)
+    assert seeds_tolerance([Final(0.2, None), Final(0.3, None)], 256).accuracy is None
+    with pytest.raises(ValueError, match="2 or more seeds"):
+        seeds_tolerance(finals[:1], 360)
+
+
+def test_the_same_mathematics_takes_the_tighter_bound():
+    rounding = tolerance([Final(0.1, 0.9)], [Final(0.1 + 1e-6, 0.9)], 360)  # loss 1e-5
+    seeds = seeds_tolerance([Final(0.10, 0.9), Final(0.11, 0.9)], 360)
+    assert tighter(rounding, seeds) is rounding and tighter(seeds, rounding) is rounding
+    chaotic = tolerance([Final(0.1, 0.9)], [Final(0.3, 0.8)], 360)  # rounding amplified
+    assert tighter(chaotic, seeds) is seeds and tighter(chaotic, None) is chaotic
+
+
+@pytest.mark.parametrize("name,batch_norm,sync_bn,stats", [
+    ("single", True, False, BATCH), ("mp", True, False, BATCH), ("accum", True, False, MICRO),
+    ("pipeline", True, False, MICRO), ("gpipe", True, False, MICRO),
+    ("1f1b", True, False, MICRO), ("ddp", True, False, RANK), ("fsdp", True, False, RANK),
+    ("ddp", True, True, BATCH), ("fsdp", True, True, BATCH), ("gpipe", False, False, NO_BN),
+    ("ddp", False, False, NO_BN),
+])
+def test_what_batch_norm_normalises_over(name, batch_norm, sync_bn, stats):
+    assert bn_statistics(get_strategy(name), batch_norm, sync_bn) == stats
+
+
+def test_dp_normalises_per_device_and_has_no_twin():
+    stats = bn_statistics(get_strategy("dp"), True, False)
+    assert stats not in (BATCH, MICRO, RANK, NO_BN)
+    assert reference_of("dp", stats, ["single", "ddp", "dp"]) == ("single", False)
+
+
+ALL = ["single", "accum", "gpipe", "ddp", "fsdp", "mp"]
+
+
+@pytest.mark.parametrize("name,stats,finished,expected", [
+    ("gpipe", MICRO, ALL, ("accum", True)),  # the same micro-batches as accum
+    ("gpipe", MICRO, ["single", "gpipe"], ("single", False)),  # no accum to compare with
+    ("accum", MICRO, ALL, ("single", False)),
+    ("fsdp", RANK, ALL, ("ddp", True)),
+    ("ddp", RANK, ALL, ("single", False)),
+    ("mp", BATCH, ALL, ("single", True)),
+    ("ddp", BATCH, ALL, ("single", True)),  # SyncBatchNorm: the whole batch
+    ("gpipe", NO_BN, ALL, ("single", True)),
+])
+def test_each_strategy_is_compared_with_the_first_of_its_statistics(name, stats, finished,
+                                                                    expected):
+    assert reference_of(name, stats, finished) == expected
+
+
+def test_rank_zero_holds_the_evaluated_copy():
+    a0, a1, b, c = (torch.full((1,), float(v)) for v in range(4))
+    state = merged([{"a": a0, "b": b}, {"a": a1, "c": c}])
+    assert state["a"] is a0 and state["b"] is b and state["c"] is c
+
+
 def _args(**changes: object) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parity_run.add_arguments(parser)
@@ -78,12 +175,18 @@ def _args(**changes: object) -> argparse.Namespace:
     return args
 
 
+def test_defaults_include_mlp_a_resnet_and_fsdp():
+    plan = parity_run.plan_of(_args())
+    assert {"mlp", "resnet-tiny"} <= set(plan.models)
+    assert "fsdp" in plan.strategies and plan.seed_runs >= 2
+
+
 @pytest.mark.parametrize("changes,message", [
-    ({"models": "resnet18"}, "BatchNorm-free models so far (resnet18 has BatchNorm)"),
     ({"models": "vgg"}, "unknown model 'vgg'; valid: mlp"),
     ({"strategies": "ddp,gpipe"}, "include it"),
     ({"strategies": "single,warp"}, "unknown strategy 'warp'"),
     ({"split_size": 64}, "split size 64 is larger than batch size 32"),
+    ({"models": "resnet-tiny", "seed_runs": 1}, "needs single at 2 or more further seeds"),
 ])
 def test_bad_parity_plans_are_usage_errors(changes, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -98,7 +201,7 @@ def test_a_strategy_that_ends_elsewhere_diverges_and_fails_the_command(
         key = "fp64" if spec.precision == "fp64" else spec.strategy
         return [EpochResult(0, 1.0, ends[key], 0.9, 0.1)], ""
 
-    monkeypatch.setattr(parity_run, "_launch", fake_launch)
+    monkeypatch.setattr(parity_launch, "launch", fake_launch)
     code = parity_run.command(_args(models="mlp", strategies="single,ddp,gpipe",
                                     out=tmp_path), cpu_rig)
     assert code == 1
@@ -108,6 +211,74 @@ def test_a_strategy_that_ends_elsewhere_diverges_and_fails_the_command(
     verdicts = table.set_index("strategy")
     assert verdicts.verdict.to_dict() == {"single": "reference", "ddp": "match",
                                           "gpipe": "diverged"}
+    # A BatchNorm-free model: no further seeds of single, every strategy against single.
+    assert set(pd.read_csv(run_dir / "parity.csv").seed) == {0}
+    assert set(verdicts.compared_with.dropna()) == {"single"}
+    assert set(verdicts.tolerance_kind.dropna()) == {"rounding"}
+
+
+def test_batch_norm_strategies_are_judged_against_their_own_statistics(
+        tmp_path, monkeypatch, cpu_rig):
+    # Rounding tolerance: 10 x 1e-8 < 1e-5 x 0.3 = 3e-6. Seeds tolerance: single ends at
+    # 0.30, 0.32, 0.31, 0.33 over seeds 0..3 (s = 0.0129): 8.26 x s = 0.107. The same
+    # mathematics takes the tighter, rounding; other statistics the seeds.
+    seeds = {0: 0.30, 1: 0.32, 2: 0.31, 3: 0.33}
+    ends = {"accum": 0.35, "gpipe": 0.35 + 1e-7, "1f1b": 0.36, "ddp": 0.25,
+            "fsdp": 0.25 + 1e-7, "mp": 0.30 + 5e-7}
+    calls = []
+
+    def fake_launch(spec, workdir, processes):
+        calls.append((spec.strategy, spec.precision, spec.seed, spec.split_seed))
+        if spec.precision == "fp64":
+            end = 0.30 + 1e-8
+        else:
+            end = seeds[spec.seed] if spec.strategy == "single" else ends[spec.strategy]
+        accuracy = 0.90 + 0.01 * (spec.seed % 2)
+        return [EpochResult(0, 1.0, 0.5, 0.5, 0.1), EpochResult(1, 0.5, end, accuracy, 0.1)], ""
+
+    monkeypatch.setattr(parity_launch, "launch", fake_launch)
+    code = parity_run.command(_args(models="resnet-tiny", out=tmp_path,
+                                    strategies="single,accum,gpipe,1f1b,ddp,fsdp,mp"), cpu_rig)
+    assert code == 1
+    assert sorted(c for c in calls if c[0] == "single") == [
+        ("single", "fp32", 0, 0), ("single", "fp32", 1, 0), ("single", "fp32", 2, 0),
+        ("single", "fp32", 3, 0), ("single", "fp64", 0, 0)]  # one split for every seed
+    (run_dir,) = run_dirs_in(tmp_path)
+    v = pd.read_csv(run_dir / "parity_verdicts.csv").set_index("strategy")
+    got = {s: (r.verdict, r.compared_with, r.tolerance_kind, r.bn_statistics)
+           for s, r in v.iterrows() if s != "single"}
+    assert got == {
+        "accum": ("match", "single", "seeds", MICRO),
+        "gpipe": ("match", "accum", "rounding", MICRO),
+        # Within single's seed spread, but not what accum computes: a pipelining bug.
+        "1f1b": ("diverged", "accum", "rounding", MICRO),
+        "ddp": ("match", "single", "seeds", RANK),
+        "fsdp": ("match", "ddp", "rounding", RANK),
+        "mp": ("match", "single", "rounding", BATCH),
+    }
+    assert v.loc["accum", "loss_tolerance"] == pytest.approx(8.2603 * 0.012910, rel=1e-3)
+    assert v.loc["1f1b", "test_loss_diff"] == pytest.approx(0.01)
+    epochs = pd.read_csv(run_dir / "parity.csv")
+    assert list(epochs.columns) == PARITY_COLUMNS
+    assert sorted(set(epochs[epochs.strategy == "single"].seed)) == [0, 1, 2, 3]
+
+
+def test_one_process_runs_go_side_by_side_on_a_cpu_rig(tmp_path, monkeypatch, cpu_rig):
+    both = threading.Barrier(2, timeout=60)
+    seen = []
+
+    def fake_launch(spec, workdir, processes):
+        if spec.strategy == "single":
+            both.wait()  # single in fp64 and in fp32 run at once, or this breaks
+        seen.append((spec.strategy, spec.worker, processes))
+        return [EpochResult(0, 1.0, 0.3, 0.9, 0.1)], ""
+
+    monkeypatch.setattr(parity_launch, "launch", fake_launch)
+    code = parity_run.command(_args(models="mlp", strategies="single,accum,ddp",
+                                    out=tmp_path), cpu_rig)
+    assert code == 0
+    assert {w for s, w, _ in seen if s == "single"} == {0, 1}  # a worker each
+    assert seen[-1] == ("ddp", 0, 2)  # a process group: after them, on every worker
 
 
 @pytest.mark.slow
@@ -116,7 +287,7 @@ def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         [PYTHON, "-m", "bench_lib", "parity", "--rig", "cpu", "--models", "toy,mlp",
-         "--strategies", "single,ddp,gpipe,dp", "--epochs", "2", "--out", str(out)],
+         "--strategies", "single,ddp,fsdp,gpipe,dp", "--epochs", "2", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=380)
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(out)
@@ -127,7 +298,7 @@ def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path):
     runs = epochs.groupby(["model", "strategy", "precision"]).epoch.apply(list).to_dict()
     assert runs == {(m, s, p): [0, 1] for m in ("mlp", "toy")
                     for s, p in [("single", "fp64"), ("single", "fp32"), ("ddp", "fp32"),
-                                 ("gpipe", "fp32")]}
+                                 ("fsdp", "fp32"), ("gpipe", "fp32")]}
     mlp = epochs[epochs.model == "mlp"]
     assert mlp.test_accuracy.notna().all()
     assert epochs[epochs.model == "toy"].test_accuracy.isna().all()
@@ -135,13 +306,34 @@ def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path):
     verdicts = pd.read_csv(run_dir / "parity_verdicts.csv").set_index(["model", "strategy"])
     for model in ("mlp", "toy"):
         assert verdicts.loc[(model, "single"), "verdict"] == "reference"
-        assert verdicts.loc[(model, "ddp"), "verdict"] == "match"
-        assert verdicts.loc[(model, "gpipe"), "verdict"] == "match"
+        for name in ("ddp", "fsdp", "gpipe"):  # fsdp: its shards gathered for the test
+            assert verdicts.loc[(model, name), "verdict"] == "match", name
         assert verdicts.loc[(model, "dp"), "verdict"] == "unsupported"
         assert "needs CUDA" in verdicts.loc[(model, "dp"), "reason"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_tiny_resnet_parity_run_judges_each_batch_norm_statistics(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [PYTHON, "-m", "bench_lib", "parity", "--rig", "cpu", "--models", "resnet-tiny",
+         "--strategies", "single,accum,gpipe,ddp,fsdp,mp", "--epochs", "1", "--seed-runs",
+         "2", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = run_dirs_in(out)
+    v = pd.read_csv(run_dir / "parity_verdicts.csv").set_index("strategy")
+    assert v.verdict.to_dict() == {"single": "reference", "accum": "match", "gpipe": "match",
+                                   "ddp": "match", "fsdp": "match", "mp": "match"}
+    assert v.compared_with.dropna().to_dict() == {"accum": "single", "gpipe": "accum",
+                                                  "ddp": "single", "fsdp": "ddp",
+                                                  "mp": "single"}
+    # It learnt: a tenth is chance on ten classes.
+    assert (v.test_accuracy > 0.5).all()
+
+
 def test_parity_is_a_command(capsys):
-    code = cli.main(["parity", "--rig", "cpu", "--models", "resnet50"])
+    code = cli.main(["parity", "--rig", "cpu", "--models", "resnet9000"])
     assert code == cli.EXIT_USAGE
-    assert "BatchNorm-free models so far" in capsys.readouterr().err
+    assert "unknown model 'resnet9000'" in capsys.readouterr().err

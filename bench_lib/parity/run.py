@@ -1,13 +1,20 @@
 """``python -m bench_lib parity``: train every strategy of every model on the same data from
-the same weights, and say whether each ends where ``single`` ends.
+the same weights, and say whether each ends where the strategy computing its mathematics
+ends (``parity.verdict``).
 
-Per model: ``single`` in float64 first (the rounding reference, ``parity.verdict``), then
-each strategy in float32, ``single`` first, each in fresh processes (``parity.train``) with
-the rig's pinning, as a case runs. Which strategies can run is decided as for a sweep
-(``sweep.cases.new_case``: ``dp`` needs CUDA, a model too small to cut is ``unsupported``)
-and recorded with the reason. Writes ``parity.csv`` (every epoch of every run) and
-``parity_verdicts.csv`` into a run folder with its ``env.json``; exits 1 when a strategy
-diverged or failed.
+Per model: ``single`` in float64 (the rounding reference) and in float32, on a BatchNorm
+model ``single`` at ``--seed-runs`` further seeds too (the seeds tolerance), and each other
+strategy in float32, each in fresh processes (``parity.train``) with the rig's
+pinning, as a case runs (on a cpu rig the one-process runs go side by side, one per
+worker: ``parity.launch``). Which strategies can run is decided as for a sweep
+(``sweep.cases.new_case``: ``dp`` needs CUDA, a model too small to cut and SyncBatchNorm on a
+cpu rig are ``unsupported``) and recorded with the reason. Writes ``parity.csv`` (every
+epoch of every run) and ``parity_verdicts.csv`` into a run folder with its ``env.json``;
+exits 1 when a strategy diverged or failed.
+
+The defaults (``DEFAULTS``) are the run ``make parity`` makes: ``mlp``, ``toy`` and
+``resnet-tiny`` on the digits, every strategy a 2-worker cpu rig can run, a few minutes on
+2 CPU cores (README, "Learning parity").
 """
 
 from __future__ import annotations
@@ -15,33 +22,39 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import json
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench_lib import strategies
-from bench_lib.parity.data import dataset
-from bench_lib.parity.train import EpochResult, ParitySpec, result_path
-from bench_lib.parity.verdict import Final, Tolerance, judge, tolerance
+from bench_lib.parity.data import IMAGE_SIZE, dataset, parity_workload
+from bench_lib.parity.launch import Job, launch_all
+from bench_lib.parity.train import ParitySpec
+from bench_lib.parity.verdict import (
+    Final,
+    Tolerance,
+    bn_statistics,
+    judge,
+    reference_of,
+    seeds_tolerance,
+    tighter,
+    tolerance,
+)
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case, model_facts, new_case
 from bench_lib.sweep.profile import UsageError
-from bench_lib.workloads import MODELS, Workload
+from bench_lib.workloads import MODELS
 
-DEFAULT_MODELS = ("mlp", "toy")
-DEFAULT_STRATEGIES = ("single", "ddp", "mp", "pipeline", "accum", "gpipe", "1f1b")
-NOT_YET = {"fsdp": "parity cannot yet read FSDP2's sharded parameters back into one model "
-                   "for its evaluation"}
-"""Strategies that could train but that parity cannot evaluate yet, and why."""
-RUN_TIMEOUT_S = 600.0
-POLL_S = 0.1
+DEFAULT_MODELS = ("mlp", "toy", "resnet-tiny")
+DEFAULT_STRATEGIES = ("single", "ddp", "fsdp", "mp", "pipeline", "accum", "gpipe", "1f1b")
+DEFAULTS = {"epochs": 5, "seed_runs": 3}
+"""Defaults of the other flags that the README and ``parity.verdict`` speak of."""
 Row = dict[str, Any]
+Key = tuple[str, str, int]
+"""A training run of a model: (strategy, precision, seed)."""
 
 
 @dataclass(frozen=True)
@@ -55,14 +68,19 @@ class ParityPlan:
     split_size: int
     lr: float
     seed: int
+    """Seeds the weights, the shuffles and the split (``single``'s seed runs add 1, 2 ...
+    to it for their weights and shuffles only)."""
+    seed_runs: int = 3
+    """Further seeds of ``single`` on a BatchNorm model (``verdict.SEED_RUNS``)."""
+    sync_bn: bool = False
+    """SyncBatchNorm in ``ddp`` and ``fsdp`` (GPU rigs)."""
+    data_root: Path | None = None
+    """The user's MNIST / CIFAR-10 folder (``parity.data``); None: the digits."""
 
     def __post_init__(self) -> None:
         for model in self.models:
             if model not in MODELS:
                 raise UsageError(f"unknown model {model!r}; valid: {', '.join(sorted(MODELS))}")
-            if model_facts(model).batch_norm:
-                raise UsageError(f"parity judges BatchNorm-free models so far ({model} has "
-                                 "BatchNorm); valid: mlp, toy")
         for name in self.strategies:
             strategies.get(name)  # a ValueError naming the known ones
         if "single" not in self.strategies:
@@ -72,35 +90,14 @@ class ParityPlan:
         if self.split_size > self.batch_size:
             raise UsageError(f"split size {self.split_size} is larger than batch size "
                              f"{self.batch_size}")
-
-
-def _launch(spec: ParitySpec, workdir: Path, processes: int) -> tuple[list[EpochResult], str]:
-    """Run ``spec`` in fresh rank processes; its epochs, or none and why."""
-    workdir.mkdir(parents=True)
-    spec.write(workdir / "spec.json")
-    with (workdir / "log.txt").open("ab") as log:
-        procs = [subprocess.Popen([sys.executable, "-m", "bench_lib.parity.train",
-                                   str(workdir / "spec.json"), str(rank)],
-                                  stdout=log, stderr=subprocess.STDOUT)
-                 for rank in range(processes)]
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        if any(p.poll() not in (None, 0) for p in procs):
-            time.sleep(5 * POLL_S)  # its peers get a moment to fail on their own
-            break
-        time.sleep(POLL_S)
-    for p in procs:  # peers of a failed rank, or a run past its time
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-    errors = [json.loads(f.read_text())["error"] for f in sorted(workdir.glob("error*.json"))]
-    if errors:
-        return [], errors[0]
-    if not result_path(workdir).exists():
-        codes = [p.returncode for p in procs]
-        return [], f"no result (exit codes {codes}; past {RUN_TIMEOUT_S:g} s?)"
-    data = json.loads(result_path(workdir).read_text())
-    return [EpochResult(**e) for e in data["epochs"]], ""
+        if self.seed_runs < 2 and any(model_facts(m).batch_norm for m in self.models):
+            raise UsageError(f"--seed-runs {self.seed_runs}: a BatchNorm model's tolerance "
+                             "needs single at 2 or more further seeds")
+        if self.data_root is not None:
+            if not self.data_root.is_dir():
+                raise UsageError(f"--data-root {self.data_root} is not a folder")
+            for model in self.models:  # exit 2 before anything is written
+                dataset(parity_workload(model, self.batch_size), self.seed, self.data_root)
 
 
 def _append(path: Path, columns: Sequence[str], rows: Sequence[Row]) -> None:
@@ -112,80 +109,158 @@ def _append(path: Path, columns: Sequence[str], rows: Sequence[Row]) -> None:
         writer.writerows([{k: ("" if v is None else v) for k, v in r.items()} for r in rows])
 
 
-def _spec(plan: ParityPlan, rig: Rig, model: str, case: Case, precision: str) -> ParitySpec:
-    return ParitySpec(model, case.strategy, rig, case.processes, plan.epochs, plan.batch_size,
-                      plan.split_size, plan.lr, plan.seed, precision)
+@dataclass(frozen=True)
+class Run:
+    """One training run of a parity run: a strategy at a precision and seed."""
+
+    case: Case
+    precision: str
+    seed: int
+
+    @property
+    def label(self) -> str:
+        """Its folder under ``parity/``, e.g. ``mlp_single_fp32`` or ``mlp_single_fp32_s2``."""
+        return f"{self.case.model}_{self.case.strategy}_{self.precision}" + (
+            f"_s{self.seed}" if self.case.strategy == "single" and self.precision == "fp32"
+            and self.seed else "")
+
+
+def _runs(plan: ParityPlan, cases: list[Case], batch_norm: bool) -> list[Run]:
+    """The model's runs in order: single in float64, in float32, at its further seeds (a
+    BatchNorm model), then every other runnable strategy (``single`` is ``cases[0]``)."""
+    single, others = cases[0], cases[1:]
+    if single.status:
+        return []
+    extra = plan.seed_runs if batch_norm else 0
+    return ([Run(single, "fp64", plan.seed), Run(single, "fp32", plan.seed)]
+            + [Run(single, "fp32", plan.seed + k) for k in range(1, extra + 1)]
+            + [Run(c, "fp32", plan.seed) for c in others if not c.status])
+
+
+def _spec(plan: ParityPlan, rig: Rig, run: Run) -> ParitySpec:
+    case = run.case
+    return ParitySpec(case.model, case.strategy, rig, case.processes, plan.epochs,
+                      plan.batch_size, plan.split_size, plan.lr, run.seed, plan.seed,
+                      run.precision, case.sync_bn,
+                      str(plan.data_root) if plan.data_root is not None else None)
 
 
 def run_model(plan: ParityPlan, rig: Rig, model: str, run_dir: Path) -> list[Row]:
-    """Every strategy of ``model``: its epochs into parity.csv; returns its verdict rows."""
-    run_id = run_dir.name
-    cases = [new_case(rig, name, model, 0, plan.batch_size, split_size=plan.split_size)
+    """Every run of ``model``: its epochs into parity.csv; returns its verdict rows."""
+    batch_norm = model_facts(model).batch_norm
+    cases = [new_case(rig, name, model, IMAGE_SIZE, plan.batch_size,
+                      split_size=plan.split_size, sync_bn=plan.sync_bn and batch_norm)
              for name in sorted(plan.strategies, key=lambda s: s != "single")]
-    runs: dict[str, list[Final]] = {}
-    verdicts: list[Row] = []
-    test_size = len(dataset(Workload(model), plan.seed).y_test)
-    tol: Tolerance | None = None
-    for precision, case in [("fp64", cases[0]), *(("fp32", c) for c in cases)]:
-        base = {"run_id": run_id, "model": model, "strategy": case.strategy,
-                "world_size": case.world_size}
-        reason = case.reason or NOT_YET.get(case.strategy, "")
-        if reason:
-            verdicts.append(base | {"verdict": case.status or "unsupported", "reason": reason})
-            continue
-        label = f"{model}_{case.strategy}_{precision}"
-        epochs, error = _launch(_spec(plan, rig, model, case, precision),
-                                run_dir / "parity" / label, case.processes)
+    curves: dict[Key, list[Final]] = {}
+    errors: dict[Key, str] = {}
+    runs = _runs(plan, cases, batch_norm)
+    jobs = [Job(_spec(plan, rig, run), run_dir / "parity" / run.label, run.case.processes)
+            for run in runs]
+    for run, (epochs, error) in zip(runs, launch_all(jobs, rig)):
+        case = run.case
         _append(run_dir / "parity.csv", PARITY_COLUMNS,
-                [base | {"precision": precision} | dataclasses.asdict(e) for e in epochs])
+                [{"run_id": run_dir.name, "model": model, "strategy": case.strategy,
+                  "precision": run.precision, "seed": run.seed,
+                  "world_size": case.world_size} | dataclasses.asdict(e) for e in epochs])
+        key = (case.strategy, run.precision, run.seed)
         if error or not epochs:
-            verdicts.append(base | {"verdict": "error", "reason": error})
+            errors[key] = error or "no epoch finished"
             continue
-        run = [Final(e.test_loss, e.test_accuracy) for e in epochs]
-        final = run[-1]
-        figures = base | {"test_loss": final.test_loss, "test_accuracy": final.test_accuracy}
-        if precision == "fp64":
-            runs["fp64"] = run
-        elif case.strategy == "single":
-            runs["single"] = run
-            if "fp64" in runs:
-                tol = tolerance(run, runs["fp64"], test_size)
-            verdicts.append(figures | {"verdict": "reference"} | _tolerance_columns(tol))
-        elif tol is None:
-            verdicts.append(figures | {"verdict": "error",
-                                       "reason": "no single reference to compare with"})
-        else:
-            j = judge(final, runs["single"][-1], tol)
-            verdicts.append(figures | {"verdict": j.verdict, "test_loss_diff": j.loss_diff,
-                                       "test_accuracy_diff": j.accuracy_diff}
-                            | _tolerance_columns(tol))
-    _append(run_dir / "parity_verdicts.csv", PARITY_VERDICT_COLUMNS, verdicts)
-    return verdicts
+        curves[key] = [Final(e.test_loss, e.test_accuracy, e.test_loss_sd) for e in epochs]
+    test_size = len(dataset(parity_workload(model, plan.batch_size), plan.seed,
+                            plan.data_root).y_test)
+    verdicts = _verdicts(plan, cases, batch_norm, curves, errors, test_size)
+    rows = [{"run_id": run_dir.name, "model": model} | v for v in verdicts]
+    _append(run_dir / "parity_verdicts.csv", PARITY_VERDICT_COLUMNS, rows)
+    return rows
+
+
+def _tolerances(plan: ParityPlan, curves: dict[Key, list[Final]], test_size: int
+                ) -> tuple[Tolerance | None, Tolerance | None, str]:
+    """The rounding and seeds tolerances of a model's runs, or None and why not."""
+    single, fp64 = curves.get(("single", "fp32", plan.seed)), curves.get(
+        ("single", "fp64", plan.seed))
+    if single is None or fp64 is None:
+        return None, None, "no single reference (float32 and float64) to compare with"
+    rounding = tolerance(single, fp64, test_size)
+    others = [c[-1] for (s, p, seed), c in curves.items()
+              if s == "single" and p == "fp32" and seed != plan.seed]
+    if not others:
+        return rounding, None, "single did not finish at 2 or more seeds"
+    return rounding, seeds_tolerance([single[-1], *others], test_size), ""
+
+
+def _verdicts(plan: ParityPlan, cases: list[Case], batch_norm: bool,
+              curves: dict[Key, list[Final]], errors: dict[Key, str], test_size: int
+              ) -> list[Row]:
+    """Each case's verdict row (module docstring of ``parity.verdict``)."""
+    rounding, seeds, why = _tolerances(plan, curves, test_size)
+    finished = [s for (s, p, seed) in curves if p == "fp32" and seed == plan.seed]
+    rows = []
+    for case in cases:
+        stats = bn_statistics(strategies.get(case.strategy), batch_norm, case.sync_bn)
+        row: Row = {"strategy": case.strategy, "world_size": case.world_size,
+                    "bn_statistics": stats}
+        run = curves.get((case.strategy, "fp32", plan.seed))
+        if case.status:
+            rows.append(row | {"verdict": case.status, "reason": case.reason})
+            continue
+        failed = [f"{p} seed {seed}: {e}" for (s, p, seed), e in errors.items()
+                  if s == case.strategy]  # single's: its fp64 and seed runs too
+        if failed or run is None:
+            rows.append(row | {"verdict": "error", "reason": "; ".join(failed)})
+            continue
+        row |= {"test_loss": run[-1].test_loss, "test_accuracy": run[-1].test_accuracy}
+        if case.strategy == "single":
+            rows.append(row | {"verdict": "reference"} | _tolerance_columns(rounding))
+            continue
+        reference, same = reference_of(case.strategy, stats, finished)
+        # The same mathematics: rounding, bounded by the seeds too (parity.verdict).
+        tol = tighter(rounding, seeds) if same and rounding else seeds
+        if tol is None:
+            rows.append(row | {"verdict": "error", "reason": why, "compared_with": reference})
+            continue
+        j = judge(run[-1], curves[(reference, "fp32", plan.seed)][-1], tol)
+        rows.append(row | {"verdict": j.verdict, "compared_with": reference,
+                           "test_loss_diff": j.loss_diff, "test_accuracy_diff": j.accuracy_diff}
+                    | _tolerance_columns(tol))
+    return rows
 
 
 def _tolerance_columns(tol: Tolerance | None) -> Row:
     if tol is None:
         return {}
-    return {"loss_tolerance": tol.loss, "accuracy_tolerance": tol.accuracy,
-            "tolerance_note": tol.note}
+    return {"tolerance_kind": tol.kind, "loss_tolerance": tol.loss,
+            "accuracy_tolerance": tol.accuracy, "tolerance_note": tol.note}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``parity`` command's flags (the rig flags are the caller's)."""
     p.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                   help=f"comma-separated BatchNorm-free models (default: "
-                        f"{','.join(DEFAULT_MODELS)})")
+                   help=f"comma-separated (default: {','.join(DEFAULT_MODELS)})")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                    help=f"comma-separated, with single (default: {','.join(DEFAULT_STRATEGIES)})")
-    p.add_argument("--epochs", type=int, default=10, help="training epochs (default 10)")
+    p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"],
+                   help=f"training epochs (default {DEFAULTS['epochs']})")
     p.add_argument("--batch-size", type=int, default=32, help="global batch size (default 32)")
     p.add_argument("--split-size", type=int, default=8,
                    help="micro-batch size of the strategies that split the batch (default 8)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the weights, the split and the shuffles (default 0)")
+    p.add_argument("--seed-runs", type=int, default=DEFAULTS["seed_runs"], metavar="K",
+                   help="further seeds single trains at on a BatchNorm model, for its looser "
+                        f"tolerance (default {DEFAULTS['seed_runs']})")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="SyncBatchNorm in ddp and fsdp (GPU rigs only; on a cpu rig they "
+                        "are then recorded unsupported)")
+    p.add_argument("--data-root", type=Path, metavar="DIR",
+                   help="train on your MNIST (mlp) or CIFAR-10 (ResNets) in torchvision's "
+                        "format under DIR (DIR/MNIST/raw/..., DIR/cifar-10-batches-py/); "
+                        "nothing is downloaded (default: scikit-learn's digits)")
     p.add_argument("--out", type=Path, default=Path("results"),
                    help="folder that receives the run folder (default: results)")
+
 
 
 def plan_of(args: argparse.Namespace) -> ParityPlan:
@@ -194,9 +269,23 @@ def plan_of(args: argparse.Namespace) -> ParityPlan:
              for text in (args.models, args.strategies)]
     try:
         return ParityPlan(names[0], names[1], args.epochs, args.batch_size, args.split_size,
-                          args.lr, args.seed)
+                          args.lr, args.seed, args.seed_runs, args.sync_bn, args.data_root)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def _summary(v: Row) -> str:
+    """One line of the verdict table printed at the end."""
+    def num(key: str, fmt: str) -> str:
+        value = v.get(key)
+        return "-" if value is None else format(value, fmt)
+
+    return (f"{v['model']:<12} {v['strategy']:<9} {v['verdict']:<11} "
+            f"loss {num('test_loss', '.5f')} acc {num('test_accuracy', '.4f')} "
+            f"diff {num('test_loss_diff', '.2e')} "
+            f"(tol {num('loss_tolerance', '.2e')} {v.get('tolerance_kind', '')}"
+            f"{' vs ' + v['compared_with'] if v.get('compared_with') else ''}) "
+            f"{v.get('reason', '')}")
 
 
 def command(args: argparse.Namespace, rig: Rig) -> int:
@@ -210,8 +299,6 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
         rig, {"parity": dataclasses.asdict(plan)}, sys.argv))
     verdicts = [v for model in plan.models for v in run_model(plan, rig, model, run_dir)]
     for v in verdicts:
-        loss = f"{v['test_loss']:.6g}" if v.get("test_loss") is not None else "-"
-        print(f"{v['model']:<6} {v['strategy']:<10} {v['verdict']:<11} test loss {loss:<12} "
-              f"{v.get('reason', '')}", file=sys.stderr)
+        print(_summary(v), file=sys.stderr)
     print(run_dir)
     return 1 if any(v["verdict"] in ("diverged", "error") for v in verdicts) else 0

@@ -24,7 +24,7 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench_lib.report import device_figures, figures
+from bench_lib.report import device_figures, figures, parity_report, prediction
 from bench_lib.report.html import render
 from bench_lib.results.read import read_cases, read_env, read_table
 from bench_lib.results.schema import TIMELINE_COLUMNS, ResultsError
@@ -114,6 +114,8 @@ FIGURES: list[tuple[int, str, str, str]] = [
     (6, "timeline", "Measured pipeline timeline",
      "not measured in this run (no timeline.csv: no pipelined case ran)"),
     (7, "scaling", "Scaling efficiency", "no case besides single"),
+    (8, "memory_prediction", "Predicted against measured peak memory",
+     "no ok case with both a predicted and a measured peak per device"),
 ]
 
 
@@ -123,7 +125,8 @@ def draw_figures(runs: Runs) -> dict[int, Figure]:
     figs = {1: figures.fig_throughput(c), 2: figures.fig_split_tradeoff(c),
             3: figures.fig_winner_grid(c), 4: device_figures.fig_memory(c),
             5: device_figures.fig_samples(c, runs.samples),
-            6: device_figures.fig_timeline(c, runs.timeline), 7: figures.fig_scaling(c)}
+            6: device_figures.fig_timeline(c, runs.timeline), 7: figures.fig_scaling(c),
+            8: prediction.fig_prediction(c)}
     return {n: f for n, f in figs.items() if f is not None}
 
 
@@ -141,8 +144,30 @@ def _png(fig: Figure, captions: list[str]) -> bytes:
     return buf.getvalue()
 
 
+def write_parity_report(run_dir: Path) -> Path:
+    """A parity run folder's report.html and learning-curve PNG (``parity_report``)."""
+    run = parity_report.read_parity(run_dir)
+    name = run_dir.resolve().name
+    captions = [caption(name, read_env(run_dir))]
+    fig = parity_report.fig_parity(run)
+    png = _png(fig, captions) if fig is not None else None
+    html = parity_report.render(run, name, captions,
+                                base64.b64encode(png).decode() if png else None)
+    if png:
+        (run_dir / parity_report.FIGURE_FILE).write_bytes(png)
+    path = run_dir / REPORT_NAME
+    path.write_text(html, encoding="utf-8")
+    return path
+
+
 def write_report(run_dirs: list[Path]) -> Path:
-    """Write the PNGs and report.html into the first run folder; returns the HTML's path."""
+    """Write the PNGs and report.html into the first run folder; returns the HTML's path.
+
+    A parity run folder (``python -m bench_lib parity``) gets its own page, alone."""
+    if any(parity_report.is_parity_run(d) for d in run_dirs):
+        if len(run_dirs) > 1:
+            raise ResultsError("a parity run folder is reported on its own: give only it")
+        return write_parity_report(run_dirs[0])
     runs = load_runs(run_dirs)
     captions = [caption(label, env, runs.names[label]) for label, env in runs.envs.items()]
     pngs = {n: _png(f, captions) for n, f in draw_figures(runs).items()}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from bench_lib.report import prediction
 from bench_lib.report.figures import GROUP, records
 from bench_lib.report.headlines import (
     interval_note,
@@ -194,7 +195,9 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
             "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>",
             "<h2>Headlines</h2>", _headlines(runs.cases)]
     for s in sections:
-        body.append(_section(s, _bubble_table(bubbles) if s["number"] == 6 else ""))
+        extra = (_bubble_table(bubbles) if s["number"] == 6
+                 else prediction.error_html(runs.cases) if s["number"] == 8 else "")
+        body.append(_section(s, extra))
     body += ["<h2 id=cases>All cases</h2><p class=caption>Hatched rows did not run; "
              "their reason is in the last column.</p>", _cases_table(runs.cases)]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><link rel=icon href=\"data:,\">"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench_lib.results.schema import (
+    ADDED_CASE_COLUMNS,
     CASE_COLUMNS,
     NUMERIC_CASE_COLUMNS,
     SCHEMA_VERSION,
@@ -52,11 +53,14 @@ def read_cases(run_dir: Path) -> pd.DataFrame:
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ResultsError(f"cannot read {path}: {e}") from None
-    missing = [c for c in CASE_COLUMNS if c not in df.columns]
+    missing = [c for c in CASE_COLUMNS if c not in df.columns and c not in ADDED_CASE_COLUMNS]
     if missing:
         raise ResultsError(
             f"{path} lacks columns {', '.join(missing)}: not schema {SCHEMA_VERSION}"
         )
+    for col in ADDED_CASE_COLUMNS:  # written before the column was added: empty
+        if col not in df.columns:
+            df[col] = float("nan")
     _check_cases(path, df)
     bad = sorted(set(df["status"].astype(str)) - set(STATUSES))
     if bad:

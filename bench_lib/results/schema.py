@@ -63,9 +63,13 @@ class Column:
     meaning: str
     numeric: bool = False
     """True when the column holds a number or nothing (checked on reading)."""
+    added: bool = False
+    """True for a column added within this schema version: a run folder written before
+    it lacks the column, readers fill it empty, and a resumed one goes on without it."""
 
 
-def _cols(*specs: tuple[str, str] | tuple[str, str, bool]) -> tuple[Column, ...]:
+def _cols(*specs: tuple[str, str] | tuple[str, str, bool] | tuple[str, str, bool, bool]
+          ) -> tuple[Column, ...]:
     return tuple(Column(*s) for s in specs)
 
 
@@ -91,7 +95,9 @@ CASES = _cols(
     ("precision", "fp32 or bf16 (autocast)"),
     ("loss", "ce or mse-onehot (classifiers), or mse on real-valued targets (toy, "
              "whatever the sweep's loss)"),
-    ("status", "ok, oom, unsupported, skipped, timeout or error"),
+    ("status", "ok, oom, unsupported, skipped, timeout or error (an oom whose reason starts "
+               "'predicted:' was never launched: its predicted peak exceeded a device's "
+               "memory)"),
     ("reason", "why a case did not end ok"),
     ("warmup_steps", "discarded warm-up steps actually run before timing, the most of any "
                      "launch: at least the profile's warmup_steps, then more while step "
@@ -141,6 +147,16 @@ CASES = _cols(
                                    "model was built (torch, libraries, process group), "
                                    "device:MiB;... (CPU: gross minus that resident memory; "
                                    "CUDA: the allocator holds only the case's, so = gross)"),
+    ("peak_mem_mib_predicted_max", "largest per-device predicted peak memory, MiB (beside "
+                                   "peak_mem_net_mib_max)", N, True),
+    ("peak_mem_mib_predicted_by_device", "peak memory per device predicted before the case "
+                                         "ran, net of the runtime as peak_mem_net_mib_by_device "
+                                         "and with its device labels, device:MiB;...: one "
+                                         "training step of each process replayed on fake "
+                                         "tensors, its live tensors counted (bench_lib.sweep."
+                                         "predict: what is counted, assumed and calibrated); "
+                                         "empty for a case not run (skipped, unsupported) or "
+                                         "not predicted (why in note)", False, True),
     ("peak_mem_source", "how peaks were read: cuda-allocator, vmhwm (/proc VmHWM reset "
                         "after warm-up through clear_refs) or ru_maxrss (the process's "
                         "lifetime peak, build and warm-up included, where it could not "
@@ -283,6 +299,8 @@ PARITY = _cols(
     ("model", "workload model name"),
     ("strategy", "registry name of the strategy"),
     ("precision", "fp32, or fp64 for single's float64 reference run"),
+    ("seed", "seed of the run's initial weights and shuffles: the run's --seed, or one of "
+             "single's further seeds on a BatchNorm model (the split keeps --seed)", N),
     ("world_size", "processes of the run (1 where one process drives its devices)", N),
     ("epoch", "epoch index from 0", N),
     ("train_loss", "mean of the epoch's global-batch training losses", N),
@@ -290,7 +308,10 @@ PARITY = _cols(
                   "copy of the trained model", N),
     ("test_accuracy", "share of test images classified right (empty for toy's regression)",
      N),
-    ("epoch_time_s", "wall time of the epoch's training steps on rank 0, seconds", N),
+    ("test_loss_sd", "standard deviation of the loss over the test images (its standard "
+                     "error is test_loss_sd / sqrt(test images))", N),
+    ("epoch_time_s", "wall time of the epoch's training steps on rank 0, seconds (no "
+                     "benchmark: on a cpu rig one-process runs train side by side)", N),
 )
 PARITY_VERDICTS = _cols(
     ("run_id", "the run folder's name"),
@@ -299,10 +320,18 @@ PARITY_VERDICTS = _cols(
     ("verdict", "reference (single), match, diverged, unsupported, skipped or error"),
     ("reason", "why a strategy did not run, or failed"),
     ("world_size", "processes of the run", N),
+    ("bn_statistics", "what BatchNorm normalises over in training: whole batch, per "
+                      "micro-batch, per rank or per device chunk (dp) (empty: no "
+                      "BatchNorm)"),
     ("test_loss", "final epoch's test loss", N),
     ("test_accuracy", "final epoch's test accuracy (empty for a regression)", N),
-    ("test_loss_diff", "absolute difference from single's final test loss", N),
-    ("test_accuracy_diff", "absolute difference from single's final test accuracy", N),
+    ("compared_with", "the strategy whose final figures it is judged against: single, or "
+                      "the first strategy with the same BatchNorm statistics"),
+    ("test_loss_diff", "absolute difference from compared_with's final test loss", N),
+    ("test_accuracy_diff", "absolute difference from compared_with's final test accuracy",
+     N),
+    ("tolerance_kind", "rounding (single's float32 against float64) or seeds (single's "
+                       "spread over seeds; BatchNorm statistics differ)"),
     ("loss_tolerance", "the largest test_loss_diff that matches (bench_lib.parity.verdict)",
      N),
     ("accuracy_tolerance", "the largest test_accuracy_diff that matches", N),
@@ -331,3 +360,4 @@ TIMELINE_COLUMNS = names(TIMELINE)
 PARITY_COLUMNS = names(PARITY)
 PARITY_VERDICT_COLUMNS = names(PARITY_VERDICTS)
 NUMERIC_CASE_COLUMNS = [c.name for c in CASES if c.numeric]
+ADDED_CASE_COLUMNS = [c.name for c in CASES if c.added]

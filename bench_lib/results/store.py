@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from bench_lib.results.read import done_case_ids, read_cases
 from bench_lib.results.schema import (
+    ADDED_CASE_COLUMNS,
     CASE_COLUMNS,
     SAMPLE_COLUMNS,
     STATUSES,
@@ -98,7 +99,10 @@ class RunWriter:
         self.run_id = run_dir.name
         # Steps first: a case row is the commit point, written after its steps.
         self._steps = _Appender(run_dir / "steps.csv", STEP_COLUMNS)
-        self._cases = _Appender(run_dir / "cases.csv", CASE_COLUMNS)
+        # A resumed folder keeps its header: one written before a column was added
+        # (``schema.Column.added``) goes on without it.
+        self._case_columns = _header(run_dir / "cases.csv") or CASE_COLUMNS
+        self._cases = _Appender(run_dir / "cases.csv", self._case_columns)
         self._timeline: _Appender | None = None  # created by the first pipelined case
         self._samples: _Appender | None = None  # created by the first sampled case
 
@@ -108,6 +112,8 @@ class RunWriter:
         if row["status"] not in STATUSES:
             raise ValueError(f"bad status {row['status']!r}; valid: {', '.join(STATUSES)}")
         full = {c: "" for c in CASE_COLUMNS} | {"run_id": self.run_id} | dict(row)
+        full = {k: v for k, v in full.items()
+                if k in self._case_columns or k not in ADDED_CASE_COLUMNS}
         ids = {"run_id": self.run_id, "case_id": row["case_id"]}
         self._steps.write([ids | dict(s) for s in steps])
         timeline, samples = list(timeline), list(samples)
@@ -135,6 +141,14 @@ class RunWriter:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _header(path: Path) -> list[str] | None:
+    """A CSV file's header, or None where the file is missing or empty."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with path.open(newline="") as f:
+        return next(csv.reader(f), None)
 
 
 def _drop_partial_last_line(path: Path) -> None:

@@ -52,6 +52,7 @@ from bench_lib.measure.timing import slowest_per_step
 from bench_lib.measure.trace import align
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
+from bench_lib.run.admission import Admission
 from bench_lib.run.launch import (
     LOCAL,
     TORCHRUN_SUMMARY,
@@ -668,6 +669,7 @@ def run_sweep(
     on_launch_done: LaunchDone | None = None,
     launcher: Launcher = LOCAL,
     coordinator: Coordinator | None = None,
+    admission: Admission | None = None,
 ) -> list[Row]:
     """Run every case, workload by workload in rounds of launches (module docstring),
     writing each workload's rows once its last round ends; returns the rows in the order
@@ -678,10 +680,13 @@ def run_sweep(
     idle power, for the net energy column. A case whose launch fails is not launched again.
     ``launcher``: how multi-process cases start their ranks; ``coordinator``: node 0's side
     of a multi-node run, told at the end (or on Ctrl-C) so that the other nodes stop too.
+    ``admission``: each case's predicted memory, and the refusal of a case predicted not to
+    fit (``run.admission``; default: ``Admission.of`` the cases on ``rig``).
     """
     try:
         rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start, attainable_peak,
-                           idle, on_launch_done, launcher, coordinator)
+                           idle, on_launch_done, launcher, coordinator,
+                           admission or Admission.of(rig, cases))
     except BaseException as e:
         if coordinator is not None:
             coordinator.finish("interrupted" if isinstance(e, KeyboardInterrupt)
@@ -697,7 +702,7 @@ def _run_groups(
     on_case_done: Callable[[int, Case, Row], None] | None,
     on_launch_start: LaunchStart | None, attainable_peak: AttainablePeak | None,
     idle: IdlePower | None, on_launch_done: LaunchDone | None, launcher: Launcher,
-    coordinator: Coordinator | None,
+    coordinator: Coordinator | None, admission: Admission,
 ) -> list[Row]:
     """``run_sweep``'s walk: workload by workload, round by round."""
     work_root = writer.run_dir / ".work"
@@ -713,6 +718,9 @@ def _run_groups(
                 case, done = cases[i], launched[group[k]]
                 if (case.status is not None or r >= case.measurement.launches
                         or any(o.status != "ok" for o in done)):
+                    continue
+                if not done and (why := admission.refusal(case)):
+                    done.append(CaseOutcome("oom", why))  # predicted: never launched
                     continue
                 if on_launch_start:
                     on_launch_start(i, case, r)
@@ -730,6 +738,8 @@ def _run_groups(
             else:
                 outcome = CaseOutcome.of_launches(launched[i])
             row = case_row(case, rig, outcome, attainable_peak, idle)
+            if case.status is None:
+                row |= admission.columns(case, launched[i])
             speedups.fill(case, row)
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)

@@ -65,7 +65,7 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
-class _Boundary(nn.Module):
+class StageBoundary(nn.Module):
     """Stage edge: point-to-point sends need contiguous tensors, channels-last ones are not."""
 
     def __init__(self, body: nn.Module) -> None:
@@ -95,7 +95,7 @@ class PipeliningTrainer(Trainer):
         self.partition = choose(ctx.partition, model, num_stages, ctx.workload,
                                 ctx.stage_batch_size, device,
                                 placement=placement if stages_per_rank > 1 else None)
-        stages = [_Boundary(s) for s in split_stages(model, list(self.partition.cuts))]
+        stages = [StageBoundary(s) for s in split_stages(model, list(self.partition.cuts))]
         self.stage_ids = stage_indices(ctx.rank, ctx.world_size, stages_per_rank, style)
         self.stages = [stages[i].to(device) for i in self.stage_ids]
         self.pipe_stages = [
@@ -185,18 +185,25 @@ def _strategy(name: str, description: str, schedule_cls: type, spr: int, style: 
     )
 
 
+SCHEDULE_CLASSES: dict[str, type] = {
+    "gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B,
+    "interleaved-1f1b": pp.ScheduleInterleaved1F1B,
+    "interleaved-zb": pp.ScheduleInterleavedZeroBubble, "zbv": pp.ScheduleZBVZeroBubble,
+}
+"""Each strategy's torch schedule (``sweep.predict`` replays its order of actions)."""
+
 STRATEGIES = [
     _strategy("gpipe", "torch.distributed.pipelining GPipe: all forwards, then all backwards",
-              pp.ScheduleGPipe, 1, "loop"),
+              SCHEDULE_CLASSES["gpipe"], 1, "loop"),
     _strategy("1f1b", "torch.distributed.pipelining 1F1B: one forward, one backward in "
               "steady state",
-              pp.Schedule1F1B, 1, "loop"),
+              SCHEDULE_CLASSES["1f1b"], 1, "loop"),
     _strategy("interleaved-1f1b", "torch.distributed.pipelining interleaved 1F1B, 2 stages per "
               "rank",
-              pp.ScheduleInterleaved1F1B, 2, "loop"),
+              SCHEDULE_CLASSES["interleaved-1f1b"], 2, "loop"),
     _strategy("interleaved-zb", "torch.distributed.pipelining interleaved zero bubble, 2 "
               "stages/rank",
-              pp.ScheduleInterleavedZeroBubble, 2, "loop"),
+              SCHEDULE_CLASSES["interleaved-zb"], 2, "loop"),
     _strategy("zbv", "torch.distributed.pipelining ZB-V zero bubble, 2 stages per rank in a V",
-              pp.ScheduleZBVZeroBubble, 2, "v"),
+              SCHEDULE_CLASSES["zbv"], 2, "v"),
 ]

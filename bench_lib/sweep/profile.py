@@ -45,6 +45,10 @@ class Measurement:
     ``timeout``."""
     max_memory_per_device_mib: float = 0.0
     """Memory cap per device in MiB (0: none); a case above it is recorded as ``oom``."""
+    predict_skip: bool = True
+    """A case whose predicted peak memory exceeds a device's memory (the cap above, else a
+    GPU's total memory) is recorded ``oom`` without being launched (``run.admission``);
+    False: it is launched anyway."""
     ci_target_pct: float = 2.0
     """A launch's timing stops once its median's 95% CI half-width (over its own steps) is
     under this % of it (0: off); ``timed_steps`` and ``max_time_s`` stay caps."""

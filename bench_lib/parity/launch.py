@@ -1,0 +1,93 @@
+"""Launching parity runs: each in fresh rank processes (``python -m bench_lib.parity.train``),
+as a case runs, with a time limit; on a cpu rig the one-process runs side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_lib.parity.train import EpochResult, ParitySpec, result_path
+from bench_lib.rig import Rig
+
+RUN_TIMEOUT_S = 600.0
+POLL_S = 0.1
+Outcome = tuple[list[EpochResult], str]
+"""A run's epochs, or none and why."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run to launch."""
+
+    spec: ParitySpec
+    workdir: Path
+    """Its own folder: the spec, the ranks' log, their result or errors."""
+    processes: int
+    """Rank processes (1: one process drives the strategy's devices)."""
+
+
+def launch(spec: ParitySpec, workdir: Path, processes: int) -> tuple[list[EpochResult], str]:
+    """Run ``spec`` in fresh rank processes; its epochs, or none and why."""
+    workdir.mkdir(parents=True)
+    spec.write(workdir / "spec.json")
+    with (workdir / "log.txt").open("ab") as log:
+        procs = [subprocess.Popen([sys.executable, "-m", "bench_lib.parity.train",
+                                   str(workdir / "spec.json"), str(rank)],
+                                  stdout=log, stderr=subprocess.STDOUT)
+                 for rank in range(processes)]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            time.sleep(5 * POLL_S)  # its peers get a moment to fail on their own
+            break
+        time.sleep(POLL_S)
+    for p in procs:  # peers of a failed rank, or a run past its time
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    errors = [json.loads(f.read_text())["error"] for f in sorted(workdir.glob("error*.json"))]
+    if errors:
+        return [], errors[0]
+    if not result_path(workdir).exists():
+        codes = [p.returncode for p in procs]
+        return [], f"no result (exit codes {codes}; past {RUN_TIMEOUT_S:g} s?)"
+    data = json.loads(result_path(workdir).read_text())
+    return [EpochResult(**e) for e in data["epochs"]], ""
+
+
+
+def launch_all(jobs: list[Job], rig: Rig) -> list[Outcome]:
+    """Every job's outcome, in the order of ``jobs``.
+
+    On a cpu rig the one-process jobs go side by side, each pinned to a free worker (a
+    model's ``single`` at its seeds, in float64, ``mp``, ``accum`` ...: half their time on
+    2 workers); the jobs of a process group follow, one at a time, on every worker. A cuda
+    rig runs one at a time (a one-process run there holds the first GPUs).
+    """
+    side = [i for i, j in enumerate(jobs) if j.processes == 1 and rig.kind == "cpu"]
+    free: queue.Queue[int] = queue.Queue()
+    for worker in range(rig.num_devices):
+        free.put(worker)
+
+    def beside(job: Job) -> Outcome:
+        worker = free.get()
+        try:
+            return launch(dataclasses.replace(job.spec, worker=worker), job.workdir,
+                          job.processes)
+        finally:
+            free.put(worker)
+
+    with ThreadPoolExecutor(max_workers=rig.num_devices) as pool:
+        outcomes = dict(zip(side, pool.map(beside, [jobs[i] for i in side])))
+    for i, job in enumerate(jobs):
+        if i not in outcomes:
+            outcomes[i] = launch(job.spec, job.workdir, job.processes)
+    return [outcomes[i] for i in range(len(jobs))]

@@ -1,0 +1,276 @@
+"""Peak memory per device of a case, predicted before it runs: the suite's model of memory.
+
+What a device holds at its peak is counted, not guessed: each process's share of one
+training step is replayed on fake tensors (``sweep.fake_step``: PyTorch's
+``FakeTensorMode``, under a dispatch mode that adds up every live tensor storage as
+autograd allocates and frees it, as ``torch.distributed._tools.MemTracker`` does). That
+counts, per process,
+
+- the parameters of the stages it holds, and their gradients as backward makes them
+  (``zero_grad(set_to_none=True)`` frees them as each step starts);
+- optimizer state: none, since every strategy steps plain SGD without momentum;
+- the activations autograd saves for backward, for as many micro-batches as the schedule
+  keeps in flight, and backward's transient tensors (activation gradients);
+- its input images and targets, and buffers held from step to step.
+
+Per strategy (B the batch, s the split size, W the world size):
+
+- ``single``: the whole model, one forward and backward of B images; ``accum``: of each
+  micro-batch in turn, gradients accumulating.
+- ``ddp`` (each rank): the whole model on B/W images, plus DDP's gradient buckets (one
+  flat copy of every gradient, ``gradient_as_bucket_view`` off); ``dp``: B/W per device.
+- ``fsdp`` (each rank): the whole model's step on B/W images, with the parameters and
+  gradients live at its peak sharded W ways, plus what FSDP2 unshards in flight: the
+  largest unit's parameters twice (the unit running and the next one prefetched) and its
+  gradients once (before their reduce-scatter). The root's own parameters (a ResNet's stem
+  and head) are counted with the units'. Rougher than the rest: no FSDP run is replayed.
+- ``mp``: each stage on its device, one forward and backward of B images.
+- ``pipeline``: every micro-batch's activations are held until the single backward (the
+  tutorial concatenates the outputs before the loss), as GPipe does.
+- ``gpipe``, ``1f1b``, ``interleaved-*``, ``zbv`` (each rank): its stages, in the order in
+  which its torch schedule runs them (``_schedule_actions``: GPipe holds every
+  micro-batch before the first backward, 1F1B at most stages - rank of them), plus the
+  receive buffers a pipelining stage keeps per micro-batch (its input's, its output
+  gradient's). Zero-bubble schedules hold a micro-batch's activations until its weight
+  gradient: an upper bound.
+
+On a cpu rig a process that drives both "devices" (``mp``, ``pipeline``) is one process on
+one worker's memory: its prediction is the whole model's, under the joined label ("0+1"),
+as ``peak_mem_net_mib_by_device`` records it.
+
+Assumptions: eager mode (``--compile`` is predicted as eager); autocast's casts as the
+CPU's autocast makes them; tensors' bytes, not the allocator's blocks. ``balanced`` cuts
+are chosen in the case's first launch from measured block times: before it, the
+prediction uses the ``balanced-flops`` cut, and after it the cut the case ran
+(``Prediction.cut`` says which).
+
+Calibration: on a cpu rig the measured figure is the process's resident memory net of its
+footprint before the model was built, and resident memory is not live tensors. Replaying
+the real CPU step (real kernels, the same counter) gives exactly the fake count (ResNet50,
+batch 16: 276.3 MiB at 64 px, 579.5 MiB at 128), while the resident peak is about 1.4x
+that (383.8 and 827.9 MiB): glibc's malloc raises its mmap threshold each time it frees
+a large mmapped block (up to 32 MiB), so after the first step the activations come from
+its heap, which keeps freed pages resident and fragments. With the threshold pinned
+(``MALLOC_MMAP_THRESHOLD_=131072``) the same steps hold about 35 MiB over the tensors
+(oneDNN's kernels and scratchpads, autograd's graph). The workers run with glibc's
+defaults, so the prediction on a cpu rig is the count times ``CPU_HEAP_FACTOR``. On GPUs
+the caching allocator's peak counts tensors (rounded to 512 B blocks) plus cuDNN's
+workspaces, which are not counted here: there the count is the prediction (not checked
+against a GPU yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+from torch.distributed.pipelining.schedules import _ComputationType
+
+from bench_lib.rig import Rig
+from bench_lib.strategies.partition import (
+    _block_flops,
+    choose,
+    min_max_cuts,
+    min_max_rank_cuts,
+)
+from bench_lib.strategies.schedules import SCHEDULE_CLASSES
+from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK, Case
+from bench_lib.sweep.fake_step import Action, Footprint, Program, simulate
+from bench_lib.workloads import Workload, blocks, shard_units
+
+MIB = 2**20
+CPU_HEAP_FACTOR = 1.41
+"""A cpu worker's resident peak over its peak of live tensor bytes (module docstring):
+fitted on ``single`` alone, ResNet50 at batch 16 on a 2-core cpu rig, where it was 1.396
+at 64 px and 1.418 at 128 px, and then held to the other strategies (issue #17's note)."""
+_KINDS = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B",
+          _ComputationType.BACKWARD_INPUT: "I", _ComputationType.BACKWARD_WEIGHT: "W"}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A case's predicted peak memory per device, MiB, and what it was made with."""
+
+    mib_by_device: dict[str, float]
+    """Device label (as in ``peak_mem_mib_by_device``) -> predicted peak, MiB."""
+    cut: str = ""
+    """The stage cut it assumed (``Partition.label``), '' for strategies that do not cut."""
+
+    @property
+    def max_mib(self) -> float:
+        """The largest per-device prediction, MiB."""
+        return max(self.mib_by_device.values())
+
+
+def predict(case: Case, rig: Rig, cut: str = "") -> Prediction:
+    """The peak memory of each device of ``case`` on ``rig`` (module docstring).
+
+    ``cut``: the stage cut the case ran (``Partition.label``, e.g. ``balanced:6``); empty:
+    the one its partition gives before any launch.
+    """
+    w = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
+                 precision=case.precision)
+    stages = _num_stages(case)
+    label = _cut_label(case, w, stages, cut) if stages > 1 else ""
+    cuts = tuple(int(c) for c in label.partition(":")[2].split(",")) if label else ()
+    base = Program(w, cuts, (0,), (case.batch_size,), (("F", 0, 0), ("B", 0, 0)),
+                   channels_last=case.channels_last)
+    programs = _programs(case, rig, base, stages)
+    factor = CPU_HEAP_FACTOR if rig.kind == "cpu" else 1.0
+    mib = {device: factor * _bytes(case, p) / MIB for device, p in programs.items()}
+    return Prediction(mib, label)
+
+
+def _num_stages(case: Case) -> int:
+    """Stages the case's strategy cuts the model into (1 where it does not cut it)."""
+    if case.partition is None:
+        return 1
+    return case.world_size * PIPELINING_STAGES_PER_RANK.get(case.strategy, 1)
+
+
+def _cut_label(case: Case, w: Workload, stages: int, cut: str) -> str:
+    """The cut to predict with, as a ``Partition.label``: ``cut`` when given, else the
+    case's partition, chosen without data (``balanced``: ``balanced-flops``'s)."""
+    if cut:
+        return cut
+    name = case.partition or "tutorial"
+    placement: tuple[int, ...] = ()
+    if PIPELINING_STAGES_PER_RANK.get(case.strategy, 1) > 1:  # each rank's stages, as torch
+        ops = _schedule_actions(case.strategy, case.world_size, len(_splits(case)))
+        placement = tuple(r for s in range(stages) for r, a in enumerate(ops)
+                          if any(stage == s for _, stage, _ in a))
+    method = "tutorial" if name == "tutorial" else "balanced-flops"
+    cuts = _chosen_cut(w, stages, case.split_size or case.batch_size, method, placement)
+    return f"{name}:{','.join(map(str, cuts))}"
+
+
+@functools.cache
+def _chosen_cut(w: Workload, stages: int, micro_batch: int, method: str,
+                placement: tuple[int, ...]) -> tuple[int, ...]:
+    """The cut ``partition.choose`` makes with ``method`` (``tutorial`` or
+    ``balanced-flops``), from FLOPs counted on fake tensors as ``block_costs`` counts them
+    (which cannot run here: fake parameters refuse its moves of each block)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        model = w.build_model()
+        if method == "tutorial":
+            return choose(method, model, stages, w, micro_batch, torch.device("cpu")).cuts
+        x = torch.empty(micro_batch, *w.input_shape)
+        costs = []
+        for i, block in enumerate(blocks(model)):
+            costs.append(_block_flops(block, x, input_grad=i > 0))
+            with torch.no_grad():
+                x = block(x)
+    if placement and len(set(placement)) < len(placement):
+        return tuple(min_max_rank_cuts(costs, placement))
+    return tuple(min_max_cuts(costs, stages))
+
+
+@functools.cache
+def _schedule_actions(strategy: str, world: int, microbatches: int
+                      ) -> tuple[tuple[Action, ...], ...]:
+    """Each rank's computations in the order its torch schedule runs them.
+
+    GPipe and 1F1B run one stage per rank from code (``_step_microbatches``), mirrored
+    here: 1F1B's rank r runs min(m, stages - r) forwards, then alternates a backward and a
+    forward, then the remaining backwards. The multi-stage schedules run their own
+    ``pipeline_order``, which torch's schedule visualizer returns (its order for 1F1B is
+    not the one that runs: it numbers rank 1's micro-batches from 1 in torch 2.14).
+    """
+    if strategy == "gpipe":
+        return tuple(_fill_drain(r, microbatches) for r in range(world))
+    if strategy == "1f1b":
+        return tuple(_one_f_one_b(r, world, microbatches) for r in range(world))
+    ops = get_schedule_ops(SCHEDULE_CLASSES[strategy], world, microbatches,
+                           PIPELINING_STAGES_PER_RANK[strategy])
+    return tuple(tuple((_KINDS[a.computation_type], a.stage_index, int(a.microbatch_index or 0))
+                       for a in rank if a is not None and a.computation_type in _KINDS)
+                 for rank in ops)
+
+
+def _one_f_one_b(rank: int, stages: int, count: int) -> tuple[Action, ...]:
+    """Torch's ``Schedule1F1B`` on ``rank``: warm-up forwards, then 1B1F, then cool-down."""
+    warmup = min(count, stages - rank)
+    order: list[Action] = [("F", rank, i) for i in range(warmup)]
+    for i in range(count):
+        order.append(("B", rank, i))
+        if warmup + i < count:
+            order.append(("F", rank, warmup + i))
+    return tuple(order)
+
+
+def _programs(case: Case, rig: Rig, base: Program, stages: int) -> dict[str, Program]:
+    """What each device's process holds and runs, by device label."""
+    b, world = case.batch_size, case.world_size
+    splits = _splits(case)
+    whole = dataclasses.replace(base, cuts=())
+    if case.strategy in ("ddp", "dp", "fsdp"):
+        local = dataclasses.replace(whole, micro_batches=(b // world,))
+        return {str(r): local for r in range(world)}
+    if case.strategy == "accum":
+        return {"0": dataclasses.replace(whole, micro_batches=splits,
+                                         actions=_sequential(0, len(splits)))}
+    if case.strategy in ("mp", "pipeline"):
+        mbs = splits if case.strategy == "pipeline" else (b,)
+        if rig.kind == "cpu":  # one process on one worker's memory: the whole model's
+            return {"+".join(map(str, range(world))): dataclasses.replace(
+                whole, micro_batches=mbs, actions=_fill_drain(0, len(mbs)))}
+        return {str(d): dataclasses.replace(base, stages=(d,), micro_batches=mbs,
+                                            actions=_fill_drain(d, len(mbs)))
+                for d in range(stages)}
+    if case.strategy in SCHEDULE_CLASSES:
+        ranks = _schedule_actions(case.strategy, world, len(splits))
+        return {str(r): dataclasses.replace(
+            base, stages=tuple(sorted({s for _, s, _ in actions})), micro_batches=splits,
+            actions=actions, pipelining=True) for r, actions in enumerate(ranks)}
+    return {"0": whole}  # single
+
+
+def _splits(case: Case) -> tuple[int, ...]:
+    """The micro-batch sizes of the case (the whole batch where it has no split)."""
+    s = case.split_size
+    if not s:
+        return (case.batch_size,)
+    full, rest = divmod(case.batch_size, s)
+    return (s,) * full + ((rest,) if rest else ())
+
+
+def _sequential(stage: int, count: int) -> tuple[Action, ...]:
+    """Forward then backward of each micro-batch in turn (gradient accumulation)."""
+    return tuple(a for i in range(count) for a in (("F", stage, i), ("B", stage, i)))
+
+
+def _fill_drain(stage: int, count: int) -> tuple[Action, ...]:
+    """Every micro-batch's forward, then every backward (GPipe's order on one stage)."""
+    return (tuple(("F", stage, i) for i in range(count))
+            + tuple(("B", stage, i) for i in range(count)))
+
+
+def _bytes(case: Case, p: Program) -> float:
+    """The program's counted peak, with DDP's buckets and FSDP's sharding applied."""
+    if case.strategy == "ddp":
+        p = dataclasses.replace(p, extra_bytes=simulate(p).params)
+    f = simulate(p)
+    if case.strategy != "fsdp":
+        return f.peak
+    return _fsdp_bytes(f, case.world_size, _largest_unit_bytes(p.workload))
+
+
+def _fsdp_bytes(f: Footprint, world: int, unit: int) -> float:
+    """FSDP2's peak from the unsharded step's: parameters and gradients sharded, plus the
+    largest unit's parameters twice and its gradients once, unsharded in flight."""
+    sharded = (f.params + f.grads_at_peak) / world
+    return f.peak - f.params - f.grads_at_peak + sharded + 3 * unit
+
+
+@functools.cache
+def _largest_unit_bytes(w: Workload) -> int:
+    """Bytes of the parameters of the model's largest FSDP unit (on the meta device)."""
+    with torch.device("meta"):
+        model = w.build_model()
+    return max(sum(p.numel() * p.element_size() for p in u.parameters())
+               for u in shard_units(model))

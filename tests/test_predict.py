@@ -1,0 +1,308 @@
+"""Memory predicted before a case runs: counted on fake tensors against a hand count, its
+device labels, the runner's refusal of a case predicted not to fit, and its columns."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import types
+
+import pytest
+
+from bench_lib import cli
+from bench_lib.report.device_figures import parse_by_device
+from bench_lib.report.prediction import error_table, fig_prediction, prediction_points
+from bench_lib.results.read import read_cases
+from bench_lib.results.schema import ADDED_CASE_COLUMNS, CASE_COLUMNS
+from bench_lib.results.store import RunWriter, write_json_atomic
+from bench_lib.rig import Rig
+from bench_lib.run import runner
+from bench_lib.run.admission import Admission, DeviceMemory, device_memory
+from bench_lib.run.protocol import CaseOutcome
+from bench_lib.run.rows import case_row
+from bench_lib.sweep import predict
+from bench_lib.sweep.cases import new_case
+from bench_lib.sweep.fake_step import Program, simulate
+from bench_lib.sweep.profile import Measurement
+from bench_lib.workloads import Workload
+
+MIB = 2**20
+TOY = Workload("toy", batch_size=1)
+# toy: Linear(10, 10), ReLU | Linear(10, 5), fp32, MSE against 5 real targets per sample.
+TOY_PARAM_BYTES = 4 * (10 * 10 + 10 + 10 * 5 + 5)
+TOY_GRAD_BYTES = TOY_PARAM_BYTES
+
+
+def toy_program(images: int, actions: tuple[tuple[str, int, int], ...]) -> Program:
+    return Program(TOY, (), (0,), (images,), actions)
+
+
+def test_toy_params_and_forward_are_a_hand_count():
+    """Forward only: the input (40 B a sample) and targets (20 B) are held; the peak comes
+    as the ReLU writes its output (40 B) beside the first linear layer's (40 B), which is
+    let go after it (the ReLU saves its own output, the linear layer its input)."""
+    forward = (("F", 0, 0),)
+    small, large = simulate(toy_program(1000, forward)), simulate(toy_program(3000, forward))
+    assert small.params == TOY_PARAM_BYTES == 660
+    assert large.peak - small.peak == (40 + 20 + 40 + 40) * 2000
+    assert small.grads_at_peak == 0
+
+
+def test_toy_training_step_is_a_hand_count():
+    """Forward and backward: the peak comes in the ReLU's backward, where the input (40 B a
+    sample), targets (20 B), the ReLU's saved output (40 B), the gradient reaching it (40
+    B) and the one it makes (40 B) are live, beside the parameters and the second layer's
+    gradients (50 + 5 floats), already made."""
+    step = (("F", 0, 0), ("B", 0, 0))
+    small, large = simulate(toy_program(1000, step)), simulate(toy_program(3000, step))
+    assert large.peak - small.peak == (40 + 20 + 40 + 40 + 40) * 2000
+    fixed = small.peak - 180 * 1000
+    second_layer_grads = 4 * (10 * 5 + 5)
+    assert small.grads_at_peak == second_layer_grads
+    # What is left: parameters, those gradients and a few scalars (the loss and its grad).
+    assert 0 <= fixed - (TOY_PARAM_BYTES + second_layer_grads) <= 64
+
+
+CUDA2 = Rig("cuda", 2)  # planned only (nothing asks CUDA): its prediction is the bare count
+
+
+def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_stages_minus_rank():
+    """Rank 0 of 2 with 4 micro-batches: GPipe's peak comes in its last forward, the ReLU
+    outputs (40 B a sample) of all four held, no gradient yet; 1F1B's comes with two held,
+    after its first backward made the stage's weight gradients (Linear(10, 10): 110
+    floats). Everything else (inputs, receive buffers, the transient) is the same."""
+    split = 1000
+    rank0 = {s: predict.predict(new_case(CUDA2, s, "toy", 0, 4 * split, split_size=split),
+                                CUDA2).mib_by_device["0"] for s in ("gpipe", "1f1b")}
+    assert (rank0["gpipe"] - rank0["1f1b"]) * MIB == pytest.approx(2 * 40 * split - 4 * 110)
+
+
+def test_1f1b_order_is_torchs_warmup_then_one_backward_one_forward():
+    assert predict._schedule_actions("1f1b", 2, 3) == (
+        (("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("F", 0, 2), ("B", 0, 1), ("B", 0, 2)),
+        (("F", 1, 0), ("B", 1, 0), ("F", 1, 1), ("B", 1, 1), ("F", 1, 2), ("B", 1, 2)))
+
+
+def test_device_labels_are_those_the_measurement_records():
+    rig = Rig("cpu", 2, 1, (0, 1))
+    labels = {}
+    for strategy in ("single", "ddp", "mp", "pipeline", "gpipe", "1f1b", "accum", "fsdp"):
+        case = new_case(rig, strategy, "resnet-tiny", 64, 8, split_size=4)
+        p = predict.predict(case, rig)
+        labels[strategy] = sorted(p.mib_by_device)
+        assert all(v > 0 for v in p.mib_by_device.values())
+        assert bool(p.cut) == (case.partition is not None)
+    assert labels == {"single": ["0"], "accum": ["0"], "ddp": ["0", "1"], "fsdp": ["0", "1"],
+                      "mp": ["0+1"], "pipeline": ["0+1"], "gpipe": ["0", "1"],
+                      "1f1b": ["0", "1"]}
+    # On GPUs the devices of one process are apart.
+    mp = predict.predict(new_case(CUDA2, "mp", "resnet-tiny", 64, 8), CUDA2)
+    assert sorted(mp.mib_by_device) == ["0", "1"]
+
+
+def test_a_cpu_rig_scales_the_count_by_the_heap_factor():
+    cpu = Rig("cpu", 2, 1, (0, 1))
+    on_cpu = predict.predict(new_case(cpu, "single", "toy", 0, 1000), cpu).max_mib
+    counted = predict.predict(new_case(CUDA2, "single", "toy", 0, 1000), CUDA2).max_mib
+    assert on_cpu == pytest.approx(predict.CPU_HEAP_FACTOR * counted)
+    assert counted * MIB == 660 + 220 + 180 * 1000 + 8  # the hand count above
+
+
+def test_ddp_adds_one_bucket_copy_of_the_gradients():
+    ddp = predict.predict(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2).mib_by_device["0"]
+    single = predict.predict(new_case(CUDA2, "single", "toy", 0, 100), CUDA2).max_mib
+    assert (ddp - single) * MIB == pytest.approx(TOY_GRAD_BYTES)
+
+
+# --- the runner: refusal before launch, columns in the row ----------------------------
+
+
+class FakePredictor:
+    def __init__(self, mib: dict[str, float]) -> None:
+        self.mib, self.calls = mib, []
+
+    def __call__(self, case, rig, cut):
+        self.calls.append(cut)
+        return predict.Prediction(dict(self.mib), cut)
+
+
+def _sweep(tmp_path, monkeypatch, case, admission):
+    launched = []
+
+    def fake_run_case(case, rig, work_root, **kwargs):
+        launched.append(case.case_id)
+        return CaseOutcome("error", "fake launch")
+
+    monkeypatch.setattr(runner, "run_case", fake_run_case)
+    run_dir = tmp_path / "20260101T000000Z_host_abcdef0"
+    run_dir.mkdir()
+    write_json_atomic(run_dir / "env.json", {"schema_version": 5})
+    with RunWriter(run_dir) as writer:
+        rows = runner.run_sweep([case], admission.rig, writer, admission=admission)
+    return rows, launched, run_dir
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_case_predicted_over_the_cap_is_oom_unlaunched_unless_told(tmp_path, monkeypatch,
+                                                                     skip):
+    rig = Rig("cpu", 2, 1, (0, 1))
+    m = Measurement(launches=2, max_memory_per_device_mib=1000.0, predict_skip=skip)
+    case = new_case(rig, "mp", "toy", 0, 8, measurement=m)
+    fake = FakePredictor({"0+1": 2500.0})  # two devices' caps: 2000 MiB
+    admission = Admission.of(rig, [case])
+    admission._predictor = fake
+    (row,), launched, run_dir = _sweep(tmp_path, monkeypatch, case, admission)
+    if skip:
+        assert row["status"] == "oom" and launched == []
+        assert row["reason"].startswith("predicted: 2500 MiB > 2000 MiB (device 0+1, "
+                                        "--max-memory-per-device")
+    else:
+        assert row["status"] == "error" and launched == [case.case_id]
+    assert row["peak_mem_mib_predicted_by_device"] == "0+1:2500.0"
+    cases = read_cases(run_dir)
+    assert cases.loc[0, "peak_mem_mib_predicted_max"] == 2500.0
+    assert parse_by_device(cases.loc[0, "peak_mem_mib_predicted_by_device"]) == {"0+1": 2500.0}
+
+
+def test_the_real_prediction_refuses_in_the_runner_and_the_flag_reaches_the_sweep(
+        tmp_path, monkeypatch):
+    rig = Rig("cpu", 2, 1, (0, 1))
+    tiny_cap = Measurement(max_memory_per_device_mib=0.001)  # toy needs a few kB
+    case = new_case(rig, "single", "toy", 0, 8, measurement=tiny_cap)
+    (row,), launched, _ = _sweep(tmp_path, monkeypatch, case, Admission.of(rig, [case]))
+    assert launched == [] and row["reason"].startswith("predicted: ")
+    args = cli.build_parser().parse_args(["run", "--no-predict-skip"])
+    assert cli._profile_overrides(args)["predict_skip"] is False
+    assert cli._profile_overrides(cli.build_parser().parse_args(["run"]))["predict_skip"] is None
+
+
+def test_a_cpu_rig_without_a_cap_refuses_nothing(tmp_path, monkeypatch):
+    rig = Rig("cpu", 2, 1, (0, 1))
+    case = new_case(rig, "single", "toy", 0, 8)
+    admission = Admission.of(rig, [case])
+    assert admission.memory is None
+    admission._predictor = FakePredictor({"0": 10**9})
+    (row,), launched, _ = _sweep(tmp_path, monkeypatch, case, admission)
+    assert launched == [case.case_id] and row["status"] == "error"
+
+
+def test_the_prediction_is_made_again_with_the_cut_the_case_ran(cpu_rig):
+    case = new_case(cpu_rig, "gpipe", "resnet-tiny", 64, 8, split_size=4, partition="balanced")
+    fake = FakePredictor({"0": 1.0, "1": 1.0})
+    admission = Admission(cpu_rig, DeviceMemory((10.0, 10.0), "test"), fake)
+    assert admission.refusal(case) is None
+    admission.columns(case, [CaseOutcome("ok", partition="balanced:3")])
+    assert fake.calls == ["", "balanced:3"]
+
+
+def test_a_prediction_that_fails_leaves_the_case_running_with_why(cpu_rig):
+    def broken(case, rig, cut):
+        raise RuntimeError("no replay")
+
+    case = new_case(cpu_rig, "single", "toy", 0, 8)
+    admission = Admission(cpu_rig, DeviceMemory((1.0, 1.0), "test"), broken)
+    assert admission.refusal(case) is None
+    cols = admission.columns(case, [])
+    assert "memory not predicted: RuntimeError: no replay" in cols["note"]
+
+
+def fake_nvml(total_gib: tuple[float, ...]) -> types.SimpleNamespace:
+    """A stand-in for pynvml: GPUs on buses 0x3B, 0x5E... with the given total memory."""
+    buses = [f"00000000:{0x3B + 0x23 * i:02X}:00.0" for i in range(len(total_gib))]
+    return types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: len(total_gib), nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=buses[h]),
+        nvmlDeviceGetUUID=lambda h: f"GPU-{h}", nvmlDeviceGetName=lambda h: "Fake GPU",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(
+            total=int(total_gib[h] * 2**30), used=0))
+
+
+def test_cuda_device_memory_is_each_gpus_total_through_nvml(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    memory = device_memory(Rig("cuda", 2), 0.0, nvml=fake_nvml((80.0, 40.0)))
+    assert memory is not None and memory.mib == (80 * 1024, 40 * 1024)
+    admission = Admission(Rig("cuda", 2), memory, FakePredictor({"0": 50_000, "1": 50_000}))
+    case = new_case(Rig("cuda", 2), "ddp", "resnet50", 128, 32)
+    assert admission.refusal(case) == ("predicted: 50000 MiB > 40960 MiB (device 1, GPU total "
+                                       "memory (NVML); --no-predict-skip launches it)")
+    # --gpu-slots 2: two slots share the first GPU's memory.
+    slots = device_memory(Rig("cuda", 2, gpu_slots=2), 0.0, nvml=fake_nvml((80.0,)))
+    assert slots is not None and slots.mib == (40 * 1024, 40 * 1024)
+    # A cap wins over the card, on any rig.
+    capped = device_memory(Rig("cuda", 2), 1024.0, nvml=fake_nvml((80.0, 80.0)))
+    assert capped == DeviceMemory((1024.0, 1024.0), "--max-memory-per-device")
+
+
+def test_unreadable_nvml_predicts_but_refuses_nothing():
+    broken = types.SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(OSError("no lib")))
+    admission = Admission.of(Rig("cuda", 1), [], nvml=broken)
+    assert admission.memory is None and "no lib" in admission.note
+
+
+# --- the report -------------------------------------------------------------------------
+
+
+def test_report_points_pair_prediction_and_measurement_by_device():
+    import pandas as pd
+
+    cases = pd.DataFrame([
+        {"status": "ok", "strategy": "gpipe", "image_size": 64, "case_id": "a",
+         "peak_mem_mib_predicted_by_device": "0:110.0;1:90.0",
+         "peak_mem_net_mib_by_device": "0:100.0;1:100.0"},
+        {"status": "oom", "strategy": "single", "image_size": 64, "case_id": "b",
+         "peak_mem_mib_predicted_by_device": "0:5000.0", "peak_mem_net_mib_by_device": ""},
+    ])
+    points = prediction_points(cases)
+    assert sorted(points.error_pct.round(6)) == [-10.0, 10.0]
+    table = error_table(points)
+    row = table.iloc[0]
+    assert (row.strategy, row.image_size, row.points, row.within_band) == ("gpipe", 64, 2, 2)
+    assert row.mean_error_pct == pytest.approx(0.0, abs=1e-9)
+    assert row.worst_abs_error_pct == pytest.approx(10.0)
+    fig = fig_prediction(cases)
+    assert fig is not None and "2 of 2 device peaks within 15%" in fig.axes[0].get_title()
+
+
+def test_old_v5_folders_read_without_the_prediction_columns(tmp_path):
+    """A run folder written before the columns existed still reads (they come back empty)."""
+    run_dir = tmp_path / "20260101T000000Z_host_abcdef0"
+    run_dir.mkdir()
+    write_json_atomic(run_dir / "env.json", {"schema_version": 5})
+    rig = Rig("cpu", 2, 1, (0, 1))
+    case = new_case(rig, "single", "toy", 0, 8)
+    with RunWriter(run_dir) as writer:
+        writer.write_case(case_row(case, rig, CaseOutcome("error", "x")))
+    with (run_dir / "cases.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    old = [c for c in CASE_COLUMNS if c not in ADDED_CASE_COLUMNS]
+    with (run_dir / "cases.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=old, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    with RunWriter(run_dir) as writer:  # a resumed old folder keeps its header
+        writer.write_case(case_row(dataclasses.replace(case, batch_size=16), rig,
+                                          CaseOutcome("error", "y")) | {
+            "peak_mem_mib_predicted_max": 1.0})
+    cases = read_cases(run_dir)
+    assert len(cases) == 2 and cases.peak_mem_mib_predicted_max.isna().all()
+    assert parse_by_device(cases.loc[0, "peak_mem_mib_predicted_by_device"]) == {}
+
+
+@pytest.mark.parametrize("strategy", ["gpipe", "zbv"])
+def test_the_flops_cut_is_the_one_the_worker_chooses(cpu_rig, strategy):
+    """The cut a ``balanced-flops`` case is predicted with is the worker's own, which it
+    chooses from FLOPs counted on real tensors (``partition.choose``)."""
+    import torch
+
+    from bench_lib.strategies.partition import choose
+    from bench_lib.strategies.schedules import stage_placement
+
+    case = new_case(cpu_rig, strategy, "resnet-tiny", 64, 8, split_size=4,
+                    partition="balanced-flops")
+    w = Workload("resnet-tiny", 64, 8)
+    spr = 2 if strategy == "zbv" else 1
+    placement = stage_placement(2, 2, "v") if spr == 2 else None
+    real = choose("balanced-flops", w.build_model(), 2 * spr, w, 4, torch.device("cpu"),
+                  placement)
+    assert predict.predict(case, cpu_rig).cut == real.label
