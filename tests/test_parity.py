@@ -263,6 +263,27 @@ def test_batch_norm_strategies_are_judged_against_their_own_statistics(
     assert sorted(set(epochs[epochs.strategy == "single"].seed)) == [0, 1, 2, 3]
 
 
+def test_sync_bn_is_unsupported_on_a_cpu_rig_and_moot_without_batch_norm(
+        tmp_path, monkeypatch, cpu_rig):
+    ran = []
+
+    def fake_launch(spec, workdir, processes):
+        ran.append((spec.model, spec.strategy, spec.sync_bn))
+        return [EpochResult(0, 1.0, 0.3, 0.9, 0.1)], ""
+
+    monkeypatch.setattr(parity_launch, "launch", fake_launch)
+    code = parity_run.command(_args(models="mlp,resnet-tiny", strategies="single,ddp,fsdp",
+                                    sync_bn=True, out=tmp_path), cpu_rig)
+    assert code == 0
+    (run_dir,) = run_dirs_in(tmp_path)
+    v = pd.read_csv(run_dir / "parity_verdicts.csv").set_index(["model", "strategy"])
+    for name in ("ddp", "fsdp"):
+        assert v.loc[("resnet-tiny", name), "verdict"] == "unsupported"
+        assert "SyncBatchNorm only runs on GPU inputs" in v.loc[("resnet-tiny", name), "reason"]
+        assert v.loc[("mlp", name), "verdict"] == "match"  # no BatchNorm to synchronise
+    assert not any(sync for _, _, sync in ran)
+
+
 def test_one_process_runs_go_side_by_side_on_a_cpu_rig(tmp_path, monkeypatch, cpu_rig):
     both = threading.Barrier(2, timeout=60)
     seen = []

@@ -67,7 +67,7 @@ Against a leader with the same statistics, only rounding differs, and a rounding
 is bounded twice: by the rounding tolerance, and by the seeds tolerance, since a perturbation
 that training amplifies (chaos) ends, at worst, as far as a change of seed; the tighter of
 the two applies. It matters on a ResNet: measured on 2 CPU workers (resnet-tiny, 5 epochs,
-lr 0.1 decayed), float32 and float64 ``single`` are 0.14 apart in test loss after the second
+lr 0.1 decayed), float32 and float64 ``single`` are 0.14 apart in test loss after the first
 epoch and end 0.004 apart, as far as two seeds (s = 0.005), while ``mp``, ``fsdp`` and the
 pipelining schedules end bit-identical to ``single``, ``ddp`` and ``accum``, and ``pipeline``
 8e-4 from ``accum`` (one backward through the whole batch: other sums). The seeds tolerance
