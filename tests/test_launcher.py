@@ -203,12 +203,14 @@ def _agents_under(root: Path) -> set[int]:
     """Live torchrun agents started for cases under ``root`` (their spec paths are there)."""
     import psutil
 
-    found = set()
-    for p in psutil.process_iter(["cmdline"]):
+    found: dict[int, int] = {}
+    for p in psutil.process_iter(["cmdline", "ppid"]):
         cmd = " ".join(p.info["cmdline"] or [])
         if "torch.distributed.run" in cmd and str(root) in cmd:
-            found.add(p.pid)
-    return found
+            found[p.pid] = p.info["ppid"]
+    # A child the agent has forked but not yet exec'd (a rank starting) still shows the
+    # agent's command line: it is no agent of its own (seen in CI under load: 3 for 2).
+    return {pid for pid, ppid in found.items() if ppid not in found}
 
 
 def run_seeing_agents(out: Path, *args: str, fault: str = "") -> tuple[int, str, set[int]]:
