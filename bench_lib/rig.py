@@ -364,10 +364,11 @@ def detect_rig(
                               else ": a run needs GPUs (--dry-run --devices N plans the "
                                    "sweep for N GPUs without them)"))
         n = have * gpu_slots if num_devices is None else num_devices
-        if -(-n // gpu_slots) > have:
+        rig = Rig("cuda", n, gpu_slots=gpu_slots)
+        if rig.num_gpus > have:
             slots = f" at {gpu_slots} slots per GPU" if gpu_slots > 1 else ""
             raise RigError(f"{n} devices asked for{slots}, but this cuda rig has {have} GPU(s)")
-        return Rig("cuda", n, gpu_slots=gpu_slots)
+        return rig
     if kind != "cpu":
         raise RigError(f"unknown rig kind {kind!r}; valid: {', '.join(RIG_KINDS)}")
     topology = topology or read_cpu_topology()
