@@ -157,7 +157,8 @@ def simulate(p: Program) -> Footprint:
         if p.channels_last:
             model = model.to(memory_format=torch.channels_last)
         every = list(split_stages(model, list(p.cuts)))
-        shapes = _stage_inputs(every, _batch(p.workload, 1, p.channels_last)[0])
+        # Two images: BatchNorm in training refuses one of 1x1 pixels (a ResNet at 32 px).
+        shapes = _stage_inputs(every, _batch(p.workload, 2, p.channels_last)[0])
         modules: dict[int, nn.Module] = {
             s: StageBoundary(every[s]) if p.pipelining else every[s] for s in p.stages}
         params = [q for m in modules.values() for q in m.parameters()]
