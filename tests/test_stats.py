@@ -10,6 +10,7 @@ from bench_lib.measure.stats import (
     MIN_LAUNCHES_FOR_CI,
     Stats,
     bootstrap_median_ci,
+    geometric_mean,
     lag1_autocorr,
     lag1_autocorr_within,
     launch_interval,
@@ -153,3 +154,12 @@ def test_lag1_autocorr_within_pools_launches():
             launches.append((1.0 + offset + 0.02 * x).tolist())
         assert lag1_autocorr_within(launches) == pytest.approx(phi, abs=0.05)
         assert lag1_autocorr(sum(launches, [])) > phi + 0.3  # the offsets, pooled naively
+
+
+def test_geometric_mean_is_a_hand_count_and_refuses_non_positive_figures():
+    assert geometric_mean([1.0, 4.0]) == pytest.approx(2.0)
+    assert geometric_mean([0.5, 2.0, 8.0]) == pytest.approx(2.0)
+    assert launch_interval([0.5, 2.0, 8.0]).point == geometric_mean([0.5, 2.0, 8.0])
+    for bad in ([], [1.0, 0.0], [1.0, float("nan")]):
+        with pytest.raises(ValueError, match="positive and finite"):
+            geometric_mean(bad)

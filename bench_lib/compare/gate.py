@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench_lib.measure.stats import launch_interval, welch_log_change
+from bench_lib.measure.stats import geometric_mean, welch_log_change
 from bench_lib.measure.timing import slowest_per_step
 from bench_lib.results.read import read_cases, read_env, read_steps
 from bench_lib.results.schema import ResultsError
@@ -126,7 +126,7 @@ class Run:
     def median_s(self, case_id: str) -> float:
         """The case's step time: the geometric mean of its launch medians (one launch: its
         median), as cases.csv's ``step_time_s_median``."""
-        return launch_interval(list(self.launch_medians(case_id).values())).point
+        return geometric_mean(list(self.launch_medians(case_id).values()))
 
     def single_of(self, case_id: str) -> str | None:
         """The ``single`` case of the same workload, if this run has one that ran."""

@@ -244,6 +244,14 @@ def t_quantile(confidence: float, df: float) -> float:
     return float(scipy_stats.t.ppf(0.5 + confidence / 2, df))
 
 
+def geometric_mean(values: Sequence[float]) -> float:
+    """The geometric mean of positive, finite figures (a case's launch medians)."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0 or np.any(~np.isfinite(data)) or np.any(data <= 0):
+        raise ValueError(f"per-launch figures must be positive and finite, got {list(values)}")
+    return float(np.exp(np.log(data).mean()))
+
+
 def launch_interval(values: Sequence[float], units: str = "launches",
                     confidence: float = CI_CONFIDENCE) -> LaunchInterval:
     """Geometric mean of positive per-launch figures and the t interval of their mean log.
@@ -253,19 +261,17 @@ def launch_interval(values: Sequence[float], units: str = "launches",
     value and the interval is empty, with the reason. ``units`` names what the values are
     per (``launches``, ``rounds``) in the method and note.
     """
-    data = np.asarray(values, dtype=float)
-    if data.size == 0 or np.any(~np.isfinite(data)) or np.any(data <= 0):
-        raise ValueError(f"per-launch figures must be positive and finite, got {list(values)}")
-    logs = np.log(data)
-    n = int(data.size)
-    mean = float(logs.mean())
+    point = geometric_mean(values)
+    logs = np.log(np.asarray(values, dtype=float))
+    n = int(logs.size)
+    mean = math.log(point)
     if n < MIN_LAUNCHES_FOR_CI:
         nan = float("nan")
-        return LaunchInterval(float(np.exp(mean)), nan, nan, n, "",
+        return LaunchInterval(point, nan, nan, n, "",
                               f"{units} measured: {n}; an interval across them needs "
                               f"{MIN_LAUNCHES_FOR_CI} (--launches)")
     half = t_quantile(confidence, n - 1) * float(logs.std(ddof=1)) / math.sqrt(n)
-    return LaunchInterval(float(np.exp(mean)), float(np.exp(mean - half)),
+    return LaunchInterval(point, float(np.exp(mean - half)),
                           float(np.exp(mean + half)), n, f"t over {n} {units}")
 
 
