@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv bench test lint env smoke parity regress baseline report clean help
+.PHONY: venv bench test lint env smoke parity tune distance regress baseline report clean help
 
 help:            ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -28,6 +28,12 @@ report: venv     ## write report.html (+ PNGs) for the latest run under results/
 
 parity: venv     ## train every strategy on real data from the same weights; exit 1 when one learns differently
 	$(PY) -m bench_lib parity $(ARGS)
+
+tune: venv       ## race one workload's configurations and recommend one (ARGS="--image-sizes 96" picks another)
+	$(PY) -m bench_lib tune --profile default --image-sizes 64 $(ARGS)
+
+distance: venv   ## time the pairwise distance of a conv weight's kernels: loop, blocked cdist, split over devices; exit 1 when one disagrees
+	$(PY) -m bench_lib distance $(ARGS)
 
 smoke: venv      ## the smoke sweep (all seed strategies, tiny grid)
 	$(PY) -m bench_lib run --profile smoke $(ARGS)

@@ -1,4 +1,5 @@
-"""Command line: ``python -m bench_lib <command>``: parse -> plan -> run | report | compare.
+"""Command line: ``python -m bench_lib <command>``: parse -> plan -> run | report | compare |
+tune.
 
 Exit codes: 0 success, 1 the run ended with failed cases (error/timeout) or a regression,
 2 bad input (nothing written), 130 interrupted (finished cases kept; finish with --resume).
@@ -11,7 +12,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bench_lib import strategies
 from bench_lib.results.schema import ResultsError
@@ -21,6 +22,7 @@ from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_n
 from bench_lib.workloads import MODELS, WorkloadError
 
 if TYPE_CHECKING:
+    from bench_lib.measure.collectives import Collectives
     from bench_lib.run.launch import Launcher
     from bench_lib.sweep.shard import Shard, ShardPlan, SweepRecord
 
@@ -75,6 +77,33 @@ def _str_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+_BOOLS = {"true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+
+
+def _bool_list(text: str) -> tuple[bool, ...]:
+    """``false,true`` (or on/off, 1/0) -> (False, True)."""
+    try:
+        values = tuple(_BOOLS[v.lower()] for v in _str_list(text))
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated true/false, got {e.args[0]!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one of true, false")
+    return values
+
+
+def _bucket_caps(text: str) -> tuple[float | None, ...]:
+    """``default,100`` -> (None, 100.0): DDP bucket caps in MiB, None for torch's."""
+    try:
+        values = tuple(None if v == "default" else float(v) for v in _str_list(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated MiB or 'default', got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one bucket cap")
+    return values
+
+
 def _shard(text: str) -> Shard:
     """``K/N`` -> ``Shard`` (argparse's type: bad input exits 2 with the form to use)."""
     from bench_lib.sweep.shard import Shard
@@ -127,6 +156,21 @@ def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
         add("--sync-bn", action="store_true", default=None,
             help="SyncBatchNorm in ddp/fsdp (GPU rigs only)"),
         add("--loss", help="ce or mse-onehot (toy always trains with mse)"),
+        add("--ddp-bucket-cap-mb", type=_bucket_caps, metavar="MIB,...",
+            help="DDP bucket caps in MiB, comma-separated; 'default' is torch's (25 MiB after "
+                 "a 1 MiB first bucket)"),
+        add("--ddp-gradient-as-bucket-view", type=_bool_list, metavar="false,true",
+            help="DDP gradients as views into its buckets (zeroed in place), off and/or on"),
+        add("--ddp-static-graph", type=_bool_list, metavar="false,true",
+            help="DDP static_graph, off and/or on"),
+        add("--ddp-comm-hooks", type=_str_list, metavar="HOOK,...",
+            help="DDP communication hooks, comma-separated: none, fp16, bf16, powersgd "
+                 "(fp16/bf16/powersgd change the gradients; the row's note says so)"),
+        add("--ddp-powersgd-rank", type=_int_list, metavar="R,...",
+            help="PowerSGD approximation ranks, comma-separated (default 1)"),
+        add("--ddp-knob-grid", metavar="product|one-at-a-time",
+            help="how the DDP knob lists combine: every combination (default), or each "
+                 "list's first value and then each other value alone"),
         add("--launches", type=int,
             help="fresh launches per case, interleaved in rounds (default 3; intervals come "
                  "from their spread, so 1 gives none)"),
@@ -286,6 +330,24 @@ def build_parser() -> argparse.ArgumentParser:
                        "one learns differently from single")
     parity_run.add_arguments(parity)
     _add_rig_args(parity)
+
+    from bench_lib.distance import run as distance_run
+
+    distance = sub.add_parser(
+        "distance", help="time the pairwise distance of a conv weight's kernels (a loop, "
+                         "blocked cdist, split over devices); exit 1 when one disagrees")
+    distance_run.add_arguments(distance)
+    _add_rig_args(distance)
+
+    from bench_lib.tune import run as tune_run
+
+    tune = sub.add_parser(
+        "tune", help="race one workload's configurations (successive halving) and recommend "
+                     "one, with its interval against single and the runner-up")
+    shaping = _add_sweep_args(tune) + _add_rig_args(tune)
+    tune.set_defaults(sweep_flags=tuple(SweepFlag(a.option_strings[0], a.dest, a.nargs != 0)
+                                        for a in shaping))
+    tune_run.add_arguments(tune)
     return parser
 
 
@@ -407,16 +469,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         recorded = read_env(run_dir)
         peak = flops.AttainablePeak.from_dict(recorded.get("attainable_peak"))
         idle = IdlePower.from_dict(recorded.get("idle_power"))
+        collectives = _collectives(rig, args.quiet, cases, recorded.get("collectives"))
+        if "collectives" not in recorded:  # a folder from before they were measured
+            write_json_atomic(run_dir / "env.json",
+                              recorded | {"collectives": collectives.as_dict()})
     else:
         run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
         # Measured once per run, before any case: idle power first, with nothing of ours
         # running (for net energy), then the FLOP peak (for the MFU columns).
         idle = measure_idle_power(rig)
         peak = flops.measure_peak(rig, list(profile.precisions))
+        collectives = _collectives(rig, args.quiet, cases)  # the ddp/fsdp and p2p bounds
         env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
                                   idle.as_dict())
         env["sweep"] = (sweep or sweep_record(profile, rig, cases)[0]).as_dict()
         env["launcher"] = launcher.as_dict()
+        env["collectives"] = collectives.as_dict()
         if coordinator is not None:
             env = cluster_env(env, coordinator.infos)
         write_json_atomic(run_dir / "env.json", env)
@@ -436,7 +504,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         with RunWriter(run_dir) as writer:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
                              attainable_peak=peak, idle=idle, on_launch_done=progress.launch_done,
-                             launcher=launcher, coordinator=coordinator)
+                             launcher=launcher, coordinator=coordinator,
+                             collectives=collectives)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "
@@ -454,6 +523,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") for r in rows)
     return _after_run(args, run_dir) or (EXIT_FAILED_CASES if failed else EXIT_OK)
+
+
+def _collectives(rig: Rig, quiet: bool, cases: list[Case],
+                 recorded: dict[str, Any] | None = None) -> Collectives:
+    """The rig's collectives: as ``recorded`` in env.json, else measured now, once per run,
+    up to the largest message of ``cases`` (``measure.collectives``; skipped where no case
+    is priced with them)."""
+    from bench_lib.measure import case_bound, collectives
+
+    if recorded is not None:
+        return collectives.Collectives.from_dict(recorded)
+    largest = case_bound.largest_message(cases, rig)
+    if largest is None:
+        return collectives.Collectives(skipped="no case of the sweep to run is priced with "
+                                               "collectives (ddp, fsdp, pipelines)")
+    if not quiet:
+        print("measuring collectives ...", file=sys.stderr, flush=True)
+    found = collectives.measure(rig, collectives.sizes_for(largest))
+    if not quiet:
+        print(f"collectives: {found.summary()}", file=sys.stderr)
+    return found
 
 
 def _after_run(args: argparse.Namespace, run_dir: Path) -> int:
@@ -496,6 +586,20 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return parity_run.command(args, rig)
 
 
+def cmd_distance(args: argparse.Namespace) -> int:
+    from bench_lib.distance import run as distance_run
+
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, gpu_slots=_gpu_slots(args))
+    return distance_run.command(args, rig)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from bench_lib.tune import run as tune_run
+
+    rig, profile, _ = plan_new(args)  # the same flags, profile and validation as run's
+    return tune_run.command(args, rig, profile)
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     from bench_lib.measure import environment
 
@@ -532,6 +636,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_merge(args)
         if args.command == "parity":
             return cmd_parity(args)
+        if args.command == "distance":
+            return cmd_distance(args)
+        if args.command == "tune":
+            return cmd_tune(args)
         return cmd_run(args)
     except (UsageError, RigError, WorkloadError, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)

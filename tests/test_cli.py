@@ -89,7 +89,7 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
         (["--strategies", "ddp", "--batch-size", "3"], "is divisible by ddp's world size 2"),
         (["--image-sizes", "16"], "image size 16 is too small"),
         (["--devices", "64"], "64 devices asked for"),
-        (["--profile", "nope"], "unknown profile 'nope'; valid: ci, default"),
+        (["--profile", "nope"], "unknown profile 'nope'; valid: ci, ddp-knobs, default"),
         (["--models", "vgg"], "unknown model 'vgg'; valid: mlp, resnet-tiny"),
     ],
 )

@@ -349,3 +349,18 @@ def test_fsdp_prediction_is_near_the_live_tensors_of_a_real_fsdp2_step():
     predicted = predict.predict(new_case(CUDA2, "fsdp", "resnet18", 32, 8), CUDA2)
     for rank, peak in enumerate(real):
         assert predicted.mib_by_device[str(rank)] * MIB == pytest.approx(peak, rel=0.15)
+
+
+def test_ddp_1_holds_buckets_and_bucket_views_are_not_counted_twice():
+    from bench_lib.strategies.ddp import DdpKnobs
+
+    single = predict.predict(new_case(CUDA2, "single", "toy", 0, 200), CUDA2).max_mib
+    one = predict.predict(new_case(CUDA2, "ddp-1", "toy", 0, 200), CUDA2)
+    assert list(one.mib_by_device) == ["0"]
+    assert (one.max_mib - single) * MIB == pytest.approx(TOY_GRAD_BYTES)
+    plain = predict.predict(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2).max_mib
+    view = predict.predict(new_case(CUDA2, "ddp", "toy", 0, 200,
+                                    ddp=DdpKnobs(gradient_as_bucket_view=True)), CUDA2).max_mib
+    # The gradients live at the peak (the second Linear's, made first by backward) are
+    # separate tensors without the views and bucket memory with them.
+    assert (plain - view) * MIB == pytest.approx(4 * (10 * 5 + 5))

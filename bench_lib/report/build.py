@@ -24,7 +24,7 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench_lib.report import device_figures, figures, parity_report, prediction
+from bench_lib.report import bound_figure, device_figures, figures, parity_report, prediction
 from bench_lib.report.html import render
 from bench_lib.results.read import read_cases, read_env, read_table
 from bench_lib.results.schema import TIMELINE_COLUMNS, ResultsError
@@ -116,6 +116,10 @@ FIGURES: list[tuple[int, str, str, str]] = [
     (7, "scaling", "Scaling efficiency", "no case besides single"),
     (8, "memory_prediction", "Predicted against measured peak memory",
      "no ok case with both a predicted and a measured peak per device"),
+    # The step time each case's own measured parts allow (bench_lib/measure/bound.py), beside
+    # the measured one; for pipelines, the bound's parts and the gap over it.
+    (9, "bound", "Measured step time against the bound of its own parts",
+     "no ok case with a bound (step_time_s_bound: pipelines, mp, ddp, fsdp)"),
 ]
 
 
@@ -126,7 +130,7 @@ def draw_figures(runs: Runs) -> dict[int, Figure]:
             3: figures.fig_winner_grid(c), 4: device_figures.fig_memory(c),
             5: device_figures.fig_samples(c, runs.samples),
             6: device_figures.fig_timeline(c, runs.timeline), 7: figures.fig_scaling(c),
-            8: prediction.fig_prediction(c)}
+            8: prediction.fig_prediction(c), 9: bound_figure.fig_bound(c)}
     return {n: f for n, f in figs.items() if f is not None}
 
 
@@ -160,6 +164,24 @@ def write_parity_report(run_dir: Path) -> Path:
     return path
 
 
+def write_distance_report(run_dir: Path) -> Path:
+    """A distance run folder's report.html and its PNG (``distance_report``)."""
+    from bench_lib.report import distance_report
+
+    df = distance_report.read_distance(run_dir)
+    name = run_dir.resolve().name
+    captions = [caption(name, read_env(run_dir))]
+    fig = distance_report.fig_distance(df)
+    png = _png(fig, captions) if fig is not None else None
+    html = distance_report.render(df, name, captions,
+                                  base64.b64encode(png).decode() if png else None)
+    if png:
+        (run_dir / distance_report.FIGURE_FILE).write_bytes(png)
+    path = run_dir / REPORT_NAME
+    path.write_text(html, encoding="utf-8")
+    return path
+
+
 def write_report(run_dirs: list[Path]) -> Path:
     """Write the PNGs and report.html into the first run folder; returns the HTML's path.
 
@@ -168,6 +190,12 @@ def write_report(run_dirs: list[Path]) -> Path:
         if len(run_dirs) > 1:
             raise ResultsError("a parity run folder is reported on its own: give only it")
         return write_parity_report(run_dirs[0])
+    from bench_lib.report.distance_report import is_distance_run
+
+    if any(is_distance_run(d) for d in run_dirs):  # its own page too
+        if len(run_dirs) > 1:
+            raise ResultsError("a distance run folder is reported on its own: give only it")
+        return write_distance_report(run_dirs[0])
     runs = load_runs(run_dirs)
     captions = [caption(label, env, runs.names[label]) for label, env in runs.envs.items()]
     pngs = {n: _png(f, captions) for n, f in draw_figures(runs).items()}

@@ -13,6 +13,10 @@ A run folder ``results/<run_id>/`` holds::
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
     shards/K/    a merged folder only: shard K's own env.json (``run.merge``)
+    distance.csv a ``distance`` run folder only (with env.json, no cases.csv): one row per
+                 pairwise-distance case (``DISTANCE``; ``bench_lib.distance``)
+    tune.csv     a ``tune`` folder (``bench_lib.tune``): one row per launch the race made
+                 (``TUNE``); its tune.json holds the verdict, env.json ``tune`` the settings
 
 Version 5 (this one) measures every case in several fresh launches, interleaved in rounds
 (``launches``, ``steps_per_launch``, ``launch_medians_s``; steps.csv ``launch``): the
@@ -233,6 +237,16 @@ CASES = _cols(
     ("channels_last", "1 when model and inputs were channels-last", N),
     ("compile", "1 when modules were torch.compiled", N),
     ("sync_bn", "1 when BatchNorm was synchronised across ranks", N),
+    # DistributedDataParallel's knobs (bench_lib.strategies.ddp.DdpKnobs), in the rows of the
+    # strategies that wrap the model in it (ddp, ddp-1); empty in the others.
+    ("ddp_bucket_cap_mb", "DDP bucket cap in MiB, or 'default' (torch's: 25 MiB after a "
+                          "first bucket of 1 MiB)", False, True),
+    ("ddp_gradient_as_bucket_view", "1 when DDP's gradients were views into its buckets "
+                                    "(zeroed in place each step)", N, True),
+    ("ddp_static_graph", "1 when DDP was told the graph is static", N, True),
+    ("ddp_comm_hook", "DDP communication hook: none, fp16, bf16 (gradients compressed to that "
+                      "format for the all-reduce) or powersgd-r<rank> (rank-r PowerSGD); all "
+                      "but none change the gradients, as the note says", False, True),
     # The pipeline bubble per device and per schedule (bench_lib.measure.bubble), for the
     # pipelined strategies (mp, pipeline, gpipe, 1f1b, interleaved-1f1b, interleaved-zb, zbv);
     # the measured ones from the traced step after the timed ones, empty without a timeline.
@@ -250,6 +264,29 @@ CASES = _cols(
                       "rank's), seconds", N),
     ("traced_vs_median_pct", "traced_step_s over step_time_s_median, minus 1, % (+ = the "
                              "traced step was slower)", N),
+    # The bound of each case from its own parts (bench_lib.measure.bound states each formula
+    # and its sources): pipelines, mp, ddp, fsdp; empty for the others.
+    ("step_time_s_bound", "the step time the case's own measured parts allow, seconds: a "
+                          "pipeline's schedule run with its traced per-stage pass times and "
+                          "the measured p2p time, plus the traced step outside the passes "
+                          "(all scaled to the median step where the traced one was slower); "
+                          "mp: every pass in turn plus transfers; ddp/fsdp: single's step x "
+                          "local/global batch overlapped with the gradient collectives at the "
+                          "run's measured bandwidth (env.json collectives)", N, True),
+    ("step_time_s_bound_no_overlap", "ddp/fsdp: the same bound with nothing overlapped, "
+                                     "compute + collectives, seconds", N, True),
+    ("efficiency_vs_bound_pct", "100 x step_time_s_bound / step_time_s_median: 100 = as fast "
+                                "as the parts allow", N, True),
+    ("bound_compute_s", "the bound's compute part: the busiest device's passes (ddp/fsdp: "
+                        "the local batch's compute), seconds", N, True),
+    ("bound_bubble_s", "the bound's idle time the schedule forces on the busiest device "
+                       "with free transfers, seconds", N, True),
+    ("bound_comm_s", "what transfers or collectives add to the bound (ddp/fsdp: what "
+                     "overlap leaves exposed), seconds", N, True),
+    ("bound_other_s", "the traced step outside the scheduled passes (optimizer step, loss, "
+                      "input split) in the bound, seconds", N, True),
+    ("bound_note", "which bound and its parts, e.g. '1f1b: compute 0.41 s + bubble 0.12 s + "
+                   "p2p 0.02 s + other 0.03 s', or why the case has none", False, True),
 )
 STEPS = _cols(
     ("run_id", "the run folder's name"), ("case_id", "the case"),
@@ -291,6 +328,23 @@ TIMELINE = _cols(
               "wgt (weight gradient: zero-bubble schedules)"),
     ("start_s", "start on the case's aligned clock, seconds", N),
     ("end_s", "end on the case's aligned clock, seconds", N),
+)
+
+# tune.csv: ``python -m bench_lib tune`` (bench_lib.tune), one row per launch, as it ends.
+TUNE = _cols(
+    ("run_id", "the run folder's name"), ("case_id", "the candidate (a case id)"),
+    ("rung", "the race's rung from 0 (each rung is a round: its candidates launched once, in "
+             "a seeded shuffled order); every launch is short (tune.space.RACE_*)", N),
+    ("launch", "the launch's index in the whole race, from 0", N),
+    ("status", "ok, oom, timeout or error (a candidate whose launch failed is not launched "
+               "again)"),
+    ("reason", "why the launch did not end ok"),
+    ("launch_median_s", "median of the launch's timed step times (slowest rank per step), "
+                        "seconds", N),
+    ("timed_steps", "timed steps behind the median", N),
+    ("warmup_steps", "warm-up steps the launch ran", N),
+    ("wall_time_s", "the launch from start to end as tune saw it, seconds (the budget counts "
+                    "these)", N),
 )
 
 # parity.csv and parity_verdicts.csv: ``python -m bench_lib parity`` (bench_lib.parity).
@@ -338,6 +392,67 @@ PARITY_VERDICTS = _cols(
     ("tolerance_note", "how the tolerance was derived, with its numbers"),
 )
 
+# distance.csv: ``python -m bench_lib distance`` (bench_lib.distance). Columns named as in
+# cases.csv mean the same there.
+DISTANCE = _cols(
+    ("run_id", "the run folder's name"),
+    ("case_id", "method, layer and precision, e.g. split_8192x128x1x1_fp32"),
+    ("method", "loop (the question's double Python loop), blocked (torch.cdist on blocks of "
+               "rows, one device) or split (the rows over the rig's devices: a gloo rank per "
+               "cpu worker, or one process driving every GPU)"),
+    ("layer", "conv weight shape OUTxINxKHxKW"),
+    ("kernels", "kernels compared: the layer's output channels", N),
+    ("kernel_numel", "numbers per kernel: in x kh x kw", N),
+    ("dtype", "fp32 or fp64: the weight's and the computation's precision"),
+    ("block_rows", "rows per torch.cdist block (empty for loop)", N),
+    ("rig", "rig label, e.g. cpu:2x1t or cuda:2"),
+    ("world_size", "devices the case computes on", N),
+    ("threads_per_worker", "intra-op threads of each CPU worker (empty on GPUs)", N),
+    ("max_memory_per_device_mib", "the memory cap per device the case ran under, MiB "
+                                  "(empty: none)", N),
+    ("status", "ok, oom, skipped (loop above --loop-max-kernels), unsupported (split on one "
+               "device), timeout or error"),
+    ("reason", "why a case did not end ok"),
+    ("launches", "fresh process launches the case was measured in", N),
+    ("steps_per_launch", "timed steps of each launch, in round order, e.g. 8;8;7"),
+    ("launch_medians_s", "each launch's median step time (the slowest rank's per step), in "
+                         "round order, seconds"),
+    ("timed_steps", "steps timed, all launches", N),
+    ("warmup_steps", "discarded warm-up steps, the most of any launch", N),
+    ("step_time_s_median", "one step (forward and backward of the scalar, and on ranks the "
+                           "gradient's all-reduce): the geometric mean of the launches' "
+                           "medians, seconds", N),
+    ("step_time_s_ci_low", "95% t interval across launches of the median step time, low "
+                           "end, seconds (empty with 1 launch)", N),
+    ("step_time_s_ci_high", "the same interval's high end, seconds", N),
+    ("step_time_ci_method", "how the interval was had: 't over N launches', or empty"),
+    ("step_time_ci_note", "why the median has no interval (1 launch)"),
+    ("speedup_vs_blocked", "blocked's step time over this case's, the geometric mean over "
+                           "rounds of the same round's launch medians", N),
+    ("speedup_ci_low", "95% t interval of speedup_vs_blocked over rounds, low end", N),
+    ("speedup_ci_high", "the same interval's high end", N),
+    ("peak_mem_mib_max", "largest per-device peak memory over the timed steps, runtime "
+                         "included (gross), MiB", N),
+    ("peak_mem_net_mib_max", "largest per-device peak memory over the timed steps net of the "
+                             "runtime (as in cases.csv), MiB", N),
+    ("peak_mem_net_mib_by_device", "the same per device, device:MiB;... (a cpu rank per "
+                                   "worker; GPUs by index)"),
+    ("peak_mem_source", "how peaks were read: cuda-allocator, vmhwm or ru_maxrss"),
+    ("value", "the scalar D = sum over p, q of ||X_p - X_q|| (both orders, diagonal 0) the "
+              "case computed in its last step", N),
+    ("value_ref", "D in float64 from the same weight, closed form without autograd "
+                  "(bench_lib.distance.methods.reference)", N),
+    ("value_abs_diff", "|value - value_ref|", N),
+    ("value_rel_diff", "value_abs_diff over |value_ref|", N),
+    ("grad_max_abs_diff", "largest absolute difference of the case's dD/dW from the float64 "
+                          "reference gradient", N),
+    ("grad_rel_diff", "grad_max_abs_diff over the reference gradient's largest magnitude", N),
+    ("agree_rtol", "the precision's tolerance for value_rel_diff and grad_rel_diff", N),
+    ("agrees", "1 when value_rel_diff and grad_rel_diff are within agree_rtol, else 0 "
+               "(empty for a case not ok)", N),
+    ("case_wall_time_s", "the case's wall time, its launches summed, seconds", N),
+)
+
 
 def launch_medians(text: object) -> list[float]:
     """cases.csv's ``launch_medians_s`` (``0.451;0.447;0.462``, round order) as numbers; []
@@ -359,5 +474,6 @@ SAMPLE_COLUMNS = names(SAMPLES)
 TIMELINE_COLUMNS = names(TIMELINE)
 PARITY_COLUMNS = names(PARITY)
 PARITY_VERDICT_COLUMNS = names(PARITY_VERDICTS)
+DISTANCE_COLUMNS = names(DISTANCE)
 NUMERIC_CASE_COLUMNS = [c.name for c in CASES if c.numeric]
 ADDED_CASE_COLUMNS = [c.name for c in CASES if c.added]

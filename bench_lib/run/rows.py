@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_lib.measure import bubble
+from bench_lib.measure import bubble, case_bound
+from bench_lib.measure.collectives import Collectives
 from bench_lib.measure.contention import contention, cpu_per_wall
 from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
@@ -64,6 +65,12 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         "compile": int(case.compile),
         "sync_bn": int(case.sync_bn),
     }
+    if case.ddp is not None:
+        cap = case.ddp.bucket_cap_mb
+        row |= {"ddp_bucket_cap_mb": "default" if cap is None else f"{cap:g}",
+                "ddp_gradient_as_bucket_view": int(case.ddp.gradient_as_bucket_view),
+                "ddp_static_graph": int(case.ddp.static_graph),
+                "ddp_comm_hook": case.ddp.hook_label}
     if outcome.wall_time_s:
         row["case_wall_time_s"] = round(outcome.wall_time_s, 3)
     row |= contention_columns(case, rig, outcome)
@@ -181,6 +188,29 @@ def bubble_columns(case: Case, outcome: CaseOutcome, median_s: float) -> Row:
         cols |= {"traced_step_s": outcome.traced_step_s,
                  "traced_vs_median_pct": 100 * (outcome.traced_step_s / median_s - 1)}
     return cols
+
+
+def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | None,
+                  single_s: float | None = None, collectives: Collectives | None = None) -> Row:
+    """The case's bound from its own parts beside its median step (``measure.case_bound``);
+    ``single_s``: the same workload's single median step (ddp, fsdp); ``collectives``: the
+    run's micro-benchmark. Empty for a case not ok or a strategy without a bound."""
+    if outcome.status != "ok" or not median_s:
+        return {}
+    try:
+        found = case_bound.case_bound(case, rig, outcome, median_s, single_s, collectives)
+    except Exception as e:  # a bound is a derived figure: never worth losing the row for
+        return {"bound_note": f"no bound: {type(e).__name__}: {e}"}
+    if found is None:
+        return {}
+    if isinstance(found, str):
+        return {"bound_note": found}
+    return {"step_time_s_bound": found.step_s,
+            "step_time_s_bound_no_overlap": found.no_overlap_s,
+            "efficiency_vs_bound_pct": 100 * found.step_s / median_s,
+            "bound_compute_s": found.compute_s, "bound_bubble_s": found.bubble_s,
+            "bound_comm_s": found.comm_s, "bound_other_s": found.other_s,
+            "bound_note": found.note()}
 
 
 def memory_columns(outcome: CaseOutcome) -> Row:
@@ -348,6 +378,11 @@ class SpeedupTable:
         rounds = min(len(base), len(medians))
         speedup = paired_ratio_interval(base[:rounds], medians[:rounds])
         row |= speedup_columns(speedup, case.world_size)
+
+    def single_step_s(self, case: Case) -> float | None:
+        """The median step of the ``single`` case of ``case``'s workload, if known."""
+        base = self._single.get(case.workload_key)
+        return launch_interval(base).point if base else None
 
 
 SPEEDUP_COLUMNS = ("speedup_vs_single", "speedup_ci_low", "speedup_ci_high",

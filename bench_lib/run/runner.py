@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from bench_lib.measure.collectives import Collectives
 from bench_lib.measure.contention import CpuSnapshot, machine_load
 from bench_lib.measure.energy import IDLE_SECONDS, IdlePower, idle_power, rig_packages
 from bench_lib.measure.flops import AttainablePeak
@@ -73,7 +74,7 @@ from bench_lib.run.multinode import (
     this_node,
 )
 from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult, SampleRow, baseline_path
-from bench_lib.run.rows import Row, SpeedupTable, case_row, step_rows
+from bench_lib.run.rows import Row, SpeedupTable, bound_columns, case_row, step_rows
 from bench_lib.sweep.cases import Case
 
 POLL_S = 0.1
@@ -670,6 +671,7 @@ def run_sweep(
     launcher: Launcher = LOCAL,
     coordinator: Coordinator | None = None,
     admission: Admission | None = None,
+    collectives: Collectives | None = None,
 ) -> list[Row]:
     """Run every case, workload by workload in rounds of launches (module docstring),
     writing each workload's rows once its last round ends; returns the rows in the order
@@ -682,11 +684,12 @@ def run_sweep(
     of a multi-node run, told at the end (or on Ctrl-C) so that the other nodes stop too.
     ``admission``: each case's predicted memory, and the refusal of a case predicted not to
     fit (``run.admission``; default: ``Admission.of`` the cases on ``rig``).
+    ``collectives``: the rig's measured collectives, for the ddp/fsdp and p2p bounds.
     """
     try:
         rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start, attainable_peak,
                            idle, on_launch_done, launcher, coordinator,
-                           admission or Admission.of(rig, cases))
+                           admission or Admission.of(rig, cases), collectives)
     except BaseException as e:
         if coordinator is not None:
             coordinator.finish("interrupted" if isinstance(e, KeyboardInterrupt)
@@ -703,6 +706,7 @@ def _run_groups(
     on_launch_start: LaunchStart | None, attainable_peak: AttainablePeak | None,
     idle: IdlePower | None, on_launch_done: LaunchDone | None, launcher: Launcher,
     coordinator: Coordinator | None, admission: Admission,
+    collectives: Collectives | None = None,
 ) -> list[Row]:
     """``run_sweep``'s walk: workload by workload, round by round."""
     work_root = writer.run_dir / ".work"
@@ -741,6 +745,8 @@ def _run_groups(
             if case.status is None:
                 row |= admission.columns(case, launched[i])
             speedups.fill(case, row)
+            row |= bound_columns(case, rig, outcome, row.get("step_time_s_median"),
+                                 speedups.single_step_s(case), collectives)
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
             if on_case_done:

@@ -175,7 +175,8 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     workload = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
                         precision=case.precision)
     ctx = BuildContext(workload, case.micro, rank, case.world_size if case.process_group else 1,
-                       partition=cut or case.partition or "tutorial", sync_bn=case.sync_bn)
+                       partition=cut or case.partition or "tutorial", sync_bn=case.sync_bn,
+                       ddp=case.ddp)
     model = workload.build_model()
     if case.channels_last:
         model = model.to(memory_format=torch.channels_last)

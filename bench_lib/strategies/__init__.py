@@ -33,5 +33,6 @@ def get(name: str) -> Strategy:
 
 for _module in (single, dp, ddp, mp, pipeline, accum, fsdp):
     register(_module.STRATEGY)
+register(ddp.ONE_DEVICE)
 for _strategy in schedules.STRATEGIES:
     register(_strategy)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from bench_lib.rig import Rig
 from bench_lib.workloads import Workload
+
+if TYPE_CHECKING:  # ddp imports this module
+    from bench_lib.strategies.ddp import DdpKnobs
 
 LEARNING_RATE = 0.001  # the tutorial's plain SGD; the value does not change step time
 
@@ -52,6 +55,9 @@ class BuildContext:
     """How strategies that cut the model into stages choose the cut (``partition.PARTITIONS``)."""
     sync_bn: bool = False
     """Data-parallel strategies: synchronise BatchNorm statistics across ranks."""
+    ddp: DdpKnobs | None = None
+    """DistributedDataParallel's settings (strategies that wrap the model in it; None:
+    torch's defaults)."""
 
     def require_micro(self, strategy: str, even: bool = False) -> tuple[int, int]:
         """(split size, micro-batch count), for strategies that cannot run without them.
@@ -196,6 +202,9 @@ class Strategy:
     """True when every micro-batch must hold exactly split_size images (batch % split == 0)."""
     data_parallel: bool = False
     """True when ranks train replicas (or shards) on parts of the batch: ``sync_bn`` applies."""
+    ddp_knobs: bool = False
+    """True when the model is wrapped in DistributedDataParallel: the case carries
+    ``ddp.DdpKnobs`` (the sweep's knob lists apply) and its row records them."""
     compile_unsupported: str = ""
     """Why ``--compile`` cannot work with this strategy (empty when it can)."""
     channels_last_unsupported: str = ""

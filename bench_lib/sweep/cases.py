@@ -36,6 +36,12 @@ from torch import nn
 from bench_lib import strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies.base import Microbatching
+from bench_lib.strategies.ddp import (
+    POWERSGD_GLOO_NOTE,
+    POWERSGD_WARMUP_STEPS,
+    DdpKnobs,
+    bf16_hook_refusal,
+)
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
 from bench_lib.workloads import blocks, get_model
 
@@ -63,6 +69,8 @@ class Case:
     """Modules torch.compiled in place before warm-up."""
     sync_bn: bool = False
     """SyncBatchNorm across ranks (data-parallel strategies only)."""
+    ddp: DdpKnobs | None = None
+    """DistributedDataParallel's settings (strategies that wrap the model in it, else None)."""
     status: str | None = None
     """None when the case is to run; ``skipped`` or ``unsupported`` when it is not."""
     reason: str = ""
@@ -105,7 +113,7 @@ class Case:
         """Case-id suffix of the non-default options (empty for defaults: ids stay stable)."""
         parts = [f"_p{self.partition}" if self.partition not in (None, "tutorial") else "",
                  "_cl" if self.channels_last else "", "_compile" if self.compile else "",
-                 "_syncbn" if self.sync_bn else ""]
+                 "_syncbn" if self.sync_bn else "", self.ddp.id_suffix if self.ddp else ""]
         return "".join(parts)
 
     @property
@@ -124,6 +132,7 @@ class Case:
     def from_dict(cls, d: dict[str, Any]) -> Case:
         micro = d.get("micro")
         return cls(**(d | {"micro": Microbatching(**micro) if micro else None,
+                           "ddp": DdpKnobs(**d["ddp"]) if d.get("ddp") else None,
                            "measurement": Measurement(**d["measurement"])}))
 
 
@@ -131,11 +140,14 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
              precision: str = "fp32", loss: str = "ce", *, split_size: int | None = None,
              microbatch_count: int | None = None, partition: str | None = None,
              channels_last: bool = False, compile: bool = False, sync_bn: bool = False,
-             measurement: Measurement | None = None) -> Case:
+             ddp: DdpKnobs | None = None, measurement: Measurement | None = None) -> Case:
     """A case with its rig facts and micro-batching resolved and its status decided.
 
     ``split_size`` or ``microbatch_count`` (a count larger than the batch has no split: the
-    case is skipped) apply to strategies that use a split; others ignore them.
+    case is skipped) apply to strategies that use a split; others ignore them. ``ddp``
+    (default: torch's) applies to strategies that wrap the model in DistributedDataParallel;
+    a PowerSGD case warms up at least ``POWERSGD_WARMUP_STEPS`` steps, so that its timed
+    steps are compressed ones.
     """
     strat = strategies.get(strategy)
     spec = get_model(model)
@@ -151,14 +163,21 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
         else:
             raise UsageError(f"{strategy} needs a split size or a micro-batch count")
     world = strat.num_devices(rig)
+    knobs = (ddp or DdpKnobs()) if strat.ddp_knobs else None
+    measurement = measurement or Measurement()
+    knob_notes = [knobs.arithmetic_note] if knobs else []
+    if knobs is not None and knobs.comm_hook == "powersgd":
+        measurement = dataclasses.replace(
+            measurement, warmup_steps=max(measurement.warmup_steps, POWERSGD_WARMUP_STEPS))
+        knob_notes += [POWERSGD_GLOO_NOTE] if rig.backend == "gloo" else []
     case = Case(
         strategy, model, image_size, batch_size, precision, loss, micro,
         partition=(partition or "tutorial") if strat.uses_partition else None,
         channels_last=channels_last, compile=compile, sync_bn=sync_bn and strat.data_parallel,
-        world_size=world, process_group=strat.per_device_processes,
+        ddp=knobs, world_size=world, process_group=strat.per_device_processes,
         note="; ".join(filter(None, [strat.cpu_note if rig.kind == "cpu" else "",
-                                     rig.validation_note])),
-        measurement=measurement or Measurement(),
+                                     rig.validation_note, *knob_notes])),
+        measurement=measurement,
     )
     problem = _problem(strat, rig, case)
     return dataclasses.replace(case, status=problem[0], reason=problem[1]) if problem else case
@@ -190,6 +209,8 @@ def _problem(strat: strategies.Strategy, rig: Rig, case: Case) -> tuple[str, str
     if case.sync_bn and rig.kind != "cuda":
         return "unsupported", ("torch.nn.SyncBatchNorm only runs on GPU inputs; "
                                "a cpu rig cannot synchronise BatchNorm")
+    if case.ddp is not None and case.ddp.comm_hook == "bf16" and bf16_hook_refusal():
+        return "unsupported", str(bf16_hook_refusal())
     if case.compile and strat.compile_unsupported:
         return "unsupported", strat.compile_unsupported
     if case.channels_last and strat.channels_last_unsupported:
@@ -350,13 +371,14 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
         if strat.uses_split:
             micro = ([{"split_size": s} for s in profile.split_sizes]
                      + [{"microbatch_count": m} for m in profile.microbatches])
-        for partition in profile.partitions if strat.uses_partition else (None,):
-            for m in micro:
-                cases.append(new_case(
-                    rig, name, model, image, batch, precision, profile.loss, **m,
-                    partition=partition, channels_last=profile.channels_last,
-                    compile=profile.compile, sync_bn=profile.sync_bn,
-                    measurement=profile.measurement))
+        knob_sets = profile.ddp_knob_sets if strat.ddp_knobs else (None,)
+        for partition, m, knobs in itertools.product(
+                profile.partitions if strat.uses_partition else (None,), micro, knob_sets):
+            cases.append(new_case(
+                rig, name, model, image, batch, precision, profile.loss, **m,
+                partition=partition, channels_last=profile.channels_last,
+                compile=profile.compile, sync_bn=profile.sync_bn, ddp=knobs,
+                measurement=profile.measurement))
     unique: dict[str, Case] = {}
     for case in cases:  # a split given twice (as a size and as a count) is one case
         unique.setdefault(case.case_id, case)

@@ -17,8 +17,11 @@ Per strategy (B the batch, s the split size, W the world size):
 
 - ``single``: the whole model, one forward and backward of B images; ``accum``: of each
   micro-batch in turn, gradients accumulating.
-- ``ddp`` (each rank): the whole model on B/W images, plus DDP's gradient buckets (one
-  flat copy of every gradient, ``gradient_as_bucket_view`` off); ``dp``: B/W per device.
+- ``ddp`` (each rank; ``ddp-1``: W = 1): the whole model on B/W images, plus DDP's
+  gradient buckets (one flat copy of every gradient); with ``gradient_as_bucket_view`` the
+  gradients are views of the buckets, so they are not counted twice. The communication
+  hooks' buffers (a compressed copy of one bucket at a time, PowerSGD's P, Q and error
+  memory) are not counted. ``dp``: B/W per device.
 - ``fsdp`` (each rank): the whole model's step on B/W images, with the parameters and
   gradients live at its peak sharded W ways, plus what FSDP2 holds unsharded in flight in
   the backward of its largest unit, four times that unit's parameter bytes: its parameters
@@ -218,7 +221,7 @@ def _programs(case: Case, rig: Rig, base: Program, stages: int) -> dict[str, Pro
     b, world = case.batch_size, case.world_size
     splits = _splits(case)
     whole = dataclasses.replace(base, cuts=())
-    if case.strategy in ("ddp", "dp", "fsdp"):
+    if case.strategy in ("ddp", "ddp-1", "dp", "fsdp"):
         local = dataclasses.replace(whole, micro_batches=(b // world,))
         return {str(r): local for r in range(world)}
     if case.strategy == "accum":
@@ -264,9 +267,12 @@ def _bytes(case: Case, p: Program) -> tuple[float, float]:
     """The program's counted peak, with DDP's buckets and FSDP's sharding applied, and the
     part of it allocated once before the first step and never freed (DDP's buckets), which
     the heap factor does not scale (module docstring)."""
-    if case.strategy == "ddp":
+    if case.strategy in ("ddp", "ddp-1"):
         buckets = simulate(p).params
-        return simulate(dataclasses.replace(p, extra_bytes=buckets)).peak, buckets
+        f = simulate(dataclasses.replace(p, extra_bytes=buckets))
+        if case.ddp is not None and case.ddp.gradient_as_bucket_view:
+            return f.peak - f.grads_at_peak, buckets  # the gradients live in the buckets
+        return f.peak, buckets
     f = simulate(p)
     if case.strategy != "fsdp":
         return f.peak, 0

@@ -8,6 +8,7 @@ the same flat keys (``Profile.keys``): grid keys and measurement keys side by si
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 from bench_lib import strategies
 from bench_lib.rig import Rig
+from bench_lib.strategies.ddp import COMM_HOOKS, KNOB_GRIDS, DdpKnobs, knob_grid
 from bench_lib.strategies.partition import PARTITIONS
 from bench_lib.workloads import CLASSIFIER_LOSSES, MODELS, PRECISIONS, get_model
 
@@ -114,6 +116,21 @@ class Profile:
     loss: str = "ce"
     """``ce`` or ``mse-onehot`` (the tutorial's), for the classifiers; ``toy``, whose targets
     are real values, always trains with ``mse``."""
+    ddp_bucket_cap_mb: tuple[float | None, ...] = (None,)
+    """DDP bucket caps in MiB; None (``"default"`` in a file): torch's, 25 MiB after a
+    first bucket of 1 MiB. This and the next four are the DDP knobs (``strategies.ddp``):
+    they apply to the strategies that wrap the model in DDP, combined by ``ddp_knob_grid``."""
+    ddp_gradient_as_bucket_view: tuple[bool, ...] = (False,)
+    """DDP gradients as views into its buckets, off and/or on."""
+    ddp_static_graph: tuple[bool, ...] = (False,)
+    """DDP told the graph is static, off and/or on."""
+    ddp_comm_hooks: tuple[str, ...] = ("none",)
+    """DDP communication hooks (``ddp.COMM_HOOKS``): none, fp16, bf16, powersgd."""
+    ddp_powersgd_rank: tuple[int, ...] = (1,)
+    """PowerSGD approximation ranks (each a case where ``powersgd`` is swept)."""
+    ddp_knob_grid: str = "product"
+    """How the DDP knob lists combine (``ddp.KNOB_GRIDS``): ``product``, or
+    ``one-at-a-time`` (each list's first value, then each other value alone)."""
     measurement: Measurement = field(default_factory=Measurement)
     """How each case is measured (flat keys in files: ``warmup_steps``, ``timed_steps``...)."""
 
@@ -131,6 +148,14 @@ class Profile:
         _check_names("partition", self.partitions, PARTITIONS)
         _check_names("precision", self.precisions, PRECISIONS)
         _check_names("loss", (self.loss,), CLASSIFIER_LOSSES)
+        _check_names("ddp comm hook", self.ddp_comm_hooks, COMM_HOOKS)
+        _check_names("ddp knob grid", (self.ddp_knob_grid,), KNOB_GRIDS)
+        object.__setattr__(self, "ddp_bucket_cap_mb", _bucket_caps(self.ddp_bucket_cap_mb))
+        try:  # each knob checked as the cases will build it
+            if not self.ddp_knob_sets:
+                raise UsageError("no ddp knob combination")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         sized = [get_model(m) for m in self.models if get_model(m).sized]
         for size in self.image_sizes:
             # Too small for every model it applies to: no case could use it. Too small for
@@ -138,6 +163,13 @@ class Profile:
             problems = [spec.image_size_problem(size) for spec in sized]
             if problems and all(problems):
                 raise UsageError(str(problems[0]))
+
+    @property
+    def ddp_knob_sets(self) -> tuple[DdpKnobs, ...]:
+        """The DDP knob combinations each DDP-wrapped case is run with."""
+        return knob_grid(self.ddp_bucket_cap_mb, self.ddp_gradient_as_bucket_view,
+                         self.ddp_static_graph, self.ddp_comm_hooks, self.ddp_powersgd_rank,
+                         self.ddp_knob_grid)
 
     def image_sizes_for(self, model: str) -> tuple[int, ...]:
         """The image sizes ``model`` runs at: the sweep's, or where the image size does not
@@ -176,6 +208,8 @@ class Profile:
         grid = {k: getattr(self, k) for k in GRID_KEYS}
         grid["batch_sizes_by_image_size"] = {
             str(size): list(batches) for size, batches in self.batch_sizes_by_image_size}
+        grid["ddp_bucket_cap_mb"] = ["default" if c is None else c
+                                     for c in self.ddp_bucket_cap_mb]
         return grid | dataclasses.asdict(self.measurement)
 
     @classmethod
@@ -218,6 +252,19 @@ def _image_batches(value: object) -> tuple[tuple[int, tuple[int, ...]], ...]:
             raise UsageError(f"batch_sizes_by_image_size: image size {size} is given twice")
         out[size] = tuple(batches)
     return tuple(sorted(out.items()))
+
+
+def _bucket_caps(values: tuple[object, ...]) -> tuple[float | None, ...]:
+    """``ddp_bucket_cap_mb`` as MiB, None for ``"default"`` (torch's)."""
+    out: list[float | None] = []
+    for v in values:
+        if v is None or v == "default":
+            out.append(None)
+        elif isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf:
+            out.append(float(v))
+        else:
+            raise UsageError(f"ddp_bucket_cap_mb must hold positive MiB or 'default', got {v!r}")
+    return tuple(out)
 
 
 def _check_names(what: str, given: tuple[str, ...], valid: list[str] | tuple[str, ...]) -> None:

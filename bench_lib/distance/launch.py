@@ -1,0 +1,83 @@
+"""One launch of a distance case: fresh processes, supervised by the runner's own rules.
+
+The processes start as a training case's ranks do (``run.runner._launch``: one process
+group of their own, each told the runner's pid), running ``bench_lib.distance.worker``;
+then the runner's supervision (``_supervise``: the case timeout, the cpu memory cap through
+``_rss_over_cap``, a dead rank's peers killed after their grace) and its combination of the
+rank files (``_combine``: the first failure blamed, an ``oom`` first; else the slowest rank
+per step) decide the launch's ``CaseOutcome``. Rank 0's value and gradient come back
+beside it (``Computed``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench_lib.distance.spec import DistanceSpec, result_file
+from bench_lib.run.protocol import CaseOutcome
+from bench_lib.run.runner import _combine, _rss_over_cap, _supervise
+
+WORKER_MODULE = "bench_lib.distance.worker"
+
+
+@dataclass(frozen=True)
+class Computed:
+    """What rank 0 computed in its last step."""
+
+    value: float
+    """D."""
+    grad: torch.Tensor | None
+    """dD/dW on the CPU, in the case's precision (None: no backward ran)."""
+
+
+def start(spec_path: Path, processes: int, log_path: Path) -> list[subprocess.Popen[bytes]]:
+    """The launch's processes, in one new process group led by rank 0 (as the runner's)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs: list[subprocess.Popen[bytes]] = []
+    with log_path.open("ab") as log:
+        for rank in range(processes):
+            cmd = [sys.executable, "-m", WORKER_MODULE, str(spec_path), str(rank),
+                   str(os.getpid())]
+            group = procs[0].pid if procs else 0
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          process_group=group))
+    return procs
+
+
+def launch(spec: DistanceSpec, work_root: Path) -> tuple[CaseOutcome, Computed | None]:
+    """Run one launch of ``spec``'s case; its outcome (never raises for the case) and, when
+    ok, rank 0's value and gradient. The work folder stays where it did not end ok (its
+    worker.log says why)."""
+    case = spec.case
+    case_dir = work_root / case.case_id
+    shutil.rmtree(case_dir, ignore_errors=True)
+    case_dir.mkdir(parents=True)
+    spec.write(case_dir / "spec.json")
+    log_path = case_dir / "worker.log"
+    began = time.monotonic()
+    procs = start(case_dir / "spec.json", case.processes, log_path)
+    cap = spec.measurement.max_memory_per_device_mib if spec.rig.kind == "cpu" else 0.0
+    baselines: dict[int, float] = {}
+
+    def over_cap() -> str | None:
+        return _rss_over_cap(procs, cap, case_dir, 1, baselines)
+
+    exited_at: dict[int, float] = {}
+    stopped = _supervise(procs, spec.measurement.case_timeout_s, over_cap if cap else None,
+                         exited_at)
+    outcome = _combine(case_dir, procs, log_path, stopped, exited_at)
+    outcome.wall_time_s = time.monotonic() - began
+    computed = None
+    if outcome.status == "ok":
+        saved = torch.load(result_file(case_dir), weights_only=True)
+        computed = Computed(float(saved["value"]), saved["grad"])
+        shutil.rmtree(case_dir, ignore_errors=True)
+    return outcome, computed

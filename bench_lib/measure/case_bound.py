@@ -1,0 +1,163 @@
+"""A case's bound from what its run recorded: which formula of ``measure.bound`` applies,
+the traced step's pass times, and the byte sizes the transfers and collectives move.
+
+``run.rows.bound_columns`` calls ``case_bound`` for each ok case; ``cli`` asks
+``largest_message`` how large the collective micro-benchmark's messages must be. Byte sizes
+come from the model built on meta tensors (shapes only: no memory, no compute), cached.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from bench_lib.measure.bound import (
+    PIPELINED,
+    Bound,
+    PassTimes,
+    data_parallel_bound,
+    ddp_comm_s,
+    fsdp_comm_s,
+    phase_times,
+    pipeline_bound,
+    serial_bound,
+)
+from bench_lib.measure.bubble import span
+from bench_lib.measure.collectives import Collectives
+
+if TYPE_CHECKING:
+    from bench_lib.rig import Rig
+    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.sweep.cases import Case
+
+
+def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
+               single_s: float | None = None,
+               collectives: Collectives | None = None) -> Bound | str | None:
+    """An ok case's bound (``measure.bound`` states each formula), why it has none, or None
+    for a strategy without one (single, dp, accum). ``median_s``: its median step;
+    ``single_s``: the same workload's ``single`` median step; ``collectives``: the run's
+    micro-benchmark."""
+    name = case.strategy
+    if name in ("ddp", "ddp-1", "fsdp"):
+        return _data_parallel(case, single_s, collectives)
+    if name not in (*PIPELINED, "mp", "pipeline"):
+        return None
+    if not outcome.timeline:
+        return f"no bound: no timeline{f' ({outcome.trace_note})' if outcome.trace_note else ''}"
+    times, other, scale = traced_parts(outcome, median_s)
+    m = 1 if name == "mp" else case.num_microbatches or 1
+    micro = case.batch_size if name == "mp" else case.split_size or case.batch_size
+    send = collectives.fit("send_recv") if collectives is not None else None
+    cuts = tuple(int(c) for c in outcome.partition.partition(":")[2].split(",") if c)
+    edges = ([send.time_s(b) for b in boundary_bytes(case.model, case.image_size, micro, cuts)]
+             if send is not None and cuts else [])
+    serial = name == "mp" or (name == "pipeline" and rig.kind == "cpu")
+    try:
+        if serial:
+            # One process; on a cpu rig its devices share memory and .to() moves nothing.
+            moved = 2 * sum(edges) if rig.kind == "cuda" else 0.0
+            found = serial_bound("mp" if name == "mp" else "serial", times, m, moved, other)
+        else:
+            from bench_lib.sweep.predict import _schedule_actions
+
+            found = pipeline_bound(name, _schedule_actions(
+                "gpipe" if name == "pipeline" else name, case.world_size, m), times, edges, other)
+    except (KeyError, ValueError) as e:  # a pass the timeline lacks, a deadlock
+        return f"no bound: {type(e).__name__}: {e}"
+    if not edges and (rig.kind == "cuda" or not serial):
+        found = replace(found, formula=f"{found.formula} (transfers not measured, taken free)")
+    return replace(found, scale=scale)
+
+
+def traced_parts(outcome: CaseOutcome, median_s: float) -> tuple[PassTimes, float, float]:
+    """The traced step's pass times (``phase_times``) and its time outside the passes,
+    scaled by ``median_s`` / traced step where the traced step ran slower than the median
+    (one step: noise, and the stamps' own cost, slow it as a whole), and that scale."""
+    times = phase_times(outcome.timeline)
+    lo, hi = span(outcome.timeline)
+    traced = outcome.traced_step_s
+    other = max(0.0, traced - (hi - lo)) if traced else 0.0
+    scale = min(1.0, median_s / traced) if traced and median_s > 0 else 1.0
+    return {k: v * scale for k, v in times.items()}, other * scale, scale
+
+
+def _data_parallel(case: Case, single_s: float | None,
+                   collectives: Collectives | None) -> Bound | str:
+    """ddp's (ddp-1's: no peer) or fsdp's bound, or why there is none."""
+    if single_s is None:
+        return "no bound: no ok single case of this workload in the run"
+    grads, units = parameter_bytes(case.model, case.image_size)
+    compute = single_s * (case.batch_size // case.world_size) / case.batch_size
+    if case.world_size < 2:
+        return data_parallel_bound(case.strategy, compute, 0.0)
+    ddp = case.strategy != "fsdp"
+    hook = case.ddp.comm_hook if case.ddp is not None else "none"
+    if hook == "powersgd":
+        return "no bound: PowerSGD's compressed traffic is not modelled"
+    ops = ("all_reduce",) if ddp else ("all_gather", "reduce_scatter")
+    fits = [collectives.fit(op) for op in ops] if collectives is not None else []
+    if collectives is None or None in fits:
+        why = collectives.skipped if collectives is not None else "not measured"
+        return f"no bound: no collective micro-benchmark ({why or 'incomplete'})"
+    if ddp:  # the fp16 and bf16 hooks all-reduce half the bytes
+        cap_mb = case.ddp.bucket_cap_mb if case.ddp is not None else None
+        comm = ddp_comm_s(grads / 2 if hook in ("fp16", "bf16") else grads,
+                          collectives.fits["all_reduce"],
+                          None if cap_mb is None else cap_mb * 2**20)
+    else:
+        comm = fsdp_comm_s(units, grads - sum(units), collectives.fits["all_gather"],
+                           collectives.fits["reduce_scatter"])
+    return data_parallel_bound(case.strategy, compute, comm)
+
+
+def largest_message(cases: Iterable[Case], rig: Rig) -> int | None:
+    """The most bytes one collective of the sweep's bounds moves (the largest model's
+    gradients: activations are smaller), or None where no case to run is priced with the
+    collective micro-benchmark (then it is not run)."""
+    priced = {"ddp", "fsdp", *PIPELINED} | ({"mp", "pipeline"} if rig.kind == "cuda" else set())
+    models = {(c.model, c.image_size) for c in cases
+              if c.status is None and c.world_size > 1 and c.strategy in priced}
+    return max((parameter_bytes(m, i)[0] for m, i in models), default=None)
+
+
+@functools.cache
+def boundary_bytes(model: str, image_size: int, micro_batch: int,
+                   cuts: tuple[int, ...]) -> tuple[int, ...]:
+    """Bytes of the activation crossing each cut for one micro-batch (fp32: a bf16 case's
+    boundary is counted at fp32 size, at most twice its own)."""
+    import torch
+
+    from bench_lib.workloads import Workload, blocks
+
+    w = Workload(model, image_size, max(micro_batch, 2))
+    meta = torch.device("meta")
+    with meta:
+        net = w.build_model()
+    x = w.make_batch(max(micro_batch, 2), meta)[0]
+    sizes = []
+    with torch.no_grad():
+        for i, block in enumerate(blocks(net)):
+            if i in cuts:
+                sizes.append(x.numel() * 4 * micro_batch // x.shape[0])
+            x = block(x)
+    return tuple(sizes)
+
+
+@functools.cache
+def parameter_bytes(model: str, image_size: int) -> tuple[int, tuple[int, ...]]:
+    """The model's gradient bytes (fp32), and each FSDP unit's (``workloads.shard_units``);
+    the root holds the rest."""
+    import torch
+
+    from bench_lib.workloads import Workload, shard_units
+
+    with torch.device("meta"):
+        net = Workload(model, image_size, 2).build_model()
+
+    def size(module: torch.nn.Module) -> int:
+        return sum(p.numel() * 4 for p in module.parameters() if p.requires_grad)
+
+    return size(net), tuple(size(u) for u in shard_units(net))

@@ -1,0 +1,260 @@
+"""``python -m bench_lib tune``: search one workload's space by racing (``tune.race``)
+instead of sweeping it, and recommend a configuration.
+
+Before anything launches: the space is expanded and validated (bad input: exit 2, nothing
+written), the plan printed (candidates, rung 0's estimate, the exhaustive sweep's, the
+halving schedule and the budget; ``--dry-run`` stops there), and the memory prediction
+refuses what will not fit (``run.admission``: recorded ``oom``, reason "predicted: ...",
+never launched). Then each launch is one fresh ``run.runner.run_case``, short
+(``tune.space.race_launch``: every rung alike, so that rungs pair), with no traced step;
+later launches reuse the first launch's stage cut, as a sweep's do. Each is printed as it
+ends and appended to ``tune.csv``. At the end the run folder gets ``cases.csv`` (one row per
+case of the space, the race's launches combined as a sweep combines them, speedups paired
+by rung), ``steps.csv`` and ``tune.json`` (the verdict), and the recommendation is printed
+(``tune.output``).
+
+Exit codes: 0 a recommendation; 1 no candidate measured ok; 2 bad input; 130 interrupted
+(the launches so far stay in tune.csv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from bench_lib.rig import Rig
+from bench_lib.run.protocol import CaseOutcome
+from bench_lib.sweep.cases import Case
+from bench_lib.sweep.profile import MEASUREMENT_KEYS, Profile, UsageError
+from bench_lib.tune.race import LaunchRecord, LaunchResult, RaceResult, RaceSettings, race
+from bench_lib.tune.space import Space, build_space, race_launch
+
+if TYPE_CHECKING:
+    from bench_lib.run.admission import Admission
+
+EXIT_OK, EXIT_NONE_OK, EXIT_INTERRUPTED = 0, 1, 130
+BUDGET_FRACTION = 0.3
+"""Default budget: a tenth under the third of the exhaustive sweep's time that issue #17
+allows, since tune's own start-up and the error of its rung predictions come on top of the
+launch seconds it counts."""
+MAX_RUNGS = 4
+LaunchFn = Callable[[Case, int, str], CaseOutcome]
+"""(case as measured in this rung, rung, stage cut to reuse or '') -> one launch."""
+Say = Callable[[str], None]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """tune's own flags (the sweep and rig flags are ``run``'s: ``cli``)."""
+    g = p.add_argument_group("tune")
+    g.add_argument("--out", type=Path, default=Path("results"),
+                   help="folder that receives the run folder (default: results)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the space and the plan; launch nothing")
+    g.add_argument("--quiet", action="store_true", help="print only the run folder")
+    g.add_argument("--budget-fraction", type=float, default=BUDGET_FRACTION, metavar="F",
+                   help="launch time budget as a share of the exhaustive sweep's, predicted "
+                        f"from rung 0's measured launches (default {BUDGET_FRACTION:g})")
+    g.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="launch time budget in seconds (with --budget-fraction: the smaller)")
+    g.add_argument("--max-rungs", type=int, default=MAX_RUNGS,
+                   help=f"rungs at most, rung 0 included (default {MAX_RUNGS})")
+    g.add_argument("--seed", type=int, default=0, help="seed of each rung's launch order")
+
+
+def one_launch(case: Case) -> Case:
+    """``case`` with one launch (an estimate of one full launch)."""
+    return dataclasses.replace(case, measurement=dataclasses.replace(case.measurement,
+                                                                     launches=1))
+
+
+def settings_of(args: argparse.Namespace, space: Space, rig: Rig) -> RaceSettings:
+    """The race's settings from the flags (``UsageError`` on bad values)."""
+    from bench_lib.sweep.estimate import case_seconds
+
+    if args.max_rungs < 1 or args.budget_fraction <= 0 or (
+            args.time_budget is not None and args.time_budget <= 0):
+        raise UsageError(f"--max-rungs must be >= 1 (got {args.max_rungs}), --budget-fraction "
+                         f"and --time-budget positive (got {args.budget_fraction}, "
+                         f"{args.time_budget})")
+    full = sum(case_seconds(one_launch(c), rig) for c in space.candidates)
+    short = sum(case_seconds(race_launch(c, space.profile.measurement), rig)
+                for c in space.candidates)
+    return RaceSettings(max_rungs=args.max_rungs,
+                        budget_s=math.inf if args.time_budget is None else args.time_budget,
+                        budget_fraction=args.budget_fraction,
+                        sweep_launches=space.profile.measurement.launches,
+                        sweep_over_race=full / short if short else 1.0)
+
+
+def measurement_flags(args: argparse.Namespace) -> list[str]:
+    """The measurement flags tune was given, to repeat in the reproducing command."""
+    out: list[str] = []
+    for f in args.sweep_flags:
+        value = getattr(args, f.dest)
+        if f.dest in MEASUREMENT_KEYS and value is not None:
+            out += [f.flag, str(value)] if f.takes_value else [f.flag]
+    return out
+
+
+class TuneLog:
+    """``tune.csv``: one row per launch, appended and flushed as each ends."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        from bench_lib.results.schema import TUNE, names
+
+        self.run_id = run_id
+        self._file: TextIO = path.open("w", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=names(TUNE))
+        self._writer.writeheader()
+        self.launches = 0
+
+    def write(self, case: Case, rung: int, outcome: CaseOutcome, median: float | None,
+              wall_s: float) -> None:
+        self._writer.writerow({
+            "run_id": self.run_id, "case_id": case.case_id, "rung": rung,
+            "launch": self.launches, "status": outcome.status, "reason": outcome.reason,
+            "launch_median_s": "" if median is None else f"{median:.6g}",
+            "timed_steps": len(outcome.step_times_s), "warmup_steps": outcome.warmup_steps,
+            "wall_time_s": round(wall_s, 3)})
+        self._file.flush()
+        self.launches += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def median_of(outcome: CaseOutcome) -> float | None:
+    """The median of an ok launch's timed steps (None otherwise)."""
+    times = sorted(outcome.step_times_s)
+    if outcome.status != "ok" or not times:
+        return None
+    mid = len(times) // 2
+    return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
+
+def run_race(space: Space, candidates: list[Case], reference: int | None,
+             settings: RaceSettings, launch: LaunchFn, log: TuneLog | None, say: Say,
+             seed: int = 0) -> tuple[RaceResult, dict[int, list[CaseOutcome]]]:
+    """Race ``candidates`` (those admitted), each launch through ``launch``; returns the
+    race and every candidate's launch outcomes in rung order."""
+    outcomes: dict[int, list[CaseOutcome]] = {i: [] for i in range(len(candidates))}
+    first: list[LaunchRecord] = []
+    spent, budget = [0.0], [math.inf]
+
+    def measure(i: int, rung: int) -> LaunchResult:
+        case, done = candidates[i], outcomes[i]
+        measured = race_launch(case, space.profile.measurement)
+        start = time.monotonic()
+        outcome = launch(measured, rung, done[0].partition if done else "")
+        wall = time.monotonic() - start
+        done.append(outcome)
+        median = median_of(outcome)
+        if log is not None:
+            log.write(case, rung, outcome, median, wall)
+        spent[0] += wall
+        status = "error" if outcome.status == "ok" and median is None else outcome.status
+        result = LaunchResult(status, median, len(outcome.step_times_s), wall,
+                              outcome.reason or ("no timed step" if median is None else ""))
+        detail = (f"median {median:.4g} s/step over {result.steps} steps"
+                  if median is not None else f"{status}: {result.reason}")
+        left = "" if math.isinf(budget[0]) else f" of ~{budget[0]:.0f}"
+        say(f"  rung {rung} {case.case_id}: {detail} ({wall:.1f} s; spent "
+            f"{spent[0]:.0f}{left} s)")
+        if rung == 0:
+            first.append(LaunchRecord(i, 0, len(first), result))
+            if len(first) == len(candidates):
+                budget[0] = settings.budget_after_first(first)
+                say(f"rung 0 done: the exhaustive sweep would spend ~"
+                    f"{settings.sweep_seconds(first):.0f} s launching; budget ~"
+                    f"{budget[0]:.0f} s")
+        return result
+
+    return race(len(candidates), reference, measure, settings, seed), outcomes
+
+
+def command(args: argparse.Namespace, rig: Rig, profile: Profile) -> int:
+    """The whole ``tune`` command (``cli.cmd_tune`` resolves the rig and the profile)."""
+    import psutil
+
+    from bench_lib.tune import output
+
+    started = psutil.Process().create_time()  # the whole command, as its user waits for it
+    space = build_space(profile, rig)
+    settings = settings_of(args, space, rig)
+    if not args.quiet or args.dry_run:
+        output.print_plan(space, rig, settings, sys.stderr)
+    if args.dry_run:
+        return EXIT_OK
+    return execute(args, space, rig, settings, started)
+
+
+def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSettings,
+            started: float, launch: LaunchFn | None = None,
+            admission: Admission | None = None) -> int:
+    """Admit, race, write the run folder, print the recommendation (``started``: unix time
+    the command started; ``launch``: one launch of a case, default ``run.runner.run_case``;
+    ``admission``: the memory prediction, default ``Admission.of`` the candidates)."""
+    from bench_lib.measure import environment
+    from bench_lib.results.store import create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.run.admission import Admission
+    from bench_lib.tune import output
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    admission = admission or Admission.of(rig, space.candidates)
+    refused = {c.case_id: why for c in space.candidates if (why := admission.refusal(c))}
+    for case_id, why in refused.items():
+        say(f"  {case_id}: oom ({why}): not launched")
+    admitted = [c for c in space.candidates if c.case_id not in refused]
+    reference = next((i for i, c in enumerate(admitted) if c.strategy == "single"), None)
+    run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
+    env = environment.collect(rig, space.profile.as_dict(), sys.argv)
+    env["tune"] = output.settings_dict(settings, args.seed, space, refused)
+    write_json_atomic(run_dir / "env.json", env)
+    work_root = run_dir / ".work"
+    launch = launch or _runner_launch(rig, work_root)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    log = TuneLog(run_dir / "tune.csv", run_dir.name)
+    say(f"tune {run_dir.name}: {len(admitted)} candidates of {space.describe()} on rig "
+        f"{rig.label}")
+    try:
+        result, outcomes = run_race(space, admitted, reference, settings, launch, log, say,
+                                    args.seed)
+    except KeyboardInterrupt:
+        print(f"interrupted: the launches so far are in {run_dir / 'tune.csv'}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        log.close()
+    if work_root.exists() and not any(work_root.iterdir()):
+        work_root.rmdir()
+    output.write_cases(run_dir, space, rig, admitted, outcomes, refused)
+    wall = time.time() - started
+    summary = output.summary(result, admitted, space, rig, settings, args, wall)
+    write_json_atomic(run_dir / "tune.json", summary)
+    if not args.quiet:
+        for line in output.result_lines(summary):
+            print(line, file=sys.stderr)
+    print(run_dir)
+    return EXIT_OK if result.winner is not None else EXIT_NONE_OK
+
+
+def _runner_launch(rig: Rig, work_root: Path) -> LaunchFn:
+    """One fresh launch through the runner (``run.runner.run_case``)."""
+    from bench_lib.run.runner import run_case
+
+    def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
+        return run_case(case, rig, work_root, trace=False, cut=cut, launch=rung)
+
+    return launch
