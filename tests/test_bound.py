@@ -395,6 +395,7 @@ def test_bound_figure_renders_from_a_small_cases_csv(tmp_path):
     assert "median efficiency vs bound" in bound_figure.explain_html(cases)
     build.write_report([run_dir])
     assert (run_dir / "fig9_bound.png").read_bytes().startswith(b"\x89PNG")
+    assert "median efficiency vs bound" in (run_dir / "report.html").read_text()
 
 
 def test_no_bound_figure_without_bounds():

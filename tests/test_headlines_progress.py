@@ -205,3 +205,17 @@ def test_the_runner_up_is_another_variant_not_another_split():
     assert "n/a" in line  # no single: no speedup
     only = headline_lines([timed(row("ddp", 64, 9.0), 8.8, 9.2)])[1]
     assert "ddp 9.0 [8.8, 9.2] img/s (the only strategy that ran)" in only
+
+
+def test_ddp_knob_variants_are_strategy_variants_of_their_own():
+    from bench_lib.report.headlines import case_name
+
+    plain = {"strategy": "ddp", "ddp_bucket_cap_mb": "default", "ddp_comm_hook": "none",
+             "ddp_gradient_as_bucket_view": 0, "ddp_static_graph": 0}
+    assert case_name(plain) == "ddp"
+    assert case_name({"strategy": "ddp"}) == "ddp"  # a run before the knobs
+    knobs = {"ddp_bucket_cap_mb": "100", "ddp_gradient_as_bucket_view": 1,
+             "ddp_comm_hook": "powersgd-r1"}
+    assert case_name(plain | knobs) == "ddp+bucket100+gradview+powersgd-r1"
+    assert case_name(plain | {"ddp_bucket_cap_mb": 50.0, "ddp_static_graph": 1.0}
+                     ) == "ddp+bucket50+static"

@@ -79,12 +79,14 @@ def test_cpu_peak_falls_back_to_ru_maxrss_where_clear_refs_is_not_writable(tmp_p
 
 @pytest.mark.skipif(not memory.reset_rss_peak(), reason="/proc/self/clear_refs not writable")
 def test_real_reset_forgets_an_earlier_peak_and_sees_a_later_one():
-    hoard = bytearray(300 * memory.MIB)  # touched: resident
+    # Filled, so every page is touched: a zeroed bytearray may come from calloc's fresh,
+    # untouched mmap pages, which are not resident (CI saw a 200 MiB one read as 0 MiB).
+    hoard = b"\x01" * (300 * memory.MIB)
     del hoard
     mem = PeakMemory([CPU], ["0"])
     mem.reset()
     assert mem.read().net_mib["0"] < 100, "the 300 MiB before the reset is forgotten"
-    hoard = bytearray(200 * memory.MIB)
+    hoard = b"\x01" * (200 * memory.MIB)
     peaks = mem.read()
     del hoard
     assert 190 < peaks.net_mib["0"] < 300 and peaks.source == "vmhwm"

@@ -9,6 +9,7 @@ unsharded and as 2 shards and merges them.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import shutil
@@ -417,3 +418,16 @@ def test_a_sweep_run_as_two_shards_merges_into_the_unsharded_rows(tmp_path):
     gate = bench("compare", str(runs["whole"]), str(merged))
     assert gate.returncode in (0, 1), gate.stderr  # a verdict, not unusable input (2)
     assert "ddp_resnet-tiny_img64_b4_s-_fp32" in gate.stdout
+
+
+def test_a_multi_node_plan_keeps_ddp_knob_notes_and_runs_no_ddp_1():
+    profile = dataclasses.replace(
+        PROFILE, strategies=("single", "ddp", "ddp-1"), ddp_comm_hooks=("none", "fp16"))
+    _, cases = plan_nodes(profile, Rig("cpu", 1, 1, (0,)), 2)
+    by_id = {c.case_id: c for c in cases}
+    one = [c for c in cases if c.strategy == "ddp-1"]
+    assert one and all(c.status == "unsupported" and "one-node run" in c.reason for c in one)
+    fp16 = [c for c in cases if c.strategy == "ddp" and c.ddp and c.ddp.comm_hook == "fp16"]
+    assert fp16 and all("spans 2 nodes" in c.note and "not equal to single's" in c.note
+                        and "loopback" not in c.note for c in fp16)
+    assert all(by_id[c.case_id].status is None for c in cases if c.strategy == "single")

@@ -163,7 +163,8 @@ def test_a_sweep_of_several_models_gives_each_its_rows(cpu_rig):
         assert status["mlp", name][0] == "unsupported" and "only 3 blocks" in status["mlp", name][1]
         assert status["resnet50", name] == (None, "")
     runnable = {s for (m, s), (st, _) in status.items() if m == "toy" and st is None}
-    assert runnable == {"single", "ddp", "fsdp", "mp", "pipeline", "accum", "gpipe", "1f1b"}
+    assert runnable == {"single", "ddp", "ddp-1", "fsdp", "mp", "pipeline", "accum", "gpipe",
+                        "1f1b"}
     # Each model's cases come after its own single baseline.
     for model in profile.models:
         mine = [c.strategy for c in cases if c.model == model]
@@ -244,7 +245,7 @@ def _run_matrix_rank(rank: int, world_size: int, cases: list[Case], rig: Rig, ro
 
     results = {}
     for case in cases:
-        if case.status is not None or (rank and not case.process_group):
+        if case.status is not None or rank >= case.processes:  # ddp-1: a group of one
             continue
         folder = Path(root) / case.case_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -284,7 +285,7 @@ def test_every_model_trains_with_every_strategy_a_cpu_rig_runs(cpu_rig, tmp_path
                              timeout_s=840, group=False)
     peak = AttainablePeak(tflop_s={"fp32": {"0": 0.1, "1": 0.1}})
     for case in (c for c in cases if c.status is None):
-        per_rank = [rank0[case.case_id]] + ([rank1[case.case_id]] if case.process_group else [])
+        per_rank = [rank0[case.case_id]] + ([rank1[case.case_id]] if case.processes > 1 else [])
         bad = [f"rank {r.rank}: {r.reason}" for r in per_rank if r.status != "ok"]
         assert not bad, f"{case.case_id}: {bad}"
         assert all(len(r.step_times_s) == 1 for r in per_rank), case.case_id

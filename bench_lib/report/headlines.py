@@ -101,7 +101,21 @@ def _label(row: Mapping[str, Any]) -> str:
     part = str(partition or "").split(":")[0]  # "balanced:9" -> "balanced"
     options = "".join(f"+{tag}" for col, tag in OPTION_TAGS if _flag(row.get(col)))
     return (str(row["strategy"]) + (f"[{part}]" if part not in ("", "tutorial") else "")
-            + options)
+            + options + _ddp_tags(row))
+
+
+def _ddp_tags(row: Mapping[str, Any]) -> str:
+    """The DDP knobs set away from torch's defaults, as tags: ``+bucket100+gradview+fp16``
+    (empty for other strategies and for torch's defaults, so older runs read the same)."""
+    cap = row.get("ddp_bucket_cap_mb")
+    tags = [f"bucket{cap}" if isinstance(cap, str) and cap not in ("", "default")
+            else f"bucket{cap:g}" if isinstance(cap, float) and not math.isnan(cap) else "",
+            "gradview" if _flag(row.get("ddp_gradient_as_bucket_view")) else "",
+            "static" if _flag(row.get("ddp_static_graph")) else ""]
+    hook = row.get("ddp_comm_hook")
+    if isinstance(hook, str) and hook not in ("", "none"):
+        tags.append(hook)
+    return "".join(f"+{t}" for t in tags if t)
 
 
 def case_name(row: Mapping[str, Any]) -> str:

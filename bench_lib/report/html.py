@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from bench_lib.report import prediction
+from bench_lib.report import bound_figure, prediction
 from bench_lib.report.figures import GROUP, records
 from bench_lib.report.headlines import (
     interval_note,
@@ -196,7 +196,8 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
             "<h2>Headlines</h2>", _headlines(runs.cases)]
     for s in sections:
         extra = (_bubble_table(bubbles) if s["number"] == 6
-                 else prediction.error_html(runs.cases) if s["number"] == 8 else "")
+                 else prediction.error_html(runs.cases) if s["number"] == 8
+                 else bound_figure.explain_html(runs.cases) if s["number"] == 9 else "")
         body.append(_section(s, extra))
     body += ["<h2 id=cases>All cases</h2><p class=caption>Hatched rows did not run; "
              "their reason is in the last column.</p>", _cases_table(runs.cases)]

@@ -107,10 +107,15 @@ def plan(profile: Profile, rig: Rig, nnodes: int) -> tuple[Rig, list[Case]]:
                                 if s.per_device_processes))
     out = []
     for case in cases:
-        if case.process_group:
-            case = dataclasses.replace(
-                case, note=(f"spans {nnodes} nodes of {rig.num_devices} device(s) each; ranks "
-                            "on different nodes talk over the network"))
+        if case.process_group and case.world_size == 1:  # ddp-1: a group of one
+            case = dataclasses.replace(case, status="unsupported", reason=(
+                f"{case.strategy} is a process group of one device (a wrapper's own cost); "
+                "it spans no nodes: measure it in a one-node run"))
+        elif case.process_group:  # the rig's note (e.g. "over loopback") no longer holds
+            case = dataclasses.replace(case, note="; ".join(filter(None, [
+                f"spans {nnodes} nodes of {rig.num_devices} device(s) each; ranks on "
+                "different nodes talk over the network",
+                case.ddp.arithmetic_note if case.ddp else ""])))
         elif case.strategy == "single":
             case = dataclasses.replace(case, note="; ".join(filter(None, [
                 case.note, "on node 0's first device: the baseline of the speedups"])))
