@@ -273,6 +273,27 @@ def test_report_points_pair_prediction_and_measurement_by_device():
     assert fig is not None and "2 of 2 device peaks within 15%" in fig.axes[0].get_title()
 
 
+def test_prediction_figure_leaves_zero_predictions_off_its_log_axes():
+    """toy predicts 0.0 MiB (2 KiB of weights): the figure still draws the others and says
+    how many it left off, instead of failing on a log axis (it did, in a workloads run)."""
+    import pandas as pd
+
+    cases = pd.DataFrame([
+        {"status": "ok", "strategy": "single", "image_size": 0, "case_id": "toy",
+         "peak_mem_mib_predicted_by_device": "0:0.0", "peak_mem_net_mib_by_device": "0:10.8"},
+        {"status": "ok", "strategy": "single", "image_size": 32, "case_id": "r18",
+         "peak_mem_mib_predicted_by_device": "0:132.9",
+         "peak_mem_net_mib_by_device": "0:144.1"},
+    ])
+    fig = fig_prediction(cases)
+    assert fig is not None
+    title = fig.axes[0].get_title()
+    assert "1 of 2 device peaks within 15%" in title and "1 predicted at 0 MiB" in title
+    only_zero = cases.iloc[:1]
+    assert fig_prediction(only_zero) is None
+    assert len(prediction_points(only_zero)) == 1  # still in the error table
+
+
 def test_old_v5_folders_read_without_the_prediction_columns(tmp_path):
     """A run folder written before the columns existed still reads (they come back empty)."""
     run_dir = tmp_path / "20260101T000000Z_host_abcdef0"

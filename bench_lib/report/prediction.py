@@ -65,15 +65,20 @@ def fig_prediction(cases: pd.DataFrame) -> Figure | None:
     points = prediction_points(cases)
     if points.empty:
         return None
+    # A log axis cannot show 0 MiB: a workload small enough to predict nothing (toy's 2 KiB
+    # of weights rounds to 0.0) is counted in the title and the table but not drawn.
+    drawn = points[points.predicted_mib > 0]
+    if drawn.empty:
+        return None
     fig, axes = new_figure(1, 1, (6.4, 5.2))
     ax = axes[0][0]
-    lo = 0.8 * min(points.predicted_mib.min(), points.measured_mib.min())
-    hi = 1.25 * max(points.predicted_mib.max(), points.measured_mib.max())
+    lo = 0.8 * min(drawn.predicted_mib.min(), drawn.measured_mib.min())
+    hi = 1.25 * max(drawn.predicted_mib.max(), drawn.measured_mib.max())
     x = np.geomspace(lo, hi, 50)
     ax.fill_between(x, x * (1 - BAND), x * (1 + BAND), color="#dddddd", label="within 15%")
     ax.plot(x, x, color="#777777", linewidth=0.8)
-    for strategy in strategy_order(points.strategy.unique()):
-        p = points[points.strategy == strategy]
+    for strategy in strategy_order(drawn.strategy.unique()):
+        p = drawn[drawn.strategy == strategy]
         for size, marker in zip(sorted(p.image_size.unique()), "osD^v<>", strict=False):
             q = p[p.image_size == size]
             ax.scatter(q.measured_mib, q.predicted_mib, color=strategy_color(strategy),
@@ -90,8 +95,10 @@ def fig_prediction(cases: pd.DataFrame) -> Figure | None:
     ax.set_xlabel("measured peak per device, net of the runtime (MiB)")
     ax.set_ylabel("predicted before launch (MiB)")
     within = int((points.error_pct.abs() <= 100 * BAND).sum())
-    ax.set_title(f"Memory prediction: {within} of {len(points)} device peaks within 15%",
-                 fontsize=10)
+    hidden = len(points) - len(drawn)
+    left_off = f"\n({hidden} predicted at 0 MiB not drawn on the log axes)" if hidden else ""
+    ax.set_title(f"Memory prediction: {within} of {len(points)} device peaks within 15%"
+                 f"{left_off}", fontsize=10)
     ax.legend(fontsize=7, ncol=2, loc="upper left")
     return fig
 
