@@ -273,6 +273,25 @@ def test_report_points_pair_prediction_and_measurement_by_device():
     assert fig is not None and "2 of 2 device peaks within 15%" in fig.axes[0].get_title()
 
 
+def test_report_table_gives_a_ddp_knob_variant_its_own_row():
+    """PowerSGD's state is not predicted: its miss shows as ddp+powersgd-r1, not as ddp's."""
+    import pandas as pd
+
+    base = {"status": "ok", "strategy": "ddp", "image_size": 64,
+            "peak_mem_net_mib_by_device": "0:100.0;1:100.0", "ddp_bucket_cap_mb": "default",
+            "ddp_gradient_as_bucket_view": False, "ddp_static_graph": False}
+    cases = pd.DataFrame([
+        base | {"case_id": "a", "ddp_comm_hook": "none",
+                "peak_mem_mib_predicted_by_device": "0:105.0;1:105.0"},
+        base | {"case_id": "b", "ddp_comm_hook": "powersgd-r1",
+                "peak_mem_mib_predicted_by_device": "0:55.0;1:55.0"},
+    ])
+    table = error_table(prediction_points(cases)).set_index("variant")
+    assert list(table.index) == ["ddp", "ddp+powersgd-r1"]
+    assert table.loc["ddp", "worst_abs_error_pct"] == pytest.approx(5.0)
+    assert table.loc["ddp+powersgd-r1", "worst_abs_error_pct"] == pytest.approx(45.0)
+
+
 def test_prediction_figure_leaves_zero_predictions_off_its_log_axes():
     """toy predicts 0.0 MiB (2 KiB of weights): the figure still draws the others and says
     how many it left off, instead of failing on a log axis (it did, in a workloads run)."""

@@ -101,10 +101,10 @@ def _label(row: Mapping[str, Any]) -> str:
     part = str(partition or "").split(":")[0]  # "balanced:9" -> "balanced"
     options = "".join(f"+{tag}" for col, tag in OPTION_TAGS if _flag(row.get(col)))
     return (str(row["strategy"]) + (f"[{part}]" if part not in ("", "tutorial") else "")
-            + options + _ddp_tags(row))
+            + options + ddp_tags(row))
 
 
-def _ddp_tags(row: Mapping[str, Any]) -> str:
+def ddp_tags(row: Mapping[str, Any]) -> str:
     """The DDP knobs set away from torch's defaults, as tags: ``+bucket100+gradview+fp16``
     (empty for other strategies and for torch's defaults, so older runs read the same)."""
     cap = row.get("ddp_bucket_cap_mb")

@@ -18,6 +18,7 @@ from matplotlib.ticker import FuncFormatter
 
 from bench_lib.report.device_figures import parse_by_device
 from bench_lib.report.figures import new_figure, strategy_color, strategy_order, styled
+from bench_lib.report.headlines import ddp_tags
 
 BAND = 0.15
 """The goal: predicted within 15% of measured (issue #17)."""
@@ -25,8 +26,9 @@ BAND = 0.15
 
 def prediction_points(cases: pd.DataFrame) -> pd.DataFrame:
     """One row per ok case and device that has both a prediction and a measured net peak:
-    strategy, image size, case key, device, predicted and measured MiB, error % (predicted
-    over measured, minus 1)."""
+    strategy, variant (the strategy and its DDP knobs away from torch's defaults:
+    ``ddp+powersgd-r1``), image size, case key, device, predicted and measured MiB, error %
+    (predicted over measured, minus 1)."""
     rows: list[dict[str, Any]] = []
     if "peak_mem_mib_predicted_by_device" not in cases:
         return pd.DataFrame(rows)
@@ -35,7 +37,9 @@ def prediction_points(cases: pd.DataFrame) -> pd.DataFrame:
         measured = parse_by_device(c.peak_mem_net_mib_by_device)
         for device in sorted(set(predicted) & set(measured)):
             if measured[device] > 0:
-                rows.append({"strategy": c.strategy, "image_size": c.image_size,
+                rows.append({"strategy": c.strategy,
+                             "variant": c.strategy + ddp_tags({str(k): v for k, v in c.items()}),
+                             "image_size": c.image_size,
                              "case_key": c.get("case_key", c.case_id), "device": device,
                              "predicted_mib": predicted[device],
                              "measured_mib": measured[device],
@@ -44,16 +48,18 @@ def prediction_points(cases: pd.DataFrame) -> pd.DataFrame:
 
 
 def error_table(points: pd.DataFrame) -> pd.DataFrame:
-    """Per strategy and image size: points, mean and worst absolute error %, and how many
-    fall within the band."""
+    """Per strategy-variant and image size: points, mean and worst absolute error %, and
+    how many fall within the band (a knob that changes memory, PowerSGD's state, gets its
+    own row rather than hiding in its strategy's worst case)."""
     if points.empty:
         return points
-    g = points.assign(abs_pct=points.error_pct.abs()).groupby(["strategy", "image_size"])
+    g = points.assign(abs_pct=points.error_pct.abs()).groupby(
+        ["strategy", "variant", "image_size"])
     table = g.agg(points=("abs_pct", "size"), mean_error_pct=("error_pct", "mean"),
                   worst_abs_error_pct=("abs_pct", "max"),
                   within_band=("abs_pct", lambda s: int((s <= 100 * BAND).sum())))
     order = {s: i for i, s in enumerate(strategy_order(points.strategy.unique()))}
-    return table.reset_index().sort_values(["strategy", "image_size"],
+    return table.reset_index().sort_values(["strategy", "variant", "image_size"],
                                            key=lambda s: s.map(order) if s.name == "strategy"
                                            else s)
 
@@ -111,13 +117,15 @@ def error_html(cases: pd.DataFrame) -> str:
     head = ("<tr><th>strategy</th><th>image (px)</th><th>device peaks</th>"
             "<th>mean error</th><th>worst |error|</th><th>within 15%</th></tr>")
     body = "".join(
-        f"<tr><td>{html.escape(str(r.strategy))}</td><td class=num>{r.image_size}</td>"
+        f"<tr><td>{html.escape(str(r.variant))}</td><td class=num>{r.image_size}</td>"
         f"<td class=num>{r.points}</td><td class=num>{r.mean_error_pct:+.1f}%</td>"
         f"<td class=num>{r.worst_abs_error_pct:.1f}%</td>"
         f"<td class=num>{r.within_band} of {r.points}</td></tr>" for r in table.itertuples())
     note = ("<p class=caption>Error: predicted over measured, minus 1, per case and device "
             "(measured: what the case added, net of the runtime). The prediction replays one "
             "training step of each process on fake tensors before the case runs "
-            "(bench_lib/sweep/predict.py states what it counts and assumes).</p>")
+            "(bench_lib/sweep/predict.py states what it counts and assumes; it does not "
+            "count a DDP communication hook's buffers: PowerSGD keeps an error-feedback copy "
+            "of every gradient and more, so a +powersgd row reads well under).</p>")
     return (f"<h3>Prediction error per strategy and image size</h3><table>{head}{body}"
             f"</table>{note}")
