@@ -404,3 +404,22 @@ def test_ddp_1_holds_buckets_and_bucket_views_are_not_counted_twice():
     # The gradients live at the peak (the second Linear's, made first by backward) are
     # separate tensors without the views and bucket memory with them.
     assert (plain - view) * MIB == pytest.approx(4 * (10 * 5 + 5))
+
+
+def test_heap_factor_script_counts_live_tensors_and_resident_memory(capsys):
+    """benchmarks/heap_factor.py (the calibration check predict.py cites) runs and reads
+    both figures; resident memory holds at least the live tensors."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "heap_factor.py"
+    spec = importlib.util.spec_from_file_location("heap_factor", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--order", "gpipe", "--stage", "0", "--cut", "14", "--image-size",
+                        "32", "--microbatch", "2", "--count", "2"]) == 0
+    line = capsys.readouterr().out
+    live, resident = (float(v) for v in re.findall(r"([\d.]+) MiB", line))
+    assert 1 < live < resident, line

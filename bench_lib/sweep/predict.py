@@ -63,7 +63,13 @@ its heap, which keeps freed pages resident and fragments. With the threshold pin
 defaults, so the prediction on a cpu rig is the count times ``CPU_HEAP_FACTOR``, except for
 DDP's gradient buckets: allocated once as DDP wraps the model, before any step has raised
 the threshold, they are mmapped and resident once (scaled, its ranks read 7-17% over at
-64 px; counted once, 0-7%: issue #17's note). On GPUs
+64 px; counted once, 0-7%: issue #17's note). The factor belongs to the allocation
+pattern, not to the count, and one factor cannot fit every pattern: GPipe's first stage
+at 128 px, eight micro-batches of two images, holds 402.3 MiB of live tensors (counted
+405.5) at 455.7 MiB resident, 1.13x, so it is predicted 22% over (12% over with four
+micro-batches of four, 1.22x; 8% at 64 px, 1.31x); 1F1B's last stage at 64 px reads
+1.50-1.75x, 12-14% under (``benchmarks/heap_factor.py`` replays a stage on real tensors
+in its schedule's order and prints both figures). On GPUs
 the caching allocator's peak counts tensors (rounded to 512 B blocks) plus cuDNN's
 workspaces, which are not counted here: there the count is the prediction (not checked
 against a GPU yet).
