@@ -312,6 +312,28 @@ def test_bound_columns_of_data_parallel_cases(cpu_rig):
         Collectives(skipped="a rig of one device has no collectives to measure"))["bound_note"]
 
 
+def test_ddp_bound_takes_compute_from_its_own_no_sync_steps(cpu_rig):
+    """Measured compute (the case's no_sync steps) wins over single's linear share, which on
+    CPUs is optimistic (per-image cost rises as the batch shrinks); it never exceeds the
+    median step, and fsdp, with no such mode, keeps the share and says so."""
+    fit = CollectiveFit((1,), (1.0,), alpha_s=0.01, beta_bytes_s=1e8, busbw_gb_s=1.0)
+    coll = Collectives({"all_reduce": fit, "all_gather": fit, "reduce_scatter": fit},
+                       "gloo", 2)
+    ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8)
+    measured = CaseOutcome("ok", step_times_s=[0.8], compute_step_s=0.7)
+    cols = bound_columns(ddp, cpu_rig, measured, 0.8, single_s=1.0, collectives=coll)
+    assert cols["bound_compute_s"] == pytest.approx(0.7)
+    assert cols["bound_note"].startswith("ddp (compute: its no_sync steps): max(compute 0.7 s")
+    slow = CaseOutcome("ok", step_times_s=[0.8], compute_step_s=0.9)  # noise: clipped
+    assert bound_columns(ddp, cpu_rig, slow, 0.8, 1.0, coll)["bound_compute_s"] == 0.8
+    alone = CaseOutcome("ok", step_times_s=[0.8], compute_step_s=0.7)  # no single needed
+    assert bound_columns(ddp, cpu_rig, alone, 0.8, None, coll)["bound_compute_s"] == 0.7
+    fsdp = new_case(cpu_rig, "fsdp", "resnet-tiny", 32, 8)
+    shared = bound_columns(fsdp, cpu_rig, CaseOutcome("ok", step_times_s=[0.8]), 0.8, 1.0, coll)
+    assert shared["bound_compute_s"] == pytest.approx(0.5)
+    assert shared["bound_note"].startswith("fsdp (compute: single's step x 4/8)")
+
+
 def test_no_bound_for_other_strategies_failed_cases_or_a_missing_timeline(cpu_rig):
     ok = CaseOutcome("ok", step_times_s=[1.0])
     assert bound_columns(new_case(cpu_rig, "single", "resnet-tiny", 32, 8), cpu_rig, ok,

@@ -394,4 +394,7 @@ def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path):
     assert row["warmup_steps"] >= POWERSGD_WARMUP_STEPS
     assert row["ddp_comm_hook"] == "powersgd-r2" and "PowerSGD rank 2" in row["note"]
     assert POWERSGD_GLOO_NOTE in row["note"]
+    # The no_sync steps after the timed ones ran (static graph, bucket views and a hook
+    # included) and gave the bound its compute part, the slowest rank's.
+    assert outcome.compute_step_s is not None and 0 < outcome.compute_step_s < 30
     assert dataclasses.replace(case, ddp=DdpKnobs()).case_id == "ddp_resnet-tiny_img32_b4_s-_fp32"

@@ -53,10 +53,14 @@ mp (and ``pipeline`` on a cpu rig, whose one process runs its micro-batches one 
 another): the sum of every pass plus, on GPUs, each boundary's transfer forward and back.
 ``pipeline`` on GPUs: GPipe's order, one stage per device slot.
 
-ddp and fsdp: compute = the ``single`` case's measured step x local batch / global batch
-(assumed: linear in the batch on the same kind of device, a lower bound where per-image
-cost rises as the batch shrinks, as it does on CPUs at 64 px; on a cpu rig both use one
-worker's cores),
+ddp and fsdp: compute = for ddp and ddp-1, the case's own steps with no collective (DDP's
+``no_sync``: forward, backward and optimizer step; three of them after the timed steps of
+the launch that traces, every rank starting together so that they share the machine as the
+timed steps did; the slowest rank's median, at most the case's median step). FSDP2 has no
+step without collectives (it all-gathers to compute), so for fsdp: the ``single`` case's
+measured step x local batch / global batch (assumed linear in the batch on the same kind of
+device: a lower bound where per-image cost rises as the batch shrinks, as it does on CPUs
+at 64 px, where that share read ddp at 56% of its bound and the measured compute at ...),
 comm = the gradient traffic at the micro-benchmark's fits: ddp all-reduces every gradient
 byte in buckets (``DDP_BUCKET_BYTES``), fsdp all-gathers each unit's parameters forward and
 again backward (FSDP2 reshards after forward, but not the root) and reduce-scatters its
@@ -217,10 +221,10 @@ def serial_bound(formula: str, times: PassTimes, microbatches: int,
     return Bound(formula, compute + transfer_s + other_s, compute, 0.0, transfer_s, other_s)
 
 
-def data_parallel_bound(strategy: str, compute_s: float, comm_s: float) -> Bound:
+def data_parallel_bound(formula: str, compute_s: float, comm_s: float) -> Bound:
     """ddp/fsdp: max(compute, comm) with overlap, compute + comm without."""
     exposed = max(0.0, comm_s - compute_s)
-    return Bound(strategy, compute_s + exposed, compute_s, 0.0, exposed, 0.0,
+    return Bound(formula, compute_s + exposed, compute_s, 0.0, exposed, 0.0,
                  compute_s + comm_s, comm_s)
 
 

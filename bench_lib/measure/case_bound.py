@@ -42,7 +42,7 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
     micro-benchmark."""
     name = case.strategy
     if name in ("ddp", "ddp-1", "fsdp"):
-        return _data_parallel(case, single_s, collectives)
+        return _data_parallel(case, outcome, median_s, single_s, collectives)
     if name not in (*PIPELINED, "mp", "pipeline"):
         return None
     if not outcome.timeline:
@@ -84,15 +84,23 @@ def traced_parts(outcome: CaseOutcome, median_s: float) -> tuple[PassTimes, floa
     return {k: v * scale for k, v in times.items()}, other * scale, scale
 
 
-def _data_parallel(case: Case, single_s: float | None,
+def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, single_s: float | None,
                    collectives: Collectives | None) -> Bound | str:
-    """ddp's (ddp-1's: no peer) or fsdp's bound, or why there is none."""
-    if single_s is None:
+    """ddp's (ddp-1's: no peer) or fsdp's bound, or why there is none. Compute: the case's
+    own steps with no collective (``outcome.compute_step_s``: ddp, ddp-1), at most its
+    median step; else ``single``'s step times the local share of the batch (fsdp)."""
+    if outcome.compute_step_s is not None:
+        compute = min(outcome.compute_step_s, median_s)
+        formula = f"{case.strategy} (compute: its no_sync steps)"
+    elif single_s is not None:
+        compute = single_s * (case.batch_size // case.world_size) / case.batch_size
+        formula = (f"{case.strategy} (compute: single's step x "
+                   f"{case.batch_size // case.world_size}/{case.batch_size})")
+    else:
         return "no bound: no ok single case of this workload in the run"
     grads, units = parameter_bytes(case.model, case.image_size)
-    compute = single_s * (case.batch_size // case.world_size) / case.batch_size
     if case.world_size < 2:
-        return data_parallel_bound(case.strategy, compute, 0.0)
+        return data_parallel_bound(formula, compute, 0.0)
     ddp = case.strategy != "fsdp"
     hook = case.ddp.comm_hook if case.ddp is not None else "none"
     if hook == "powersgd":
@@ -110,7 +118,7 @@ def _data_parallel(case: Case, single_s: float | None,
     else:
         comm = fsdp_comm_s(units, grads - sum(units), collectives.fits["all_gather"],
                            collectives.fits["reduce_scatter"])
-    return data_parallel_bound(case.strategy, compute, comm)
+    return data_parallel_bound(formula, compute, comm)
 
 
 def largest_message(cases: Iterable[Case], rig: Rig) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,10 @@ class RankResult:
     """The traced step's intervals on this host's monotonic clock (pipelined strategies)."""
     traced_step_s: float | None = None
     """Wall time of this rank's traced step, timed like a timed step (None: no trace)."""
+    compute_step_s: float | None = None
+    """Median of the steps this rank ran with no collective after the timed ones
+    (``Trainer.without_communication``: DDP's ``no_sync``), the compute part of its bound;
+    None where the strategy has no such mode."""
     failed_at_unix_s: float | None = None
     """Wall-clock time (``time.time()``) the rank's exception handler caught its failure
     (``oom``/``error``); the runner blames the rank that failed first. None: it did not."""
@@ -116,6 +121,12 @@ class RankResult:
                            "step_cpu_times_s": tuple(d.get("step_cpu_times_s", ())),
                            "timed_window_unix_s": tuple(window) if window else None,
                            "timeline": tuple(d.get("timeline", ()))}))
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the values measured (None where none was)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 @dataclass
@@ -148,6 +159,9 @@ class CaseOutcome:
     """Pipeline timeline rows of the traced step, every rank's on one time axis."""
     traced_step_s: float | None = None
     """Wall time of the traced step, the slowest rank's (None: no trace)."""
+    compute_step_s: float | None = None
+    """The slowest rank's step with no collective (``RankResult.compute_step_s``); over
+    launches, their median. None: not measured."""
     sampler_note: str = ""
     """Why a sampler source gave nothing (``Sampler.note``): joined into the row's
     ``sampler_note``."""
@@ -227,6 +241,7 @@ class CaseOutcome:
             # would show here.
             partition="|".join(cuts),
             timeline=first.timeline, traced_step_s=first.traced_step_s,
+            compute_step_s=_median([o.compute_step_s for o in launches]),
             trace_note=first.trace_note, samples=samples,
             sampler_note="; ".join(dict.fromkeys(o.sampler_note for o in launches
                                                  if o.sampler_note)),

@@ -331,6 +331,8 @@ def _combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
                                          for e in res.timeline]),
         traced_step_s=None if notes else max((res.traced_step_s for res in results.values()
                                               if res.traced_step_s is not None), default=None),
+        compute_step_s=max((res.compute_step_s for res in results.values()
+                            if res.compute_step_s is not None), default=None),
         trace_note=trace_note,
     )
 

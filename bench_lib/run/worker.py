@@ -43,6 +43,7 @@ import dataclasses
 import functools
 import gc
 import os
+import statistics
 import sys
 import threading
 import time
@@ -83,7 +84,7 @@ from bench_lib.measure.memory import PeakMemory, cap_cuda_memory, peak_reserved_
 from bench_lib.measure.timing import measure_steps
 from bench_lib.measure.trace import TracedStep, trace_step
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import Rig, init_process_group, pin_worker, set_math_mode
+from bench_lib.rig import Rig, init_process_group, pin_worker, set_math_mode, synchronize
 from bench_lib.run import faults
 from bench_lib.run.protocol import CaseSpec, RankResult, baseline_path
 from bench_lib.strategies import BuildContext, Trainer
@@ -144,7 +145,8 @@ class RankPlace:
 
 def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
              cut: str = "", place: RankPlace | None = None) -> RankResult:
-    """Measure this rank's part of one launch of the case (``trace``: then trace a step;
+    """Measure this rank's part of one launch of the case (``trace``: then time a few steps
+    with no collective where the strategy has them, and trace a step;
     ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``; ``place``:
     where torchrun put this rank, default the local launcher's: rank = device slot).
 
@@ -202,6 +204,8 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     )
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
+    # Diagnostics after the timed steps (a launch that traces: not tune's short ones).
+    compute_s = _compute_only(trainer, x, y, case.process_group) if trace else None
     result = RankResult(
         rank, "ok", step_times_s=tuple(timed.times_s),
         step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
@@ -210,6 +214,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
         peak_mem_net_mib=peaks.net_mib, peak_mem_source=peaks.source,
         peak_mem_reserved_mib=reserved,
         partition=partition.label if partition is not None else "",
+        compute_step_s=compute_s,
     )
     stages = trainer.timeline_stages() if trace else []
     if not stages:
@@ -225,6 +230,34 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
         return dataclasses.replace(result, trace_note=note)
     return dataclasses.replace(result, timeline=tuple(traced.events),
                                traced_step_s=traced.step_s)
+
+
+COMPUTE_ONLY_STEPS = 3
+"""Steps timed with no collective after the timed ones (``_compute_only``)."""
+
+
+def _compute_only(trainer: Trainer, x: torch.Tensor, y: torch.Tensor,
+                  process_group: bool) -> float | None:
+    """The median of ``COMPUTE_ONLY_STEPS`` steps run in ``trainer.without_communication``
+    (DDP's ``no_sync``: forward, backward and optimizer step, no all-reduce), timed like a
+    timed step, after the timed steps and their memory peaks; None where the strategy has
+    no such mode. Every rank starts them together (a barrier), so they share the machine as
+    the timed steps did: what remains is this rank's compute, the bound's compute part."""
+    if trainer.without_communication() is None:
+        return None
+    if process_group:
+        dist.barrier()
+    times = []
+    for _ in range(COMPUTE_ONLY_STEPS):
+        quiet = trainer.without_communication()
+        assert quiet is not None
+        with quiet:
+            synchronize(trainer.devices)
+            t0 = time.perf_counter()
+            trainer.step(x, y)
+            synchronize(trainer.devices)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def _first_line(e: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -160,6 +161,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.forward_backward(x, y)
         self.optimizer.step()
+
+    def without_communication(self) -> contextlib.AbstractContextManager[Any] | None:
+        """A context in which ``step`` runs this process's compute and no collective (DDP's
+        ``no_sync``), or None where the strategy has no such mode. The worker times a few
+        steps in it after the timed ones: the compute part of a data-parallel case's bound
+        (``measure.case_bound``)."""
+        return None
 
     def timeline_stages(self) -> list[TimelineStage]:
         """The pipeline stages this process drives, for the traced step; empty when not

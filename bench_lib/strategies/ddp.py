@@ -23,10 +23,12 @@ arithmetic, and so to the transparency claim, is said in ``DdpKnobs.arithmetic_n
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -249,6 +251,12 @@ class DdpTrainer(Trainer):
                  params: list[nn.Parameter], knobs: DdpKnobs) -> None:
         super().__init__(module, devices, ctx, params=params)
         self.knobs = knobs
+
+    def without_communication(self) -> contextlib.AbstractContextManager[Any]:
+        """DDP's ``no_sync``: the reducer's hooks run but no bucket is all-reduced (nor
+        hooked); gradients stay local."""
+        assert isinstance(self.module, DistributedDataParallel)
+        return self.module.no_sync()
 
     def zero_grad(self) -> None:
         """Clear the gradients: in place where they are bucket views, else set to None."""
