@@ -313,6 +313,9 @@ def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(out)
     assert proc.stdout.strip() == str(run_dir)
+    # Progress on stderr: each model's plan, then a line per run as it ends.
+    assert "parity mlp: 5 runs (2 epochs each)" in proc.stderr
+    assert "[5/5] mlp_" in proc.stderr and "2 epochs, test loss" in proc.stderr
     epochs = pd.read_csv(run_dir / "parity.csv")
     assert list(epochs.columns) == PARITY_COLUMNS
     # Per model: single in float64 (the reference) and each runnable strategy, 2 epochs each.

@@ -9,7 +9,9 @@ import json
 import queue
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +66,11 @@ def launch(spec: ParitySpec, workdir: Path, processes: int) -> tuple[list[EpochR
 
 
 
-def launch_all(jobs: list[Job], rig: Rig) -> list[Outcome]:
-    """Every job's outcome, in the order of ``jobs``.
+def launch_all(jobs: list[Job], rig: Rig,
+               on_done: Callable[[int, Job, Outcome, float], None] | None = None,
+               ) -> list[Outcome]:
+    """Every job's outcome, in the order of ``jobs``; ``on_done(finished, job, outcome,
+    seconds)`` as each ends (its progress line; ``finished`` counts the jobs done so far).
 
     On a cpu rig the one-process jobs go side by side, each pinned to a free worker (a
     model's ``single`` at its seeds, in float64, ``mp``, ``accum`` ...: half their time on
@@ -73,6 +78,17 @@ def launch_all(jobs: list[Job], rig: Rig) -> list[Outcome]:
     rig runs one at a time (a one-process run there holds the first GPUs).
     """
     side = [i for i, j in enumerate(jobs) if j.processes == 1 and rig.kind == "cpu"]
+    lock, finished = threading.Lock(), [0]
+
+    def timed(job: Job, spec: ParitySpec) -> Outcome:
+        t0 = time.monotonic()
+        outcome = launch(spec, job.workdir, job.processes)
+        if on_done is not None:
+            with lock:
+                finished[0] += 1
+                on_done(finished[0], job, outcome, time.monotonic() - t0)
+        return outcome
+
     free: queue.Queue[int] = queue.Queue()
     for worker in range(rig.num_devices):
         free.put(worker)
@@ -80,8 +96,7 @@ def launch_all(jobs: list[Job], rig: Rig) -> list[Outcome]:
     def beside(job: Job) -> Outcome:
         worker = free.get()
         try:
-            return launch(dataclasses.replace(job.spec, worker=worker), job.workdir,
-                          job.processes)
+            return timed(job, dataclasses.replace(job.spec, worker=worker))
         finally:
             free.put(worker)
 
@@ -89,5 +104,5 @@ def launch_all(jobs: list[Job], rig: Rig) -> list[Outcome]:
         outcomes = dict(zip(side, pool.map(beside, [jobs[i] for i in side])))
     for i, job in enumerate(jobs):
         if i not in outcomes:
-            outcomes[i] = launch(job.spec, job.workdir, job.processes)
+            outcomes[i] = timed(job, job.spec)
     return [outcomes[i] for i in range(len(jobs))]

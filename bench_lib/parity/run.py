@@ -30,7 +30,7 @@ from typing import Any
 
 from bench_lib import strategies
 from bench_lib.parity.data import IMAGE_SIZE, dataset, parity_workload
-from bench_lib.parity.launch import Job, launch_all
+from bench_lib.parity.launch import Job, Outcome, launch_all
 from bench_lib.parity.train import ParitySpec
 from bench_lib.parity.verdict import (
     Final,
@@ -156,7 +156,18 @@ def run_model(plan: ParityPlan, rig: Rig, model: str, run_dir: Path) -> list[Row
     runs = _runs(plan, cases, batch_norm)
     jobs = [Job(_spec(plan, rig, run), run_dir / "parity" / run.label, run.case.processes)
             for run in runs]
-    for run, (epochs, error) in zip(runs, launch_all(jobs, rig)):
+    print(f"parity {model}: {len(jobs)} runs ({plan.epochs} epochs each) on rig {rig.label}",
+          file=sys.stderr)
+
+    def progress(done: int, job: Job, outcome: Outcome, seconds: float) -> None:
+        epochs, error = outcome
+        how = (f"failed: {error.splitlines()[0] if error else 'no epoch finished'}"
+               if error or not epochs else
+               f"{len(epochs)} epochs, test loss {epochs[-1].test_loss:.4g}")
+        print(f"  [{done}/{len(jobs)}] {job.workdir.name}: {how} ({seconds:.0f} s)",
+              file=sys.stderr, flush=True)
+
+    for run, (epochs, error) in zip(runs, launch_all(jobs, rig, progress)):
         case = run.case
         _append(run_dir / "parity.csv", PARITY_COLUMNS,
                 [{"run_id": run_dir.name, "model": model, "strategy": case.strategy,
