@@ -274,7 +274,8 @@ def test_report_points_pair_prediction_and_measurement_by_device():
 
 
 def test_report_table_gives_a_ddp_knob_variant_its_own_row():
-    """PowerSGD's state is not predicted: its miss shows as ddp+powersgd-r1, not as ddp's."""
+    """A knob that changes memory gets its own row: a PowerSGD miss shows as
+    ddp+powersgd-r1, not as ddp's worst case."""
     import pandas as pd
 
     base = {"status": "ok", "strategy": "ddp", "image_size": 64,
@@ -404,6 +405,28 @@ def test_ddp_1_holds_buckets_and_bucket_views_are_not_counted_twice():
     # The gradients live at the peak (the second Linear's, made first by backward) are
     # separate tensors without the views and bucket memory with them.
     assert (plain - view) * MIB == pytest.approx(4 * (10 * 5 + 5))
+
+
+def test_powersgd_adds_its_error_feedback_and_two_copies_of_the_largest_bucket():
+    """Measured on 2 cores at 64 px (ResNet50, batch 16): ddp-1 with PowerSGD 677 MiB where
+    the hook's state was not counted (487 predicted): it is now."""
+    from bench_lib.strategies.ddp import DdpKnobs
+
+    def mib(rig, hook, cap=None):
+        knobs = DdpKnobs(bucket_cap_mb=cap, comm_hook=hook)
+        return predict.predict(new_case(rig, "ddp-1", "resnet18", 32, 8, ddp=knobs),
+                               rig).max_mib
+
+    grads = 4 * sum(p.numel() for p in Workload("resnet18", 32, 8).build_model().parameters())
+    assert grads > predict.DDP_BUCKET_BYTES  # several buckets: the largest is the cap
+    added = mib(CUDA2, "powersgd") - mib(CUDA2, "none")
+    assert added * MIB == pytest.approx(grads + 2 * predict.DDP_BUCKET_BYTES, rel=1e-6)
+    small = mib(CUDA2, "powersgd", cap=1.0) - mib(CUDA2, "none", cap=1.0)
+    assert small * MIB == pytest.approx(grads + 2 * 2**20, rel=1e-6)
+    assert mib(CUDA2, "fp16") == mib(CUDA2, "none")
+    cpu = Rig("cpu", 2, 1, (0, 1))  # heap, scaled like the activations
+    assert (mib(cpu, "powersgd") - mib(cpu, "none")) == pytest.approx(
+        predict.CPU_HEAP_FACTOR * added, rel=1e-6)
 
 
 def test_heap_factor_script_counts_live_tensors_and_resident_memory(capsys):

@@ -124,8 +124,8 @@ def error_html(cases: pd.DataFrame) -> str:
     note = ("<p class=caption>Error: predicted over measured, minus 1, per case and device "
             "(measured: what the case added, net of the runtime). The prediction replays one "
             "training step of each process on fake tensors before the case runs "
-            "(bench_lib/sweep/predict.py states what it counts and assumes; it does not "
-            "count a DDP communication hook's buffers: PowerSGD keeps an error-feedback copy "
-            "of every gradient and more, so a +powersgd row reads well under).</p>")
+            "(bench_lib/sweep/predict.py states what it counts and assumes; a DDP knob "
+            "that changes memory, gradient bucket views or PowerSGD's state, has its own "
+            "row).</p>")
     return (f"<h3>Prediction error per strategy and image size</h3><table>{head}{body}"
             f"</table>{note}")
