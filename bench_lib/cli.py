@@ -277,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="print only the run folder")
     run.add_argument("--dry-run", action="store_true",
                      help="list the cases and an estimated duration; run nothing")
+    run.add_argument("--predict-memory", action="store_true",
+                     help="with --dry-run: also predict each case's peak memory per device, "
+                          "as the run does before launching it (half a second to seconds a "
+                          "case), and show the cases --max-memory-per-device would refuse"),
     run.add_argument("--resume", type=Path, metavar="RUN_DIR",
                      help="finish an interrupted run: skip the cases it already recorded")
     run.add_argument("--shard", type=_shard, metavar="K/N",
@@ -417,16 +421,44 @@ def plan_shard(args: argparse.Namespace, rig: Rig, profile: Profile, cases: list
     return shard.select(cases, sweep), sweep, cut
 
 
-def _print_plan(cases: list[Case], rig: Rig, estimates: list[float]) -> None:
+def _print_plan(cases: list[Case], rig: Rig, estimates: list[float],
+                predict_memory: bool = False) -> None:
+    """The dry run's table: each case, what will happen to it, its estimated time and
+    (``predict_memory``) its peak memory per device predicted as the run would before
+    launching it (a case the run would refuse is shown ``oom``, with the reason)."""
+    from bench_lib.run.admission import Admission
     from bench_lib.sweep.estimate import format_duration
 
+    admission = Admission.of(rig, cases, read_devices=False)
+    runnable = [c for c in cases if c.status is None] if predict_memory else []
+    if runnable:
+        print(f"predicting the peak memory of {len(runnable)} cases ...", file=sys.stderr,
+              flush=True)
     width = max((len(c.case_id) for c in cases), default=10)
-    print(f"{'case':<{width}}  {'will':<11}  estimate  reason")
+    print(f"{'case':<{width}}  {'will':<11}  estimate  {'peak MiB per device':<21}  reason")
+    runs, seconds = 0, 0.0
     for case, est in zip(cases, estimates):
-        print(f"{case.case_id:<{width}}  {case.status or 'run':<11}  {est:7.0f}s  {case.reason}")
-    runs = sum(c.status is None for c in cases)
+        will, reason, peak = case.status or "run", case.reason, ""
+        if case.status is None and predict_memory:
+            pred = admission.prediction(case)
+            if isinstance(pred, str):  # not predicted: the case still runs
+                peak, reason = "-", pred
+            else:
+                peak = ";".join(f"{k}:{v:.0f}" for k, v in sorted(pred.mib_by_device.items()))
+            refusal = admission.refusal(case)
+            if refusal:
+                will, reason, est = "oom", refusal, 0.0
+        if will == "run":
+            runs, seconds = runs + 1, seconds + est
+        print(f"{case.case_id:<{width}}  {will:<11}  {est:7.0f}s  {peak:<21}  {reason}")
     print(f"{len(cases)} cases ({runs} to run) on rig {rig.label}; estimated duration "
-          f"~{format_duration(sum(estimates))} (rough: the progress bar refines it)")
+          f"~{format_duration(seconds)} (rough: the progress bar refines it)")
+    if predict_memory:
+        print("peak MiB: predicted before launch on fake tensors (bench_lib/sweep/predict.py; "
+              "'balanced' cuts from counted FLOPs until a launch measures them)"
+              + (f"; {admission.note}" if admission.note else ""))
+    else:
+        print("peak MiB per device: add --predict-memory")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -444,6 +476,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench_lib.sweep.shard import record as sweep_record
 
     # Everything is validated before the run folder exists: bad input writes nothing.
+    if args.predict_memory and not args.dry_run:
+        raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
+                         "before launching it anyway: peak_mem_mib_predicted_by_device)")
     launcher = _resolve_launcher(args)
     rig, profile, cases = plan_resume(args) if args.resume else plan_new(args)
     if launcher.multi_node:  # planned again, on every node's devices
@@ -451,7 +486,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cases, sweep, cut = plan_shard(args, rig, profile, cases)
     estimates = [case_seconds(c, rig) for c in cases]
     if args.dry_run:
-        _print_plan(cases, rig, estimates)
+        _print_plan(cases, rig, estimates, args.predict_memory)
         if sweep is not None and sweep.shard is not None:
             print(describe_shard(sweep, cut))
         return EXIT_OK

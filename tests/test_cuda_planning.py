@@ -4,6 +4,7 @@ default-cuda fits a 24 GB card, and a dry run for N GPUs touches no GPU (issue #
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -128,11 +129,13 @@ def test_seven_gpus_give_skipped_rows_with_a_reason_not_a_refused_sweep():
 
 @pytest.fixture
 def cuda_untouchable(monkeypatch):
-    """Any question to CUDA or NVML fails the test."""
+    """Any question to CUDA or NVML fails the test, but whether CUDA is available (the
+    memory prediction's FakeTensorMode asks, to avoid initialising a device): no."""
     def refuse(*args, **kwargs):
         raise AssertionError("a dry run asked CUDA/NVML")
 
-    for name in ("is_available", "device_count", "get_device_name", "get_device_properties",
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name in ("device_count", "get_device_name", "get_device_properties",
                  "init", "mem_get_info", "set_device"):
         monkeypatch.setattr(torch.cuda, name, refuse)
     pynvml = pytest.importorskip("pynvml")
@@ -161,6 +164,35 @@ def test_dry_run_for_7_gpus_lists_skipped_rows_with_their_reason(tmp_path, capsy
     row = next(line for line in text.splitlines()
                if line.startswith("ddp_resnet50_img128_b120_s-_fp32 "))
     assert "skipped" in row and "batch size 120 is not divisible by world size 7" in row
+
+
+def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path, capsys,
+                                                                      cuda_untouchable):
+    """The dry run predicts as the run would (no device read: a planned rig), so a user sees
+    which cases fit before renting the GPUs."""
+    args = ["run", "--dry-run", "--rig", "cuda", "--devices", "2", "--strategies",
+            "single,gpipe", "--image-sizes", "224", "--batch-size", "64", "--split-sizes",
+            "16", "--predict-memory", "--out", str(tmp_path / "out")]
+    assert cli.main(args) == cli.EXIT_OK
+    text = capsys.readouterr().out
+    single = next(line for line in text.splitlines() if line.startswith("single_"))
+    gpipe = next(line for line in text.splitlines() if line.startswith("gpipe_"))
+    (peak,) = [int(v) for v in re.findall(r"\b0:(\d+)\b", single)]
+    assert 2000 < peak < 20000, single  # ResNet50, 64 images of 224 px: GiBs, not MiBs
+    assert re.search(r"0:\d+;1:\d+", gpipe), gpipe  # one figure per device
+    assert "memory not predicted" not in text
+    assert "device memory not read in a dry run" in text
+    capped = f"{peak - 1}MiB"
+    assert cli.main([*args, "--max-memory-per-device", capped]) == cli.EXIT_OK
+    text = capsys.readouterr().out
+    single = next(line for line in text.splitlines() if line.startswith("single_"))
+    assert " oom " in single and f"predicted: {peak} MiB > {peak - 1} MiB" in single
+    assert "(1 to run)" in text or "(2 to run)" in text
+    assert not (tmp_path / "out").exists()
+    assert cli.main(["run", "--predict-memory", "--out", str(tmp_path / "out")]) == \
+        cli.EXIT_USAGE
+    assert "--predict-memory goes with --dry-run" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_real_cuda_run_without_gpus_exits_2_with_a_clear_message(tmp_path, capsys,

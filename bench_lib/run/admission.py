@@ -79,9 +79,16 @@ class Admission:
         self._made: dict[tuple[str, str], Prediction | str] = {}
 
     @classmethod
-    def of(cls, rig: Rig, cases: list[Case], nvml: Any = None) -> Admission:
-        """The admission of a sweep's cases on ``rig`` (their memory cap is the sweep's)."""
+    def of(cls, rig: Rig, cases: list[Case], nvml: Any = None,
+           read_devices: bool = True) -> Admission:
+        """The admission of a sweep's cases on ``rig`` (their memory cap is the sweep's).
+        ``read_devices=False`` (a dry run, which may plan a rig this machine is not): only
+        the cap limits; the GPUs' own memory is not read."""
         cap = max((c.measurement.max_memory_per_device_mib for c in cases), default=0.0)
+        if not read_devices and not cap:
+            note = ("device memory not read in a dry run: only --max-memory-per-device "
+                    "refuses" if rig.kind == "cuda" else "")
+            return cls(rig, None, note=note)
         try:
             return cls(rig, device_memory(rig, cap, nvml))
         except Exception as e:  # no NVML: predict, but refuse nothing
