@@ -332,6 +332,20 @@ def test_ddp_bound_takes_compute_from_its_own_no_sync_steps(cpu_rig):
     shared = bound_columns(fsdp, cpu_rig, CaseOutcome("ok", step_times_s=[0.8]), 0.8, 1.0, coll)
     assert shared["bound_compute_s"] == pytest.approx(0.5)
     assert shared["bound_note"].startswith("fsdp (compute: single's step x 4/8)")
+    # fsdp takes a plain ddp case's measured compute of the same local batch where the run
+    # has one (run.runner.ddp_compute_s picks it; knobbed or other world sizes do not count).
+    from bench_lib.run.runner import ddp_compute_s
+    from bench_lib.strategies.ddp import DdpKnobs
+
+    knobbed = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8, ddp=DdpKnobs(comm_hook="fp16"))
+    workload = [(knobbed, CaseOutcome("ok", compute_step_s=0.1)),
+                (ddp, CaseOutcome("ok", compute_step_s=0.6)), (fsdp, CaseOutcome("ok"))]
+    assert ddp_compute_s(fsdp, workload) == 0.6
+    assert ddp_compute_s(fsdp, workload[:1]) is None and ddp_compute_s(ddp, workload) is None
+    peer = bound_columns(fsdp, cpu_rig, CaseOutcome("ok", step_times_s=[0.8]), 0.8, 1.0, coll,
+                         ddp_compute_s=0.6)
+    assert peer["bound_compute_s"] == pytest.approx(0.6)
+    assert peer["bound_note"].startswith("fsdp (compute: ddp's no_sync steps, the same local")
 
 
 def test_no_bound_for_other_strategies_failed_cases_or_a_missing_timeline(cpu_rig):

@@ -57,11 +57,13 @@ ddp and fsdp: compute = for ddp and ddp-1, the case's own steps with no collecti
 ``no_sync``: forward, backward and optimizer step; three of them after the timed steps of
 the launch that traces, every rank starting together so that they share the machine as the
 timed steps did; the slowest rank's median, at most the case's median step). FSDP2 has no
-step without collectives (it all-gathers to compute), so for fsdp: the ``single`` case's
-measured step x local batch / global batch (assumed linear in the batch on the same kind of
-device: a lower bound where per-image cost rises as the batch shrinks, as it does on CPUs
-at 64 px: there, on 2 cores, that share is 0.224 s where ddp's no_sync steps take 0.295
-s, and read ddp at 56% of its bound where its own compute reads 75%),
+step without collectives (it all-gathers to compute), so for fsdp: a plain ddp case's of
+the same workload and world size (the same local batch through the same model), where the
+run has one; else the ``single`` case's measured step x local batch / global batch
+(assumed linear in the batch on the same kind of device: a lower bound where per-image cost
+rises as the batch shrinks, as it does on CPUs at 64 px: there, on 2 cores, that share is
+0.224 s where ddp's no_sync steps take 0.295 s, and read ddp at 56% of its bound where its
+own compute reads 75%),
 comm = the gradient traffic at the micro-benchmark's fits: ddp all-reduces every gradient
 byte in buckets (``DDP_BUCKET_BYTES``), fsdp all-gathers each unit's parameters forward and
 again backward (FSDP2 reshards after forward, but not the root) and reduce-scatters its

@@ -35,14 +35,16 @@ if TYPE_CHECKING:
 
 def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
                single_s: float | None = None,
-               collectives: Collectives | None = None) -> Bound | str | None:
+               collectives: Collectives | None = None,
+               ddp_compute_s: float | None = None) -> Bound | str | None:
     """An ok case's bound (``measure.bound`` states each formula), why it has none, or None
     for a strategy without one (single, dp, accum). ``median_s``: its median step;
     ``single_s``: the same workload's ``single`` median step; ``collectives``: the run's
-    micro-benchmark."""
+    micro-benchmark; ``ddp_compute_s``: for fsdp, a ddp case's measured compute of the same
+    local batch (``run.runner.ddp_compute_s``)."""
     name = case.strategy
     if name in ("ddp", "ddp-1", "fsdp"):
-        return _data_parallel(case, outcome, median_s, single_s, collectives)
+        return _data_parallel(case, outcome, median_s, single_s, collectives, ddp_compute_s)
     if name not in (*PIPELINED, "mp", "pipeline"):
         return None
     if not outcome.timeline:
@@ -85,13 +87,18 @@ def traced_parts(outcome: CaseOutcome, median_s: float) -> tuple[PassTimes, floa
 
 
 def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, single_s: float | None,
-                   collectives: Collectives | None) -> Bound | str:
+                   collectives: Collectives | None, ddp_compute_s: float | None = None,
+                   ) -> Bound | str:
     """ddp's (ddp-1's: no peer) or fsdp's bound, or why there is none. Compute: the case's
-    own steps with no collective (``outcome.compute_step_s``: ddp, ddp-1), at most its
-    median step; else ``single``'s step times the local share of the batch (fsdp)."""
+    own steps with no collective (``outcome.compute_step_s``: ddp, ddp-1), or for fsdp
+    those of a ddp case of the same local batch, at most its median step; else
+    ``single``'s step times the local share of the batch."""
     if outcome.compute_step_s is not None:
         compute = min(outcome.compute_step_s, median_s)
         formula = f"{case.strategy} (compute: its no_sync steps)"
+    elif ddp_compute_s is not None:
+        compute = min(ddp_compute_s, median_s)
+        formula = f"{case.strategy} (compute: ddp's no_sync steps, the same local batch)"
     elif single_s is not None:
         compute = single_s * (case.batch_size // case.world_size) / case.batch_size
         formula = (f"{case.strategy} (compute: single's step x "

@@ -191,14 +191,17 @@ def bubble_columns(case: Case, outcome: CaseOutcome, median_s: float) -> Row:
 
 
 def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | None,
-                  single_s: float | None = None, collectives: Collectives | None = None) -> Row:
+                  single_s: float | None = None, collectives: Collectives | None = None,
+                  ddp_compute_s: float | None = None) -> Row:
     """The case's bound from its own parts beside its median step (``measure.case_bound``);
     ``single_s``: the same workload's single median step (ddp, fsdp); ``collectives``: the
-    run's micro-benchmark. Empty for a case not ok or a strategy without a bound."""
+    run's micro-benchmark; ``ddp_compute_s``: for fsdp, a ddp case's measured compute of
+    the same local batch. Empty for a case not ok or a strategy without a bound."""
     if outcome.status != "ok" or not median_s:
         return {}
     try:
-        found = case_bound.case_bound(case, rig, outcome, median_s, single_s, collectives)
+        found = case_bound.case_bound(case, rig, outcome, median_s, single_s, collectives,
+                                      ddp_compute_s)
     except Exception as e:  # a bound is a derived figure: never worth losing the row for
         return {"bound_note": f"no bound: {type(e).__name__}: {e}"}
     if found is None:

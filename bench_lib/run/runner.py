@@ -702,6 +702,22 @@ def run_sweep(
     return rows
 
 
+def ddp_compute_s(case: Case, workload: Sequence[tuple[Case, CaseOutcome]]) -> float | None:
+    """For an fsdp case, the compute of the same local batch measured by a plain ddp case of
+    its workload and world size (its no_sync steps: ``CaseOutcome.compute_step_s``); None
+    where there is none (fsdp then falls back on single's share: ``case_bound``)."""
+    if case.strategy != "fsdp":
+        return None
+    for other, outcome in workload:
+        if (other.strategy == "ddp" and outcome.compute_step_s is not None
+                and other.world_size == case.world_size
+                and (other.ddp is None or other.ddp == type(other.ddp)())
+                and (other.precision, other.channels_last, other.compile)
+                == (case.precision, case.channels_last, case.compile)):
+            return outcome.compute_step_s
+    return None
+
+
 def _run_groups(
     cases: list[Case], rig: Rig, writer: RunWriter,
     on_case_done: Callable[[int, Case, Row], None] | None,
@@ -737,18 +753,18 @@ def _run_groups(
                                      launcher=launcher, coordinator=coordinator, launch=r))
                 if on_launch_done:
                     on_launch_done(i, case, r, done[-1])
+        outcomes = {i: CaseOutcome(cases[i].status or "", cases[i].reason)
+                    if cases[i].status is not None else CaseOutcome.of_launches(launched[i])
+                    for i in group}
         for i in group:
-            case = cases[i]
-            if case.status is not None:
-                outcome = CaseOutcome(case.status, case.reason)
-            else:
-                outcome = CaseOutcome.of_launches(launched[i])
+            case, outcome = cases[i], outcomes[i]
             row = case_row(case, rig, outcome, attainable_peak, idle)
             if case.status is None:
                 row |= admission.columns(case, launched[i])
             speedups.fill(case, row)
             row |= bound_columns(case, rig, outcome, row.get("step_time_s_median"),
-                                 speedups.single_step_s(case), collectives)
+                                 speedups.single_step_s(case), collectives,
+                                 ddp_compute_s(case, [(cases[j], outcomes[j]) for j in group]))
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
             if on_case_done:
