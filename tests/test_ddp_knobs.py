@@ -398,3 +398,30 @@ def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path):
     # included) and gave the bound its compute part, the slowest rank's.
     assert outcome.compute_step_s is not None and 0 < outcome.compute_step_s < 30
     assert dataclasses.replace(case, ddp=DdpKnobs()).case_id == "ddp_resnet-tiny_img32_b4_s-_fp32"
+
+
+def test_compute_only_steps_time_a_quiet_step_and_give_way_on_failure():
+    """``worker._compute_only``: the median of its steps where the strategy has a quiet mode,
+    None where it has none, and None (not an error that loses the timed steps) where a step
+    fails."""
+    import contextlib
+    import types
+
+    from bench_lib.run import worker
+
+    calls: list[int] = []
+
+    def trainer(quiet: bool, fail: bool = False) -> types.SimpleNamespace:
+        def step(x, y):
+            calls.append(1)
+            if fail:
+                raise RuntimeError("out of memory")
+        return types.SimpleNamespace(
+            devices=[torch.device("cpu")], step=step,
+            without_communication=lambda: contextlib.nullcontext() if quiet else None)
+
+    x = y = torch.zeros(1)
+    seconds = worker._compute_only(trainer(True), x, y, process_group=False)
+    assert seconds is not None and seconds >= 0 and len(calls) == worker.COMPUTE_ONLY_STEPS
+    assert worker._compute_only(trainer(False), x, y, process_group=False) is None
+    assert worker._compute_only(trainer(True, fail=True), x, y, process_group=False) is None
