@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 import types
 
 import pytest
@@ -429,20 +430,21 @@ def test_powersgd_adds_its_error_feedback_and_two_copies_of_the_largest_bucket()
         predict.CPU_HEAP_FACTOR * added, rel=1e-6)
 
 
-def test_heap_factor_script_counts_live_tensors_and_resident_memory(capsys):
+def test_heap_factor_script_counts_live_tensors_and_resident_memory():
     """benchmarks/heap_factor.py (the calibration check predict.py cites) runs and reads
-    both figures; resident memory holds at least the live tensors."""
-    import importlib.util
+    both figures; resident memory holds at least the live tensors. In its own process, as
+    it is run: in pytest's, heap pages earlier tests freed would hold the tensors unseen."""
     import re
+    import subprocess
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "benchmarks" / "heap_factor.py"
-    spec = importlib.util.spec_from_file_location("heap_factor", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--order", "gpipe", "--stage", "0", "--cut", "14", "--image-size",
-                        "32", "--microbatch", "2", "--count", "2"]) == 0
-    line = capsys.readouterr().out
-    live, resident = (float(v) for v in re.findall(r"([\d.]+) MiB", line))
-    assert 1 < live < resident, line
+    repo = Path(__file__).parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "heap_factor.py"), "--order", "gpipe",
+         "--stage", "0", "--cut", "14", "--image-size", "32", "--microbatch", "2",
+         "--count", "2"], cwd=repo, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stderr
+    live, resident = (float(v) for v in re.findall(r"([\d.]+) MiB", proc.stdout))
+    assert 1 < live < resident, proc.stdout
