@@ -75,6 +75,7 @@ from bench_lib.run.multinode import (
 )
 from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult, SampleRow, baseline_path
 from bench_lib.run.rows import Row, SpeedupTable, bound_columns, case_row, step_rows
+from bench_lib.strategies.ddp import DdpKnobs
 from bench_lib.sweep.cases import Case
 
 POLL_S = 0.1
@@ -711,7 +712,7 @@ def ddp_compute_s(case: Case, workload: Sequence[tuple[Case, CaseOutcome]]) -> f
     for other, outcome in workload:
         if (other.strategy == "ddp" and outcome.compute_step_s is not None
                 and other.world_size == case.world_size
-                and (other.ddp is None or other.ddp == type(other.ddp)())
+                and other.ddp == DdpKnobs()  # torch's defaults: no hook, no views
                 and (other.precision, other.channels_last, other.compile)
                 == (case.precision, case.channels_last, case.compile)):
             return outcome.compute_step_s
@@ -756,6 +757,7 @@ def _run_groups(
         outcomes = {i: CaseOutcome(cases[i].status or "", cases[i].reason)
                     if cases[i].status is not None else CaseOutcome.of_launches(launched[i])
                     for i in group}
+        workload = [(cases[i], outcomes[i]) for i in group]
         for i in group:
             case, outcome = cases[i], outcomes[i]
             row = case_row(case, rig, outcome, attainable_peak, idle)
@@ -764,7 +766,7 @@ def _run_groups(
             speedups.fill(case, row)
             row |= bound_columns(case, rig, outcome, row.get("step_time_s_median"),
                                  speedups.single_step_s(case), collectives,
-                                 ddp_compute_s(case, [(cases[j], outcomes[j]) for j in group]))
+                                 ddp_compute_s(case, workload))
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
             if on_case_done:
