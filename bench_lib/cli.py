@@ -8,6 +8,7 @@ Exit codes: 0 success, 1 the run ended with failed cases (error/timeout) or a re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -23,7 +24,9 @@ from bench_lib.workloads import MODELS, WorkloadError
 
 if TYPE_CHECKING:
     from bench_lib.measure.collectives import Collectives
+    from bench_lib.run.forkserver import ForkServer
     from bench_lib.run.launch import Launcher
+    from bench_lib.run.protocol import CaseOutcome
     from bench_lib.sweep.shard import Shard, ShardPlan, SweepRecord
 
 EXIT_OK, EXIT_FAILED_CASES, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -462,11 +465,19 @@ def _print_plan(cases: list[Case], rig: Rig, estimates: list[float],
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as stack:  # the fork server, once the run starts
+        return _run(args, stack)
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
+    """``cmd_run``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
     from bench_lib.measure import environment, flops
     from bench_lib.measure.energy import IdlePower
     from bench_lib.report.headlines import headline_lines, tutorial_lines
     from bench_lib.results.read import read_env
     from bench_lib.results.store import RunWriter, create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.run.duty import DutyMeter, write_duty
+    from bench_lib.run.forkserver import ForkServer
     from bench_lib.run.multinode import cluster_env, open_coordinator
     from bench_lib.run.multinode import plan as plan_nodes
     from bench_lib.run.progress import Progress
@@ -475,6 +486,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench_lib.sweep.shard import describe as describe_shard
     from bench_lib.sweep.shard import record as sweep_record
 
+    duty = DutyMeter()  # the run's wall clock starts with the command
     # Everything is validated before the run folder exists: bad input writes nothing.
     if args.predict_memory and not args.dry_run:
         raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
@@ -498,13 +510,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _follow(args, launcher, rig, cases)
     # Node 0 of a multi-node run: the nodes admitted before anything is written.
     coordinator = open_coordinator(launcher, rig, cases) if launcher.multi_node else None
+    # Every process the run starts from here on is forked by one server that imported
+    # torch once (run.forkserver): the FLOP probe, the collectives, every case's ranks.
+    server = stack.enter_context(ForkServer())
 
     if args.resume:
         run_dir = args.resume
         recorded = read_env(run_dir)
         peak = flops.AttainablePeak.from_dict(recorded.get("attainable_peak"))
         idle = IdlePower.from_dict(recorded.get("idle_power"))
-        collectives = _collectives(rig, args.quiet, cases, recorded.get("collectives"))
+        collectives = _collectives(rig, args.quiet, cases, server,
+                                   recorded.get("collectives"))
         if "collectives" not in recorded:  # a folder from before they were measured
             write_json_atomic(run_dir / "env.json",
                               recorded | {"collectives": collectives.as_dict()})
@@ -513,8 +529,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # Measured once per run, before any case: idle power first, with nothing of ours
         # running (for net energy), then the FLOP peak (for the MFU columns).
         idle = measure_idle_power(rig)
-        peak = flops.measure_peak(rig, list(profile.precisions))
-        collectives = _collectives(rig, args.quiet, cases)  # the ddp/fsdp and p2p bounds
+        peak = flops.measure_peak(rig, list(profile.precisions), server=server)
+        # The ddp/fsdp and p2p bounds.
+        collectives = _collectives(rig, args.quiet, cases, server)
         env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
                                   idle.as_dict())
         env["sweep"] = (sweep or sweep_record(profile, rig, cases)[0]).as_dict()
@@ -535,12 +552,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     verb = "resuming" if args.resume else "run"
     part = f" (shard {sweep.shard.label})" if sweep is not None and sweep.shard else ""
     progress.header(f"{verb} {run_dir.name}: {len(cases)} cases on rig {rig.label}{part}")
+
+    def launch_done(index: int, case: Case, launch: int, outcome: CaseOutcome) -> None:
+        duty.add(outcome.step_times_s, outcome.warmup_time_s, outcome.wall_time_s)
+        progress.launch_done(index, case, launch, outcome)
+
     try:
         with RunWriter(run_dir) as writer:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
-                             attainable_peak=peak, idle=idle, on_launch_done=progress.launch_done,
+                             attainable_peak=peak, idle=idle, on_launch_done=launch_done,
                              launcher=launcher, coordinator=coordinator,
-                             collectives=collectives)
+                             collectives=collectives, server=server)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "
@@ -548,19 +570,21 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"bench_lib run --resume {run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     progress.close()
+    cycle = write_duty(run_dir, duty.finish())
     if not args.quiet:
         lines = headline_lines(rows)
         if profile.name == "tutorial":
             lines += tutorial_lines(rows)
         for line in lines:
             print(line, file=sys.stderr)
+        print(cycle.summary(), file=sys.stderr)
         print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") for r in rows)
     return _after_run(args, run_dir) or (EXIT_FAILED_CASES if failed else EXIT_OK)
 
 
-def _collectives(rig: Rig, quiet: bool, cases: list[Case],
+def _collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServer,
                  recorded: dict[str, Any] | None = None) -> Collectives:
     """The rig's collectives: as ``recorded`` in env.json, else measured now, once per run,
     up to the largest message of ``cases`` (``measure.collectives``; skipped where no case
@@ -575,7 +599,7 @@ def _collectives(rig: Rig, quiet: bool, cases: list[Case],
                                                "collectives (ddp, fsdp, pipelines)")
     if not quiet:
         print("measuring collectives ...", file=sys.stderr, flush=True)
-    found = collectives.measure(rig, collectives.sizes_for(largest))
+    found = collectives.measure(rig, collectives.sizes_for(largest), server=server)
     if not quiet:
         print(f"collectives: {found.summary()}", file=sys.stderr)
     return found

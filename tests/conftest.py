@@ -40,6 +40,18 @@ def _restore_affinity_and_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def forks():
+    """One fork server for the session's in-process cases (``run_case(..., server=forks)``):
+    their ranks start without seconds of imports each. Its environment is the session's at
+    its start: a test that sets a fault variable runs its case without it (the fresh
+    interpreters of ``server=None``)."""
+    from bench_lib.run.forkserver import ForkServer
+
+    with ForkServer() as server:
+        yield server
+
+
 @pytest.fixture
 def cpu_rig() -> Rig:
     """A 2-worker cpu rig that shares whatever cores exist (tests never need real cores)."""

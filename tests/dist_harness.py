@@ -1,4 +1,4 @@
-"""A small harness for distributed tests: spawned gloo ranks, ``file://`` rendezvous, timeouts.
+"""A small harness for distributed tests: fresh gloo ranks, ``file://`` rendezvous, timeouts.
 
     results = run_ranks(fn, world_size=2, args=(...,))
 
@@ -6,6 +6,12 @@
 (``group=False``: with none, for code that starts its own, as the worker does); its return
 value (picklable) comes back in rank order. A rank that raises, or a test
 that exceeds ``timeout_s``, fails with the rank's error.
+
+Ranks are fresh processes forked by multiprocessing's fork server, which imports torch and
+the library once per test session (``PRELOAD``): a spawned rank paid seconds of imports
+each time, two ranks a test. The server runs no torch operation, so a forked rank starts
+with no thread pool to inherit (as ``bench_lib.run.forkserver``'s ranks do). Its
+environment is the test session's at its start: a rank sets what it needs itself.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 GROUP_TIMEOUT_S = 60
+PRELOAD = ["torch", "torch.distributed", "torchvision", "bench_lib.strategies",
+           "bench_lib.workloads", "tests.dist_harness"]
+"""Imported once in the fork server (with the test session's sys.path), so that a rank
+only imports its test module."""
 
 
 def _entry(rank, world_size, init_file, fn, args, queue, group=True):
@@ -49,7 +59,8 @@ def _entry(rank, world_size, init_file, fn, args, queue, group=True):
 def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout_s: float = 180,
               group: bool = True):
     """Run ``fn`` on ``world_size`` gloo ranks; return their results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")

@@ -146,9 +146,9 @@ def per_step_ratios(outcome: CaseOutcome, cores: int) -> list[float]:
 
 
 @pytest.mark.timeout(180)
-def test_cpu_time_per_step_is_recorded_and_plausible(cpu_rig, tmp_path):
+def test_cpu_time_per_step_is_recorded_and_plausible(cpu_rig, tmp_path, forks):
     case = tiny(cpu_rig, steps=10)
-    outcome = run_case(case, cpu_rig, tmp_path / "work")
+    outcome = run_case(case, cpu_rig, tmp_path / "work", server=forks)
     assert outcome.status == "ok", outcome.reason
     # A process pinned to T cores spends (0, T x wall] of CPU per step (+ clock granularity).
     for c, w in zip(outcome.rank_step_cpu_times_s[0], outcome.rank_step_times_s[0]):
@@ -166,7 +166,7 @@ def test_cpu_time_per_step_is_recorded_and_plausible(cpu_rig, tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_a_hog_on_the_cases_core_is_flagged(cpu_rig, tmp_path, capsys):
+def test_a_hog_on_the_cases_core_is_flagged(cpu_rig, tmp_path, capsys, forks):
     """A busy loop pinned to the core of the case's worker: the case gets about half of it.
 
     Its steps double smoothly (the spread rule would not see it); the runner sees the hog's
@@ -176,7 +176,7 @@ def test_a_hog_on_the_cases_core_is_flagged(cpu_rig, tmp_path, capsys):
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         os.sched_setaffinity(hog.pid, cpu_rig.cores_of(0))
-        outcome = run_case(case, cpu_rig, tmp_path)
+        outcome = run_case(case, cpu_rig, tmp_path, server=forks)
     finally:
         hog.kill()
         hog.wait()

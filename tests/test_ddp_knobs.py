@@ -382,13 +382,13 @@ def test_powersgd_is_exact_before_it_starts_then_low_rank_and_still_trains():
 
 
 @pytest.mark.timeout(180)
-def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path):
+def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path, forks):
     m = Measurement(warmup_steps=1, timed_steps=2, max_time_s=30, case_timeout_s=120,
                     ci_target_pct=0)
     case = new_case(RIG, "ddp", "resnet-tiny", 32, 4, measurement=m,
                     ddp=DdpKnobs(0.5, True, True, "powersgd", 2))
     assert case.status is None, case.reason
-    outcome = run_case(case, RIG, tmp_path)
+    outcome = run_case(case, RIG, tmp_path, server=forks)
     assert outcome.status == "ok", outcome.reason
     row = case_row(case, RIG, outcome)
     assert row["warmup_steps"] >= POWERSGD_WARMUP_STEPS

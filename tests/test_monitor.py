@@ -235,7 +235,7 @@ def test_real_nvml_reads_the_first_gpu():
 
 
 @pytest.mark.timeout(180)
-def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path):
+def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path, forks):
     from bench_lib.measure.flops import AttainablePeak
     from bench_lib.measure.timing import STOP_REASONS
     from bench_lib.run.rows import case_row
@@ -244,7 +244,7 @@ def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path):
     measurement = Measurement(warmup_steps=1, timed_steps=80, max_time_s=1e6,
                               case_timeout_s=150, ci_target_pct=0.0, sample_interval_ms=20)
     case = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 4, measurement=measurement)
-    outcome = runner.run_case(case, cpu_rig, tmp_path)
+    outcome = runner.run_case(case, cpu_rig, tmp_path, server=forks)
     assert outcome.status == "ok", outcome.reason
     assert {s["device"] for s in outcome.samples} == {"0", "1"}
     t0, t1 = outcome.timed_window_unix_s

@@ -26,7 +26,7 @@ def tiny_case(name: str, rig: Rig) -> Case:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
-def test_strategy_runs_one_case(name, cpu_rig, tmp_path):
+def test_strategy_runs_one_case(name, cpu_rig, tmp_path, forks):
     spec = strategies.get(name)
     reason = spec.unsupported_reason(cpu_rig)
     if reason:
@@ -34,7 +34,7 @@ def test_strategy_runs_one_case(name, cpu_rig, tmp_path):
         return
     case = tiny_case(name, cpu_rig)
     assert case.status is None, case.reason
-    outcome = run_case(case, cpu_rig, tmp_path)
+    outcome = run_case(case, cpu_rig, tmp_path, server=forks)
     assert outcome.status == "ok", outcome.reason
     assert len(outcome.step_times_s) == 2
     assert all(t > 0 for t in outcome.step_times_s)

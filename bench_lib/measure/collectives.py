@@ -29,9 +29,7 @@ measures its own devices), and under ``--resume`` when env.json already holds it
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib.rig import Rig
+from bench_lib.run.forkserver import ForkServer, start_module
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 SIZES_MIB = (1.0, 8.0, 32.0, 100.0)
@@ -164,23 +163,20 @@ def sizes_for(largest_bytes: int) -> tuple[float, ...]:
 
 
 def measure(rig: Rig, sizes_mib: Sequence[float] = SIZES_MIB, repeats: int = REPEATS,
-            timeout_s: float = TIMEOUT_S) -> Collectives:
+            timeout_s: float = TIMEOUT_S, server: ForkServer | None = None) -> Collectives:
     """Time the collectives on every device of ``rig`` in fresh processes (module
-    docstring); a rig of one device is skipped, a failure recorded as the reason."""
+    docstring; forked by the run's ``server`` where given); a rig of one device is skipped,
+    a failure recorded as the reason."""
     if rig.num_devices < 2:
         return Collectives(skipped="a rig of one device has no collectives to measure")
     start = time.monotonic()
     sizes = ",".join(f"{s:g}" for s in sizes_mib)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     with tempfile.TemporaryDirectory(prefix="parabench-coll-") as folder:
         logs = [Path(folder) / f"rank{r}.log" for r in range(rig.num_devices)]
-        procs = []
-        for rank, log_path in enumerate(logs):
-            with log_path.open("w") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "bench_lib.measure.collectives",
-                     json.dumps(rig.as_dict()), str(rank), folder, sizes, str(repeats)],
-                    stdout=log, stderr=subprocess.STDOUT, env=env))
+        procs = [start_module(server, "bench_lib.measure.collectives",
+                              [json.dumps(rig.as_dict()), str(rank), folder, sizes,
+                               str(repeats)], log_path)
+                 for rank, log_path in enumerate(logs)]
         deadline = start + timeout_s
         try:
             while None in (codes := [p.poll() for p in procs]):

@@ -75,12 +75,15 @@ class CpuSnapshot:
                    children_s, own_s)
 
     @classmethod
-    def now(cls) -> CpuSnapshot:
-        """The machine's and this process's counters now."""
+    def now(cls, reaped_elsewhere_s: float = 0.0) -> CpuSnapshot:
+        """The machine's and this process's counters now; ``reaped_elsewhere_s``: the CPU of
+        our ranks that another process of ours reaped (the fork server's count), counted
+        with our children's."""
         import psutil
 
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return cls.of(psutil.cpu_times(), kids.ru_utime + kids.ru_stime, time.process_time())
+        return cls.of(psutil.cpu_times(), kids.ru_utime + kids.ru_stime + reaped_elsewhere_s,
+                      time.process_time())
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench_lib.rig import Rig, math_mode, pin_worker, set_math_mode, synchronize
+from bench_lib.run.forkserver import ForkServer, start_module
 from bench_lib.workloads import LossFn, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -353,23 +353,21 @@ class AttainablePeak:
 
 def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
                  min_time_s: float = PEAK_MIN_TIME_S,
-                 conv: ConvShape | None = None) -> AttainablePeak:
+                 conv: ConvShape | None = None, server: ForkServer | None = None,
+                 ) -> AttainablePeak:
     """The rig's attainable peak: one fresh process per device (so the caller stays
-    unpinned), all started together and meeting at a file barrier before each probe."""
+    unpinned; forked by the run's ``server`` where given), all started together and
+    meeting at a file barrier before each probe."""
     n, conv = n or PEAK_MATMUL_N[rig.kind], conv or PEAK_CONV[rig.kind]
     spec = ",".join(map(str, conv.as_list()))
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     with tempfile.TemporaryDirectory(prefix="parabench-peak-") as folder:
         # Output to files, not pipes: a chatty probe cannot block on a full pipe.
         logs = [(Path(folder) / f"device{i}.out", Path(folder) / f"device{i}.err")
                 for i in range(rig.num_devices)]
-        procs = []
-        for i, (out_path, err_path) in enumerate(logs):
-            with out_path.open("w") as out, err_path.open("w") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "bench_lib.measure.flops", json.dumps(rig.as_dict()),
-                     ",".join(precisions), str(n), spec, str(min_time_s), str(i), folder],
-                    stdout=out, stderr=err, env=env))
+        procs = [start_module(server, "bench_lib.measure.flops",
+                              [json.dumps(rig.as_dict()), ",".join(precisions), str(n), spec,
+                               str(min_time_s), str(i), folder], out_path, err_path)
+                 for i, (out_path, err_path) in enumerate(logs)]
         deadline = time.monotonic() + PEAK_TIMEOUT_S
         try:
             # Poll all: a device that fails leaves the others waiting at the barrier.

@@ -236,6 +236,8 @@ class TimedSteps:
     else held); on GPUs the host side only."""
     warmup_steps: int = 0
     """Warm-up steps run before the timed ones (``WarmupRule``; equal on every rank)."""
+    warmup_time_s: float = 0.0
+    """Their time, all of them together (this rank's clock), seconds."""
 
 
 def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
@@ -266,7 +268,7 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                        after_warmup=after_warmup, cpu_times=cpu, warmup_done=warmed,
                        warmup_times=warm)
     return TimedSteps(times, (window[0], window[1]), rule.final_reason(len(times), timed_steps),
-                      cpu, warmup_steps=len(warm))
+                      cpu, warmup_steps=len(warm), warmup_time_s=sum(warm))
 
 
 def slowest_per_step(per_rank: Mapping[int, Sequence[float]]) -> list[float]:

@@ -79,6 +79,8 @@ class RankResult:
     """What ended timing (``timing.STOP_REASONS``); every rank stops after the same step."""
     warmup_steps: int = 0
     """Warm-up steps run before the timed ones (``timing.WarmupRule``; equal on every rank)."""
+    warmup_time_s: float = 0.0
+    """The warm-up steps' time, all of them together, seconds."""
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
     """Peak memory per device label over the timed steps, runtime included (gross)."""
     peak_mem_net_mib: dict[str, float] = field(default_factory=dict)
@@ -153,6 +155,8 @@ class CaseOutcome:
     stop_reason: str = ""
     warmup_steps: int | None = None
     """Warm-up steps the ranks ran before the timed ones (None: the case did not time)."""
+    warmup_time_s: float = 0.0
+    """Their time (the slowest rank's), seconds; over launches, the sum."""
     partition: str = ""
     """The stage cut the ranks used (strategies that cut the model)."""
     timeline: list[TimelineRow] = field(default_factory=list)
@@ -237,6 +241,7 @@ class CaseOutcome:
             # The most warm-up any launch needed; steps.csv has each launch's timed steps.
             warmup_steps=max((o.warmup_steps for o in launches if o.warmup_steps is not None),
                              default=None),
+            warmup_time_s=sum(o.warmup_time_s for o in launches),
             # Later launches reuse the first launch's cut (CaseSpec.cut): one label; any other
             # would show here.
             partition="|".join(cuts),

@@ -26,8 +26,6 @@ import random
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +52,7 @@ from bench_lib.measure.trace import align
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
+from bench_lib.run.forkserver import ForkServer, start_module
 from bench_lib.run.launch import (
     LOCAL,
     TORCHRUN_SUMMARY,
@@ -64,6 +63,7 @@ from bench_lib.run.launch import (
     start_agent,
     torchrun_args,
 )
+from bench_lib.run.lifeline import WORKER_MODULE
 from bench_lib.run.multinode import (
     Coordinator,
     Follower,
@@ -88,25 +88,24 @@ REPORT_GRACE_S = 15.0
 LOG_TAIL_CHARS = 400
 
 
-def _launch(spec_path: Path, nproc: int, log_path: Path) -> list[subprocess.Popen[bytes]]:
-    """Start the case's ranks in one new process group (the first rank leads it).
+def _launch(spec_path: Path, nproc: int, log_path: Path,
+            server: ForkServer | None = None) -> list[Rank]:
+    """Start the case's ranks in one new process group (the first rank leads it): forked by
+    ``server`` (``run.forkserver``: no second of imports per rank), else each a fresh
+    ``python -m bench_lib.run.worker``.
 
-    Each rank is told the runner's pid and asks, as it starts, to be killed when the runner
-    dies (``lifeline.die_with_parent``). Not in a ``preexec_fn``: that runs between fork and
-    exec, where a runner that already has threads (progress, CUDA driver) can deadlock the
-    child (Python's documented hazard); ``process_group`` needs none.
+    Each rank is told its parent's pid (the runner's, or the server's) and asks, as it
+    starts, to be killed when that parent dies (``lifeline.die_with_parent``). Not in a
+    ``preexec_fn``: that runs between fork and exec, where a runner that already has threads
+    (progress, CUDA driver) can deadlock the child (Python's documented hazard);
+    ``process_group`` needs none.
     """
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    procs: list[subprocess.Popen[bytes]] = []
-    with log_path.open("ab") as log:
-        for rank in range(nproc):
-            cmd = [sys.executable, "-m", "bench_lib.run.worker", str(spec_path), str(rank),
-                   str(os.getpid())]
-            group = procs[0].pid if procs else 0  # 0: a new group led by rank 0
-            procs.append(
-                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 process_group=group)
-            )
+    parent = server.ensure() if server is not None else os.getpid()
+    procs: list[Rank] = []
+    for rank in range(nproc):
+        args = [str(spec_path), str(rank), str(parent)]
+        group = procs[0].pid if procs else 0  # 0: a new group led by rank 0
+        procs.append(start_module(server, WORKER_MODULE, args, log_path, group=group))
     return procs
 
 
@@ -152,6 +151,17 @@ class _HasPid(Protocol):
     def pid(self) -> int: ...
 
 
+class Rank(Protocol):
+    """A rank the local launcher started: a ``Popen``, or a ``forkserver.Forked``."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 class _Ended(Protocol):
     @property
     def returncode(self) -> int | None: ...
@@ -193,7 +203,7 @@ def _rss_over_cap(procs: Sequence[_HasPid] | Mapping[int, _HasPid], cap_mib: flo
 
 
 def _supervise(
-    procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
+    procs: Sequence[Rank], timeout_s: float,
     over_cap: Callable[[], str | None] | None = None,
     exited_at: dict[int, float] | None = None,
     watch: Callable[[], tuple[str, str] | None] | None = None,
@@ -325,6 +335,7 @@ def _combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
                              if windows else None),
         stop_reason=results[0].stop_reason, partition=results[0].partition,
         warmup_steps=results[0].warmup_steps,
+        warmup_time_s=max(res.warmup_time_s for res in results.values()),
         # One time axis for all ranks: stamps share the host's monotonic clock (across nodes,
         # each rank's counts from the barrier that starts the step: worker._trace). Only a
         # trace every rank finished: part of one would misstate the bubble.
@@ -416,12 +427,14 @@ def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
 
 def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
              cut: str = "", launcher: Launcher = LOCAL,
-             coordinator: Coordinator | None = None, launch: int = 0) -> CaseOutcome:
+             coordinator: Coordinator | None = None, launch: int = 0,
+             server: ForkServer | None = None) -> CaseOutcome:
     """Run one launch of a case in fresh process(es) and return its outcome (never raises
     for the case); ``trace``: trace a step for the pipeline timeline after the timed ones;
     ``cut``: the stage cut to use (``CaseSpec.cut``). ``launcher``: how its ranks start
     (a case of one process always starts here); ``coordinator`` and ``launch`` (its round):
-    node 0's side of a multi-node run."""
+    node 0's side of a multi-node run. ``server``: the run's fork server, which starts the
+    local launcher's ranks (None: each rank a fresh interpreter)."""
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
@@ -429,24 +442,30 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     CaseSpec(case, rig, trace, cut).write(spec_path)
     log_path = case_dir / "worker.log"
     start = time.monotonic()
-    cpu_start = CpuSnapshot.now()  # the machine's and our CPU times: contention over the case
+    # The machine's and our CPU times: contention over the case. Ranks the fork server
+    # reaped are its children, not ours: it reports their CPU.
+    def snapshot() -> CpuSnapshot:
+        return CpuSnapshot.now(server.reaped_cpu_s if server is not None else 0.0)
+
+    cpu_start = snapshot()
     if launcher.kind == "torchrun" and case.process_group:
         outcome = _run_torchrun(case, rig, case_dir, log_path, launcher, coordinator,
                                 launch, trace, cut)
     else:
-        outcome = _run_local(case, rig, case_dir, log_path)
+        outcome = _run_local(case, rig, case_dir, log_path, server)
     # Every rank has been reaped (_supervise waits for them; under torchrun the agent reaped
-    # its ranks and we the agent): their CPU is in our children's.
-    outcome.machine_load = machine_load(cpu_start, CpuSnapshot.now())
+    # its ranks and we the agent): their CPU is in our children's, or the server's count.
+    outcome.machine_load = machine_load(cpu_start, snapshot())
     outcome.wall_time_s = time.monotonic() - start
     if outcome.status == "ok" and not outcome.trace_note:  # else keep worker.log: why
         shutil.rmtree(case_dir, ignore_errors=True)
     return outcome
 
 
-def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path) -> CaseOutcome:
+def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path,
+               server: ForkServer | None = None) -> CaseOutcome:
     """The local launcher: the runner starts every rank itself (``_launch``)."""
-    procs = _launch(case_dir / "spec.json", case.processes, log_path)
+    procs = _launch(case_dir / "spec.json", case.processes, log_path, server)
     # CPU workers are capped here by the resident memory the case adds, per device they
     # drive; GPUs by their allocator (worker.py).
     cap = case.measurement.max_memory_per_device_mib if rig.kind == "cpu" else 0.0
@@ -675,6 +694,7 @@ def run_sweep(
     coordinator: Coordinator | None = None,
     admission: Admission | None = None,
     collectives: Collectives | None = None,
+    server: ForkServer | None = None,
 ) -> list[Row]:
     """Run every case, workload by workload in rounds of launches (module docstring),
     writing each workload's rows once its last round ends; returns the rows in the order
@@ -688,11 +708,14 @@ def run_sweep(
     ``admission``: each case's predicted memory, and the refusal of a case predicted not to
     fit (``run.admission``; default: ``Admission.of`` the cases on ``rig``).
     ``collectives``: the rig's measured collectives, for the ddp/fsdp and p2p bounds.
+    ``server``: the run's fork server, which forks the local launcher's ranks
+    (``run.forkserver``; default: one started for this sweep).
     """
     try:
-        rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start, attainable_peak,
-                           idle, on_launch_done, launcher, coordinator,
-                           admission or Admission.of(rig, cases), collectives)
+        with contextlib.nullcontext(server) if server else ForkServer() as forks:
+            rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start,
+                               attainable_peak, idle, on_launch_done, launcher, coordinator,
+                               admission or Admission.of(rig, cases), collectives, forks)
     except BaseException as e:
         if coordinator is not None:
             coordinator.finish("interrupted" if isinstance(e, KeyboardInterrupt)
@@ -725,7 +748,7 @@ def _run_groups(
     on_launch_start: LaunchStart | None, attainable_peak: AttainablePeak | None,
     idle: IdlePower | None, on_launch_done: LaunchDone | None, launcher: Launcher,
     coordinator: Coordinator | None, admission: Admission,
-    collectives: Collectives | None = None,
+    collectives: Collectives | None = None, server: ForkServer | None = None,
 ) -> list[Row]:
     """``run_sweep``'s walk: workload by workload, round by round."""
     work_root = writer.run_dir / ".work"
@@ -751,7 +774,8 @@ def _run_groups(
                 # no second profiling of a balanced cut.
                 cut = done[0].partition if done else ""
                 done.append(run_case(case, rig, work_root, trace=not done, cut=cut,
-                                     launcher=launcher, coordinator=coordinator, launch=r))
+                                     launcher=launcher, coordinator=coordinator, launch=r,
+                                     server=server))
                 if on_launch_done:
                     on_launch_done(i, case, r, done[-1])
         outcomes = {i: CaseOutcome(cases[i].status or "", cases[i].reason)

@@ -1,0 +1,337 @@
+"""A fork server for the local launcher: one process per run imports torch and the worker's
+modules once, then forks every rank of every launch.
+
+    python -m bench_lib.run.forkserver RUNNER_PID
+
+Why: a rank started as ``python -m bench_lib.run.worker`` spends about 2.8 s of CPU (2-core
+AMD EPYC) importing torch, torchvision and this library before it builds its model, once
+per rank and per launch: with three launches of every case that was about a third of
+``make bench``. A forked rank starts in milliseconds and is still a fresh process of its
+own: its own address space (the server's imported pages, copy-on-write), allocator,
+threads, pinning and process group, exactly as a spawned one. That holds because the server
+never runs a torch operation: no intra-op thread pool, no OpenMP runtime, no CUDA context
+exists in it to be inherited half-alive (forking after any of these is unsafe, which is
+why the server is a process of its own rather than the runner, which has threads). The one
+thread pool its imports start is numpy's OpenBLAS, which stops it around a fork itself
+(``pthread_atfork``; tests/test_forkserver.py checks that nothing else runs).
+
+Protocol, one JSON object per line. Runner to server (stdin)::
+
+    {"module": "bench_lib.run.worker", "args": ["/run/.work/case/spec.json", "1", "4100"],
+     "stdout": ".../worker.log", "stderr": "", "group": 4242}
+
+runs ``python -m bench_lib.run.worker ...`` in a forked process (``runpy``) with its output
+appended to the files (``stderr`` empty: with stdout), in process group ``group`` (-1: the
+server's, 0: a new one it leads, else that one). Server to runner
+(stdout): ``{"ready": PID}`` once the imports are done; ``{"started": PID}`` for each
+request, in order; ``{"exited": PID, "code": C, "cpu_s": S}`` as each rank is reaped
+(``code`` as ``Popen.returncode`` reads it: negative for a signal; ``cpu_s``: the process's
+user + system CPU, its own reaped children included, from ``wait4``). The server exits when
+its stdin closes, killing any child still running; it asks to die with the runner, and a
+worker (told the server's pid) to die with the server (``lifeline.die_with_parent``), so no
+rank outlives the runner. The FLOP peak probe and the collective micro-benchmark start
+through the server too: every process a run starts after its first is a fork.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import select
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench_lib.run.lifeline import EXIT_ORPHANED, die_with_parent
+
+POLL_S = 0.02
+"""How often the server reaps its ranks while no request comes."""
+
+
+def _redirect(fd: int, path: str, flags: int) -> None:
+    target = os.open(path, flags, 0o644)
+    os.dup2(target, fd)
+    os.close(target)
+
+
+def _child(request: dict[str, Any], server_pid: int) -> None:
+    """In the forked process: tied to the server (``die_with_parent``), its process group,
+    stdin from /dev/null, stdout and stderr to the files asked for, then the module run as
+    ``python -m`` runs it (``runpy``, as ``__main__``, with its arguments in ``sys.argv``);
+    never returns (``os._exit``: the server's own ``finally`` blocks and atexit handlers are
+    not the child's to run)."""
+    code = 1
+    try:
+        if not die_with_parent(server_pid):
+            code = EXIT_ORPHANED
+            return
+        if request["group"] >= 0:
+            os.setpgid(0, request["group"])
+        append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        _redirect(0, os.devnull, os.O_RDONLY)
+        _redirect(1, request["stdout"], append)
+        _redirect(2, request["stderr"] or request["stdout"], append)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh python
+        sys.argv = [request["module"], *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _send(message: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _reap(children: set[int]) -> None:
+    """Report every rank that has ended, without blocking."""
+    while children:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        _send({"exited": pid, "code": os.waitstatus_to_exitcode(status),
+               "cpu_s": usage.ru_utime + usage.ru_stime})
+
+
+def serve(runner_pid: int) -> int:
+    """Import what a rank needs, say ready, then fork a rank per request until stdin ends."""
+    if not die_with_parent(runner_pid):
+        return EXIT_ORPHANED
+    # Ctrl-C is the runner's to handle (it then closes our stdin); the server sits in a
+    # process group of its own, but a signal sent to it by pid must not leave it half-done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import bench_lib.run.worker  # noqa: F401  torch, torchvision, strategies, workloads
+
+    server_pid = os.getpid()
+    children: set[int] = set()
+    _send({"ready": server_pid})
+    pending = b""
+    stdin = sys.stdin.fileno()
+    try:
+        while True:
+            _reap(children)
+            readable, _, _ = select.select([stdin], [], [], POLL_S)
+            if not readable:
+                continue
+            chunk = os.read(stdin, 65536)
+            if not chunk:
+                return 0
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _child(request, server_pid)
+                if request["group"] >= 0:  # here too, as shells do: the group exists
+                    os.setpgid(pid, request["group"] or pid)  # before the next rank joins
+                children.add(pid)
+                _send({"started": pid})
+    finally:
+        for pid in children:  # the runner is done with them
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+SERVER_MODULE = "bench_lib.run.forkserver"
+START_TIMEOUT_S = 300.0
+"""How long the runner waits for the server's imports (seconds of CPU on a loaded machine)."""
+
+
+class ServerGone(RuntimeError):
+    """The fork server ended (or never became ready): its ranks are gone with it."""
+
+
+class ForkServer:
+    """The runner's side: starts the server, forks ranks through it (``spawn``), and reads
+    their exits. One per run; a server that died is started again on the next ``spawn``.
+
+    ``reaped_cpu_s``: the CPU time of every rank reaped so far, which the runner counts as
+    its own children's (``contention.CpuSnapshot``): the ranks are the server's children,
+    so ``RUSAGE_CHILDREN`` no longer sees them.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self._env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+        self._cond = threading.Condition()
+        self._exits: dict[int, int] = {}
+        self._started: list[int] = []
+        self._live: set[int] = set()
+        self.reaped_cpu_s = 0.0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._gone = True
+
+    def __enter__(self) -> ForkServer:
+        self._ensure()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ensure(self) -> None:
+        """Start the server if none is running, and wait for its imports (``ensure``)."""
+        with self._cond:
+            if not self._gone:
+                return
+            self._gone = False
+            ready: list[int] = []
+        proc = subprocess.Popen(
+            [sys.executable, "-m", SERVER_MODULE, str(os.getpid())], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=self._env, process_group=0)
+        self._proc = proc
+        threading.Thread(target=self._read, args=(proc, ready), daemon=True,
+                         name="forkserver-reader").start()
+        with self._cond:
+            self._cond.wait_for(lambda: ready or self._gone, START_TIMEOUT_S)
+            if ready:
+                return
+        proc.kill()
+        proc.wait()
+        with self._cond:
+            self._gone = True
+        raise ServerGone(f"the fork server did not start (exit code {proc.returncode})")
+
+    def _read(self, proc: subprocess.Popen[bytes], ready: list[int]) -> None:
+        """The reader thread: every message of ``proc``, until its stdout closes."""
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            message = json.loads(line)
+            with self._cond:
+                if "ready" in message:
+                    ready.append(message["ready"])
+                elif "started" in message:
+                    self._started.append(message["started"])
+                    self._live.add(message["started"])
+                elif "exited" in message:
+                    self._exits[message["exited"]] = message["code"]
+                    self._live.discard(message["exited"])
+                    self.reaped_cpu_s += message["cpu_s"]
+                self._cond.notify_all()
+        proc.wait()
+        with self._cond:
+            if self._proc is proc:  # not an earlier server's reader, ending late
+                # Its ranks died with it (their parent-death signal).
+                for pid in self._live:
+                    self._exits.setdefault(pid, -signal.SIGKILL)
+                self._live.clear()
+                self._gone = True
+            self._cond.notify_all()
+
+    def ensure(self) -> int:
+        """Start the server if none is running; its pid (its children's parent)."""
+        self._ensure()
+        assert self._proc is not None
+        return self._proc.pid
+
+    def spawn(self, module: str, args: Sequence[str], stdout: Path,
+              stderr: Path | None = None, group: int = -1) -> Forked:
+        """Fork a process that runs ``python -m MODULE ARGS...`` without the interpreter's
+        start and imports: output appended to ``stdout`` (and ``stderr``, default the same
+        file); in process group ``group`` (-1: the server's; 0: a new one it leads; else
+        that group, which must exist)."""
+        self._ensure()
+        assert self._proc is not None and self._proc.stdin is not None
+        request = {"module": module, "args": list(args), "stdout": str(stdout),
+                   "stderr": str(stderr) if stderr else "", "group": group}
+        with self._cond:
+            count = len(self._started)
+        try:
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
+            self._proc.stdin.flush()
+        except OSError as e:
+            raise ServerGone(f"the fork server is gone ({e})") from None
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._started) > count or self._gone)
+            if len(self._started) <= count:
+                raise ServerGone("the fork server ended before starting the rank")
+            return Forked(self._started[count], self)
+
+    def exit_code(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
+        """``pid``'s exit code once reaped (waiting up to ``timeout_s``; None: forever)."""
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits, timeout_s)
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        """End the server (its stdin closes; any rank still running is killed)."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self._proc = None
+
+
+def start_module(server: ForkServer | None, module: str, args: Sequence[str], stdout: Path,
+                 stderr: Path | None = None, group: int = -1) -> Forked | subprocess.Popen[bytes]:
+    """Start ``python -m MODULE ARGS...``: forked by ``server`` where one is given, else a
+    fresh interpreter (``Popen``; ``group`` as in ``ForkServer.spawn``). Either is read as
+    a ``Popen`` is: ``pid``, ``poll()``, ``wait()``, ``returncode``."""
+    if server is not None:
+        return server.spawn(module, args, stdout, stderr, group)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with stdout.open("ab") as out, (stderr or stdout).open("ab") as err:
+        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=err,
+                                env=env, process_group=None if group < 0 else group)
+
+
+class Forked:
+    """A process the server forked, read like a ``subprocess.Popen``: ``pid``, ``poll()``,
+    ``wait()``, ``kill()`` and ``returncode`` (negative: killed by that signal)."""
+
+    def __init__(self, pid: int, server: ForkServer) -> None:
+        self.pid = pid
+        self._server = server
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid, timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout or 0.0)
+        return self.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1])))

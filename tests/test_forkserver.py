@@ -1,0 +1,132 @@
+"""The fork server (run/forkserver.py): ranks forked from one process that imported torch.
+
+The premise (a server with no thread of its own to inherit half-alive), real cases through
+it, exit codes as ``Popen`` reads them, process groups, CPU accounting, and a server that
+dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from bench_lib.run.forkserver import ForkServer, start_module
+from bench_lib.run.lifeline import EXIT_ORPHANED, WORKER_MODULE
+from bench_lib.run.runner import _kill_group, run_case
+from bench_lib.sweep.cases import new_case
+from bench_lib.sweep.profile import Measurement
+
+MEASUREMENT = Measurement(warmup_steps=1, timed_steps=3, max_time_s=30, case_timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ForkServer() as s:
+        yield s
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_the_server_starts_no_thread_of_its_own(monkeypatch):
+    """Forking is safe only from a process whose threads know about it: torch's imports
+    must start none (no intra-op pool, no CUDA context). numpy's OpenBLAS starts its pool
+    at import and stops it around a fork itself (pthread_atfork): held to one thread here,
+    what is left is ours."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    with ForkServer() as s:
+        assert s._proc is not None
+        assert _threads(s._proc.pid) == 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_a_case_runs_through_the_server_and_its_cpu_is_counted(strategy, server, cpu_rig,
+                                                               tmp_path):
+    case = new_case(cpu_rig, strategy, "toy", 32, 4, measurement=MEASUREMENT)
+    before = server.reaped_cpu_s
+    outcome = run_case(case, cpu_rig, tmp_path, server=server)
+    assert outcome.status == "ok", outcome.reason
+    assert len(outcome.step_times_s) == 3
+    # Every rank's CPU came back through the server: at least its timed steps' CPU.
+    timed_cpu = sum(sum(t) for t in outcome.rank_step_cpu_times_s.values())
+    assert server.reaped_cpu_s - before >= timed_cpu > 0
+    assert outcome.machine_load is not None
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_by_a_signal_reads_as_popen_does(server, cpu_rig, tmp_path, monkeypatch):
+    """The fault reads its variable in the rank, which inherits the server's environment:
+    so a server of its own, started with the variable set."""
+    monkeypatch.setenv("PARABENCH_TEST_FAULT", "ddp:1:sigkill")
+    case = new_case(cpu_rig, "ddp", "toy", 32, 4, measurement=MEASUREMENT)
+    with ForkServer() as faulty:
+        outcome = run_case(case, cpu_rig, tmp_path, server=faulty)
+    assert outcome.status == "error"
+    assert "rank 1 was killed by SIGKILL" in outcome.reason
+
+
+def _worker(server: ForkServer, spec: Path, log: Path, group: int = 0):
+    return server.spawn(WORKER_MODULE, [str(spec), "0", str(server.ensure())], log, group=group)
+
+
+def test_exit_code_and_log_of_a_rank_that_fails(server, tmp_path):
+    log = tmp_path / "worker.log"
+    rank = _worker(server, tmp_path / "no-such-spec.json", log)
+    assert rank.wait(timeout=60) == 1
+    assert rank.poll() == rank.returncode == 1
+    assert "no-such-spec.json" in log.read_text()
+
+
+def test_a_module_runs_as_python_m_runs_it(server, tmp_path):
+    """``sys.argv``, ``__main__``, stdout and stderr apart, and ``sys.exit``'s code."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    proc = start_module(server, "bench_lib.run.lifeline", ["1", "spec.json"], out, err)
+    # lifeline's main with a runner pid that is not its parent: "the runner is gone".
+    assert proc.wait(timeout=60) == EXIT_ORPHANED
+    assert "the runner is gone" in err.read_text() and out.read_text() == ""
+
+
+def _hang(server: ForkServer, tmp_path: Path, group: int = 0):
+    """A rank that sleeps: the spec is a fifo nobody writes, so reading it blocks."""
+    fifo = tmp_path / f"spec{group}.fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    return _worker(server, fifo, tmp_path / "worker.log", group)
+
+
+def test_ranks_share_the_first_ranks_process_group(server, tmp_path):
+    first = _hang(server, tmp_path)
+    second = _hang(server, tmp_path, group=first.pid)
+    assert os.getpgid(first.pid) == os.getpgid(second.pid) == first.pid
+    assert first.poll() is None and second.poll() is None
+    _kill_group(first.pid)
+    assert first.wait(timeout=30) == second.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_server_that_dies_takes_its_ranks_and_the_next_spawn_starts_another(tmp_path):
+    with ForkServer() as s:
+        rank = _hang(s, tmp_path)
+        assert s._proc is not None
+        old = s._proc.pid
+        os.kill(old, signal.SIGKILL)
+        assert rank.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{rank.pid}") and time.monotonic() < deadline:
+            try:  # the rank's parent-death signal; a zombie until init reaps it
+                if open(f"/proc/{rank.pid}/stat").read().split()[2] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.05)
+        else:
+            assert not os.path.exists(f"/proc/{rank.pid}"), "the rank outlived its server"
+        failing = _worker(s, tmp_path / "missing.json", tmp_path / "worker.log")
+        assert s._proc.pid != old
+        assert failing.wait(timeout=60) == 1
