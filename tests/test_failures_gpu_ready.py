@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench_lib.run import faults, runner, worker
+from bench_lib.run import faults, forkserver, runner, worker
 from bench_lib.run.protocol import RankResult
 from bench_lib.run.runner import PEER_GRACE_S, _combine, run_case
 from bench_lib.sweep.cases import new_case
@@ -246,7 +246,7 @@ def test_the_runner_passes_its_pid_and_no_preexec_fn(tmp_path, monkeypatch):
         started.append((cmd, kwargs))
         return SimpleNamespace(pid=1000 + len(started))
 
-    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    monkeypatch.setattr(forkserver.subprocess, "Popen", popen)  # no fork server: fresh ones
     runner._launch(tmp_path / "spec.json", 2, tmp_path / "worker.log")
     assert [cmd[-3:] for cmd, _ in started] == [
         [str(tmp_path / "spec.json"), str(rank), str(os.getpid())] for rank in (0, 1)]

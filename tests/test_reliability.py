@@ -48,13 +48,28 @@ def only_run_dir(out: Path) -> Path:
 
 
 def workers_of(run_dir: Path) -> list[psutil.Process]:
-    """Live worker processes started for cases of ``run_dir``."""
+    """Live worker processes started for cases of ``run_dir``: those writing a case's
+    worker.log in it (a rank forked by the fork server shows the server's command line)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "bench_lib.run.worker" in cmd and str(run_dir) in cmd:
+    for p in psutil.process_iter():
+        try:
+            files = p.open_files()
+        except psutil.Error:
+            continue
+        if any(f.path.startswith(str(run_dir)) and f.path.endswith("worker.log")
+               for f in files):
             found.append(p)
     return found
+
+
+def left_behind(run_dir: Path, grace_s: float = 10.0) -> list[psutil.Process]:
+    """``workers_of(run_dir)`` still alive after up to ``grace_s``: a runner killed with
+    SIGKILL takes its ranks down through the parent-death chain (runner -> fork server ->
+    rank), which the kernel runs a moment after the runner is reaped."""
+    deadline = time.monotonic() + grace_s
+    while (alive := workers_of(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
 
 
 def statuses(run_dir: Path) -> dict[str, str]:
@@ -128,7 +143,7 @@ def test_interrupted_sweep_resumes_with_every_case_exactly_once(tmp_path, how):
     # Every CSV still parses, and holds only whole rows of finished cases.
     steps = pd.read_csv(run_dir / "steps.csv")
     assert set(steps.case_id) <= set(done_before.case_id)
-    assert not workers_of(run_dir)
+    assert not left_behind(run_dir)
 
     resumed = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir)],
                              cwd=REPO, capture_output=True, text=True, timeout=300)
