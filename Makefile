@@ -4,8 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+WORKERS ?= 2
 
-.PHONY: venv bench test lint env smoke parity tune distance regress baseline report clean help
+.PHONY: venv bench test test-fast lint env smoke parity tune distance regress baseline report clean help
 
 help:            ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -41,8 +42,11 @@ smoke: venv      ## the smoke sweep (all seed strategies, tiny grid)
 env: venv        ## print the environment a run would record
 	$(PY) -m bench_lib env
 
-test: venv       ## run the whole test suite (GPU tests skip without GPUs)
-	$(PY) -m pytest $(ARGS)
+test: venv       ## run the whole test suite on WORKERS=2 pytest workers (GPU tests skip without GPUs)
+	$(PY) -m pytest -n $(WORKERS) --dist worksteal $(ARGS)
+
+test-fast: venv  ## the unit layer only (no process started, no real model trained): the edit-run loop
+	$(PY) -m pytest -m "not integration" $(ARGS)
 
 regress: venv    ## run the ci profile, gate it against results/baseline/ (exit 1: regression)
 	$(PY) -m bench_lib run --profile ci --quiet --compare-to results/baseline $(ARGS)

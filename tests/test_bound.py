@@ -217,6 +217,7 @@ def test_bus_bandwidth_factors_are_nccl_tests():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.integration
 def test_micro_benchmark_on_two_gloo_ranks_writes_a_well_formed_record(cpu_rig):
     found = measure(cpu_rig, sizes_mib=(0.0625, 0.25, 1.0), repeats=3, timeout_s=90)
     assert not found.skipped, found.skipped
@@ -406,6 +407,7 @@ def bound_row(strategy, step, bound_s, split=None, parts=None, no_overlap=None):
     return row
 
 
+@pytest.mark.integration
 def test_bound_figure_renders_from_a_small_cases_csv(tmp_path):
     run_dir = tmp_path / "20260101T000000Z_host_abcdef0"
     run_dir.mkdir()

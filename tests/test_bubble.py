@@ -183,6 +183,7 @@ def _traced_rank(rank, world_size):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_real_traced_step_stamps_every_pass_of_every_microbatch_on_both_ranks():
     rank0, rank1 = run_ranks(_traced_rank, 2)
     for name in TWO_STAGE:

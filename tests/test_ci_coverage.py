@@ -296,6 +296,7 @@ def _coverage_of(intervals, true_value: float) -> float:
 
 
 @pytest.mark.parametrize("name,launches", [(name, 3) for name in SWEEPS] + [("ar1-0.3", 5)])
+@pytest.mark.integration
 def test_launch_interval_covers_the_median_step_time(name, launches):
     # The ar1-0.3 sweeps have 6 launches each (the Welch tests use them as two runs of 3):
     # 3 launches take the first 3, 5 the first 5.
@@ -312,6 +313,7 @@ def test_launch_interval_covers_the_median_step_time(name, launches):
 
 @pytest.mark.parametrize("name,rounds", [("independent", 3), ("ar1-0.6", 3),
                                          ("short-ar1-0.6", 3), ("short-ar1-0.6", 5)])
+@pytest.mark.integration
 def test_paired_speedup_interval_covers_the_true_speedup(name, rounds):
     # Single and the case each launched once per round; a round's drift slows both alike,
     # and pairing by round cancels it. Both get single's time cap, so the faster case runs
@@ -344,6 +346,7 @@ def _welch(base: np.ndarray, cand: np.ndarray) -> list[tuple[float, float, float
     return [welch_log_change(b, c) for b, c in zip(base, cand)]
 
 
+@pytest.mark.integration
 def test_welch_change_interval_covers_no_change_and_a_planted_one():
     # Two runs of 3 launches each, the regression gate's comparison of per-launch medians.
     pool = _sweep_medians("ar1-0.3", 6, seed=11 + list(SWEEPS).index("ar1-0.3"))

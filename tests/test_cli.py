@@ -30,6 +30,7 @@ def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
     store = tmp_path / "store"
     proc = bench("run", "--profile", "smoke", "--strategies", "single,dp,ddp,pipeline",
@@ -93,6 +94,7 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
         (["--models", "vgg"], "unknown model 'vgg'; valid: mlp, resnet-tiny"),
     ],
 )
+@pytest.mark.integration
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "out"
     base = ["run", "--profile", "smoke", *TINY]
@@ -103,6 +105,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
     assert not out.exists(), "bad input must not create a results folder"
 
 
+@pytest.mark.integration
 def test_env_command_prints_versions():
     proc = bench("env", timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -154,6 +157,7 @@ def test_a_count_with_no_split_is_a_skipped_row_with_an_empty_split_size():
 
 
 @pytest.mark.parametrize("out", ["/proc/parabench-results", "FILE/sub"])
+@pytest.mark.integration
 def test_an_out_folder_that_cannot_be_created_is_a_usage_error(tmp_path, out):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

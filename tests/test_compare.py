@@ -86,6 +86,7 @@ def test_a_a_runs_from_one_distribution_are_unchanged(tmp_path):
         assert cmp.exit_code(results) == cmp.EXIT_OK
 
 
+@pytest.mark.integration
 def test_a_a_with_launch_to_launch_noise_passes(tmp_path):
     """Launches that differ by ~5% each (step noise 2%): Welch over launches holds that
     spread, so A/A runs pass; the same machine measured in 1 launch a run is judged on its

@@ -146,6 +146,7 @@ def per_step_ratios(outcome: CaseOutcome, cores: int) -> list[float]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.integration
 def test_cpu_time_per_step_is_recorded_and_plausible(cpu_rig, tmp_path, forks):
     case = tiny(cpu_rig, steps=10)
     outcome = run_case(case, cpu_rig, tmp_path / "work", server=forks)
@@ -166,6 +167,7 @@ def test_cpu_time_per_step_is_recorded_and_plausible(cpu_rig, tmp_path, forks):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.integration
 def test_a_hog_on_the_cases_core_is_flagged(cpu_rig, tmp_path, capsys, forks):
     """A busy loop pinned to the core of the case's worker: the case gets about half of it.
 

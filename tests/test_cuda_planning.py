@@ -65,6 +65,7 @@ def test_the_table_of_stages_covers_every_pipelining_strategy():
 
 
 @pytest.mark.parametrize("strategy", sorted(SCHEDULE_CLASSES))
+@pytest.mark.integration
 def test_schedule_rules_are_torchs_own(strategy):
     # Both ways: nothing refused that torch builds, nothing planned that torch refuses.
     for ranks in range(1, 9):
@@ -166,6 +167,7 @@ def test_dry_run_for_7_gpus_lists_skipped_rows_with_their_reason(tmp_path, capsy
     assert "skipped" in row and "batch size 120 is not divisible by world size 7" in row
 
 
+@pytest.mark.integration
 def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path, capsys,
                                                                       cuda_untouchable):
     """The dry run predicts as the run would (no device read: a planned rig), so a user sees
@@ -231,6 +233,7 @@ def _saved_mib_per_image(model_name: str, image_size: int) -> float:
 
 
 @pytest.mark.parametrize("model", sorted(SAVED_MIB_PER_IMAGE_224PX))
+@pytest.mark.integration
 def test_the_activation_figure_is_torchs_saved_tensors(model):
     # At 224 px itself: BatchNorm's per-channel statistics and the head do not scale with
     # the pixels, so a count at a smaller size scaled up would overstate it.

@@ -278,6 +278,7 @@ KEEPING = [DdpKnobs(bucket_cap_mb=0.01), DdpKnobs(gradient_as_bucket_view=True),
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_bucket_size_bucket_views_and_static_graph_keep_gradients_equal_to_single():
     per_rank = run_ranks(_two_steps_of_grads, world_size=2, args=(KEEPING,))
     reference = reference_grads(TINY)
@@ -309,6 +310,7 @@ def _compressed_and_local(rank: int, world_size: int, hooks: list[str],
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_fp16_and_bf16_hooks_stay_within_their_rounding_bound():
     world = 2
     per_rank = run_ranks(_compressed_and_local, world_size=world, args=(["fp16", "bf16"],))
@@ -356,6 +358,7 @@ def _powersgd_run(rank: int, world_size: int, r: int) -> dict[str, object]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_powersgd_is_exact_before_it_starts_then_low_rank_and_still_trains():
     rank_r = 1
     per_rank = run_ranks(_powersgd_run, world_size=2, args=(rank_r,))
@@ -382,6 +385,7 @@ def test_powersgd_is_exact_before_it_starts_then_low_rank_and_still_trains():
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.integration
 def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path, forks):
     m = Measurement(warmup_steps=1, timed_steps=2, max_time_s=30, case_timeout_s=120,
                     ci_target_pct=0)

@@ -115,6 +115,7 @@ def _split_on_ranks(rank, world_size, block_rows):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.integration
 def test_split_over_gloo_ranks_gives_every_rank_the_full_value_and_gradient(world_size):
     loop = _value_and_grad(methods.loop)
     for result in run_ranks(_split_on_ranks, world_size, args=(6,)):
@@ -183,6 +184,7 @@ def _run(tmp_path, *flags: str) -> tuple[int, pd.DataFrame, object]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.integration
 def test_a_tiny_run_writes_a_valid_distance_csv_whose_cases_agree(tmp_path, capsys):
     # 30 kernels, rows split 15/15 over 2 ranks, in blocks of 8 (the last one of 6).
     code, df, run_dir = _run(tmp_path, "--layers", "30x4x3x3", "--launches", "2",
@@ -209,6 +211,7 @@ def test_a_tiny_run_writes_a_valid_distance_csv_whose_cases_agree(tmp_path, caps
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.integration
 def test_under_a_small_cap_blocked_is_an_oom_where_split_over_two_fits(tmp_path):
     # 6144 kernels in float64: blocked keeps 6144^2 distances (288 MiB) for its backward and
     # peaks near 370 MiB; each of 2 ranks keeps half and peaks near 235 MiB.

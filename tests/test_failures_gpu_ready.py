@@ -150,6 +150,7 @@ def test_oom_fault_kinds(monkeypatch):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy", ["ddp", "gpipe"])
+@pytest.mark.integration
 def test_an_oom_rank_gives_an_oom_row_naming_it(strategy, cpu_rig, tmp_path, monkeypatch):
     monkeypatch.setenv(faults.TEST_FAULT_ENV, f"{strategy}:1:oom")
     case = new_case(cpu_rig, strategy, "resnet-tiny", 32, 4, split_size=2,
@@ -163,6 +164,7 @@ def test_an_oom_rank_gives_an_oom_row_naming_it(strategy, cpu_rig, tmp_path, mon
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy,rank", [("pipeline", 0), ("gpipe", 1)])
+@pytest.mark.integration
 def test_an_oom_in_the_traced_step_keeps_the_timed_case(strategy, rank, cpu_rig, tmp_path,
                                                         monkeypatch):
     monkeypatch.setenv(faults.TEST_FAULT_ENV, f"{strategy}:{rank}:trace-oom")
@@ -247,7 +249,7 @@ def test_the_runner_passes_its_pid_and_no_preexec_fn(tmp_path, monkeypatch):
         return SimpleNamespace(pid=1000 + len(started))
 
     monkeypatch.setattr(forkserver.subprocess, "Popen", popen)  # no fork server: fresh ones
-    runner._launch(tmp_path / "spec.json", 2, tmp_path / "worker.log")
+    runner.launch_ranks(tmp_path / "spec.json", 2, tmp_path / "worker.log")
     assert [cmd[-3:] for cmd, _ in started] == [
         [str(tmp_path / "spec.json"), str(rank), str(os.getpid())] for rank in (0, 1)]
     assert all("preexec_fn" not in kwargs for _, kwargs in started)
@@ -287,6 +289,7 @@ time.sleep(120)
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.integration
 def test_a_worker_dies_when_its_runner_is_sigkilled():
     parent = subprocess.Popen([PYTHON, "-c", PARENT, CHILD], cwd=REPO, stdout=subprocess.PIPE,
                               text=True)

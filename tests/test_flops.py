@@ -42,6 +42,7 @@ def test_efficiency_hand_computed():
 TINY_CONV = flops.ConvShape(1, 8, 8)
 
 
+@pytest.mark.integration
 def test_peak_is_measured_per_device_in_a_pinned_subprocess(cpu_rig):
     peak = flops.measure_peak(cpu_rig, ["fp32"], n=128, min_time_s=0.02, conv=TINY_CONV)
     assert set(peak.tflop_s["fp32"]) == {"0", "1"} and peak.matmul_n == 128

@@ -34,6 +34,7 @@ def _threads(pid: int) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+@pytest.mark.integration
 def test_the_server_starts_no_thread_of_its_own(monkeypatch):
     """Forking is safe only from a process whose threads know about it: torch's imports
     must start none (no intra-op pool, no CUDA context). numpy's OpenBLAS starts its pool
@@ -47,6 +48,7 @@ def test_the_server_starts_no_thread_of_its_own(monkeypatch):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("strategy", ["single", "ddp"])
+@pytest.mark.integration
 def test_a_case_runs_through_the_server_and_its_cpu_is_counted(strategy, server, cpu_rig,
                                                                tmp_path):
     case = new_case(cpu_rig, strategy, "toy", 32, 4, measurement=MEASUREMENT)
@@ -61,6 +63,7 @@ def test_a_case_runs_through_the_server_and_its_cpu_is_counted(strategy, server,
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.integration
 def test_a_rank_killed_by_a_signal_reads_as_popen_does(server, cpu_rig, tmp_path, monkeypatch):
     """The fault reads its variable in the rank, which inherits the server's environment:
     so a server of its own, started with the variable set."""
@@ -110,6 +113,7 @@ def test_ranks_share_the_first_ranks_process_group(server, tmp_path):
     assert first.wait(timeout=30) == second.wait(timeout=30) == -signal.SIGKILL
 
 
+@pytest.mark.integration
 def test_a_server_that_dies_takes_its_ranks_and_the_next_spawn_starts_another(tmp_path):
     with ForkServer() as s:
         rank = _hang(s, tmp_path)

@@ -386,6 +386,7 @@ def test_nvml_check(no_cuda_calls):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.integration
 def test_all_reduce_runs_the_real_routine_with_gloo_on_a_cpu_rig(cpu_rig):
     (check,) = preflight.all_reduce(cpu_rig, timeout_s=180)
     assert check.name == "all_reduce" and check.status == "ok", check.detail
@@ -403,6 +404,7 @@ def _children_with(marker: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.integration
 def test_all_reduce_that_hangs_is_killed_at_its_timeout(cpu_rig):
     marker = "preflight-hang-marker"
     hang = [sys.executable, "-c", "import time; time.sleep(600)", marker]
@@ -465,6 +467,7 @@ def test_cli_runs_the_preflight_before_a_cuda_run_and_exits_2(monkeypatch, tmp_p
     assert calls == ["cuda:2"]
 
 
+@pytest.mark.integration
 def test_cli_runs_no_preflight_on_a_cpu_rig(monkeypatch, tmp_path, cpu_rig):
     from bench_lib.results import store
     from bench_lib.sweep.profile import UsageError
@@ -507,6 +510,7 @@ def test_cuda_device_names_fall_back_to_a_child_process(monkeypatch, no_cuda_cal
     assert rig_module.cuda_device_names(2, topo_nvml(), child=child) == ["gpu 0", "gpu 1"]
 
 
+@pytest.mark.integration
 def test_a_child_that_cannot_name_the_gpus_is_a_rig_error(monkeypatch):
     # This machine's torch in a child process, asked for a GPU it may not have: either it
     # names them (a GPU box) or the failure is a RigError that says what was tried.

@@ -99,6 +99,7 @@ def test_every_case_row_of_a_validation_rig_says_so():
     assert new_case(Rig("cuda", 2), "ddp", "resnet50", 64, 16).note == ""
 
 
+@pytest.mark.integration
 def test_dry_run_of_the_default_gpu_sweep_on_one_gpu_with_two_slots(tmp_path):
     proc = subprocess.run(
         [PYTHON, "-m", "bench_lib", "run", "--profile", "default-cuda", "--rig", "cuda",
@@ -143,6 +144,7 @@ def test_the_preflight_ranks_tie_themselves_to_the_runner(monkeypatch, tmp_path)
     assert all(cmd[-1] == str(os.getpid()) for cmd, _ in started)
 
 
+@pytest.mark.integration
 def test_a_preflight_rank_whose_runner_is_gone_does_not_start():
     # PARENT_PID names a process that is not this rank's parent: it exits 4 at once.
     rig = json.dumps(Rig("cuda", 2).as_dict())

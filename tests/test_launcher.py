@@ -227,6 +227,7 @@ def run_seeing_agents(out: Path, *args: str, fault: str = "") -> tuple[int, str,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_torchrun_runs_ddp_and_gpipe_on_one_node(tmp_path):
     code, err, agents = run_seeing_agents(tmp_path, "--strategies", "ddp,gpipe",
                                           "--devices", "2", "--launcher", "torchrun")
@@ -248,6 +249,7 @@ def test_torchrun_runs_ddp_and_gpipe_on_one_node(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_under_torchrun_a_sigkilled_rank_is_blamed_and_nothing_is_left(tmp_path):
     code, err, agents = run_seeing_agents(tmp_path, "--strategies", "ddp", "--devices", "2",
                                           "--launcher", "torchrun", fault="ddp:1:sigkill")

@@ -88,6 +88,7 @@ def _wait_for(paths: Callable[[], list[Path]], timeout: float = 200) -> None:
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.integration
 def test_two_nodes_run_ddp_and_gpipe_into_node_0s_run_folder(tmp_path):
     cluster = Cluster(tmp_path)
     nodes = [cluster.start(i, "--strategies", "single,ddp,gpipe,mp") for i in (0, 1)]
@@ -124,6 +125,7 @@ def test_two_nodes_run_ddp_and_gpipe_into_node_0s_run_folder(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_a_node_killed_mid_case_is_an_error_row_on_node_0_within_the_timeout(tmp_path):
     timeout_s = 120
     cluster = Cluster(tmp_path)
@@ -146,6 +148,7 @@ def test_a_node_killed_mid_case_is_an_error_row_on_node_0_within_the_timeout(tmp
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_ctrl_c_on_node_0_stops_every_nodes_ranks(tmp_path):
     cluster = Cluster(tmp_path)
     args = ("--strategies", "ddp", "--case-timeout", "200")
@@ -160,6 +163,7 @@ def test_ctrl_c_on_node_0_stops_every_nodes_ranks(tmp_path):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.integration
 def test_nodes_that_expand_different_sweeps_exit_2_and_write_nothing(tmp_path):
     cluster = Cluster(tmp_path)
     node0 = cluster.start(0, "--strategies", "ddp")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.conftest import PYTHON, REPO
 
 TORCH_FREE = [
@@ -17,6 +19,7 @@ TORCH_FREE = [
 ]
 
 
+@pytest.mark.integration
 def test_report_compare_and_results_never_import_torch():
     code = (f"import {', '.join(TORCH_FREE)}; import sys; "
             "leaked = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
@@ -26,6 +29,7 @@ def test_report_compare_and_results_never_import_torch():
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.integration
 def test_the_worker_starts_without_scipy():
     """Every launch imports the worker; scipy.stats alone added ~0.8 s to each on 2 cores.
 

@@ -95,6 +95,7 @@ print(json.dumps({"before": before, "net": peaks.net_mib["0"], "gross": peaks.gr
 
 
 @pytest.mark.skipif(not memory.reset_rss_peak(), reason="/proc/self/clear_refs not writable")
+@pytest.mark.integration
 def test_real_reset_forgets_an_earlier_peak_and_sees_a_later_one():
     """In a fresh process, as a worker measures: in pytest's long-lived one, heap that
     earlier tests freed is returned to the system at unpredictable moments and moved the
@@ -220,6 +221,7 @@ def _own_stages_only(rank: int, world_size: int, name: str) -> dict[str, object]
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.integration
 def test_a_pipelining_rank_holds_only_its_own_stages():
     for name, stages in [("gpipe", [[0], [1]]), ("zbv", [[0, 3], [1, 2]]),
                          ("interleaved-1f1b", [[0, 2], [1, 3]])]:

@@ -117,6 +117,7 @@ def test_case_sampler_on_a_cuda_rig_uses_nvml_by_bus_id(monkeypatch):
     assert {r["util_gpu_pct"] for r in s.samples if r["device"] == "1"} == {91.0}
 
 
+@pytest.mark.integration
 def test_process_source_measures_a_real_busy_process():
     busy = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"],
                             stdout=subprocess.PIPE, text=True)
@@ -235,6 +236,7 @@ def test_real_nvml_reads_the_first_gpu():
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.integration
 def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path, forks):
     from bench_lib.measure.flops import AttainablePeak
     from bench_lib.measure.timing import STOP_REASONS

@@ -304,6 +304,7 @@ def test_one_process_runs_go_side_by_side_on_a_cpu_rig(tmp_path, monkeypatch, cp
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.integration
 def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -338,6 +339,7 @@ def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.integration
 def test_a_tiny_resnet_parity_run_judges_each_batch_norm_statistics(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

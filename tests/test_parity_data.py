@@ -106,6 +106,7 @@ def test_a_data_root_without_the_dataset_exits_2_writing_nothing(tmp_path, capsy
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_parity_on_a_users_mnist(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -76,6 +76,7 @@ def parity_run(root: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.integration
 def test_parity_report_has_the_curves_and_the_verdicts(tmp_path):
     run_dir = parity_run(tmp_path)
     assert cli.main(["report", str(run_dir)]) == 0

@@ -220,6 +220,7 @@ def test_choose_with_a_placement_balances_ranks():
     assert plain.placement == () and plain.rank_costs() == plain.stage_costs()
 
 
+@pytest.mark.integration
 def test_profiling_goes_block_by_block_with_one_live_input(monkeypatch):
     """Only the current block's input is alive while a block is profiled, and the stem is
     profiled without an input gradient (its input is the image batch)."""

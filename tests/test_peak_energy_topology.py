@@ -241,6 +241,7 @@ def test_short_windows_and_few_samples_leave_util_and_energy_empty_with_the_reas
 
 # ---- utilisation 0-100 of what a worker holds ------------------------------------------------
 
+@pytest.mark.integration
 def test_process_source_normalises_cpu_percent_by_the_worker_threads():
     busy = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"],
                             stdout=subprocess.PIPE, text=True)
@@ -275,6 +276,7 @@ def test_conv_probe_flops_are_counted_exactly():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.integration
 def test_cpu_workers_are_probed_together_pinned(cpu_rig):
     peak = flops.measure_peak(cpu_rig, ["fp32"], n=96, min_time_s=0.3,
                               conv=flops.ConvShape(1, 16, 16))
@@ -305,6 +307,7 @@ def test_math_mode_is_set_explicitly_and_read_back():
          torch.backends.cudnn.benchmark) = before
 
 
+@pytest.mark.integration
 def test_env_command_records_math_mode_and_topology():
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "env"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)

@@ -84,6 +84,7 @@ def test_1f1b_order_is_torchs_warmup_then_one_backward_one_forward():
         (("F", 1, 0), ("B", 1, 0), ("F", 1, 1), ("B", 1, 1), ("F", 1, 2), ("B", 1, 2)))
 
 
+@pytest.mark.integration
 def test_device_labels_are_those_the_measurement_records():
     rig = Rig("cpu", 2, 1, (0, 1))
     labels = {}
@@ -153,6 +154,7 @@ def _sweep(tmp_path, monkeypatch, case, admission):
 
 
 @pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.integration
 def test_a_case_predicted_over_the_cap_is_oom_unlaunched_unless_told(tmp_path, monkeypatch,
                                                                      skip):
     rig = Rig("cpu", 2, 1, (0, 1))
@@ -174,6 +176,7 @@ def test_a_case_predicted_over_the_cap_is_oom_unlaunched_unless_told(tmp_path, m
     assert parse_by_device(cases.loc[0, "peak_mem_mib_predicted_by_device"]) == {"0+1": 2500.0}
 
 
+@pytest.mark.integration
 def test_the_real_prediction_refuses_in_the_runner_and_the_flag_reaches_the_sweep(
         tmp_path, monkeypatch):
     rig = Rig("cpu", 2, 1, (0, 1))
@@ -186,6 +189,7 @@ def test_the_real_prediction_refuses_in_the_runner_and_the_flag_reaches_the_swee
     assert cli._profile_overrides(cli.build_parser().parse_args(["run"]))["predict_skip"] is None
 
 
+@pytest.mark.integration
 def test_a_cpu_rig_without_a_cap_refuses_nothing(tmp_path, monkeypatch):
     rig = Rig("cpu", 2, 1, (0, 1))
     case = new_case(rig, "single", "toy", 0, 8)
@@ -381,6 +385,7 @@ def _real_fsdp_live_peak(rank: int, world: int, model: str, image: int, batch: i
     return float(tracker.peak)
 
 
+@pytest.mark.integration
 def test_fsdp_prediction_is_near_the_live_tensors_of_a_real_fsdp2_step():
     """The count predicted for fsdp (no FSDP run is replayed) against the live tensors of a
     real FSDP2 step counted the same way: ResNet50, batch 16, at 64-128 px, 2-4% under;
@@ -430,6 +435,7 @@ def test_powersgd_adds_its_error_feedback_and_two_copies_of_the_largest_bucket()
         predict.CPU_HEAP_FACTOR * added, rel=1e-6)
 
 
+@pytest.mark.integration
 def test_heap_factor_script_counts_live_tensors_and_resident_memory():
     """benchmarks/heap_factor.py (the calibration check predict.py cites) runs and reads
     both figures; resident memory holds at least the live tensors. In its own process, as

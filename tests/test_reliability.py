@@ -79,6 +79,7 @@ def statuses(run_dir: Path) -> dict[str, str]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_sigkilled_rank_is_an_error_row_and_the_sweep_goes_on(tmp_path):
     code, _, err = finish(start(tmp_path, "--strategies", "ddp,single",
                                 fault="ddp:1:sigkill"))
@@ -91,8 +92,9 @@ def test_sigkilled_rank_is_an_error_row_and_the_sweep_goes_on(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_hung_rank_times_out_and_its_whole_group_is_killed(tmp_path):
-    code, _, err = finish(start(tmp_path, "--strategies", "ddp,mp", "--case-timeout", "25",
+    code, _, err = finish(start(tmp_path, "--strategies", "ddp,mp", "--case-timeout", "12",
                                 fault="ddp:1:hang"))
     run_dir = only_run_dir(tmp_path)
     assert code == 1, err
@@ -101,6 +103,7 @@ def test_hung_rank_times_out_and_its_whole_group_is_killed(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_memory_cap_turns_a_runaway_case_into_an_oom_row(tmp_path):
     code, _, err = finish(start(tmp_path, "--strategies", "single,mp",
                                 "--max-memory-per-device", "1.5GiB", fault="single:0:alloc"))
@@ -126,6 +129,7 @@ def _wait_for_rows(run_dir_parent: Path, rows: int, timeout: float = 200) -> Pat
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.integration
 def test_interrupted_sweep_resumes_with_every_case_exactly_once(tmp_path, how):
     # Two workloads (image sizes), each launched in 2 rounds: a workload's rows are written
     # when its last round ends, so the run is cut in the second workload.
@@ -162,6 +166,7 @@ def test_interrupted_sweep_resumes_with_every_case_exactly_once(tmp_path, how):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_two_concurrent_runs_do_not_collide(tmp_path):
     procs = [start(tmp_path, "--strategies", "ddp") for _ in range(2)]
     results = [finish(p) for p in procs]
@@ -172,6 +177,7 @@ def test_two_concurrent_runs_do_not_collide(tmp_path):
         assert statuses(d) == {"ddp": "ok"}
 
 
+@pytest.mark.integration
 def test_resume_refuses_other_schema_versions_and_extra_flags(tmp_path):
     run_dir = tmp_path / "old"
     run_dir.mkdir()
@@ -188,6 +194,7 @@ def test_resume_refuses_other_schema_versions_and_extra_flags(tmp_path):
     assert proc.returncode == 2 and "drop --strategies" in proc.stderr
 
 
+@pytest.mark.integration
 def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path):
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", *TINY, "--dry-run",
                            "--batch-size", "4,16", "--microbatches", "2,8",
@@ -202,9 +209,10 @@ def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_single_node_ranks_listen_on_loopback_only(tmp_path):
     # Hold a ddp case open (rank 1 hangs after joining the group), look at its sockets.
-    proc = start(tmp_path, "--strategies", "ddp", "--case-timeout", "20", fault="ddp:1:hang")
+    proc = start(tmp_path, "--strategies", "ddp", "--case-timeout", "12", fault="ddp:1:hang")
     deadline = time.monotonic() + 60
     bound: list[str] = []  # local addresses of the ranks' listening and connected sockets
     while time.monotonic() < deadline and not bound:
@@ -249,6 +257,7 @@ def _no_case_id(run_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [_cut_header, _no_case_id])
+@pytest.mark.integration
 def test_resume_refuses_an_unreadable_run_folder_before_touching_it(tmp_path, damage):
     run_dir = tmp_path / "run"
     _recorded_run(run_dir)

@@ -172,6 +172,7 @@ def relaunch(cases: pd.DataFrame, case_id: str, medians: list[float]) -> None:
     cases.loc[sel, ["speedup_ci_low", "speedup_ci_high"]] = float("nan")
 
 
+@pytest.mark.integration
 def test_winner_grid_marks_a_tie_and_a_missing_interval(tmp_path):
     cases = load(synthetic_run(tmp_path)).cases
     ddp128 = launch_medians(1.25, 1)
@@ -251,6 +252,7 @@ def test_memory_bars_show_each_device(tmp_path):
     plt.close(fig)
 
 
+@pytest.mark.integration
 def test_report_html_is_self_contained_with_every_figure(tmp_path):
     run_dir = synthetic_run(tmp_path)
     path = build.write_report([run_dir])
@@ -269,6 +271,7 @@ def test_report_html_is_self_contained_with_every_figure(tmp_path):
     assert "20.0%" in html  # theoretical bubble of S=2, M=4 beside the measured one
 
 
+@pytest.mark.integration
 def test_missing_samples_and_timeline_say_not_measured(tmp_path):
     run_dir = synthetic_run(tmp_path, samples=False, timeline=False)
     html = build.write_report([run_dir]).read_text()
@@ -277,6 +280,7 @@ def test_missing_samples_and_timeline_say_not_measured(tmp_path):
     assert not (run_dir / "fig6_timeline.png").exists()
 
 
+@pytest.mark.integration
 def test_two_runs_side_by_side(tmp_path):
     a = synthetic_run(tmp_path, "20260101T000000Z_boxa_abcdef0")
     b = synthetic_run(tmp_path, "20260102T000000Z_boxb_abcdef0", scale=0.5)
@@ -338,6 +342,7 @@ assert "matplotlib.pyplot" not in sys.modules, "the report went through pyplot"
 """
 
 
+@pytest.mark.integration
 def test_report_leaves_the_callers_matplotlib_backend_and_style_alone(tmp_path):
     run_dir = synthetic_run(tmp_path)
     proc = subprocess.run([PYTHON, "-c", KEEPS_MATPLOTLIB, str(run_dir)], cwd=REPO,
@@ -360,6 +365,7 @@ def test_figures_are_drawn_in_the_report_style_without_keeping_it(tmp_path):
     assert any(line.get_visible() for line in ax.yaxis.get_gridlines())
 
 
+@pytest.mark.integration
 def test_cli_report_prints_the_path(tmp_path):
     run_dir = synthetic_run(tmp_path)
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "report", str(run_dir)], cwd=REPO,
@@ -412,6 +418,7 @@ def test_unusable_run_folder_exits_2_and_writes_nothing(tmp_path, capsys, spoil,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_notebook_runs_against_a_run_folder(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -379,6 +379,7 @@ def _launch_medians(steps: list[dict[str, str]]) -> dict[str, list[float]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.integration
 def test_a_sweep_run_as_two_shards_merges_into_the_unsharded_rows(tmp_path):
     runs = {}
     for name, extra in (("whole", []), ("s1", ["--shard", "1/2"]), ("s2", ["--shard", "2/2"])):

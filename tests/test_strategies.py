@@ -26,6 +26,7 @@ def tiny_case(name: str, rig: Rig) -> Case:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
+@pytest.mark.integration
 def test_strategy_runs_one_case(name, cpu_rig, tmp_path, forks):
     spec = strategies.get(name)
     reason = spec.unsupported_reason(cpu_rig)

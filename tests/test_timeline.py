@@ -144,6 +144,7 @@ def test_trace_step_with_cuda_events():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_run_writes_timeline_csv_and_bubble_columns_for_pipelined_cases_only(tmp_path):
     proc = subprocess.run(
         [PYTHON, "-m", "bench_lib", "run", "--profile", "smoke", "--rig", "cpu", "--strategies",

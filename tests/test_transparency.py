@@ -33,6 +33,7 @@ def _assert_same(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> No
 @pytest.mark.parametrize("model", ["resnet-tiny", "resnet50"])
 @pytest.mark.parametrize("loss", ["ce", "mse-onehot"])
 @pytest.mark.parametrize("name,split", [("mp", None), ("pipeline", 3), ("pipeline", 8)])
+@pytest.mark.integration
 def test_single_process_strategies_match_single_device(name, split, model, loss):
     workload = Workload(model, image_size=32, batch_size=BATCH, num_classes=10, loss=loss)
     cpu = torch.device("cpu")
@@ -55,6 +56,7 @@ def _ddp_rank_grads(rank: int, world_size: int, workload: Workload) -> list[torc
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_ddp_matches_single_device():
     workload = Workload("resnet-tiny", image_size=32, batch_size=BATCH, num_classes=10)
     per_rank = run_ranks(_ddp_rank_grads, world_size=2, args=(workload,))

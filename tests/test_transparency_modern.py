@@ -65,6 +65,7 @@ PIPELINING_CONFIGS = [
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_pipelining_schedules_match_single_device():
     rank0, rank1 = run_ranks(_rank_grads_of_configs, 2, (PIPELINING_CONFIGS,))
     for config, grads0, grads1 in zip(PIPELINING_CONFIGS, rank0, rank1):
@@ -104,6 +105,7 @@ def _fsdp_rank_grads(rank, world_size):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_fsdp_matches_single_device_and_shards():
     per_rank = run_ranks(_fsdp_rank_grads, world_size=2)
     reference = reference_grads(_workload())

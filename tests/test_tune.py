@@ -221,6 +221,7 @@ def test_predicted_oom_is_never_launched_and_the_folder_is_complete(tmp_path: Pa
     assert summary["launches"] == len(launched)
 
 
+@pytest.mark.integration
 def test_a_tiny_real_tune_writes_a_valid_run_folder(tmp_path: Path):
     out = tmp_path / "results"
     proc = subprocess.run(

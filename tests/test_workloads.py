@@ -119,6 +119,7 @@ def test_the_make_batch_of_resnets_is_unchanged():
     assert torch.equal(x, x0) and torch.equal(y, y0)
 
 
+@pytest.mark.integration
 def test_flops_per_sample_of_the_small_models_are_hand_counted():
     # A linear layer of n_in x n_out: forward 2*n_in*n_out per sample, the weight gradient as
     # much again, the input gradient as much again except for the first layer (its input is
@@ -274,6 +275,7 @@ def _outcome(per_rank: list[RankResult]) -> CaseOutcome:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.integration
 def test_every_model_trains_with_every_strategy_a_cpu_rig_runs(cpu_rig, tmp_path):
     cases = _matrix(cpu_rig)
     refused = {(c.model, c.strategy): c.reason for c in cases if c.status is not None}
@@ -369,6 +371,7 @@ def _distributed_grads(rank: int, world_size: int) -> list[dict[int, torch.Tenso
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_distributed_strategies_match_the_uncut_model():
     rank0, rank1 = run_ranks(_distributed_grads, 2)
     configs = [(m, c) for m in SMALL for c in DISTRIBUTED]
@@ -387,6 +390,7 @@ def test_distributed_strategies_match_the_uncut_model():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_a_cli_run_of_the_small_models_writes_ok_rows(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -1,7 +1,8 @@
 """One launch of a distance case: fresh processes, supervised by the runner's own rules.
 
-The processes start as a training case's ranks do (``run.runner._launch``: one process
-group of their own, each told the runner's pid), running ``bench_lib.distance.worker``;
+The processes start as a training case's ranks do (``run.runner.launch_ranks``: one process
+group of their own, each told its parent's pid; forked by the run's fork server), running
+``bench_lib.distance.worker``;
 then the runner's supervision (``_supervise``: the case timeout, the cpu memory cap through
 ``_rss_over_cap``, a dead rank's peers killed after their grace) and its combination of the
 rank files (``_combine``: the first failure blamed, an ``oom`` first; else the slowest rank
@@ -11,10 +12,7 @@ beside it (``Computed``).
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +20,9 @@ from pathlib import Path
 import torch
 
 from bench_lib.distance.spec import DistanceSpec, result_file
+from bench_lib.run.forkserver import ForkServer
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.runner import _combine, _rss_over_cap, _supervise
+from bench_lib.run.runner import _combine, _rss_over_cap, _supervise, launch_ranks
 
 WORKER_MODULE = "bench_lib.distance.worker"
 
@@ -38,24 +37,11 @@ class Computed:
     """dD/dW on the CPU, in the case's precision (None: no backward ran)."""
 
 
-def start(spec_path: Path, processes: int, log_path: Path) -> list[subprocess.Popen[bytes]]:
-    """The launch's processes, in one new process group led by rank 0 (as the runner's)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    procs: list[subprocess.Popen[bytes]] = []
-    with log_path.open("ab") as log:
-        for rank in range(processes):
-            cmd = [sys.executable, "-m", WORKER_MODULE, str(spec_path), str(rank),
-                   str(os.getpid())]
-            group = procs[0].pid if procs else 0
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          process_group=group))
-    return procs
-
-
-def launch(spec: DistanceSpec, work_root: Path) -> tuple[CaseOutcome, Computed | None]:
-    """Run one launch of ``spec``'s case; its outcome (never raises for the case) and, when
-    ok, rank 0's value and gradient. The work folder stays where it did not end ok (its
-    worker.log says why)."""
+def launch(spec: DistanceSpec, work_root: Path,
+           server: ForkServer | None = None) -> tuple[CaseOutcome, Computed | None]:
+    """Run one launch of ``spec``'s case (its ranks forked by ``server`` where given);
+    its outcome (never raises for the case) and, when ok, rank 0's value and gradient. The
+    work folder stays where it did not end ok (its worker.log says why)."""
     case = spec.case
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
@@ -63,7 +49,8 @@ def launch(spec: DistanceSpec, work_root: Path) -> tuple[CaseOutcome, Computed |
     spec.write(case_dir / "spec.json")
     log_path = case_dir / "worker.log"
     began = time.monotonic()
-    procs = start(case_dir / "spec.json", case.processes, log_path)
+    procs = launch_ranks(case_dir / "spec.json", case.processes, log_path, server,
+                         WORKER_MODULE)
     cap = spec.measurement.max_memory_per_device_mib if spec.rig.kind == "cpu" else 0.0
     baselines: dict[int, float] = {}
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +16,7 @@ from pathlib import Path
 
 from bench_lib.parity.train import EpochResult, ParitySpec, result_path
 from bench_lib.rig import Rig
+from bench_lib.run.forkserver import ForkServer, start_module
 
 RUN_TIMEOUT_S = 600.0
 POLL_S = 0.1
@@ -36,15 +35,15 @@ class Job:
     """Rank processes (1: one process drives the strategy's devices)."""
 
 
-def launch(spec: ParitySpec, workdir: Path, processes: int) -> tuple[list[EpochResult], str]:
-    """Run ``spec`` in fresh rank processes; its epochs, or none and why."""
+def launch(spec: ParitySpec, workdir: Path, processes: int,
+           server: ForkServer | None = None) -> tuple[list[EpochResult], str]:
+    """Run ``spec`` in fresh rank processes (forked by ``server`` where given); its epochs,
+    or none and why."""
     workdir.mkdir(parents=True)
     spec.write(workdir / "spec.json")
-    with (workdir / "log.txt").open("ab") as log:
-        procs = [subprocess.Popen([sys.executable, "-m", "bench_lib.parity.train",
-                                   str(workdir / "spec.json"), str(rank)],
-                                  stdout=log, stderr=subprocess.STDOUT)
-                 for rank in range(processes)]
+    procs = [start_module(server, "bench_lib.parity.train", [str(workdir / "spec.json"),
+                                                             str(rank)], workdir / "log.txt")
+             for rank in range(processes)]
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         if any(p.poll() not in (None, 0) for p in procs):
@@ -71,6 +70,7 @@ def launch_all(jobs: list[Job], rig: Rig,
                ) -> list[Outcome]:
     """Every job's outcome, in the order of ``jobs``; ``on_done(finished, job, outcome,
     seconds)`` as each ends (its progress line; ``finished`` counts the jobs done so far).
+    Every rank is forked by one fork server (``run.forkserver``).
 
     On a cpu rig the one-process jobs go side by side, each pinned to a free worker (a
     model's ``single`` at its seeds, in float64, ``mp``, ``accum`` ...: half their time on
@@ -82,7 +82,7 @@ def launch_all(jobs: list[Job], rig: Rig,
 
     def timed(job: Job, spec: ParitySpec) -> Outcome:
         t0 = time.monotonic()
-        outcome = launch(spec, job.workdir, job.processes)
+        outcome = launch(spec, job.workdir, job.processes, server)
         if on_done is not None:
             with lock:
                 finished[0] += 1
@@ -100,9 +100,10 @@ def launch_all(jobs: list[Job], rig: Rig,
         finally:
             free.put(worker)
 
-    with ThreadPoolExecutor(max_workers=rig.num_devices) as pool:
-        outcomes = dict(zip(side, pool.map(beside, [jobs[i] for i in side])))
-    for i, job in enumerate(jobs):
-        if i not in outcomes:
-            outcomes[i] = timed(job, job.spec)
+    with ForkServer() as server:
+        with ThreadPoolExecutor(max_workers=rig.num_devices) as pool:
+            outcomes = dict(zip(side, pool.map(beside, [jobs[i] for i in side])))
+        for i, job in enumerate(jobs):
+            if i not in outcomes:
+                outcomes[i] = timed(job, job.spec)
     return [outcomes[i] for i in range(len(jobs))]

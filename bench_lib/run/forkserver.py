@@ -164,8 +164,9 @@ class ServerGone(RuntimeError):
 
 
 class ForkServer:
-    """The runner's side: starts the server, forks ranks through it (``spawn``), and reads
-    their exits. One per run; a server that died is started again on the next ``spawn``.
+    """The runner's side: starts the server, forks ranks through it (``spawn``, from any
+    thread), and reads their exits. One per run; a server that died is started again on the
+    next ``spawn``.
 
     ``reaped_cpu_s``: the CPU time of every rank reaped so far, which the runner counts as
     its own children's (``contention.CpuSnapshot``): the ranks are the server's children,
@@ -175,6 +176,7 @@ class ForkServer:
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
         self._cond = threading.Condition()
+        self._spawning = threading.Lock()
         self._exits: dict[int, int] = {}
         self._started: list[int] = []
         self._live: set[int] = set()
@@ -240,7 +242,8 @@ class ForkServer:
 
     def ensure(self) -> int:
         """Start the server if none is running; its pid (its children's parent)."""
-        self._ensure()
+        with self._spawning:
+            self._ensure()
         assert self._proc is not None
         return self._proc.pid
 
@@ -250,22 +253,23 @@ class ForkServer:
         start and imports: output appended to ``stdout`` (and ``stderr``, default the same
         file); in process group ``group`` (-1: the server's; 0: a new one it leads; else
         that group, which must exist)."""
-        self._ensure()
-        assert self._proc is not None and self._proc.stdin is not None
         request = {"module": module, "args": list(args), "stdout": str(stdout),
                    "stderr": str(stderr) if stderr else "", "group": group}
-        with self._cond:
-            count = len(self._started)
-        try:
-            self._proc.stdin.write((json.dumps(request) + "\n").encode())
-            self._proc.stdin.flush()
-        except OSError as e:
-            raise ServerGone(f"the fork server is gone ({e})") from None
-        with self._cond:
-            self._cond.wait_for(lambda: len(self._started) > count or self._gone)
-            if len(self._started) <= count:
-                raise ServerGone("the fork server ended before starting the rank")
-            return Forked(self._started[count], self)
+        with self._spawning:  # one request at a time: replies come back in order
+            self._ensure()
+            assert self._proc is not None and self._proc.stdin is not None
+            with self._cond:
+                count = len(self._started)
+            try:
+                self._proc.stdin.write((json.dumps(request) + "\n").encode())
+                self._proc.stdin.flush()
+            except OSError as e:
+                raise ServerGone(f"the fork server is gone ({e})") from None
+            with self._cond:
+                self._cond.wait_for(lambda: len(self._started) > count or self._gone)
+                if len(self._started) <= count:
+                    raise ServerGone("the fork server ended before starting the process")
+                return Forked(self._started[count], self)
 
     def exit_code(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
         """``pid``'s exit code once reaped (waiting up to ``timeout_s``; None: forever)."""

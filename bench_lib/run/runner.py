@@ -88,11 +88,12 @@ REPORT_GRACE_S = 15.0
 LOG_TAIL_CHARS = 400
 
 
-def _launch(spec_path: Path, nproc: int, log_path: Path,
-            server: ForkServer | None = None) -> list[Rank]:
-    """Start the case's ranks in one new process group (the first rank leads it): forked by
-    ``server`` (``run.forkserver``: no second of imports per rank), else each a fresh
-    ``python -m bench_lib.run.worker``.
+def launch_ranks(spec_path: Path, nproc: int, log_path: Path,
+                 server: ForkServer | None = None, module: str = WORKER_MODULE) -> list[Rank]:
+    """Start a launch's ranks, ``python -m MODULE SPEC_JSON RANK PARENT_PID`` (the case
+    worker; the distance worker takes the same arguments), in one new process group (the
+    first rank leads it): forked by ``server`` (``run.forkserver``: no seconds of imports
+    per rank), else each a fresh interpreter.
 
     Each rank is told its parent's pid (the runner's, or the server's) and asks, as it
     starts, to be killed when that parent dies (``lifeline.die_with_parent``). Not in a
@@ -105,7 +106,7 @@ def _launch(spec_path: Path, nproc: int, log_path: Path,
     for rank in range(nproc):
         args = [str(spec_path), str(rank), str(parent)]
         group = procs[0].pid if procs else 0  # 0: a new group led by rank 0
-        procs.append(start_module(server, WORKER_MODULE, args, log_path, group=group))
+        procs.append(start_module(server, module, args, log_path, group=group))
     return procs
 
 
@@ -464,8 +465,8 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
 
 def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path,
                server: ForkServer | None = None) -> CaseOutcome:
-    """The local launcher: the runner starts every rank itself (``_launch``)."""
-    procs = _launch(case_dir / "spec.json", case.processes, log_path, server)
+    """The local launcher: the runner starts every rank itself (``launch_ranks``)."""
+    procs = launch_ranks(case_dir / "spec.json", case.processes, log_path, server)
     # CPU workers are capped here by the resident memory the case adds, per device they
     # drive; GPUs by their allocator (worker.py).
     cap = case.measurement.max_memory_per_device_mib if rig.kind == "cpu" else 0.0
