@@ -42,8 +42,7 @@ def test_the_server_starts_no_thread_of_its_own(monkeypatch):
     what is left is ours."""
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     with ForkServer() as s:
-        assert s._proc is not None
-        assert _threads(s._proc.pid) == 1
+        assert _threads(s.ensure()) == 1
 
 
 @pytest.mark.timeout(180)
@@ -117,8 +116,7 @@ def test_ranks_share_the_first_ranks_process_group(server, tmp_path):
 def test_a_server_that_dies_takes_its_ranks_and_the_next_spawn_starts_another(tmp_path):
     with ForkServer() as s:
         rank = _hang(s, tmp_path)
-        assert s._proc is not None
-        old = s._proc.pid
+        old = s.ensure()
         os.kill(old, signal.SIGKILL)
         assert rank.wait(timeout=30) == -signal.SIGKILL
         deadline = time.monotonic() + 30
@@ -132,5 +130,21 @@ def test_a_server_that_dies_takes_its_ranks_and_the_next_spawn_starts_another(tm
         else:
             assert not os.path.exists(f"/proc/{rank.pid}"), "the rank outlived its server"
         failing = _worker(s, tmp_path / "missing.json", tmp_path / "worker.log")
-        assert s._proc.pid != old
+        assert s.ensure() != old
         assert failing.wait(timeout=60) == 1
+
+
+@pytest.mark.integration
+def test_a_server_first_used_from_a_short_lived_thread_outlives_it(tmp_path):
+    """The parent-death signal fires when the thread that started the server ends: a pool
+    thread's first spawn (parity's side-by-side runs) must not be that thread."""
+    import threading
+
+    with ForkServer() as s:
+        pid: list[int] = []
+        thread = threading.Thread(target=lambda: pid.append(s.ensure()))
+        thread.start()
+        thread.join()
+        time.sleep(0.5)  # a signal tied to the thread would have killed it by now
+        assert s.ensure() == pid[0]
+        assert _worker(s, tmp_path / "missing.json", tmp_path / "worker.log").wait(60) == 1

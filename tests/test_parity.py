@@ -197,7 +197,7 @@ def test_a_strategy_that_ends_elsewhere_diverges_and_fails_the_command(
         tmp_path, monkeypatch, cpu_rig):
     ends = {"fp64": 0.30000001, "single": 0.3, "ddp": 0.3000001, "gpipe": 0.3001}
 
-    def fake_launch(spec, workdir, processes):
+    def fake_launch(spec, workdir, processes, server=None):
         key = "fp64" if spec.precision == "fp64" else spec.strategy
         return [EpochResult(0, 1.0, ends[key], 0.9, 0.1)], ""
 
@@ -227,7 +227,7 @@ def test_batch_norm_strategies_are_judged_against_their_own_statistics(
             "fsdp": 0.25 + 1e-7, "mp": 0.30 + 5e-7}
     calls = []
 
-    def fake_launch(spec, workdir, processes):
+    def fake_launch(spec, workdir, processes, server=None):
         calls.append((spec.strategy, spec.precision, spec.seed, spec.split_seed))
         if spec.precision == "fp64":
             end = 0.30 + 1e-8
@@ -267,7 +267,7 @@ def test_sync_bn_is_unsupported_on_a_cpu_rig_and_moot_without_batch_norm(
         tmp_path, monkeypatch, cpu_rig):
     ran = []
 
-    def fake_launch(spec, workdir, processes):
+    def fake_launch(spec, workdir, processes, server=None):
         ran.append((spec.model, spec.strategy, spec.sync_bn))
         return [EpochResult(0, 1.0, 0.3, 0.9, 0.1)], ""
 
@@ -288,7 +288,7 @@ def test_one_process_runs_go_side_by_side_on_a_cpu_rig(tmp_path, monkeypatch, cp
     both = threading.Barrier(2, timeout=60)
     seen = []
 
-    def fake_launch(spec, workdir, processes):
+    def fake_launch(spec, workdir, processes, server=None):
         if spec.strategy == "single":
             both.wait()  # single in fp64 and in fp32 run at once, or this breaks
         seen.append((spec.strategy, spec.worker, processes))

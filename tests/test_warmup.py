@@ -17,6 +17,7 @@ from bench_lib.measure.timing import (
     measure_steps,
     time_steps,
 )
+from bench_lib.run.protocol import CaseOutcome, reused_warmup
 from tests.dist_harness import run_ranks
 
 CPU = torch.device("cpu")
@@ -138,3 +139,51 @@ def test_ranks_run_the_same_warmup_judged_on_the_slowest_rank():
     assert (alone0, alone1) == (3, 2)
     assert warm0 == warm1 == 5
     assert steps0 == steps1 == 5 + 3
+
+
+# A case's later launches: the first launch's warm-up as a fixed count ----------------------
+
+
+def test_a_later_launch_reuses_the_first_launchs_warmup_less_its_confirming_step():
+    first = CaseOutcome("ok", warmup_steps=warmup_length(WarmupRule(1), DDP_LIKE))
+    assert first.warmup_steps == 4  # 3.0, 2.0, 1.0 fall; 1.01 confirmed the end
+    assert reused_warmup(first, 1) == 3  # the confirming step was already steady
+    # A later launch warmed up that way times from the confirming step on: no trend left.
+    assert DDP_LIKE[3] >= min(DDP_LIKE[:3]) * (1 - WARMUP_TOLERANCE)
+    assert reused_warmup(CaseOutcome("ok", warmup_steps=2), 2) == 2  # never under the minimum
+    capped = CaseOutcome("ok", warmup_steps=2 + WARMUP_EXTRA_MAX)  # still falling at the cap
+    assert reused_warmup(capped, 2) == 2 + WARMUP_EXTRA_MAX
+    assert reused_warmup(CaseOutcome("ok", warmup_steps=0), 0) is None  # no warm-up asked
+    assert reused_warmup(CaseOutcome("error", "boom"), 2) is None  # it never timed
+
+
+def test_a_fixed_warmup_runs_exactly_its_count_even_where_steps_still_fall(monkeypatch):
+    clock = ScriptedClock(DDP_LIKE)
+    monkeypatch.setattr(timing, "time", clock)
+    timed = measure_steps(clock.step, [CPU], warmup_steps=2, timed_steps=3, max_time_s=1e9,
+                          ci_target_pct=0, warmup_rule=False)
+    assert timed.warmup_steps == 2 and clock.steps == 2 + 3
+    assert timed.times_s == pytest.approx(DDP_LIKE[2:5])
+    assert timed.warmup_time_s == pytest.approx(3.0 + 2.0)
+
+
+@pytest.mark.integration
+def test_later_launches_of_a_sweep_run_the_reused_warmup(tmp_path, cpu_rig, forks):
+    """Through the runner: launch 1 under the rule, launches 2 and 3 the reused count."""
+    from bench_lib.results.store import RunWriter
+    from bench_lib.run.runner import run_sweep
+    from bench_lib.sweep.cases import new_case
+    from bench_lib.sweep.profile import Measurement
+
+    m = Measurement(warmup_steps=1, timed_steps=2, max_time_s=30, case_timeout_s=120,
+                    launches=3, ci_target_pct=0)
+    case = new_case(cpu_rig, "single", "resnet-tiny", 32, 4, measurement=m)
+    counts: list[int | None] = []
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with RunWriter(run_dir) as writer:
+        run_sweep([case], cpu_rig, writer, server=forks,
+                  on_launch_done=lambda i, c, r, o: counts.append(o.warmup_steps))
+    assert len(counts) == 3 and counts[0] is not None and counts[0] >= 2
+    expected = reused_warmup(CaseOutcome("ok", warmup_steps=counts[0]), 1)
+    assert counts[1:] == [expected, expected]

@@ -5,8 +5,10 @@ rule, the collective stop, and the slowest rank per step.
    ``warmup_steps``, then more while step times are still falling (``WarmupRule``: the
    latest warm-up step more than 2% faster than every one before it), at most 8 more. In a
    multi-process case every rank judges the slowest rank's warm-up times and the decision
-   is reduced, so all ranks run the same warm-up. Then ``after_warmup`` runs (the worker
-   resets the peak-memory counters there, so peaks cover the timed steps only).
+   is reduced, so all ranks run the same warm-up. A case's later launches run the first
+   launch's warm-up as a fixed count, less the step that confirmed it was over
+   (``protocol.reused_warmup``). Then ``after_warmup`` runs (the worker resets the
+   peak-memory counters there, so peaks cover the timed steps only).
 2. Multi-process strategies start the timed window together (a process-group barrier).
 3. Every timed step is bracketed by ``rig.synchronize`` of every device the step touches,
    so a step's time is the wall time until its last kernel finished. The process's CPU
@@ -243,8 +245,10 @@ class TimedSteps:
 def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                   warmup_steps: int, timed_steps: int, max_time_s: float,
                   ci_target_pct: float, group_device: torch.device | None = None,
-                  after_warmup: Callable[[], None] | None = None) -> TimedSteps:
-    """Warm up (at least ``warmup_steps``, under ``WarmupRule``), then time ``step`` under
+                  after_warmup: Callable[[], None] | None = None,
+                  warmup_rule: bool = True) -> TimedSteps:
+    """Warm up (at least ``warmup_steps``, under ``WarmupRule``; exactly ``warmup_steps``
+    with ``warmup_rule`` False: a count an earlier launch found), then time ``step`` under
     the adaptive stop rule: rules 1 to 4 above.
 
     ``group_device``: in a multi-process case (a process group is up), the device its
@@ -253,13 +257,14 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     """
     rule = AdaptiveStop(ci_target_pct / 100, max_time_s)
     stop: StopRule = rule
-    warmed: StopRule = WarmupRule(warmup_steps)
+    warmed: StopRule | None = WarmupRule(warmup_steps) if warmup_rule else None
     barrier: Callable[[], object] | None = None
     if group_device is not None:
         import torch.distributed as dist
 
         stop, barrier = collective_stop(rule, group_device), dist.barrier
-        warmed = collective_stop(warmed, group_device)
+        if warmed is not None:
+            warmed = collective_stop(warmed, group_device)
     warm: list[float] = []
     window: list[float] = []
     cpu: list[float] = []

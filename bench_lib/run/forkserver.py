@@ -164,9 +164,9 @@ class ServerGone(RuntimeError):
 
 
 class ForkServer:
-    """The runner's side: starts the server, forks ranks through it (``spawn``, from any
-    thread), and reads their exits. One per run; a server that died is started again on the
-    next ``spawn``.
+    """The runner's side: starts the server (with the first ``spawn``), forks processes
+    through it (``spawn``, from any thread), and reads their exits. One per run; a server
+    that died is started again on the next ``spawn``.
 
     ``reaped_cpu_s``: the CPU time of every rank reaped so far, which the runner counts as
     its own children's (``contention.CpuSnapshot``): the ranks are the server's children,
@@ -185,37 +185,59 @@ class ForkServer:
         self._gone = True
 
     def __enter__(self) -> ForkServer:
-        self._ensure()
-        return self
+        return self  # started by the first ``spawn`` (or ``ensure``): none where none is
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _ensure(self) -> None:
-        """Start the server if none is running, and wait for its imports (``ensure``)."""
+        """Start the server if none is running, and wait for its imports (``ensure``).
+
+        The server is started by its reader thread, which lives exactly as long as the
+        server: the parent-death signal the server asks for fires when the *thread* that
+        started it ends (prctl's rule), so a caller's short-lived thread (a pool's) must
+        not be the one.
+        """
         with self._cond:
             if not self._gone:
                 return
             self._gone = False
+            self._proc = None
+            started: list[subprocess.Popen[bytes]] = []
             ready: list[int] = []
-        proc = subprocess.Popen(
-            [sys.executable, "-m", SERVER_MODULE, str(os.getpid())], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env=self._env, process_group=0)
-        self._proc = proc
-        threading.Thread(target=self._read, args=(proc, ready), daemon=True,
-                         name="forkserver-reader").start()
+            failed: list[BaseException] = []
+        threading.Thread(target=self._serve, args=(started, ready, failed), daemon=True,
+                         name="forkserver").start()
         with self._cond:
             self._cond.wait_for(lambda: ready or self._gone, START_TIMEOUT_S)
             if ready:
                 return
-        proc.kill()
-        proc.wait()
+        if started:
+            started[0].kill()
+            started[0].wait()
         with self._cond:
             self._gone = True
-        raise ServerGone(f"the fork server did not start (exit code {proc.returncode})")
+        code = started[0].returncode if started else None
+        why = f": {failed[0]}" if failed else f" (exit code {code})"
+        raise ServerGone(f"the fork server did not start{why}")
 
-    def _read(self, proc: subprocess.Popen[bytes], ready: list[int]) -> None:
-        """The reader thread: every message of ``proc``, until its stdout closes."""
+    def _serve(self, started: list[subprocess.Popen[bytes]], ready: list[int],
+               failed: list[BaseException]) -> None:
+        """The server's thread: start it, then read every message until its stdout
+        closes."""
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", SERVER_MODULE, str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, process_group=0)
+        except OSError as e:
+            with self._cond:
+                failed.append(e)
+                self._gone = True
+                self._cond.notify_all()
+            return
+        with self._cond:
+            started.append(proc)
+            self._proc = proc
         assert proc.stdout is not None
         for line in proc.stdout:
             message = json.loads(line)
@@ -232,7 +254,7 @@ class ForkServer:
                 self._cond.notify_all()
         proc.wait()
         with self._cond:
-            if self._proc is proc:  # not an earlier server's reader, ending late
+            if self._proc is proc:  # not an earlier server's thread, ending late
                 # Its ranks died with it (their parent-death signal).
                 for pid in self._live:
                     self._exits.setdefault(pid, -signal.SIGKILL)

@@ -177,6 +177,8 @@ class LaunchNotice:
     rdzv_id: str = ""
     trace: bool = False
     cut: str = ""
+    warmup_steps: int | None = None
+    """The warm-up as a fixed count (``protocol.CaseSpec.warmup_steps``)."""
     end: str = ""
     """Non-empty: no launch, the run ended (``done``, ``interrupted``, or why it stopped)."""
 
@@ -299,10 +301,12 @@ class Coordinator:
         for i in self.others:
             self._store.set(f"welcome/{i}", json.dumps({"run_id": run_id}))
 
-    def announce(self, case_id: str, launch: int, trace: bool, cut: str) -> LaunchNotice:
+    def announce(self, case_id: str, launch: int, trace: bool, cut: str,
+                 warmup_steps: int | None = None) -> LaunchNotice:
         """Publish the next launch; the other nodes start their agents on it."""
         notice = LaunchNotice(self._seq, case_id, launch,
-                              f"parabench-{self._seq}-{case_id}-l{launch}", trace, cut)
+                              f"parabench-{self._seq}-{case_id}-l{launch}", trace, cut,
+                              warmup_steps)
         self._seq += 1
         self._store.set(f"launch/{notice.seq}", notice.to_json())
         return notice

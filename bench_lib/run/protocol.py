@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib.measure.contention import MachineLoad
+from bench_lib.measure.timing import WARMUP_EXTRA_MAX
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
@@ -40,24 +41,47 @@ def baseline_path(case_dir: Path, rank: int) -> Path:
 @dataclass(frozen=True)
 class CaseSpec:
     """What every rank of a case's launch is told: the case, the rig, whether to trace a
-    step for the pipeline timeline after the timed ones (the first launch only), and the
+    step for the pipeline timeline after the timed ones (the first launch only), the
     stage cut to use instead of choosing one (``cut``: the first launch's, e.g.
-    ``balanced:6,12``, so that every launch measures the same cut; empty: choose it)."""
+    ``balanced:6,12``, so that every launch measures the same cut; empty: choose it), and
+    the warm-up to run as a fixed count (``warmup_steps``: what the first launch found,
+    ``reused_warmup``; None: the profile's minimum, then ``timing.WarmupRule``)."""
 
     case: Case
     rig: Rig
     trace: bool = True
     cut: str = ""
+    warmup_steps: int | None = None
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, {"case": self.case.as_dict(), "rig": self.rig.as_dict(),
-                                 "trace": self.trace, "cut": self.cut})
+                                 "trace": self.trace, "cut": self.cut,
+                                 "warmup_steps": self.warmup_steps})
 
     @classmethod
     def read(cls, path: Path) -> CaseSpec:
         data = json.loads(path.read_text())
+        warmup = data.get("warmup_steps")
         return cls(Case.from_dict(data["case"]), Rig.from_dict(data["rig"]),
-                   bool(data.get("trace", True)), str(data.get("cut", "")))
+                   bool(data.get("trace", True)), str(data.get("cut", "")),
+                   None if warmup is None else int(warmup))
+
+
+def reused_warmup(first: CaseOutcome, minimum: int) -> int | None:
+    """The warm-up a case's later launches run as a fixed count, from its first launch's
+    (``warmup_steps``, under ``timing.WarmupRule``; ``minimum``: the profile's).
+
+    The rule ends warm-up after a step that was no longer faster than the steps before it:
+    that confirming step was already steady, so a later launch (a fresh process warming up
+    as the first did) times from it on, and runs one warm-up step fewer. Never fewer than
+    ``minimum``; a first launch that ran into the rule's cap (still falling) is reused
+    whole. None: nothing to reuse (no warm-up asked, or the first launch did not time).
+    """
+    ran = first.warmup_steps
+    if ran is None or minimum == 0:
+        return None
+    capped = ran >= minimum + WARMUP_EXTRA_MAX
+    return max(minimum, ran if capped else ran - 1)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,14 @@ from bench_lib.run.multinode import (
     NodeZeroGone,
     this_node,
 )
-from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult, SampleRow, baseline_path
+from bench_lib.run.protocol import (
+    CaseOutcome,
+    CaseSpec,
+    RankResult,
+    SampleRow,
+    baseline_path,
+    reused_warmup,
+)
 from bench_lib.run.rows import Row, SpeedupTable, bound_columns, case_row, step_rows
 from bench_lib.strategies.ddp import DdpKnobs
 from bench_lib.sweep.cases import Case
@@ -429,18 +436,20 @@ def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
 def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
              cut: str = "", launcher: Launcher = LOCAL,
              coordinator: Coordinator | None = None, launch: int = 0,
-             server: ForkServer | None = None) -> CaseOutcome:
+             server: ForkServer | None = None,
+             warmup_steps: int | None = None) -> CaseOutcome:
     """Run one launch of a case in fresh process(es) and return its outcome (never raises
     for the case); ``trace``: trace a step for the pipeline timeline after the timed ones;
     ``cut``: the stage cut to use (``CaseSpec.cut``). ``launcher``: how its ranks start
     (a case of one process always starts here); ``coordinator`` and ``launch`` (its round):
     node 0's side of a multi-node run. ``server``: the run's fork server, which starts the
-    local launcher's ranks (None: each rank a fresh interpreter)."""
+    local launcher's ranks (None: each rank a fresh interpreter). ``warmup_steps``: a fixed
+    warm-up (``CaseSpec.warmup_steps``)."""
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
     spec_path = case_dir / "spec.json"
-    CaseSpec(case, rig, trace, cut).write(spec_path)
+    CaseSpec(case, rig, trace, cut, warmup_steps).write(spec_path)
     log_path = case_dir / "worker.log"
     start = time.monotonic()
     # The machine's and our CPU times: contention over the case. Ranks the fork server
@@ -451,7 +460,7 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     cpu_start = snapshot()
     if launcher.kind == "torchrun" and case.process_group:
         outcome = _run_torchrun(case, rig, case_dir, log_path, launcher, coordinator,
-                                launch, trace, cut)
+                                launch, trace, cut, warmup_steps)
     else:
         outcome = _run_local(case, rig, case_dir, log_path, server)
     # Every rank has been reaped (_supervise waits for them; under torchrun the agent reaped
@@ -539,7 +548,7 @@ def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: La
 
 def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: Launcher,
                   coordinator: Coordinator | None, launch: int, trace: bool,
-                  cut: str) -> CaseOutcome:
+                  cut: str, warmup_steps: int | None = None) -> CaseOutcome:
     """One launch through torchrun: this node's agent; on node 0 of a multi-node run,
     announced to the other nodes first, and their reports gathered after
     (``run.multinode``)."""
@@ -550,7 +559,7 @@ def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher
     else:
         if coordinator is None:
             raise ValueError("node 0 of a multi-node run needs its coordinator")
-        notice = coordinator.announce(case.case_id, launch, trace, cut)
+        notice = coordinator.announce(case.case_id, launch, trace, cut, warmup_steps)
         part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
                          coordinator.watch(notice.seq, PEER_GRACE_S))
         coordinator.over(notice.seq)
@@ -643,7 +652,8 @@ def _follow_launch(case: Case, rig: Rig, launcher: Launcher, follower: Follower,
     case_dir = work_root / f"{notice.seq}_{case.case_id}"
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
-    CaseSpec(case, rig, notice.trace, notice.cut).write(case_dir / "spec.json")
+    CaseSpec(case, rig, notice.trace, notice.cut, notice.warmup_steps).write(
+        case_dir / "spec.json")
     log_path = case_dir / "worker.log"
     part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
                      lambda: follower.should_stop(notice.seq, PEER_GRACE_S))
@@ -771,12 +781,15 @@ def _run_groups(
                     continue
                 if on_launch_start:
                     on_launch_start(i, case, r)
-                # Later launches reuse the first launch's cut: the same configuration, and
-                # no second profiling of a balanced cut.
+                # Later launches reuse the first launch's cut (the same configuration, and
+                # no second profiling of a balanced cut) and its warm-up, less the step that
+                # confirmed it was over (``reused_warmup``).
                 cut = done[0].partition if done else ""
+                warmup = (reused_warmup(done[0], case.measurement.warmup_steps)
+                          if done else None)
                 done.append(run_case(case, rig, work_root, trace=not done, cut=cut,
                                      launcher=launcher, coordinator=coordinator, launch=r,
-                                     server=server))
+                                     server=server, warmup_steps=warmup))
                 if on_launch_done:
                     on_launch_done(i, case, r, done[-1])
         outcomes = {i: CaseOutcome(cases[i].status or "", cases[i].reason)

@@ -144,11 +144,13 @@ class RankPlace:
 
 
 def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
-             cut: str = "", place: RankPlace | None = None) -> RankResult:
+             cut: str = "", place: RankPlace | None = None,
+             warmup_steps: int | None = None) -> RankResult:
     """Measure this rank's part of one launch of the case (``trace``: then time a few steps
     with no collective where the strategy has them, and trace a step;
     ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``; ``place``:
-    where torchrun put this rank, default the local launcher's: rank = device slot).
+    where torchrun put this rank, default the local launcher's: rank = device slot;
+    ``warmup_steps``: a fixed warm-up, ``CaseSpec.warmup_steps``).
 
     Leaves the process group (if any) up: ``main`` destroys it once the result is written.
     """
@@ -198,9 +200,11 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     m = case.measurement
     timed = measure_steps(
         faults.with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices),
-        trainer.devices, warmup_steps=m.warmup_steps, timed_steps=m.timed_steps,
+        trainer.devices, timed_steps=m.timed_steps,
         max_time_s=m.max_time_s, ci_target_pct=m.ci_target_pct,
         group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
+        warmup_steps=m.warmup_steps if warmup_steps is None else warmup_steps,
+        warmup_rule=warmup_steps is None,
     )
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
@@ -366,7 +370,7 @@ def main(argv: list[str]) -> int:
     spec = CaseSpec.read(spec_path)
     try:
         result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace, spec.cut,
-                          place)
+                          place, spec.warmup_steps)
     except torch.OutOfMemoryError as e:
         result = RankResult(rank, "oom", f"out of memory: {str(e)[:NOTE_CHARS]}",
                             failed_at_unix_s=time.time())
