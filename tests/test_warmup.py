@@ -144,13 +144,18 @@ def test_ranks_run_the_same_warmup_judged_on_the_slowest_rank():
 # A case's later launches: the first launch's warm-up as a fixed count ----------------------
 
 
-def test_a_later_launch_reuses_the_first_launchs_warmup_less_its_confirming_step():
+def test_a_later_launch_reuses_the_first_launchs_warmup_less_the_steps_that_ended_it():
     first = CaseOutcome("ok", warmup_steps=warmup_length(WarmupRule(1), DDP_LIKE))
-    assert first.warmup_steps == 4  # 3.0, 2.0, 1.0 fall; 1.01 confirmed the end
-    assert reused_warmup(first, 1) == 3  # the confirming step was already steady
-    # A later launch warmed up that way times from the confirming step on: no trend left.
-    assert DDP_LIKE[3] >= min(DDP_LIKE[:3]) * (1 - WARMUP_TOLERANCE)
-    assert reused_warmup(CaseOutcome("ok", warmup_steps=2), 2) == 2  # never under the minimum
+    assert first.warmup_steps == 4  # 3.0, 2.0, 1.0 fall; 1.01 is no new low: the end
+    assert reused_warmup(first, 1) == 2  # 1.0 (the last new low) and 1.01 were settled
+    # A later launch warmed up that way times from 1.0 on: no trend left in its steps.
+    later = DDP_LIKE[2:]
+    assert all(t >= min(later[:i]) * (1 - WARMUP_TOLERANCE) for i, t in
+               enumerate(later) if i)
+    cpu_like = [1.5, 1.0, 1.005, 0.998, 1.0]  # only the first step slow
+    assert warmup_length(WarmupRule(1), cpu_like) == 3
+    assert reused_warmup(CaseOutcome("ok", warmup_steps=3), 1) == 1  # the slow step alone
+    assert reused_warmup(CaseOutcome("ok", warmup_steps=3), 2) == 2  # never under the minimum
     capped = CaseOutcome("ok", warmup_steps=2 + WARMUP_EXTRA_MAX)  # still falling at the cap
     assert reused_warmup(capped, 2) == 2 + WARMUP_EXTRA_MAX
     assert reused_warmup(CaseOutcome("ok", warmup_steps=0), 0) is None  # no warm-up asked

@@ -29,7 +29,11 @@ from bench_lib.rig import (
 # Test-only hooks (bench_lib.run.faults): a run made with one is not a real measurement.
 TEST_FAULT_ENV = "PARABENCH_TEST_FAULT"
 INJECT_SLOWDOWN_ENV = "PARABENCH_INJECT_SLOWDOWN"
-TEST_HOOK_VARIABLES = (INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV)
+QUICK_PEAK_ENV = "PARABENCH_TEST_QUICK_PEAK"
+"""TEST-ONLY: set (to anything) in the test suite's environment, the FLOP peak probe runs for
+``flops.QUICK_PEAK_MIN_TIME_S`` instead of ``PEAK_MIN_TIME_S``: a test's run reads no MFU
+anyone bets on, and the suite's ~45 runs each paid ~5 CPU-seconds of probing."""
+TEST_HOOK_VARIABLES = (INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV, QUICK_PEAK_ENV)
 
 
 def git_info(repo: Path | None = None) -> dict[str, Any]:

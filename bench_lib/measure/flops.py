@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench_lib.measure.environment import QUICK_PEAK_ENV
 from bench_lib.rig import Rig, math_mode, pin_worker, set_math_mode, synchronize
 from bench_lib.run.forkserver import ForkServer, start_module
 from bench_lib.workloads import LossFn, Workload
@@ -48,6 +49,8 @@ DTYPE_NAMES = {k: str(v).removeprefix("torch.") for k, v in DTYPES.items()}
 # Big enough to reach a device's GEMM peak, small enough to time in about a second.
 PEAK_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 PEAK_MIN_TIME_S = 0.5
+QUICK_PEAK_MIN_TIME_S = 0.03
+"""The probe's time under the test suite's hook (``environment.QUICK_PEAK_ENV``)."""
 PEAK_TIMEOUT_S = 300
 PROBES = ("gemm", "conv", "conv-cl")
 TF32_ENV = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
@@ -352,12 +355,16 @@ class AttainablePeak:
 
 
 def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
-                 min_time_s: float = PEAK_MIN_TIME_S,
+                 min_time_s: float | None = None,
                  conv: ConvShape | None = None, server: ForkServer | None = None,
                  ) -> AttainablePeak:
     """The rig's attainable peak: one fresh process per device (so the caller stays
     unpinned; forked by the run's ``server`` where given), all started together and
-    meeting at a file barrier before each probe."""
+    meeting at a file barrier before each probe. ``min_time_s`` per probe: default
+    ``PEAK_MIN_TIME_S`` (the test suite's hook shortens it: ``QUICK_PEAK_MIN_TIME_S``)."""
+    if min_time_s is None:
+        quick = os.environ.get(QUICK_PEAK_ENV)
+        min_time_s = QUICK_PEAK_MIN_TIME_S if quick else PEAK_MIN_TIME_S
     n, conv = n or PEAK_MATMUL_N[rig.kind], conv or PEAK_CONV[rig.kind]
     spec = ",".join(map(str, conv.as_list()))
     with tempfile.TemporaryDirectory(prefix="parabench-peak-") as folder:

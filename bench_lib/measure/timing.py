@@ -6,7 +6,7 @@ rule, the collective stop, and the slowest rank per step.
    latest warm-up step more than 2% faster than every one before it), at most 8 more. In a
    multi-process case every rank judges the slowest rank's warm-up times and the decision
    is reduced, so all ranks run the same warm-up. A case's later launches run the first
-   launch's warm-up as a fixed count, less the step that confirmed it was over
+   launch's warm-up as a fixed count, less the two steps that showed it was over
    (``protocol.reused_warmup``). Then ``after_warmup`` runs (the worker resets the
    peak-memory counters there, so peaks cover the timed steps only).
 2. Multi-process strategies start the timed window together (a process-group barrier).

@@ -69,19 +69,22 @@ class CaseSpec:
 
 def reused_warmup(first: CaseOutcome, minimum: int) -> int | None:
     """The warm-up a case's later launches run as a fixed count, from its first launch's
-    (``warmup_steps``, under ``timing.WarmupRule``; ``minimum``: the profile's).
+    (``warmup_steps``: W steps under ``timing.WarmupRule``; ``minimum``: the profile's).
 
-    The rule ends warm-up after a step that was no longer faster than the steps before it:
-    that confirming step was already steady, so a later launch (a fresh process warming up
-    as the first did) times from it on, and runs one warm-up step fewer. Never fewer than
-    ``minimum``; a first launch that ran into the rule's cap (still falling) is reused
-    whole. None: nothing to reuse (no warm-up asked, or the first launch did not time).
+    The rule stopped after step W because it was no new low; past the minimum, it had gone
+    on after step W-1 because that step was one (the fastest so far, by over the
+    tolerance). So steps W-1 and W were both at the level the steps settled to: a later
+    launch (a fresh process warming up as the first did) times from step W-1 on, after
+    W-2 warm-up steps. On a CPU the first step alone is slow (allocation): W = 3, and later
+    launches discard only that step. Never fewer than ``minimum``; a first launch that ran
+    into the rule's cap (still falling) is reused whole. None: nothing to reuse (no
+    warm-up asked, or the first launch did not time).
     """
     ran = first.warmup_steps
     if ran is None or minimum == 0:
         return None
     capped = ran >= minimum + WARMUP_EXTRA_MAX
-    return max(minimum, ran if capped else ran - 1)
+    return max(minimum, ran if capped else ran - 2)
 
 
 @dataclass(frozen=True)

@@ -782,8 +782,8 @@ def _run_groups(
                 if on_launch_start:
                     on_launch_start(i, case, r)
                 # Later launches reuse the first launch's cut (the same configuration, and
-                # no second profiling of a balanced cut) and its warm-up, less the step that
-                # confirmed it was over (``reused_warmup``).
+                # no second profiling of a balanced cut) and the warm-up it found, without
+                # the steps that showed it was over (``reused_warmup``).
                 cut = done[0].partition if done else ""
                 warmup = (reused_warmup(done[0], case.measurement.warmup_steps)
                           if done else None)
