@@ -286,10 +286,11 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
     print(f"distance {run_dir.name}: {len(cases)} cases x {plan.measurement.launches} "
           f"launches on rig {rig.label}", file=sys.stderr, flush=True)
     rows: list[Row] = []
-    with ForkServer() as server:  # every launch's ranks forked by one server
-        for layer in dict.fromkeys(c.layer for c in cases):
-            rows += run_layer(plan, rig, [c for c in cases if c.layer == layer], run_dir,
-                              len(rows), len(cases), server)
+    # Fresh interpreters, not forks: a forked rank's resident memory reads differently
+    # (runner.run_sweep), and this command's cap and peaks are resident memory.
+    for layer in dict.fromkeys(c.layer for c in cases):
+        rows += run_layer(plan, rig, [c for c in cases if c.layer == layer], run_dir,
+                          len(rows), len(cases))
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") or r.get("agrees") == 0 for r in rows)
     return 1 if failed else 0

@@ -215,7 +215,6 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     from bench_lib.measure import environment
     from bench_lib.results.store import create_run_dir, new_run_id, write_json_atomic
     from bench_lib.run.admission import Admission
-    from bench_lib.run.forkserver import ForkServer
     from bench_lib.tune import output
 
     def say(text: str) -> None:
@@ -233,11 +232,8 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     env["tune"] = output.settings_dict(settings, args.seed, space, refused)
     write_json_atomic(run_dir / "env.json", env)
     work_root = run_dir / ".work"
-    if launch is None:  # every launch forked by one server that imported torch once
-        from bench_lib.run.forkserver import ForkServer
-
-        server = stack.enter_context(ForkServer())
-        launch = _runner_launch(rig, work_root, server)
+    if launch is None:  # fresh interpreters, as a sweep's (runner.run_sweep says why)
+        launch = _runner_launch(rig, work_root, None)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     log = TuneLog(run_dir / "tune.csv", run_dir.name)
@@ -265,7 +261,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     return EXIT_OK if result.winner is not None else EXIT_NONE_OK
 
 
-def _runner_launch(rig: Rig, work_root: Path, server: ForkServer) -> LaunchFn:
+def _runner_launch(rig: Rig, work_root: Path, server: ForkServer | None) -> LaunchFn:
     """One fresh launch through the runner (``run.runner.run_case``), its ranks forked by
     ``server``."""
     from bench_lib.run.runner import run_case
