@@ -43,7 +43,6 @@ from bench_lib.distance.spec import DTYPES, METHODS, DistanceCase, DistanceSpec,
 from bench_lib.measure.stats import launch_interval, paired_ratio_interval
 from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
-from bench_lib.run.forkserver import ForkServer
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import by_device
 from bench_lib.run.runner import round_order
@@ -191,9 +190,8 @@ def progress_line(index: int, total: int, row: Row) -> str:
 
 
 def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: Path,
-              done: int, total: int, server: ForkServer | None = None) -> list[Row]:
-    """Every case of one layer (module docstring); their rows, written and printed
-    (``server``: forks the launches' ranks)."""
+              done: int, total: int) -> list[Row]:
+    """Every case of one layer (module docstring); their rows, written and printed."""
     layer = cases[0].layer
     with torch.no_grad():
         ref_value, ref_grad = methods.reference(
@@ -207,7 +205,7 @@ def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: 
             if case.status or any(o.status != "ok" for o in done_launches):
                 continue
             spec = DistanceSpec(case, rig, plan.seed, plan.measurement)
-            outcome, value = launch(spec, work_root, server)
+            outcome, value = launch(spec, work_root)
             done_launches.append(outcome)
             computed.setdefault(i, value)
     results = {i: CaseOutcome(c.status, c.reason) if c.status
@@ -286,8 +284,6 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
     print(f"distance {run_dir.name}: {len(cases)} cases x {plan.measurement.launches} "
           f"launches on rig {rig.label}", file=sys.stderr, flush=True)
     rows: list[Row] = []
-    # Fresh interpreters, not forks: a forked rank's resident memory reads differently
-    # (runner.run_sweep), and this command's cap and peaks are resident memory.
     for layer in dict.fromkeys(c.layer for c in cases):
         rows += run_layer(plan, rig, [c for c in cases if c.layer == layer], run_dir,
                           len(rows), len(cases))

@@ -20,7 +20,6 @@ Exit codes: 0 a recommendation; 1 no candidate measured ok; 2 bad input; 130 int
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import dataclasses
 import math
@@ -40,7 +39,6 @@ from bench_lib.tune.space import Space, build_space, race_launch
 
 if TYPE_CHECKING:
     from bench_lib.run.admission import Admission
-    from bench_lib.run.forkserver import ForkServer
 
 EXIT_OK, EXIT_NONE_OK, EXIT_INTERRUPTED = 0, 1, 130
 BUDGET_FRACTION = 0.3
@@ -204,14 +202,6 @@ def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSett
     """Admit, race, write the run folder, print the recommendation (``started``: unix time
     the command started; ``launch``: one launch of a case, default ``run.runner.run_case``;
     ``admission``: the memory prediction, default ``Admission.of`` the candidates)."""
-    with contextlib.ExitStack() as stack:  # the fork server, where one is started
-        return _execute(args, space, rig, settings, started, stack, launch, admission)
-
-
-def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSettings,
-             started: float, stack: contextlib.ExitStack, launch: LaunchFn | None,
-             admission: Admission | None) -> int:
-    """``execute``'s body."""
     from bench_lib.measure import environment
     from bench_lib.results.store import create_run_dir, new_run_id, write_json_atomic
     from bench_lib.run.admission import Admission
@@ -232,8 +222,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     env["tune"] = output.settings_dict(settings, args.seed, space, refused)
     write_json_atomic(run_dir / "env.json", env)
     work_root = run_dir / ".work"
-    if launch is None:  # fresh interpreters, as a sweep's (runner.run_sweep says why)
-        launch = _runner_launch(rig, work_root, None)
+    launch = launch or _runner_launch(rig, work_root)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     log = TuneLog(run_dir / "tune.csv", run_dir.name)
@@ -261,13 +250,11 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     return EXIT_OK if result.winner is not None else EXIT_NONE_OK
 
 
-def _runner_launch(rig: Rig, work_root: Path, server: ForkServer | None) -> LaunchFn:
-    """One fresh launch through the runner (``run.runner.run_case``), its ranks forked by
-    ``server``."""
+def _runner_launch(rig: Rig, work_root: Path) -> LaunchFn:
+    """One fresh launch through the runner (``run.runner.run_case``)."""
     from bench_lib.run.runner import run_case
 
     def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
-        return run_case(case, rig, work_root, trace=False, cut=cut, launch=rung,
-                        server=server)
+        return run_case(case, rig, work_root, trace=False, cut=cut, launch=rung)
 
     return launch
