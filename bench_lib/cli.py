@@ -510,8 +510,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         return _follow(args, launcher, rig, cases)
     # Node 0 of a multi-node run: the nodes admitted before anything is written.
     coordinator = open_coordinator(launcher, rig, cases) if launcher.multi_node else None
-    # The FLOP probe and the collectives are forked by one server that imported torch once
-    # (run.forkserver); the cases' ranks are fresh interpreters (runner.run_sweep says why).
+    # Every process the run starts from here on is forked by one server that imported
+    # torch once (run.forkserver): the FLOP probe, the collectives, every case's ranks.
     server = stack.enter_context(ForkServer())
 
     if args.resume:
@@ -562,7 +562,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
                              attainable_peak=peak, idle=idle, on_launch_done=launch_done,
                              launcher=launcher, coordinator=coordinator,
-                             collectives=collectives)
+                             collectives=collectives, server=server)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "

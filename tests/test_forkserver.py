@@ -7,6 +7,7 @@ dies.
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench_lib.run import forkserver
 from bench_lib.run.forkserver import ForkServer, start_module
 from bench_lib.run.lifeline import EXIT_ORPHANED, WORKER_MODULE
 from bench_lib.run.runner import _kill_group, run_case
@@ -148,3 +150,45 @@ def test_a_server_first_used_from_a_short_lived_thread_outlives_it(tmp_path):
         time.sleep(0.5)  # a signal tied to the thread would have killed it by now
         assert s.ensure() == pid[0]
         assert _worker(s, tmp_path / "missing.json", tmp_path / "worker.log").wait(60) == 1
+
+
+def _rss_file_kib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                     if line.startswith("RssFile:")))
+
+
+@pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("advice", [forkserver.MADV_POPULATE_READ, -1],
+                         ids=["madvise", "byte-reads"])
+def test_a_forked_child_maps_the_file_pages_its_parent_had_resident(tmp_path, monkeypatch,
+                                                                    advice):
+    """``fork`` leaves a file mapping the parent only read out of the child's page tables,
+    so a forked rank's resident memory would read ~300 MiB (the libraries) below a fresh
+    interpreter's; ``mirror_resident`` maps back what ``resident_file_ranges`` listed.
+    Advice -1: a kernel without MADV_POPULATE_READ (madvise fails), one read per page."""
+    monkeypatch.setattr(forkserver, "MADV_POPULATE_READ", advice)
+    size = 32 * 2**20
+    data = tmp_path / "mapped.bin"
+    data.write_bytes(os.urandom(size))
+    with data.open("rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapped:
+        for page in range(0, size, 2 * forkserver.PAGE):  # half its pages resident
+            mapped[page]
+        ranges = forkserver.resident_file_ranges()
+        assert ranges is not None
+        listed = sum(length for address, length in ranges)
+        assert listed >= size // 2  # the mapping's touched half, and the libraries'
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: no torch, no pytest; its RssFile before and after
+            before = _rss_file_kib()
+            forkserver.mirror_resident(ranges)
+            os.write(write, f"{before} {_rss_file_kib()}".encode())
+            os._exit(0)
+        os.close(write)
+        parent = _rss_file_kib()
+        before, after = map(int, os.read(read, 100).split())
+        os.waitpid(pid, 0)
+    half_kib = size // 2 // 1024
+    assert parent - before >= half_kib  # the premise: fork left them out
+    assert abs(after - parent) < half_kib // 4  # mirrored: the parent's resident set

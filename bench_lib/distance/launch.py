@@ -1,7 +1,7 @@
 """One launch of a distance case: fresh processes, supervised by the runner's own rules.
 
 The processes start as a training case's ranks do (``run.runner.launch_ranks``: one process
-group of their own, each told its parent's pid), running
+group of their own, each told its parent's pid; forked by the run's fork server), running
 ``bench_lib.distance.worker``;
 then the runner's supervision (``_supervise``: the case timeout, the cpu memory cap through
 ``_rss_over_cap``, a dead rank's peers killed after their grace) and its combination of the
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from bench_lib.distance.spec import DistanceSpec, result_file
+from bench_lib.run.forkserver import ForkServer
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.runner import _combine, _rss_over_cap, _supervise, launch_ranks
 
@@ -36,10 +37,11 @@ class Computed:
     """dD/dW on the CPU, in the case's precision (None: no backward ran)."""
 
 
-def launch(spec: DistanceSpec, work_root: Path) -> tuple[CaseOutcome, Computed | None]:
-    """Run one launch of ``spec``'s case; its outcome (never raises for the case) and, when
-    ok, rank 0's value and gradient. The work folder stays where it did not end ok (its
-    worker.log says why)."""
+def launch(spec: DistanceSpec, work_root: Path,
+           server: ForkServer | None = None) -> tuple[CaseOutcome, Computed | None]:
+    """Run one launch of ``spec``'s case (its ranks forked by ``server`` where given);
+    its outcome (never raises for the case) and, when ok, rank 0's value and gradient. The
+    work folder stays where it did not end ok (its worker.log says why)."""
     case = spec.case
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
@@ -47,8 +49,8 @@ def launch(spec: DistanceSpec, work_root: Path) -> tuple[CaseOutcome, Computed |
     spec.write(case_dir / "spec.json")
     log_path = case_dir / "worker.log"
     began = time.monotonic()
-    procs = launch_ranks(case_dir / "spec.json", case.processes, log_path,
-                         module=WORKER_MODULE)
+    procs = launch_ranks(case_dir / "spec.json", case.processes, log_path, server,
+                         WORKER_MODULE)
     cap = spec.measurement.max_memory_per_device_mib if spec.rig.kind == "cpu" else 0.0
     baselines: dict[int, float] = {}
 

@@ -43,9 +43,10 @@ from bench_lib.distance.spec import DTYPES, METHODS, DistanceCase, DistanceSpec,
 from bench_lib.measure.stats import launch_interval, paired_ratio_interval
 from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
+from bench_lib.run.forkserver import ForkServer
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import by_device
-from bench_lib.run.runner import round_order
+from bench_lib.run.runner import memory_true_forks, round_order
 from bench_lib.sweep.profile import Measurement, UsageError
 
 DEFAULT_LAYERS = ("64x64x3x3", "128x128x3x3", "512x512x3x3", "2048x512x1x1", "16384x64x1x1")
@@ -190,8 +191,9 @@ def progress_line(index: int, total: int, row: Row) -> str:
 
 
 def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: Path,
-              done: int, total: int) -> list[Row]:
-    """Every case of one layer (module docstring); their rows, written and printed."""
+              done: int, total: int, server: ForkServer | None = None) -> list[Row]:
+    """Every case of one layer (module docstring); their rows, written and printed
+    (``server``: forks the launches' ranks)."""
     layer = cases[0].layer
     with torch.no_grad():
         ref_value, ref_grad = methods.reference(
@@ -205,7 +207,7 @@ def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: 
             if case.status or any(o.status != "ok" for o in done_launches):
                 continue
             spec = DistanceSpec(case, rig, plan.seed, plan.measurement)
-            outcome, value = launch(spec, work_root)
+            outcome, value = launch(spec, work_root, server)
             done_launches.append(outcome)
             computed.setdefault(i, value)
     results = {i: CaseOutcome(c.status, c.reason) if c.status
@@ -284,9 +286,11 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
     print(f"distance {run_dir.name}: {len(cases)} cases x {plan.measurement.launches} "
           f"launches on rig {rig.label}", file=sys.stderr, flush=True)
     rows: list[Row] = []
-    for layer in dict.fromkeys(c.layer for c in cases):
-        rows += run_layer(plan, rig, [c for c in cases if c.layer == layer], run_dir,
-                          len(rows), len(cases))
+    with ForkServer() as server:  # every launch's ranks forked by one server
+        forks = memory_true_forks(server)  # this command's cap and peaks are resident memory
+        for layer in dict.fromkeys(c.layer for c in cases):
+            rows += run_layer(plan, rig, [c for c in cases if c.layer == layer], run_dir,
+                              len(rows), len(cases), forks)
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") or r.get("agrees") == 0 for r in rows)
     return 1 if failed else 0

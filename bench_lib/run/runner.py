@@ -26,6 +26,7 @@ import random
 import shutil
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -433,6 +434,18 @@ def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
     return {str(g.cuda_index): g.bus_id for g in gpus[:count]}
 
 
+def memory_true_forks(server: ForkServer | None) -> ForkServer | None:
+    """``server`` if its forked ranks' resident memory reads as fresh interpreters' (so the
+    memory columns and the cpu memory cap mean the same either way), else None: fresh
+    interpreters, said once on stderr."""
+    if server is None or server.mirrors_memory():
+        return server
+    print("the fork server cannot map its resident library pages into its ranks here "
+          "(/proc/self/pagemap unreadable): cases' ranks start as fresh interpreters",
+          file=sys.stderr, flush=True)
+    return None
+
+
 def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
              cut: str = "", launcher: Launcher = LOCAL,
              coordinator: Coordinator | None = None, launch: int = 0,
@@ -719,16 +732,15 @@ def run_sweep(
     ``admission``: each case's predicted memory, and the refusal of a case predicted not to
     fit (``run.admission``; default: ``Admission.of`` the cases on ``rig``).
     ``collectives``: the rig's measured collectives, for the ddp/fsdp and p2p bounds.
-    ``server``: a fork server to fork the local launcher's ranks (``run.forkserver``);
-    default None, fresh interpreters: a forked rank's resident memory reads differently
-    (the server's library pages are not in its page tables until touched: net peaks about
-    5% higher, gross ~270 MiB lower for ResNet50 on a cpu rig), so runs do not use one until
-    the memory figures account for it.
+    ``server``: the run's fork server, which forks the local launcher's ranks
+    (``run.forkserver``) where it can make their memory read as fresh interpreters'
+    (``ForkServer.mirrors_memory``); None, or a server that cannot: fresh interpreters.
     """
     try:
         rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start,
                            attainable_peak, idle, on_launch_done, launcher, coordinator,
-                           admission or Admission.of(rig, cases), collectives, server)
+                           admission or Admission.of(rig, cases), collectives,
+                           memory_true_forks(server))
     except BaseException as e:
         if coordinator is not None:
             coordinator.finish("interrupted" if isinstance(e, KeyboardInterrupt)

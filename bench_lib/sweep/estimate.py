@@ -25,9 +25,10 @@ ResNet101/152 figures scale ResNet50's by their FLOPs (7.8 and 11.5 against 4.1 
 224 px); toy's and mlp's are a few microseconds of tiny matrix products."""
 # A data-centre GPU trains ResNet50 a few hundred times faster than one CPU thread.
 GPU_SPEEDUP_OVER_ONE_THREAD = 300.0
-PROCESS_START_S = 4.0
-"""A launch's cost beyond its steps: a fresh interpreter's imports (~2.3 s on 2 cores, AMD
-EPYC), model build, process group, teardown (forked ranks took ~1 s: 75 s over 72 launches)."""
+PROCESS_START_S = 1.0
+"""A launch's cost beyond its steps: its ranks forked by the run's fork server, model build,
+process group, teardown (default-cpu on 2 cores, AMD EPYC: 75 s over 72 launches; a fresh
+interpreter's imports alone are ~2.3 s)."""
 
 
 def step_seconds(case: Case, rig: Rig) -> float:

@@ -20,6 +20,7 @@ Exit codes: 0 a recommendation; 1 no candidate measured ok; 2 bad input; 130 int
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import math
@@ -39,6 +40,7 @@ from bench_lib.tune.space import Space, build_space, race_launch
 
 if TYPE_CHECKING:
     from bench_lib.run.admission import Admission
+    from bench_lib.run.forkserver import ForkServer
 
 EXIT_OK, EXIT_NONE_OK, EXIT_INTERRUPTED = 0, 1, 130
 BUDGET_FRACTION = 0.3
@@ -202,6 +204,14 @@ def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSett
     """Admit, race, write the run folder, print the recommendation (``started``: unix time
     the command started; ``launch``: one launch of a case, default ``run.runner.run_case``;
     ``admission``: the memory prediction, default ``Admission.of`` the candidates)."""
+    with contextlib.ExitStack() as stack:  # the fork server, where one is started
+        return _execute(args, space, rig, settings, started, stack, launch, admission)
+
+
+def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSettings,
+             started: float, stack: contextlib.ExitStack, launch: LaunchFn | None,
+             admission: Admission | None) -> int:
+    """``execute``'s body."""
     from bench_lib.measure import environment
     from bench_lib.results.store import create_run_dir, new_run_id, write_json_atomic
     from bench_lib.run.admission import Admission
@@ -222,7 +232,12 @@ def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSett
     env["tune"] = output.settings_dict(settings, args.seed, space, refused)
     write_json_atomic(run_dir / "env.json", env)
     work_root = run_dir / ".work"
-    launch = launch or _runner_launch(rig, work_root)
+    if launch is None:  # every launch forked by one server that imported torch once
+        from bench_lib.run.forkserver import ForkServer
+        from bench_lib.run.runner import memory_true_forks
+
+        server = stack.enter_context(ForkServer())
+        launch = _runner_launch(rig, work_root, memory_true_forks(server))
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     log = TuneLog(run_dir / "tune.csv", run_dir.name)
@@ -250,11 +265,13 @@ def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSett
     return EXIT_OK if result.winner is not None else EXIT_NONE_OK
 
 
-def _runner_launch(rig: Rig, work_root: Path) -> LaunchFn:
-    """One fresh launch through the runner (``run.runner.run_case``)."""
+def _runner_launch(rig: Rig, work_root: Path, server: ForkServer | None) -> LaunchFn:
+    """One fresh launch through the runner (``run.runner.run_case``), its ranks forked by
+    ``server``."""
     from bench_lib.run.runner import run_case
 
     def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
-        return run_case(case, rig, work_root, trace=False, cut=cut, launch=rung)
+        return run_case(case, rig, work_root, trace=False, cut=cut, launch=rung,
+                        server=server)
 
     return launch
