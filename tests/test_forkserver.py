@@ -192,3 +192,38 @@ def test_a_forked_child_maps_the_file_pages_its_parent_had_resident(tmp_path, mo
     half_kib = size // 2 // 1024
     assert parent - before >= half_kib  # the premise: fork left them out
     assert abs(after - parent) < half_kib // 4  # mirrored: the parent's resident set
+
+
+class _LateReports:
+    """A server whose report of an exit has not arrived unless one waits for it."""
+
+    def __init__(self) -> None:
+        self.waited: list[float | None] = []
+
+    def exit_code(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
+        self.waited.append(timeout_s)
+        return -signal.SIGKILL if timeout_s else None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_poll_sees_a_dead_rank_before_the_servers_report_arrives():
+    """A rank's end must be seen when it happens (the runner blames the rank that ended
+    first: a late report would blame the peer whose collective failed because of it)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        server = _LateReports()
+        rank = forkserver.Forked(proc.pid, server)  # type: ignore[arg-type]
+        assert rank.poll() is None and server.waited == [0.0]  # running: no wait
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10  # a zombie: its parent (we) has not reaped it
+        while not forkserver._ended(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rank.poll() == -signal.SIGKILL
+        assert server.waited[-1] == forkserver.REPORT_WAIT_S
+    finally:
+        proc.kill()
+        proc.wait()
+    assert forkserver._ended(proc.pid)  # reaped: gone

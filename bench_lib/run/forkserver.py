@@ -407,6 +407,25 @@ def start_module(server: ForkServer | None, module: str, args: Sequence[str], st
                                 env=env, process_group=None if group < 0 else group)
 
 
+PROC_STAT = Path("/proc/self/stat")
+REPORT_WAIT_S = 5.0
+"""How long ``Forked.poll`` waits for the server's report of a process it saw end."""
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has ended: a zombie its parent has not reaped yet, or gone."""
+    if not PROC_STAT.exists():  # no /proc: the server's report alone says
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] == b"Z"  # comm may hold spaces and ')'
+
+
 class Forked:
     """A process the server forked, read like a ``subprocess.Popen``: ``pid``, ``poll()``,
     ``wait()``, ``kill()`` and ``returncode`` (negative: killed by that signal)."""
@@ -417,8 +436,15 @@ class Forked:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
+        """The exit code once the process has ended, as promptly as ``Popen.poll``: a rank
+        that died is a zombie (or, reaped, gone) before the server's report of it arrives,
+        so that state waits for the report. The runner blames the rank that ended first
+        by these polls (``runner._combine``); a late one would blame the peer whose
+        collective failed because of it."""
         if self.returncode is None:
             self.returncode = self._server.exit_code(self.pid)
+        if self.returncode is None and _ended(self.pid):
+            self.returncode = self._server.exit_code(self.pid, REPORT_WAIT_S)
         return self.returncode
 
     def kill(self) -> None:
