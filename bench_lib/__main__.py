@@ -1,5 +1,4 @@
-import sys
-
 from bench_lib.cli import main
+from bench_lib.run.lifeline import exit_lightly
 
-sys.exit(main())
+exit_lightly(main())

@@ -414,4 +414,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from bench_lib.run.lifeline import exit_lightly
+
+    exit_lightly(main(sys.argv[1:]))

@@ -293,4 +293,6 @@ def _rank(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_rank(sys.argv[1:]))
+    from bench_lib.run.lifeline import exit_lightly
+
+    exit_lightly(_rank(sys.argv[1:]))

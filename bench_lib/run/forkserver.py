@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_lib.run.lifeline import EXIT_ORPHANED, die_with_parent
+from bench_lib.run.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
 
 POLL_S = 0.02
 """How often the server reaps its ranks while no request comes."""
@@ -463,4 +463,4 @@ class Forked:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1])))
+    exit_lightly(serve(int(sys.argv[1])))

@@ -57,6 +57,7 @@ from bench_lib.run.lifeline import (  # torch-free: imported before torch, see a
     PR_SET_PDEATHSIG,
     RANK_FROM_ENV,
     die_with_parent,
+    exit_lightly,
 )
 
 # The lifeline's names stay importable from here, where they lived first.
@@ -389,4 +390,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_lightly(main(sys.argv[1:]))
