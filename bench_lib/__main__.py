@@ -1,4 +1,10 @@
-from bench_lib.cli import main
-from bench_lib.run.lifeline import exit_lightly
+import sys
+
+from bench_lib.run import forkserver  # torch-free: the server starts before our imports
+
+forkserver.prestart(sys.argv[1:])
+
+from bench_lib.cli import main  # noqa: E402
+from bench_lib.run.lifeline import exit_lightly  # noqa: E402
 
 exit_lightly(main())

@@ -512,7 +512,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     coordinator = open_coordinator(launcher, rig, cases) if launcher.multi_node else None
     # Every process the run starts from here on is forked by one server that imported
     # torch once (run.forkserver): the FLOP probe, the collectives, every case's ranks.
-    server = stack.enter_context(ForkServer())
+    server = stack.enter_context(ForkServer.take())
 
     if args.resume:
         run_dir = args.resume

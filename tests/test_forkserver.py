@@ -227,3 +227,19 @@ def test_poll_sees_a_dead_rank_before_the_servers_report_arrives():
         proc.kill()
         proc.wait()
     assert forkserver._ended(proc.pid)  # reaped: gone
+
+
+@pytest.mark.integration
+def test_a_forking_command_gets_the_server_started_before_its_imports(tmp_path, monkeypatch):
+    monkeypatch.setattr(forkserver, "_prestarted", None)
+    forkserver.prestart(["report", "results/x"])  # forks nothing: no server
+    assert forkserver._prestarted is None
+    forkserver.prestart(["run", "--profile", "smoke"])
+    early = forkserver._prestarted
+    assert early is not None and not early._gone  # starting already
+    with ForkServer.take() as server:
+        assert server is early and forkserver._prestarted is None  # taken once
+        assert ForkServer.take() is not early
+        rank = start_module(server, "bench_lib.run.lifeline", ["1", "spec.json"],
+                            tmp_path / "out")
+        assert rank.wait(timeout=60) == EXIT_ORPHANED

@@ -286,7 +286,7 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
     print(f"distance {run_dir.name}: {len(cases)} cases x {plan.measurement.launches} "
           f"launches on rig {rig.label}", file=sys.stderr, flush=True)
     rows: list[Row] = []
-    with ForkServer() as server:  # every launch's ranks forked by one server
+    with ForkServer.take() as server:  # every launch's ranks forked by one server
         forks = memory_true_forks(server)  # this command's cap and peaks are resident memory
         for layer in dict.fromkeys(c.layer for c in cases):
             rows += run_layer(plan, rig, [c for c in cases if c.layer == layer], run_dir,

@@ -100,7 +100,7 @@ def launch_all(jobs: list[Job], rig: Rig,
         finally:
             free.put(worker)
 
-    with ForkServer() as server:
+    with ForkServer.take() as server:
         with ThreadPoolExecutor(max_workers=rig.num_devices) as pool:
             outcomes = dict(zip(side, pool.map(beside, [jobs[i] for i in side])))
         for i, job in enumerate(jobs):

@@ -251,6 +251,9 @@ class ForkServer:
         self._mirrors = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._gone = True
+        self._attempt: tuple[list[subprocess.Popen[bytes]], list[int], list[BaseException]]
+        self._attempt = ([], [], [])
+        """The latest start's server process, its ready pid, its failure (``_serve``)."""
 
     def __enter__(self) -> ForkServer:
         return self  # started by the first ``spawn`` (or ``ensure``): none where none is
@@ -258,8 +261,9 @@ class ForkServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _ensure(self) -> None:
-        """Start the server if none is running, and wait for its imports (``ensure``).
+    def start(self) -> None:
+        """Start the server if none is running, without waiting for its imports (``ensure``
+        waits): started first, it imports torch while its command does the same.
 
         The server is started by its reader thread, which lives exactly as long as the
         server: the parent-death signal the server asks for fires when the *thread* that
@@ -271,12 +275,15 @@ class ForkServer:
                 return
             self._gone = False
             self._proc = None
-            started: list[subprocess.Popen[bytes]] = []
-            ready: list[int] = []
-            failed: list[BaseException] = []
-        threading.Thread(target=self._serve, args=(started, ready, failed), daemon=True,
-                         name="forkserver").start()
+            self._attempt = ([], [], [])
+            threading.Thread(target=self._serve, args=self._attempt, daemon=True,
+                             name="forkserver").start()
+
+    def _ensure(self) -> None:
+        """Start the server if none is running, and wait for its imports (``ensure``)."""
+        self.start()
         with self._cond:
+            started, ready, failed = self._attempt
             self._cond.wait_for(lambda: ready or self._gone, START_TIMEOUT_S)
             if ready:
                 return
@@ -288,6 +295,14 @@ class ForkServer:
         code = started[0].returncode if started else None
         why = f": {failed[0]}" if failed else f" (exit code {code})"
         raise ServerGone(f"the fork server did not start{why}")
+
+    @classmethod
+    def take(cls) -> ForkServer:
+        """The server ``prestart`` started for this process's command (once), else a new
+        one."""
+        global _prestarted
+        server, _prestarted = _prestarted, None
+        return server or cls()
 
     def _serve(self, started: list[subprocess.Popen[bytes]], ready: list[int],
                failed: list[BaseException]) -> None:
@@ -392,6 +407,23 @@ class ForkServer:
             proc.kill()
             proc.wait()
         self._proc = None
+
+
+_prestarted: ForkServer | None = None
+FORKING_COMMANDS = ("run", "tune", "distance", "parity")
+"""The CLI commands whose processes a fork server starts (``prestart``)."""
+
+
+def prestart(argv: Sequence[str]) -> None:
+    """Start the fork server of a command that will use one (``argv[0]`` in
+    ``FORKING_COMMANDS``) before the command imports torch, so that both imports run at
+    once (~2 s less per command on 2 cores); the command gets it from ``ForkServer.take``.
+    Where the command ends without forking (a usage error, ``--help``), the server dies
+    with this process."""
+    global _prestarted
+    if argv[:1] and argv[0] in FORKING_COMMANDS and _prestarted is None:
+        _prestarted = ForkServer()
+        _prestarted.start()
 
 
 def start_module(server: ForkServer | None, module: str, args: Sequence[str], stdout: Path,

@@ -236,7 +236,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
         from bench_lib.run.forkserver import ForkServer
         from bench_lib.run.runner import memory_true_forks
 
-        server = stack.enter_context(ForkServer())
+        server = stack.enter_context(ForkServer.take())
         launch = _runner_launch(rig, work_root, memory_true_forks(server))
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
