@@ -24,7 +24,14 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench_lib.report import bound_figure, device_figures, figures, parity_report, prediction
+from bench_lib.report import (
+    bound_figure,
+    curve_figure,
+    device_figures,
+    figures,
+    parity_report,
+    prediction,
+)
 from bench_lib.report.html import render
 from bench_lib.results.read import read_cases, read_env, read_table
 from bench_lib.results.schema import TIMELINE_COLUMNS, ResultsError
@@ -41,8 +48,11 @@ class Runs:
     names: dict[str, str]
     """Run label -> run folder name."""
     cases: pd.DataFrame
+    """The sweep's cases (the batch curve's rows apart, in ``curve``)."""
     samples: pd.DataFrame | None
     timeline: pd.DataFrame | None
+    curve: pd.DataFrame
+    """single's batch-curve rows (``batch_curve_of`` set): a figure of their own."""
 
 
 def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
@@ -81,8 +91,10 @@ def load_runs(run_dirs: list[Path]) -> Runs:
         traced = _read_optional(run_dir / "timeline.csv", TIMELINE_COLUMNS)
         if traced is not None:
             timelines.append(_keyed(traced, label))
-    return Runs(envs, names, pd.concat(cases, ignore_index=True), _concat(samples),
-                _concat(timelines))
+    every = pd.concat(cases, ignore_index=True)
+    on_curve = every.batch_curve_of.notna()
+    return Runs(envs, names, every[~on_curve].reset_index(drop=True), _concat(samples),
+                _concat(timelines), every[on_curve].reset_index(drop=True))
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
@@ -120,6 +132,8 @@ FIGURES: list[tuple[int, str, str, str]] = [
     # the measured one; for pipelines, the bound's parts and the gap over it.
     (9, "bound", "Measured step time against the bound of its own parts",
      "no ok case with a bound (step_time_s_bound: pipelines, mp, ddp, fsdp)"),
+    (10, "batch_curve", "single's batch curve: per-image speed against images per device",
+     "not measured in this run (the profile's batch_curve is off)"),
 ]
 
 
@@ -130,7 +144,8 @@ def draw_figures(runs: Runs) -> dict[int, Figure]:
             3: figures.fig_winner_grid(c), 4: device_figures.fig_memory(c),
             5: device_figures.fig_samples(c, runs.samples),
             6: device_figures.fig_timeline(c, runs.timeline), 7: figures.fig_scaling(c),
-            8: prediction.fig_prediction(c), 9: bound_figure.fig_bound(c)}
+            8: prediction.fig_prediction(c), 9: bound_figure.fig_bound(c),
+            10: curve_figure.fig_batch_curve(runs.curve, c)}
     return {n: f for n, f in figs.items() if f is not None}
 
 

@@ -277,6 +277,12 @@ def rank(rows: Iterable[Mapping[str, Any]]) -> Best | None:
     return Best(best, max(others, key=lambda r: throughput(r) or 0.0) if others else None)
 
 
+def is_curve_point(row: Mapping[str, Any]) -> bool:
+    """Whether a row is a point of single's batch curve (``batch_curve_of`` set), not a
+    case the sweep compares: it has its own figure, and no place among the strategies."""
+    return _number(row.get("batch_curve_of")) is not None
+
+
 def _is_single(row: Mapping[str, Any]) -> bool:
     return row.get("strategy") == "single"
 
@@ -332,7 +338,7 @@ def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The headlines as aligned text lines: a header, one line per workload, then what the
     brackets mean (where any were shown) and the failures."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
+    for r in (r for r in rows if not is_curve_point(r)):
         groups[(r["model"], r["image_size"], r["batch_size"], r["precision"])].append(r)
     table = [["model", "image", "batch", "prec", "best img/s [95% CI] vs runner-up",
               "vs single [95% CI]", "best split per pipelined strategy"]]

@@ -231,6 +231,54 @@ CASES = _cols(
     ("speedup_ci_high", "the same interval's high end", N),
     ("speedup_ci_note", "why the speedup has no interval (1 round)"),
     ("scaling_efficiency", "speedup_vs_single over world_size", N),
+    # single's batch curve (bench_lib.sweep.cases.batch_curve): how a device's per-image
+    # speed changes with the images it computes at once.
+    ("device_batch_size", "images one device computes at once: a data-parallel rank's share "
+                          "of batch_size (ddp, fsdp, dp), a pipelining or accumulating "
+                          "case's split_size, else batch_size", N, True),
+    ("batch_curve_of", "in a single row that is a point of the batch curve: the batch_size "
+                       "of the workload whose curve it measures (this row's batch is one "
+                       "its cases compute per device; measured in that workload's rounds); "
+                       "empty in the sweep's own cases", N, True),
+    ("per_image_efficiency", "in a batch-curve row: its throughput over that workload's "
+                             "single throughput at the full batch (1 = a device loses nothing "
+                             "with fewer images at once): batch_size / batch_curve_of x the "
+                             "geometric mean over rounds of single's launch median over this "
+                             "row's of the same round", N, True),
+    ("per_image_efficiency_ci_low", "95% confidence interval of per_image_efficiency, low "
+                                    "end (the t interval over rounds, as speedup_ci_low)",
+     N, True),
+    ("per_image_efficiency_ci_high", "the same interval's high end", N, True),
+    # The waterfall (bench_lib.measure.waterfall): from the ideal N-fold speedup down to
+    # the measured step, each loss measured apart from the case; seconds and % of the
+    # measured step (step_time_s_median).
+    ("waterfall_ideal_s", "single's step at this batch_size over world_size: the step of "
+                          "an N-fold speedup, seconds", N, True),
+    ("waterfall_ideal_pct", "waterfall_ideal_s as % of step_time_s_median (100 / it = the "
+                            "measured speedup's share of the ideal)", N, True),
+    ("waterfall_batch_s", "what the devices lose computing device_batch_size images at once "
+                          "rather than batch_size, from single's batch curve: batch_size / "
+                          "(device_batch_size x world_size) x single's step at "
+                          "device_batch_size, less waterfall_ideal_s, seconds", N, True),
+    ("waterfall_batch_pct", "waterfall_batch_s as % of step_time_s_median", N, True),
+    ("waterfall_imbalance_s", "the busiest device's extra work: that compute x (its busy "
+                              "time in the traced step over the devices' mean - 1), "
+                              "seconds (0 without a timeline)", N, True),
+    ("waterfall_imbalance_pct", "waterfall_imbalance_s as % of step_time_s_median", N, True),
+    ("waterfall_bubble_s", "the schedule's idle time in theory for its p, m, v on the "
+                           "busiest device (bubble_theory_pct); serial cases (one process "
+                           "runs every stage: mp, pipeline on a cpu rig) (N-1) x its compute, "
+                           "seconds", N, True),
+    ("waterfall_bubble_pct", "waterfall_bubble_s as % of step_time_s_median", N, True),
+    ("waterfall_comm_s", "what the collectives or transfers add at the run's measured "
+                         "bandwidths (bound_comm_s), seconds", N, True),
+    ("waterfall_comm_pct", "waterfall_comm_s as % of step_time_s_median", N, True),
+    ("waterfall_remainder_s", "step_time_s_median less every waterfall part above: what "
+                              "no part explains, seconds (negative: the parts overstate)",
+     N, True),
+    ("waterfall_remainder_pct", "waterfall_remainder_s as % of step_time_s_median", N, True),
+    ("waterfall_note", "the schedule's bubble formula, the busiest device's share, or why "
+                       "the case has no waterfall", False, True),
     ("partition", "stage cut used, method:block indices (strategies that cut the model); "
                   "a balanced cut is profiled in the case's first launch and reused by its "
                   "later ones, so all launches measure the same cut"),

@@ -48,7 +48,7 @@ from bench_lib.compare.gate import hardware_of
 from bench_lib.results.read import read_cases, read_env, run_dirs_in
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
-from bench_lib.run.rows import SPEEDUP_COLUMNS, Row, SpeedupTable
+from bench_lib.run.rows import EFFICIENCY_COLUMNS, SPEEDUP_COLUMNS, Row, SpeedupTable
 from bench_lib.sweep.cases import Case, expand
 from bench_lib.sweep.profile import Profile, UsageError
 from bench_lib.sweep.shard import Shard, SweepRecord, sweep_id
@@ -208,7 +208,7 @@ def merged_rows(shards: Sequence[ShardRun], cases: Sequence[Case]) -> list[tuple
         row = by_id.get(case.case_id)
         if row is None:
             continue
-        row |= dict.fromkeys(SPEEDUP_COLUMNS, "")
+        row |= dict.fromkeys((*SPEEDUP_COLUMNS, *EFFICIENCY_COLUMNS), "")
         speedups.fill(case, row)
         out.append((case, row))
     return out

@@ -106,6 +106,11 @@ class Progress:
             if row.get("speedup_vs_single") not in (None, "") and case.strategy != "single":
                 speed = _interval(row, "speedup_ci_low", "speedup_ci_high", ".2f")
                 detail += f", {row['speedup_vs_single']:.2f}x{speed} vs single"
+            if row.get("per_image_efficiency") not in (None, ""):
+                eff = _interval(row, "per_image_efficiency_ci_low",
+                                "per_image_efficiency_ci_high", ".0%")
+                detail += (f", per image {row['per_image_efficiency']:.0%}{eff} of batch "
+                           f"{case.curve_of}'s speed")
         else:
             detail = row["reason"]
         self._line(f"[{self.cases_done}/{self.total}] {case.describe()}: {row['status']} "

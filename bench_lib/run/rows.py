@@ -6,11 +6,11 @@ from __future__ import annotations
 import csv
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_lib.measure import bubble, case_bound
+from bench_lib.measure import bubble, case_bound, waterfall
 from bench_lib.measure.collectives import Collectives
 from bench_lib.measure.contention import contention, cpu_per_wall
 from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
@@ -51,6 +51,8 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         "split_size": "" if case.split_size is None else case.split_size,
         # A count with no split (skipped: it does not fit the batch) keeps the count asked.
         "num_microbatches": "" if case.num_microbatches is None else case.num_microbatches,
+        "device_batch_size": case.device_batch_size,
+        "batch_curve_of": "" if case.curve_of is None else case.curve_of,
         "precision": case.precision,
         "loss": case.loss,
         "status": outcome.status,
@@ -216,6 +218,53 @@ def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | 
             "bound_note": found.note()}
 
 
+SingleSteps = Mapping[tuple[str, int, int, str, str], float]
+"""single's median step per workload key (model, image, batch, precision, loss)."""
+
+
+def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
+                      singles: SingleSteps) -> Row:
+    """The case's waterfall (``measure.waterfall``) from single's steps of the same model,
+    image size and precision at every batch measured (``singles``: the full batch and the
+    batch curve), the traced step's busiest device, and the bound's communication part;
+    empty for single and for a case not ok."""
+    if outcome.status != "ok" or case.strategy == "single" or not row.get("step_time_s_median"):
+        return {}
+    curve = {batch: step for (model, image, batch, precision, loss), step in singles.items()
+             if (model, image, precision, loss)
+             == (case.model, case.image_size, case.precision, case.loss)}
+    busy = {d: 1.0 - idle for d, idle in bubble.idle_by_device(outcome.timeline).items()}
+    found = waterfall.waterfall(
+        case.strategy, case.world_size, case.batch_size, case.device_batch_size,
+        case.num_microbatches, curve, float(row["step_time_s_median"]),
+        busiest_over_mean=waterfall.busiest_over_mean(busy),
+        serial=rig.kind == "cpu" and not case.process_group and case.world_size > 1,
+        comm_s=_number(row.get("bound_comm_s")))
+    return {"waterfall_note": found} if isinstance(found, str) else found.columns()
+
+
+def seed_singles(run_dir: Path) -> dict[tuple[str, int, int, str, str], float]:
+    """The ``single`` rows a run folder already holds (a resumed run), the batch curve's
+    among them: their median step by workload key, for ``waterfall_columns``."""
+    path = run_dir / "cases.csv"
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as f:
+        return {(r["model"], int(r["image_size"]), int(r["batch_size"]), r["precision"],
+                 r["loss"]): float(r["step_time_s_median"])
+                for r in csv.DictReader(f)
+                if r["strategy"] == "single" and r["status"] == "ok"
+                and r["step_time_s_median"]}
+
+
+def _number(value: object) -> float:
+    """A row's number, 0 where it has none."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def memory_columns(outcome: CaseOutcome) -> Row:
     """The net peak-memory columns and how the peaks were read (empty where not measured)."""
     if not outcome.peak_mem_net_mib:
@@ -353,7 +402,11 @@ class SpeedupTable:
     """Fills the speedup columns from the ``single`` case of the same workload in the same
     run (``sweep.cases.baselines_first`` puts it first): the speedup is single's launch
     medians over the case's, paired by round (``paired_ratio_interval``), with its interval;
-    scaling efficiency is the speedup over the world size."""
+    scaling efficiency is the speedup over the world size.
+
+    A batch-curve point (``Case.curve_of``) gets no speedup: it is compared with the
+    ``single`` case of its workload's full batch, per image (``per_image_efficiency``).
+    """
 
     def __init__(self) -> None:
         self._single: dict[tuple[str, int, int, str, str], list[float]] = {}
@@ -364,7 +417,8 @@ class SpeedupTable:
             return
         with cases_csv.open(newline="") as f:
             for r in csv.DictReader(f):
-                if r["strategy"] == "single" and r["status"] == "ok" and r["launch_medians_s"]:
+                if (r["strategy"] == "single" and r["status"] == "ok" and r["launch_medians_s"]
+                        and not r.get("batch_curve_of")):
                     key = (r["model"], int(r["image_size"]), int(r["batch_size"]),
                            r["precision"], r["loss"])
                     self._single[key] = launch_medians(r["launch_medians_s"])
@@ -373,6 +427,14 @@ class SpeedupTable:
         if row.get("status") != "ok":
             return
         medians = launch_medians(row["launch_medians_s"])
+        if case.curve_of is not None:
+            full = self._single.get(case.group_key)
+            if full:
+                rounds = min(len(full), len(medians))
+                row |= efficiency_columns(
+                    paired_ratio_interval(full[:rounds], medians[:rounds]),
+                    case.batch_size / case.curve_of)
+            return
         if case.strategy == "single":
             self._single[case.workload_key] = medians
         base = self._single.get(case.workload_key)
@@ -391,6 +453,21 @@ class SpeedupTable:
 SPEEDUP_COLUMNS = ("speedup_vs_single", "speedup_ci_low", "speedup_ci_high",
                    "speedup_ci_note", "scaling_efficiency")
 """The columns ``speedup_columns`` fills (``run.merge`` clears them before filling again)."""
+
+
+EFFICIENCY_COLUMNS = ("per_image_efficiency", "per_image_efficiency_ci_low",
+                      "per_image_efficiency_ci_high")
+"""The columns ``efficiency_columns`` fills in a batch-curve row."""
+
+
+def efficiency_columns(step_ratio: LaunchInterval, batch_ratio: float) -> Row:
+    """A batch-curve row's per-image efficiency: full-batch single's step over this row's
+    (``step_ratio``, paired by round) times this row's batch over the full one."""
+    return {
+        "per_image_efficiency": step_ratio.point * batch_ratio,
+        "per_image_efficiency_ci_low": _finite(step_ratio.low * batch_ratio),
+        "per_image_efficiency_ci_high": _finite(step_ratio.high * batch_ratio),
+    }
 
 
 def speedup_columns(speedup: LaunchInterval, world_size: int) -> Row:

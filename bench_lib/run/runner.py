@@ -82,7 +82,15 @@ from bench_lib.run.protocol import (
     baseline_path,
     reused_warmup,
 )
-from bench_lib.run.rows import Row, SpeedupTable, bound_columns, case_row, step_rows
+from bench_lib.run.rows import (
+    Row,
+    SpeedupTable,
+    bound_columns,
+    case_row,
+    seed_singles,
+    step_rows,
+    waterfall_columns,
+)
 from bench_lib.strategies.ddp import DdpKnobs
 from bench_lib.sweep.cases import Case
 
@@ -692,10 +700,11 @@ def round_order(count: int, round_index: int) -> list[int]:
 
 
 def workload_groups(cases: list[Case]) -> list[list[int]]:
-    """Indices of the cases of each workload (``Case.workload_key``), in first-seen order."""
+    """Indices of the cases of each workload (``Case.group_key``: its batch-curve points
+    with it), in first-seen order."""
     groups: dict[tuple[str, int, int, str, str], list[int]] = {}
     for i, case in enumerate(cases):
-        groups.setdefault(case.workload_key, []).append(i)
+        groups.setdefault(case.group_key, []).append(i)
     return list(groups.values())
 
 
@@ -780,6 +789,7 @@ def _run_groups(
     rows = []
     speedups = SpeedupTable()
     speedups.seed(writer.run_dir / "cases.csv")  # a resumed run's earlier `single` rows
+    singles: dict[tuple[str, int, int, str, str], float] = seed_singles(writer.run_dir)
     for group in workload_groups(cases):
         launched: dict[int, list[CaseOutcome]] = {i: [] for i in group}
         rounds = max(cases[i].measurement.launches for i in group)
@@ -819,6 +829,9 @@ def _run_groups(
             row |= bound_columns(case, rig, outcome, row.get("step_time_s_median"),
                                  speedups.single_step_s(case), collectives,
                                  ddp_compute_s(case, workload))
+            if case.strategy == "single" and row.get("status") == "ok":
+                singles[case.workload_key] = float(row["step_time_s_median"])
+            row |= waterfall_columns(case, rig, outcome, row, singles)
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
             if on_case_done:

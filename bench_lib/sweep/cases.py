@@ -83,6 +83,10 @@ class Case:
     """How to read this strategy's numbers on this rig (empty where nothing differs)."""
     measurement: Measurement = field(default_factory=Measurement, compare=False)
     """How the case is measured (the sweep's counts, caps and limits)."""
+    curve_of: int | None = None
+    """A point of ``single``'s batch curve (``batch_curve``): the global batch of the
+    workload whose curve it measures, this case's batch being one that workload's cases
+    compute per device; None for a case of the sweep itself."""
 
     @property
     def split_size(self) -> int | None:
@@ -121,9 +125,28 @@ class Case:
         """What a speedup compares across strategies: model, image, batch, precision, loss."""
         return (self.model, self.image_size, self.batch_size, self.precision, self.loss)
 
+    @property
+    def group_key(self) -> tuple[str, int, int, str, str]:
+        """The workload a case is measured with, in the same rounds (``run.runner``): its
+        own, or for a batch-curve point the workload whose curve it is."""
+        model, image, batch, precision, loss = self.workload_key
+        return (model, image, self.curve_of or batch, precision, loss)
+
+    @property
+    def device_batch_size(self) -> int:
+        """Images one device computes at once: a data-parallel rank's share of the batch,
+        a pipelining or accumulating case's micro-batch, else the whole batch."""
+        if strategies.get(self.strategy).data_parallel:
+            return self.batch_size // self.world_size
+        if self.micro is not None and self.micro.split_size is not None:
+            return self.micro.split_size
+        return self.batch_size
+
     def describe(self) -> str:
         split = "" if self.split_size is None else f" split={self.split_size}"
-        return f"{self.strategy} {self.model} img={self.image_size} batch={self.batch_size}{split}"
+        curve = "" if self.curve_of is None else f" (batch curve of {self.curve_of})"
+        return (f"{self.strategy} {self.model} img={self.image_size} batch={self.batch_size}"
+                f"{split}{curve}")
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -382,16 +405,38 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
     unique: dict[str, Case] = {}
     for case in cases:  # a split given twice (as a size and as a count) is one case
         unique.setdefault(case.case_id, case)
-    return baselines_first(list(unique.values()))
+    swept = list(unique.values())
+    return baselines_first(swept + (batch_curve(swept) if profile.batch_curve else []))
+
+
+def batch_curve(cases: list[Case]) -> list[Case]:
+    """``single`` at every per-device batch (``Case.device_batch_size``) that the cases to
+    run compute and no ``single`` case among them measures: the points of each workload's
+    batch curve, each a copy of that workload's ``single`` case at the smaller batch
+    (``curve_of``: the workload's batch). A workload without a ``single`` case to run has
+    none. A batch two workloads share is measured once, for the first."""
+    singles = {c.workload_key: c for c in cases if c.strategy == "single" and c.status is None}
+    points: dict[tuple[str, int, int, str, str], Case] = {}
+    for case in cases:
+        parent = singles.get(case.workload_key)
+        if case.status is not None or parent is None:
+            continue
+        point = dataclasses.replace(parent, batch_size=case.device_batch_size,
+                                    curve_of=case.batch_size)
+        if point.workload_key not in singles:
+            points.setdefault(point.workload_key, point)
+    return list(points.values())
 
 
 def baselines_first(cases: list[Case]) -> list[Case]:
-    """The run order: each workload's ``single`` case before its other cases, else as given.
+    """The run order: each workload's ``single`` case, then its batch-curve points, then its
+    other cases; workloads as first seen (``Case.group_key``), else as given.
 
     The speedup columns are filled as each row is written, against the ``single`` case of
     the same workload measured earlier in the run: a case run before its baseline gets none.
     """
     first: dict[tuple[str, int, int, str, str], int] = {}
     for i, case in enumerate(cases):
-        first.setdefault(case.workload_key, i)
-    return sorted(cases, key=lambda c: (first[c.workload_key], c.strategy != "single"))
+        first.setdefault(case.group_key, i)
+    return sorted(cases, key=lambda c: (first[c.group_key], c.strategy != "single",
+                                        c.curve_of is not None))

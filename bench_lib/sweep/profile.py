@@ -131,6 +131,10 @@ class Profile:
     ddp_knob_grid: str = "product"
     """How the DDP knob lists combine (``ddp.KNOB_GRIDS``): ``product``, or
     ``one-at-a-time`` (each list's first value, then each other value alone)."""
+    batch_curve: bool = False
+    """Also measure ``single`` at every per-device batch the other cases compute (a data-
+    parallel rank's share, each micro-batch size): ``single``'s batch curve, which says how
+    much a device loses with fewer images at once (``cases.batch_curve``)."""
     measurement: Measurement = field(default_factory=Measurement)
     """How each case is measured (flat keys in files: ``warmup_steps``, ``timed_steps``...)."""
 

@@ -5,9 +5,10 @@ joins the folders after.
 Decided here, before anything runs, from the sweep alone:
 
 * **The unit is a workload group**: a workload's ``single`` case and every case compared with
-  it (``Case.workload_key``, the grouping ``run.runner.workload_groups`` measures in
-  interleaved rounds). A group is never split: its speedups pair each case with its
-  ``single`` round by round, which only means something within one run.
+  it, its batch-curve points too (``Case.group_key``, the grouping
+  ``run.runner.workload_groups`` measures in interleaved rounds). A group is never split:
+  its speedups pair each case with its ``single`` round by round, which only means
+  something within one run.
 * **Balance by estimated duration** (``sweep.estimate.case_seconds``): groups, longest first,
   each go to the shard with the least estimated time so far (fewest cases, then lowest
   index, on a tie): greedy list scheduling ("LPT"), so no shard is estimated more than the
@@ -71,7 +72,7 @@ def workload_groups(cases: Sequence[Case]) -> list[list[int]]:
     (the same grouping as ``run.runner.workload_groups``, which measures a group in rounds)."""
     groups: dict[WorkloadKey, list[int]] = {}
     for i, case in enumerate(cases):
-        groups.setdefault(case.workload_key, []).append(i)
+        groups.setdefault(case.group_key, []).append(i)
     return list(groups.values())
 
 

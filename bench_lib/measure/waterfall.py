@@ -1,0 +1,113 @@
+"""Where the ideal N-fold speedup goes: a case's step cut into parts, each measured apart
+from the case, and the remainder that none of them explains.
+
+From the ideal (``single``'s step at the global batch B over the N devices the case uses)
+down to the measured step, in this order (seconds of the case's step)::
+
+    ideal      T1(B) / N
+    batch      C - ideal          C = B / (b N) x T1(b): what one device spends when it
+                                  computes b images at once (a data-parallel rank's share,
+                                  a micro-batch), from single's batch curve T1 (the batch
+                                  curve's rows, ``sweep.cases.batch_curve``)
+    imbalance  C x (k - 1)        k: the busiest device's busy time in the traced step over
+                                  the mean (pipelines; 1 where every device does the same)
+    bubble     C k x f / (1 - f)  f: the schedule's idle share of the span in theory for its
+                                  p, m, v (``measure.bubble.theory``); a serial case (one
+                                  process runs every stage in turn: mp, and pipeline on a
+                                  cpu rig) idles (N - 1) of N: C k x (N - 1)
+    comm       what the case's collectives or transfers add to its bound, at the run's
+               measured bandwidths (``bound_comm_s``: ddp/fsdp overlapped with compute,
+               pipelines' p2p per stage boundary)
+    remainder  measured - every part above: what no part explains (contention between
+               workers that share a machine, scheduling, the optimizer step counted once per
+               micro-batch in C, ...)
+
+Each part is a figure measured without the case (single's curve, the collective
+micro-benchmark, the schedule's theory), except k, read from the case's own traced step.
+Pure arithmetic: no torch, no device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bench_lib.measure.bubble import theory
+
+PARTS = ("ideal", "batch", "imbalance", "bubble", "comm", "remainder")
+"""The waterfall's parts in order; ``waterfall_<part>_s`` and ``_pct`` in cases.csv."""
+SERIAL_NOTE = "serial: one process runs every stage in turn"
+
+
+@dataclass(frozen=True)
+class Waterfall:
+    """A case's measured step, cut into parts (module docstring), seconds."""
+
+    measured_s: float
+    ideal_s: float
+    batch_s: float
+    imbalance_s: float
+    bubble_s: float
+    comm_s: float
+    note: str = ""
+
+    @property
+    def remainder_s(self) -> float:
+        return self.measured_s - (self.ideal_s + self.batch_s + self.imbalance_s
+                                  + self.bubble_s + self.comm_s)
+
+    def part_s(self, part: str) -> float:
+        return float(getattr(self, f"{part}_s"))
+
+    def columns(self) -> dict[str, float | str]:
+        """``waterfall_<part>_s`` and ``waterfall_<part>_pct`` (of the measured step), and
+        ``waterfall_note``."""
+        out: dict[str, float | str] = {}
+        for part in PARTS:
+            out[f"waterfall_{part}_s"] = self.part_s(part)
+            out[f"waterfall_{part}_pct"] = 100 * self.part_s(part) / self.measured_s
+        out["waterfall_note"] = self.note
+        return out
+
+
+def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
+              microbatches: int | None, curve: Mapping[int, float], measured_s: float,
+              busiest_over_mean: float = 1.0, serial: bool = False,
+              comm_s: float = 0.0) -> Waterfall | str:
+    """The parts of a case's step (module docstring), or why it has none.
+
+    ``curve``: single's median step per batch size of the same workload (the full batch
+    among them); ``device_batch``: the images a device computes at once (``Case.
+    device_batch_size``); ``busiest_over_mean``: k; ``serial``: one process runs every
+    stage in turn; ``comm_s``: the bound's communication part.
+    """
+    if batch not in curve:
+        return f"no waterfall: single at batch {batch} was not measured"
+    if device_batch not in curve:
+        return (f"no waterfall: single at batch {device_batch} (this case's images per "
+                "device) was not measured: the profile's batch_curve is off")
+    ideal = curve[batch] / devices
+    compute = batch / (device_batch * devices) * curve[device_batch]
+    busiest = compute * busiest_over_mean
+    notes = []
+    if serial and devices > 1:
+        bubble = busiest * (devices - 1)
+        notes.append(f"{SERIAL_NOTE}: bubble {devices - 1}/{devices} of the span")
+    else:
+        found = theory(strategy, devices, microbatches)
+        bubble = busiest * found.fraction / (1 - found.fraction) if found else 0.0
+        if found:
+            notes.append(f"bubble {found.describe()}")
+    if busiest_over_mean != 1.0:
+        notes.append(f"busiest device {busiest_over_mean:.2f}x the mean")
+    return Waterfall(measured_s, ideal, compute - ideal, busiest - compute, bubble, comm_s,
+                     "; ".join(notes))
+
+
+def busiest_over_mean(busy_s: Mapping[Any, float]) -> float:
+    """k: the busiest device's busy time over the mean of all (1 for one or none)."""
+    values = [v for v in busy_s.values() if v > 0]
+    if len(values) < 2:
+        return 1.0
+    return max(values) / (sum(values) / len(values))

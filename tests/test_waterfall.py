@@ -1,0 +1,74 @@
+"""The waterfall (measure/waterfall.py) from hand-made parts: each part by its formula, parts
+that sum to the step, a large remainder said as such, and what is missing said why."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench_lib.measure.waterfall import PARTS, busiest_over_mean, waterfall
+
+CURVE = {16: 0.27, 8: 0.35, 4: 0.12, 2: 0.08}
+"""single's median step (s) per batch: the full batch 16 and its batch curve."""
+
+
+def test_ddp_loses_to_its_per_device_batch_and_to_unhidden_communication():
+    w = waterfall("ddp", 2, 16, 8, None, CURVE, measured_s=0.40, comm_s=0.02)
+    assert isinstance(w, type(w)) and not isinstance(w, str)
+    assert w.ideal_s == pytest.approx(0.27 / 2)
+    assert w.batch_s == pytest.approx(0.35 - 0.135)  # a rank computes 8: single's step at 8
+    assert (w.imbalance_s, w.bubble_s) == (0.0, 0.0)
+    assert w.comm_s == 0.02
+    assert w.remainder_s == pytest.approx(0.40 - 0.35 - 0.02)
+
+
+def test_a_pipeline_whose_parts_sum_to_its_step_has_no_remainder():
+    # gpipe, 2 devices, 4 micro-batches of 4: a device computes 16 / 4 = 4 micro-batches of
+    # half the model: 16 / (4 x 2) x T1(4) = 0.24 s; the busiest does 10% more; GPipe's
+    # theory idles (p-1)/(m+p-1) = 1/5 of the span: a quarter of the busy time.
+    w = waterfall("gpipe", 2, 16, 4, 4, CURVE, measured_s=0.34, busiest_over_mean=1.1,
+                  comm_s=0.01)
+    assert not isinstance(w, str)
+    assert w.batch_s == pytest.approx(0.24 - 0.135)
+    assert w.imbalance_s == pytest.approx(0.024)
+    assert w.bubble_s == pytest.approx(0.264 / 4)
+    assert w.remainder_s == pytest.approx(0.34 - (0.135 + 0.105 + 0.024 + 0.066 + 0.01))
+    assert abs(w.remainder_s) < 1e-3
+    cols = w.columns()
+    assert sum(cols[f"waterfall_{p}_pct"] for p in PARTS) == pytest.approx(100)
+    assert cols["waterfall_note"] == ("bubble (p-1)/(m+p-1), p=2 v=1 m=4; "
+                                      "busiest device 1.10x the mean")
+
+
+def test_a_large_remainder_is_reported_not_hidden():
+    w = waterfall("1f1b", 2, 16, 4, 4, CURVE, measured_s=0.60)
+    assert not isinstance(w, str)
+    explained = w.ideal_s + w.batch_s + w.bubble_s
+    assert w.remainder_s == pytest.approx(0.60 - explained)
+    assert w.columns()["waterfall_remainder_pct"] == pytest.approx(100 * (0.60 - explained)
+                                                                     / 0.60)
+    assert w.columns()["waterfall_remainder_pct"] > 40
+
+
+def test_a_serial_case_idles_all_but_one_device():
+    # pipeline on a cpu rig: one process runs both stages in turn.
+    w = waterfall("pipeline", 2, 16, 4, 4, CURVE, measured_s=0.5, serial=True)
+    assert not isinstance(w, str)
+    assert w.bubble_s == pytest.approx(0.24)  # (N-1) x its compute
+    assert w.note.startswith("serial")
+
+
+def test_accumulation_on_one_device_loses_only_to_its_micro_batch():
+    w = waterfall("accum", 1, 16, 2, 8, CURVE, measured_s=0.7)
+    assert not isinstance(w, str)
+    assert w.ideal_s == 0.27 and w.batch_s == pytest.approx(8 * 0.08 - 0.27)
+    assert w.bubble_s == 0.0 and w.remainder_s == pytest.approx(0.7 - 0.64)
+
+
+def test_a_missing_point_of_the_curve_is_said():
+    assert "batch_curve is off" in waterfall("ddp", 2, 16, 8, None, {16: 0.27}, 0.4)
+    assert "batch 32 was not measured" in waterfall("ddp", 2, 32, 16, None, CURVE, 0.4)
+
+
+def test_busiest_over_mean():
+    assert busiest_over_mean({"a": 0.9, "b": 0.6}) == pytest.approx(0.9 / 0.75)
+    assert busiest_over_mean({"a": 0.8}) == 1.0 and busiest_over_mean({}) == 1.0
