@@ -26,7 +26,7 @@ def test_a_pipeline_whose_parts_sum_to_its_step_has_no_remainder():
     # half the model: 16 / (4 x 2) x T1(4) = 0.24 s; the busiest does 10% more; GPipe's
     # theory idles (p-1)/(m+p-1) = 1/5 of the span: a quarter of the busy time.
     w = waterfall("gpipe", 2, 16, 4, 4, CURVE, measured_s=0.34, busiest_over_mean=1.1,
-                  comm_s=0.01)
+                  comm_s=0.01, optimizer_s=0.0)
     assert not isinstance(w, str)
     assert w.batch_s == pytest.approx(0.24 - 0.135)
     assert w.imbalance_s == pytest.approx(0.024)
@@ -54,7 +54,7 @@ def test_a_serial_case_idles_all_but_one_device():
     w = waterfall("pipeline", 2, 16, 4, 4, CURVE, measured_s=0.5, serial=True)
     assert not isinstance(w, str)
     assert w.bubble_s == pytest.approx(0.24)  # (N-1) x its compute
-    assert w.note.startswith("serial")
+    assert w.note.startswith("serial") and "optimizer step not measured" in w.note
 
 
 def test_accumulation_on_one_device_loses_only_to_its_micro_batch():
@@ -72,3 +72,19 @@ def test_a_missing_point_of_the_curve_is_said():
 def test_busiest_over_mean():
     assert busiest_over_mean({"a": 0.9, "b": 0.6}) == pytest.approx(0.9 / 0.75)
     assert busiest_over_mean({"a": 0.8}) == 1.0 and busiest_over_mean({}) == 1.0
+
+
+def test_the_optimizer_step_counts_once_per_step_for_the_share_a_device_updates():
+    # T1(4) = 0.12 s holds a 0.03 s optimizer step: 4 micro-batches of half the model pay
+    # their forward and backward each, the optimizer once, for half the model.
+    w = waterfall("gpipe", 2, 16, 4, 4, CURVE, measured_s=0.4, optimizer_s=0.03,
+                  optimizer_share=0.5)
+    assert not isinstance(w, str)
+    assert w.ideal_s + w.batch_s == pytest.approx(16 / (4 * 2) * (0.12 - 0.03) + 0.015)
+    # ddp: each rank updates the whole model, once: single's step at 8, as it is.
+    d = waterfall("ddp", 2, 16, 8, None, CURVE, measured_s=0.4, optimizer_s=0.03)
+    assert not isinstance(d, str)
+    assert d.ideal_s + d.batch_s == pytest.approx(0.35)
+    unmeasured = waterfall("gpipe", 2, 16, 4, 4, CURVE, measured_s=0.4)
+    assert not isinstance(unmeasured, str)
+    assert "optimizer step not measured" in unmeasured.note

@@ -5,10 +5,14 @@ From the ideal (``single``'s step at the global batch B over the N devices the c
 down to the measured step, in this order (seconds of the case's step)::
 
     ideal      T1(B) / N
-    batch      C - ideal          C = B / (b N) x T1(b): what one device spends when it
-                                  computes b images at once (a data-parallel rank's share,
-                                  a micro-batch), from single's batch curve T1 (the batch
-                                  curve's rows, ``sweep.cases.batch_curve``)
+    batch      C - ideal          C = B / (b N) x (T1(b) - O) + s O: what one device
+                                  spends when it computes b images at once (a data-parallel
+                                  rank's share, a micro-batch), from single's batch curve
+                                  T1 (the batch curve's rows, ``sweep.cases.batch_curve``),
+                                  its optimizer step O (single's, timed alone) counted once
+                                  per step, for the share s of the model the device updates
+                                  (1 for ddp and dp, 1/N where the model or its optimizer
+                                  state is split: the pipelines, mp, fsdp)
     imbalance  C x (k - 1)        k: the busiest device's busy time in the traced step over
                                   the mean (pipelines; 1 where every device does the same)
     bubble     C k x f / (1 - f)  f: the schedule's idle share of the span in theory for its
@@ -19,8 +23,7 @@ down to the measured step, in this order (seconds of the case's step)::
                measured bandwidths (``bound_comm_s``: ddp/fsdp overlapped with compute,
                pipelines' p2p per stage boundary)
     remainder  measured - every part above: what no part explains (contention between
-               workers that share a machine, scheduling, the optimizer step counted once per
-               micro-batch in C, ...)
+               workers that share a machine, scheduling, what the parts' own noise hides)
 
 Each part is a figure measured without the case (single's curve, the collective
 micro-benchmark, the schedule's theory), except k, read from the case's own traced step.
@@ -74,13 +77,16 @@ class Waterfall:
 def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
               microbatches: int | None, curve: Mapping[int, float], measured_s: float,
               busiest_over_mean: float = 1.0, serial: bool = False,
-              comm_s: float = 0.0) -> Waterfall | str:
+              comm_s: float = 0.0, optimizer_s: float | None = None,
+              optimizer_share: float = 1.0) -> Waterfall | str:
     """The parts of a case's step (module docstring), or why it has none.
 
     ``curve``: single's median step per batch size of the same workload (the full batch
     among them); ``device_batch``: the images a device computes at once (``Case.
     device_batch_size``); ``busiest_over_mean``: k; ``serial``: one process runs every
-    stage in turn; ``comm_s``: the bound's communication part.
+    stage in turn; ``comm_s``: the bound's communication part; ``optimizer_s``: single's
+    optimizer step alone (None: not measured, and then counted with every micro-batch);
+    ``optimizer_share``: s.
     """
     if batch not in curve:
         return f"no waterfall: single at batch {batch} was not measured"
@@ -88,9 +94,11 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
         return (f"no waterfall: single at batch {device_batch} (this case's images per "
                 "device) was not measured: the profile's batch_curve is off")
     ideal = curve[batch] / devices
-    compute = batch / (device_batch * devices) * curve[device_batch]
-    busiest = compute * busiest_over_mean
     notes = []
+    opt = optimizer_s or 0.0
+    compute = (batch / (device_batch * devices) * (curve[device_batch] - opt)
+               + optimizer_share * opt)
+    busiest = compute * busiest_over_mean
     if serial and devices > 1:
         bubble = busiest * (devices - 1)
         notes.append(f"{SERIAL_NOTE}: bubble {devices - 1}/{devices} of the span")
@@ -101,6 +109,8 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
             notes.append(f"bubble {found.describe()}")
     if busiest_over_mean != 1.0:
         notes.append(f"busiest device {busiest_over_mean:.2f}x the mean")
+    if optimizer_s is None and batch != device_batch:
+        notes.append("optimizer step not measured: counted with every micro-batch")
     return Waterfall(measured_s, ideal, compute - ideal, busiest - compute, bubble, comm_s,
                      "; ".join(notes))
 

@@ -133,7 +133,7 @@ FIGURES: list[tuple[int, str, str, str]] = [
     (9, "bound", "Measured step time against the bound of its own parts",
      "no ok case with a bound (step_time_s_bound: pipelines, mp, ddp, fsdp)"),
     (10, "batch_curve", "single's batch curve: per-image speed against images per device",
-     "not measured in this run (the profile's batch_curve is off)"),
+     "no batch curve in these runs (the profile's batch_curve is off)"),
 ]
 
 

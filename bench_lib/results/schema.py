@@ -231,6 +231,9 @@ CASES = _cols(
     ("speedup_ci_high", "the same interval's high end", N),
     ("speedup_ci_note", "why the speedup has no interval (1 round)"),
     ("scaling_efficiency", "speedup_vs_single over world_size", N),
+    ("optimizer_step_s", "single: the optimizer step alone (median of 3 after the timed "
+                         "steps, in the launch that traces), seconds: the share of a step "
+                         "that does not shrink with the batch", N, True),
     # single's batch curve (bench_lib.sweep.cases.batch_curve): how a device's per-image
     # speed changes with the images it computes at once.
     ("device_batch_size", "images one device computes at once: a data-parallel rank's share "

@@ -126,6 +126,10 @@ class RankResult:
     """Median of the steps this rank ran with no collective after the timed ones
     (``Trainer.without_communication``: DDP's ``no_sync``), the compute part of its bound;
     None where the strategy has no such mode."""
+    optimizer_step_s: float | None = None
+    """``single``: median of the optimizer steps timed alone after the timed steps, in the
+    launch that traces (the waterfall counts it once per step, not per micro-batch); None
+    for other strategies."""
     failed_at_unix_s: float | None = None
     """Wall-clock time (``time.time()``) the rank's exception handler caught its failure
     (``oom``/``error``); the runner blames the rank that failed first. None: it did not."""
@@ -193,6 +197,9 @@ class CaseOutcome:
     compute_step_s: float | None = None
     """The slowest rank's step with no collective (``RankResult.compute_step_s``); over
     launches, their median. None: not measured."""
+    optimizer_step_s: float | None = None
+    """``single``'s optimizer step alone (``RankResult.optimizer_step_s``); over launches,
+    their median. None: not measured."""
     sampler_note: str = ""
     """Why a sampler source gave nothing (``Sampler.note``): joined into the row's
     ``sampler_note``."""
@@ -274,6 +281,7 @@ class CaseOutcome:
             partition="|".join(cuts),
             timeline=first.timeline, traced_step_s=first.traced_step_s,
             compute_step_s=_median([o.compute_step_s for o in launches]),
+            optimizer_step_s=_median([o.optimizer_step_s for o in launches]),
             trace_note=first.trace_note, samples=samples,
             sampler_note="; ".join(dict.fromkeys(o.sampler_note for o in launches
                                                  if o.sampler_note)),

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench_lib import strategies
 from bench_lib.measure import bubble, case_bound, waterfall
 from bench_lib.measure.collectives import Collectives
 from bench_lib.measure.contention import contention, cpu_per_wall
@@ -102,6 +103,8 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
             "peak_mem_mib_by_device": by_device(outcome.peak_mem_mib),
         }
         row |= memory_columns(outcome)
+        if outcome.optimizer_step_s is not None:
+            row["optimizer_step_s"] = outcome.optimizer_step_s
         # On a cpu rig a lone process driving several devices (mp, pipeline) is pinned to
         # one worker's cores: its MFU is of that one worker's peak.
         held = 1 if rig.kind == "cpu" and not case.process_group else case.world_size
@@ -223,11 +226,11 @@ SingleSteps = Mapping[tuple[str, int, int, str, str], float]
 
 
 def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
-                      singles: SingleSteps) -> Row:
+                      singles: SingleSteps, optimizer_s: float | None = None) -> Row:
     """The case's waterfall (``measure.waterfall``) from single's steps of the same model,
     image size and precision at every batch measured (``singles``: the full batch and the
-    batch curve), the traced step's busiest device, and the bound's communication part;
-    empty for single and for a case not ok."""
+    batch curve) and its optimizer step (``optimizer_s``), the traced step's busiest
+    device, and the bound's communication part; empty for single and a case not ok."""
     if outcome.status != "ok" or case.strategy == "single" or not row.get("step_time_s_median"):
         return {}
     curve = {batch: step for (model, image, batch, precision, loss), step in singles.items()
@@ -239,7 +242,9 @@ def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
         case.num_microbatches, curve, float(row["step_time_s_median"]),
         busiest_over_mean=waterfall.busiest_over_mean(busy),
         serial=rig.kind == "cpu" and not case.process_group and case.world_size > 1,
-        comm_s=_number(row.get("bound_comm_s")))
+        comm_s=_number(row.get("bound_comm_s")), optimizer_s=optimizer_s,
+        optimizer_share=(1 / case.world_size if strategies.get(case.strategy).uses_partition
+                         or case.strategy == "fsdp" else 1.0))
     return {"waterfall_note": found} if isinstance(found, str) else found.columns()
 
 

@@ -362,6 +362,8 @@ def _combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
                                               if res.traced_step_s is not None), default=None),
         compute_step_s=max((res.compute_step_s for res in results.values()
                             if res.compute_step_s is not None), default=None),
+        optimizer_step_s=max((res.optimizer_step_s for res in results.values()
+                              if res.optimizer_step_s is not None), default=None),
         trace_note=trace_note,
     )
 
@@ -790,6 +792,7 @@ def _run_groups(
     speedups = SpeedupTable()
     speedups.seed(writer.run_dir / "cases.csv")  # a resumed run's earlier `single` rows
     singles: dict[tuple[str, int, int, str, str], float] = seed_singles(writer.run_dir)
+    optimizer_steps: dict[tuple[str, int, int, str, str], float] = {}
     for group in workload_groups(cases):
         launched: dict[int, list[CaseOutcome]] = {i: [] for i in group}
         rounds = max(cases[i].measurement.launches for i in group)
@@ -831,7 +834,10 @@ def _run_groups(
                                  ddp_compute_s(case, workload))
             if case.strategy == "single" and row.get("status") == "ok":
                 singles[case.workload_key] = float(row["step_time_s_median"])
-            row |= waterfall_columns(case, rig, outcome, row, singles)
+                if outcome.optimizer_step_s is not None:
+                    optimizer_steps[case.group_key] = outcome.optimizer_step_s
+            row |= waterfall_columns(case, rig, outcome, row, singles,
+                                     optimizer_steps.get(case.group_key))
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
             if on_case_done:

@@ -211,6 +211,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
     # Diagnostics after the timed steps (a launch that traces: not tune's short ones).
     compute_s = _compute_only(trainer, x, y, case.process_group) if trace else None
+    optimizer_s = _optimizer_only(trainer) if trace and case.strategy == "single" else None
     result = RankResult(
         rank, "ok", step_times_s=tuple(timed.times_s),
         step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
@@ -220,7 +221,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
         peak_mem_net_mib=peaks.net_mib, peak_mem_source=peaks.source,
         peak_mem_reserved_mib=reserved,
         partition=partition.label if partition is not None else "",
-        compute_step_s=compute_s,
+        compute_step_s=compute_s, optimizer_step_s=optimizer_s,
     )
     stages = trainer.timeline_stages() if trace else []
     if not stages:
@@ -267,6 +268,29 @@ def _compute_only(trainer: Trainer, x: torch.Tensor, y: torch.Tensor,
     except Exception as e:  # no collective follows in these steps: nothing for a peer to wait on
         print(f"compute-only steps failed ({type(e).__name__}: {_first_line(e)}); the bound "
               "falls back on single's share", file=sys.stderr)
+        return None
+    return statistics.median(times)
+
+
+OPTIMIZER_STEPS = 3
+"""Optimizer steps timed alone after the timed ones (``_optimizer_only``)."""
+
+
+def _optimizer_only(trainer: Trainer) -> float | None:
+    """The median of ``OPTIMIZER_STEPS`` optimizer steps alone, on the last timed step's
+    gradients (the weights move on: nothing is timed after), each between synchronised
+    clocks: the share of a step that does not shrink with the batch. None if it fails."""
+    times = []
+    try:
+        for _ in range(OPTIMIZER_STEPS):
+            synchronize(trainer.devices)
+            t0 = time.perf_counter()
+            trainer.optimizer.step()
+            synchronize(trainer.devices)
+            times.append(time.perf_counter() - t0)
+    except Exception as e:  # a derived figure: never worth the timed steps
+        print(f"optimizer steps failed ({type(e).__name__}: {_first_line(e)})",
+              file=sys.stderr)
         return None
     return statistics.median(times)
 
