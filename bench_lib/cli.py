@@ -12,6 +12,7 @@ import contextlib
 import json
 import signal
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -473,6 +474,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     """``cmd_run``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
     from bench_lib.measure import environment, flops
     from bench_lib.measure.energy import IdlePower
+    from bench_lib.report.answer import answer_lines
+    from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
     from bench_lib.report.headlines import headline_lines, tutorial_lines
     from bench_lib.results.read import read_env
     from bench_lib.results.store import RunWriter, create_run_dir, new_run_id, write_json_atomic
@@ -575,6 +578,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         lines = headline_lines(rows)
         if profile.name == "tutorial":
             lines += tutorial_lines(rows)
+        lines += [line for answer in answer_lines(rows)
+                  for line in textwrap.wrap(answer, ANSWER_WIDTH)]
         for line in lines:
             print(line, file=sys.stderr)
         print(cycle.summary(), file=sys.stderr)

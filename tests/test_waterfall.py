@@ -88,3 +88,27 @@ def test_the_optimizer_step_counts_once_per_step_for_the_share_a_device_updates(
     unmeasured = waterfall("gpipe", 2, 16, 4, 4, CURVE, measured_s=0.4)
     assert not isinstance(unmeasured, str)
     assert "optimizer step not measured" in unmeasured.note
+
+
+def test_the_figure_draws_each_case_from_its_ideal_to_its_measured_step():
+    import pandas as pd
+
+    from bench_lib.report.waterfall_figure import fig_waterfall
+
+    common = {"run_label": "r", "model": "resnet50", "image_size": 64, "batch_size": 16,
+              "precision": "fp32", "status": "ok", "world_size": 2}
+    rows = []
+    for strategy, split, w in (("ddp", float("nan"),
+                                waterfall("ddp", 2, 16, 8, None, CURVE, 0.40, comm_s=0.01)),
+                               ("gpipe", 4.0, waterfall("gpipe", 2, 16, 4, 4, CURVE, 0.60))):
+        assert not isinstance(w, str)
+        rows.append(common | {"strategy": strategy, "split_size": split,
+                              "step_time_s_median": w.measured_s} | w.columns())
+    fig = fig_waterfall(pd.DataFrame(rows))
+    assert fig is not None
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["ddp", "gpipe s4"]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts[0] == "0.68x of single (ideal 2x); unexplained +10%"  # 0.27 / 0.40
+    assert texts[1].startswith("0.45x of single (ideal 2x)")  # 0.27 / 0.60
+    assert fig_waterfall(pd.DataFrame([common | {"strategy": "single"}])) is None

@@ -31,6 +31,7 @@ from bench_lib.report import (
     figures,
     parity_report,
     prediction,
+    waterfall_figure,
 )
 from bench_lib.report.html import render
 from bench_lib.results.read import read_cases, read_env, read_table
@@ -134,6 +135,8 @@ FIGURES: list[tuple[int, str, str, str]] = [
      "no ok case with a bound (step_time_s_bound: pipelines, mp, ddp, fsdp)"),
     (10, "batch_curve", "single's batch curve: per-image speed against images per device",
      "no batch curve in these runs (the profile's batch_curve is off)"),
+    (11, "waterfall", "Where the ideal speedup goes, part by part",
+     "no ok case with a waterfall (it needs single's batch curve: the profile's batch_curve)"),
 ]
 
 
@@ -145,7 +148,8 @@ def draw_figures(runs: Runs) -> dict[int, Figure]:
             5: device_figures.fig_samples(c, runs.samples),
             6: device_figures.fig_timeline(c, runs.timeline), 7: figures.fig_scaling(c),
             8: prediction.fig_prediction(c), 9: bound_figure.fig_bound(c),
-            10: curve_figure.fig_batch_curve(runs.curve, c)}
+            10: curve_figure.fig_batch_curve(runs.curve, c),
+            11: waterfall_figure.fig_waterfall(c)}
     return {n: f for n, f in figs.items() if f is not None}
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from bench_lib.report import bound_figure, prediction
+from bench_lib.report.answer import answer_lines
 from bench_lib.report.figures import GROUP, records
 from bench_lib.report.headlines import (
     interval_note,
@@ -185,6 +186,15 @@ def _section(s: dict[str, Any], extra: str) -> str:
             f"{extra}")
 
 
+def _answer(runs: Runs) -> list[str]:
+    """The answer in words (``report.answer``) at the top: empty where it has none."""
+    every = pd.concat([runs.cases, runs.curve], ignore_index=True)
+    lines = answer_lines(records(every))
+    if not lines:
+        return []
+    return ["<h2>In short</h2>", *(f"<p>{_e(line)}</p>" for line in lines)]
+
+
 def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
            bubbles: pd.DataFrame) -> str:
     """The whole page."""
@@ -193,7 +203,7 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
     body = [f"<h1>parabench report</h1><p class=sub>{_e(labels)} · written {now}</p>",
             "<h2>Runs</h2>", _runs_table(runs.envs, runs.names, runs.cases),
             "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>",
-            "<h2>Headlines</h2>", _headlines(runs.cases)]
+            *_answer(runs), "<h2>Headlines</h2>", _headlines(runs.cases)]
     for s in sections:
         extra = (_bubble_table(bubbles) if s["number"] == 6
                  else prediction.error_html(runs.cases) if s["number"] == 8

@@ -834,7 +834,7 @@ def _run_groups(
                                  ddp_compute_s(case, workload))
             if case.strategy == "single" and row.get("status") == "ok":
                 singles[case.workload_key] = float(row["step_time_s_median"])
-                if outcome.optimizer_step_s is not None:
+                if outcome.optimizer_step_s is not None and case.curve_of is None:
                     optimizer_steps[case.group_key] = outcome.optimizer_step_s
             row |= waterfall_columns(case, rig, outcome, row, singles,
                                      optimizer_steps.get(case.group_key))

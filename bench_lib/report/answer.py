@@ -1,0 +1,116 @@
+"""The answer in words: per workload, which strategy is fastest and what keeps the others
+behind, each sentence built from the run's own numbers (no number, no sentence).
+
+    64 px, batch 16: single is fastest (49.3 [44.2, 55.1] img/s). The other strategies
+    lose most to the smaller batch per device (a median 36% of their step): 8 images per
+    device run at 44% [38%, 52%] of batch 16's per-image speed on this rig.
+
+The winner and its interval are the headlines' (``headlines.rank``); the loss is the
+waterfall part (``bench_lib.measure.waterfall``) with the largest median share of the
+other ok cases' steps; the batch curve's point is the per-device batch of the fastest of
+them that cuts the batch.
+Weak scaling is not measured yet: these sentences are about the sweep's (strong) scaling.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench_lib.report.headlines import (
+    _number,
+    case_name,
+    is_curve_point,
+    rank,
+    speedup_interval,
+    throughput,
+    throughput_interval,
+)
+
+LOSSES = {"batch": "the smaller batch per device", "imbalance": "the busiest device's extra work",
+          "bubble": "the schedule's bubble", "comm": "communication not hidden"}
+"""The waterfall's losses, in words (the ideal and the remainder are not losses of a kind)."""
+UNEXPLAINED_PCT = 10.0
+"""A median remainder beyond this share of the step is said."""
+
+
+def _range(low: float | None, high: float | None, fmt: str) -> str:
+    return "" if low is None or high is None else f" [{low:{fmt}}, {high:{fmt}}]"
+
+
+def _winner(group: list[Mapping[str, Any]], image: Any, batch: Any) -> str | None:
+    found = rank(group)
+    if found is None:
+        return None
+    best, head = found.best, f"{image} px, batch {batch}: "
+    if found.verdict == "tie" and found.runner_up is not None:
+        paired = found.paired
+        ratio = "" if paired is None else (
+            f" (the runner-up's time over the best's {paired.point:.2f}x"
+            f"{_range(paired.low, paired.high, '.2f')})")
+        return f"{head}{case_name(best)} and {case_name(found.runner_up)} tie{ratio}."
+    low, high = throughput_interval(best) or (None, None)
+    speed = f"{throughput(best) or 0.0:.1f}{_range(low, high, '.1f')} img/s"
+    versus = ""
+    if best.get("strategy") != "single" and _number(best.get("speedup_vs_single")):
+        low, high = speedup_interval(best) or (None, None)
+        versus = f", {float(best['speedup_vs_single']):.2f}x{_range(low, high, '.2f')} single"
+    return f"{head}{case_name(best)} is fastest ({speed}{versus})."
+
+
+def _curve_point(curve: list[Mapping[str, Any]], device_batch: int) -> Mapping[str, Any] | None:
+    return next((r for r in curve if _number(r.get("batch_size")) == device_batch
+                 and _number(r.get("per_image_efficiency")) is not None), None)
+
+
+def _loss(group: list[Mapping[str, Any]], curve: list[Mapping[str, Any]],
+          batch: Any) -> str | None:
+    others = [r for r in group if r.get("status") == "ok" and r.get("strategy") != "single"
+              and _number(r.get("waterfall_ideal_pct")) is not None]
+    if not others:
+        return None
+    medians = {part: statistics.median(_number(r.get(f"waterfall_{part}_pct")) or 0.0
+                                       for r in others) for part in LOSSES}
+    part = max(medians, key=lambda p: medians[p])
+    text = (f"The other strategies lose most to {LOSSES[part]} (a median {medians[part]:.0f}% "
+            "of their step)")
+    if part == "batch":  # the batch per device of the fastest case that cuts the batch
+        cutting = sorted((r for r in others if _number(r.get("device_batch_size"))
+                          not in (None, _number(batch))), key=lambda r: -(throughput(r) or 0))
+        point = (_curve_point(curve, int(_number(cutting[0]["device_batch_size"]) or 0))
+                 if cutting else None)
+        if point is not None:
+            eff = float(point["per_image_efficiency"])
+            text += (f": {int(float(point['batch_size']))} images per device run at {eff:.0%}"
+                     f"{_range(_number(point.get('per_image_efficiency_ci_low')), _number(point.get('per_image_efficiency_ci_high')), '.0%')}"  # noqa: E501
+                     f" of batch {batch}'s per-image speed on this rig")
+    text += "."
+    remainder = statistics.median(_number(r.get("waterfall_remainder_pct")) or 0.0
+                                  for r in others)
+    if abs(remainder) > UNEXPLAINED_PCT:
+        text += f" A median {remainder:.0f}% of their step is not explained by any part."
+    return text
+
+
+def answer_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One short paragraph per workload (module docstring), in workload order."""
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
+    curves: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        run = r.get("run_label", "")
+        if is_curve_point(r):
+            key = (run, r["model"], r["image_size"], int(float(r["batch_curve_of"])),
+                   r["precision"])
+            curves[key].append(r)
+        else:
+            groups[(run, r["model"], r["image_size"], r["batch_size"], r["precision"])].append(r)
+    lines = []
+    for key in sorted(groups, key=str):
+        _, _, image, batch, _ = key
+        sentences = [s for s in (_winner(groups[key], image, batch),
+                                 _loss(groups[key], curves.get(key, []), batch)) if s]
+        if sentences:
+            lines.append(" ".join(sentences))
+    return lines

@@ -1,0 +1,93 @@
+"""Where the ideal speedup goes: each case's measured step cut into the waterfall's parts.
+
+One panel per workload; per case a horizontal bar of seconds, from the ideal (single's step
+over the devices: an N-fold speedup) through the losses measured apart from the case (the
+device's smaller batch, the busiest device's extra work, the schedule's bubble, the
+communication not hidden) to what no part explains (the remainder, hatched; where the parts
+overstate the step it is drawn back from their end). The bar ends at the measured step; the
+label gives the speedup measured against the ideal one. ``bench_lib.measure.waterfall``
+states each part. Reads cases.csv only; never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from bench_lib.report.figures import facets, records, strategy_order, styled, workload_title
+
+PARTS = (("ideal", "ideal (single / N devices)", "#4c72b0"),
+         ("batch", "smaller batch per device", "#dd8452"),
+         ("imbalance", "busiest device's extra", "#937860"),
+         ("bubble", "schedule's bubble", "#c44e52"),
+         ("comm", "communication not hidden", "#55a868"))
+REMAINDER = ("remainder", "unexplained (remainder)", "#bbbbbb")
+WORKLOAD = ["model", "image_size", "batch_size", "precision"]
+
+
+def waterfall_cases(cases: pd.DataFrame) -> pd.DataFrame:
+    """The ok cases with a waterfall, in strategy order, each with a short ``label``."""
+    if "waterfall_ideal_s" not in cases:
+        return cases.iloc[0:0]
+    df = cases[(cases.status == "ok") & cases.waterfall_ideal_s.notna()].copy()
+    if df.empty:
+        return df
+    order = {s: i for i, s in enumerate(strategy_order(df.strategy.unique()))}
+    df["_order"] = df.strategy.map(order)
+    df = df.sort_values(["_order", "split_size"], kind="stable", na_position="first")
+    many = "run_label" in df and df.run_label.nunique() > 1
+
+    def label(r: pd.Series) -> str:
+        split = f" s{int(r.split_size)}" if pd.notna(r.split_size) else ""
+        run = f"{r.run_label} " if many else ""
+        return f"{run}{r.strategy}{split}"
+
+    df["label"] = df.apply(label, axis=1)
+    return df.drop(columns="_order").reset_index(drop=True)
+
+
+@styled
+def fig_waterfall(cases: pd.DataFrame) -> Figure | None:
+    """The waterfall of every case that has one, per workload (module docstring)."""
+    df = waterfall_cases(cases)
+    if df.empty:
+        return None
+    keys: list[tuple[Any, ...]] = sorted(set(df[WORKLOAD].itertuples(index=False, name=None)))
+    fig, axes = facets(len(keys), width=7.0, height=0.9 + 0.42 * df.label.nunique(),
+                       max_cols=2)
+    for ax, key in zip(axes, keys):
+        mine = df[(df[WORKLOAD] == pd.Series(key, index=WORKLOAD)).all(axis=1)]
+        for y, r in enumerate(records(mine)):
+            left = 0.0
+            for part, _, color in PARTS:
+                width = max(float(r[f"waterfall_{part}_s"]), 0.0)
+                ax.barh(y, width, left=left, color=color, height=0.6)
+                left += width
+            rest = float(r["waterfall_remainder_s"])
+            start, width = (left, rest) if rest >= 0 else (left + rest, -rest)
+            ax.barh(y, width, left=start, color=REMAINDER[2], height=0.6, hatch="///",
+                    edgecolor="#666666", linewidth=0.5)
+            measured = float(r["step_time_s_median"])
+            n = int(r["world_size"])
+            # single's step over the measured one: ideal / measured x N
+            speedup = float(r["waterfall_ideal_pct"]) / 100 * n
+            ax.text(max(left, measured) * 1.02, y,
+                    f"{speedup:.2f}x of single (ideal {n}x); unexplained "
+                    f"{float(r['waterfall_remainder_pct']):+.0f}%",
+                    va="center", fontsize=7)
+        ax.set_yticks(range(len(mine)), mine.label.tolist())
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds per step (the bar ends at the measured median)")
+        ax.set_title(workload_title(key), fontsize=10)
+        ax.set_xlim(0, float(mine.step_time_s_median.max()) * 1.7)
+    handles = [Patch(color=c, label=text) for _, text, c in PARTS]
+    handles.append(Patch(facecolor=REMAINDER[2], hatch="///", edgecolor="#666666",
+                         label=REMAINDER[1]))
+    fig.legend(handles=handles, loc="upper center", ncol=6, fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.965))
+    fig.suptitle("Where the ideal speedup goes: each case's step from the ideal (single's over "
+                 "N devices) to the measured one, part by part", fontsize=10, y=0.995)
+    return fig

@@ -1,0 +1,60 @@
+"""The answer in words (report/answer.py): each sentence follows the run's numbers."""
+
+from __future__ import annotations
+
+from bench_lib.report.answer import answer_lines
+
+W = {"model": "resnet50", "image_size": 64, "batch_size": 16, "precision": "fp32",
+     "status": "ok", "launches": 3}
+
+
+def _case(strategy: str, step: float, low: float, high: float, **more: object) -> dict:
+    return W | {"strategy": strategy, "case_id": strategy, "step_time_s_median": step,
+                "step_time_s_ci_low": low, "step_time_s_ci_high": high,
+                "throughput_img_s": 16 / step, "launch_medians_s": ""} | more
+
+
+def _parts(batch: float, bubble: float, comm: float, remainder: float) -> dict:
+    ideal = 100 - batch - bubble - comm - remainder
+    return {"waterfall_ideal_pct": ideal, "waterfall_batch_pct": batch,
+            "waterfall_imbalance_pct": 0.0, "waterfall_bubble_pct": bubble,
+            "waterfall_comm_pct": comm, "waterfall_remainder_pct": remainder}
+
+
+CURVE = W | {"strategy": "single", "case_id": "single8", "batch_size": 8,
+             "batch_curve_of": 16, "step_time_s_median": 0.37, "throughput_img_s": 21.6,
+             "per_image_efficiency": 0.44, "per_image_efficiency_ci_low": 0.38,
+             "per_image_efficiency_ci_high": 0.52}
+
+
+def test_single_wins_and_the_batch_per_device_is_named_with_the_curve_point():
+    rows = [_case("single", 0.32, 0.30, 0.34),
+            _case("ddp", 0.48, 0.45, 0.51, device_batch_size=8, speedup_vs_single=0.68,
+                  **_parts(43, 0, 0, 24)),
+            _case("gpipe", 0.69, 0.6, 0.8, device_batch_size=4, split_size=4,
+                  **_parts(36, 17, 0.1, 17)),
+            _case("fsdp", 0.81, 0.72, 0.9, device_batch_size=8, **_parts(25, 0, 0, 55)),
+            CURVE]
+    (line,) = answer_lines(rows)
+    assert line.startswith("64 px, batch 16: single is fastest (50.0 [47.1, 53.3] img/s).")
+    assert ("The other strategies lose most to the smaller batch per device (a median 36% of "
+            "their step): 8 images per device run at 44% [38%, 52%] of batch 16's per-image "
+            "speed on this rig.") in line
+    assert line.endswith("A median 24% of their step is not explained by any part.")
+
+
+def test_another_winner_and_another_loss_follow_the_numbers():
+    rows = [_case("single", 0.32, 0.30, 0.34),
+            _case("1f1b", 0.20, 0.19, 0.21, device_batch_size=4, speedup_vs_single=1.6,
+                  speedup_ci_low=1.5, speedup_ci_high=1.7, **_parts(5, 30, 1, 2)),
+            _case("gpipe", 0.25, 0.24, 0.26, device_batch_size=4, **_parts(4, 35, 1, -3))]
+    (line,) = answer_lines(rows)
+    assert line.startswith("64 px, batch 16: 1f1b is fastest (80.0 [76.2, 84.2] img/s, "
+                           "1.60x [1.50, 1.70] single).")
+    assert "lose most to the schedule's bubble (a median 32% of their step)." in line
+    assert "not explained" not in line  # the median remainder is within 10%
+
+
+def test_no_waterfall_no_loss_sentence():
+    (line,) = answer_lines([_case("single", 0.32, 0.30, 0.34), _case("ddp", 0.48, 0.45, 0.51)])
+    assert "lose most" not in line and line.startswith("64 px, batch 16: single is fastest")
