@@ -196,3 +196,13 @@ def test_a_run_with_the_curve_writes_its_rows_and_figure(tmp_path):
     headlines = [line for line in proc.stderr.splitlines() if line.startswith("resnet-tiny")]
     assert len(headlines) == 1
     assert (run_dir / "fig10_batch_curve.png").is_file()
+    # The waterfall of ddp, its figure, and the answer in words in the terminal and report.
+    ddp = cases.loc["ddp_resnet-tiny_img32_b4_s-_fp32"]
+    parts = [ddp[f"waterfall_{p}_s"] for p in ("ideal", "batch", "imbalance", "bubble",
+                                               "comm", "remainder")]
+    assert sum(parts) == pytest.approx(ddp.step_time_s_median)
+    assert ddp.waterfall_ideal_s == pytest.approx(
+        cases.loc["single_resnet-tiny_img32_b4_s-_fp32", "step_time_s_median"] / 2)
+    assert (run_dir / "fig11_waterfall.png").is_file()
+    assert "32 px, batch 4: " in proc.stderr and "lose most to" in proc.stderr
+    assert "In short" in (run_dir / "report.html").read_text()
