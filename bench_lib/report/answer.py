@@ -83,9 +83,11 @@ def _loss(group: list[Mapping[str, Any]], curve: list[Mapping[str, Any]],
                  if cutting else None)
         if point is not None:
             eff = float(point["per_image_efficiency"])
-            text += (f": {int(float(point['batch_size']))} images per device run at {eff:.0%}"
-                     f"{_range(_number(point.get('per_image_efficiency_ci_low')), _number(point.get('per_image_efficiency_ci_high')), '.0%')}"  # noqa: E501
-                     f" of batch {batch}'s per-image speed on this rig")
+            low = _number(point.get("per_image_efficiency_ci_low"))
+            high = _number(point.get("per_image_efficiency_ci_high"))
+            text += (f": {int(float(point['batch_size']))} images per device run at "
+                     f"{eff:.0%}{_range(low, high, '.0%')} of batch {batch}'s per-image speed "
+                     "on this rig")
     text += "."
     remainder = statistics.median(_number(r.get("waterfall_remainder_pct")) or 0.0
                                   for r in others)
