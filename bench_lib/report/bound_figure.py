@@ -21,7 +21,13 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from bench_lib.report.figures import new_figure, strategy_color, strategy_order, styled
+from bench_lib.report.figures import (
+    labelled_ok_cases,
+    new_figure,
+    strategy_color,
+    strategy_order,
+    styled,
+)
 
 PARTS = (("bound_compute_s", "compute (busiest device)", "#4c72b0"),
          ("bound_bubble_s", "bubble", "#dd8452"),
@@ -34,23 +40,7 @@ EXPLAIN = ("bound = what the case's own measured parts allow (bench_lib/measure/
 
 def bound_cases(cases: pd.DataFrame) -> pd.DataFrame:
     """The ok cases with a bound, in strategy order, each with a short ``label``."""
-    if "step_time_s_bound" not in cases:
-        return cases.iloc[0:0]
-    df = cases[(cases.status == "ok") & cases.step_time_s_bound.notna()].copy()
-    if df.empty:
-        return df
-    order = {s: i for i, s in enumerate(strategy_order(df.strategy.unique()))}
-    df["_order"] = df.strategy.map(order)
-    df = df.sort_values(["_order", "image_size", "batch_size", "split_size"], kind="stable")
-    many = "run_label" in df and df.run_label.nunique() > 1
-
-    def label(r: pd.Series) -> str:
-        split = f" s{int(r.split_size)}" if pd.notna(r.split_size) and r.split_size != "" else ""
-        run = f"{r.run_label} " if many else ""
-        return f"{run}{r.strategy} {r.image_size}px b{r.batch_size}{split}"
-
-    df["label"] = df.apply(label, axis=1)
-    return df.drop(columns="_order").reset_index(drop=True)
+    return labelled_ok_cases(cases, "step_time_s_bound")
 
 
 def _measured_vs_bound(ax: Axes, df: pd.DataFrame) -> None:

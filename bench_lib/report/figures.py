@@ -70,6 +70,31 @@ def strategy_order(names: Iterable[str]) -> list[str]:
     return [s for s in ORDER if s in present] + sorted(present - set(ORDER))
 
 
+def labelled_ok_cases(cases: pd.DataFrame, column: str, workload: bool = True) -> pd.DataFrame:
+    """The ok cases with ``column`` set, in strategy order (then image size, batch, split),
+    each with a short ``label``: the run where several are drawn, the strategy, its image
+    size and batch (``workload``; leave them out where each workload has a panel of its own)
+    and its split."""
+    if column not in cases:
+        return cases.iloc[0:0]
+    df = cases[(cases.status == "ok") & cases[column].notna()].copy()
+    if df.empty:
+        return df
+    order = {s: i for i, s in enumerate(strategy_order(df.strategy.unique()))}
+    df["_order"] = df.strategy.map(order)
+    df = df.sort_values(["_order", "image_size", "batch_size", "split_size"], kind="stable")
+    many = "run_label" in df and df.run_label.nunique() > 1
+
+    def label(r: pd.Series) -> str:
+        split = f" s{int(r.split_size)}" if pd.notna(r.split_size) and r.split_size != "" else ""
+        run = f"{r.run_label} " if many else ""
+        size = f" {r.image_size}px b{r.batch_size}" if workload else ""
+        return f"{run}{r.strategy}{size}{split}"
+
+    df["label"] = df.apply(label, axis=1)
+    return df.drop(columns="_order").reset_index(drop=True)
+
+
 def workload_title(key: tuple[Any, ...]) -> str:
     """``resnet50 · 128 px · batch 32 · fp32`` from a (model, image, batch, precision) key."""
     model, image, batch, precision = key

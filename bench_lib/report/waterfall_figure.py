@@ -17,7 +17,13 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from bench_lib.report.figures import facets, records, strategy_order, styled, workload_title
+from bench_lib.report.figures import (
+    facets,
+    labelled_ok_cases,
+    records,
+    styled,
+    workload_title,
+)
 
 PARTS = (("ideal", "ideal (single / N devices)", "#4c72b0"),
          ("batch", "smaller batch per device", "#dd8452"),
@@ -28,31 +34,10 @@ REMAINDER = ("remainder", "unexplained (remainder)", "#bbbbbb")
 WORKLOAD = ["model", "image_size", "batch_size", "precision"]
 
 
-def waterfall_cases(cases: pd.DataFrame) -> pd.DataFrame:
-    """The ok cases with a waterfall, in strategy order, each with a short ``label``."""
-    if "waterfall_ideal_s" not in cases:
-        return cases.iloc[0:0]
-    df = cases[(cases.status == "ok") & cases.waterfall_ideal_s.notna()].copy()
-    if df.empty:
-        return df
-    order = {s: i for i, s in enumerate(strategy_order(df.strategy.unique()))}
-    df["_order"] = df.strategy.map(order)
-    df = df.sort_values(["_order", "split_size"], kind="stable", na_position="first")
-    many = "run_label" in df and df.run_label.nunique() > 1
-
-    def label(r: pd.Series) -> str:
-        split = f" s{int(r.split_size)}" if pd.notna(r.split_size) else ""
-        run = f"{r.run_label} " if many else ""
-        return f"{run}{r.strategy}{split}"
-
-    df["label"] = df.apply(label, axis=1)
-    return df.drop(columns="_order").reset_index(drop=True)
-
-
 @styled
 def fig_waterfall(cases: pd.DataFrame) -> Figure | None:
     """The waterfall of every case that has one, per workload (module docstring)."""
-    df = waterfall_cases(cases)
+    df = labelled_ok_cases(cases, "waterfall_ideal_s", workload=False)
     if df.empty:
         return None
     keys: list[tuple[Any, ...]] = sorted(set(df[WORKLOAD].itertuples(index=False, name=None)))
