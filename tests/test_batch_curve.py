@@ -73,7 +73,8 @@ def test_a_skipped_case_asks_for_no_point(cpu_rig):
 
 
 def _row(case, medians: list[float]) -> dict[str, object]:
-    return {"status": "ok", "launch_medians_s": ";".join(map(str, medians))}
+    return {"status": "ok", "launch_medians_s": ";".join(map(str, medians)),
+            "step_time_s_median": statistics.median(medians)}
 
 
 def test_a_point_gets_its_per_image_efficiency_and_no_speedup(cpu_rig):
@@ -97,6 +98,8 @@ def test_a_point_gets_its_per_image_efficiency_and_no_speedup(cpu_rig):
     assert ddp_row["speedup_vs_single"] == pytest.approx(math.exp(statistics.fmean(
         math.log(a / b) for a, b in zip([0.20, 0.22, 0.21], [0.12, 0.13, 0.125]))))
     assert table.single_step_s(full) == pytest.approx(0.21, rel=0.05)
+    # The waterfall's curve: single's step at the full batch and at the point.
+    assert table.single_steps(ddp) == {16: 0.21, 8: 0.155}
 
 
 def test_the_efficiency_interval_covers_the_true_efficiency_95_percent_of_the_time(cpu_rig):

@@ -221,21 +221,15 @@ def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | 
             "bound_note": found.note()}
 
 
-SingleSteps = Mapping[tuple[str, int, int, str, str], float]
-"""single's median step per workload key (model, image, batch, precision, loss)."""
-
-
 def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
-                      singles: SingleSteps, optimizer_s: float | None = None) -> Row:
-    """The case's waterfall (``measure.waterfall``) from single's steps of the same model,
-    image size and precision at every batch measured (``singles``: the full batch and the
-    batch curve) and its optimizer step (``optimizer_s``), the traced step's busiest
-    device, and the bound's communication part; empty for single and a case not ok."""
+                      curve: Mapping[int, float], optimizer_s: float | None = None) -> Row:
+    """The case's waterfall (``measure.waterfall``) from single's median step per batch of
+    the same model, image size and precision (``curve``: the full batch and the batch
+    curve, ``SpeedupTable.single_steps``) and its optimizer step (``optimizer_s``), the
+    traced step's busiest device, and the bound's communication part; empty for single and
+    a case not ok."""
     if outcome.status != "ok" or case.strategy == "single" or not row.get("step_time_s_median"):
         return {}
-    curve = {batch: step for (model, image, batch, precision, loss), step in singles.items()
-             if (model, image, precision, loss)
-             == (case.model, case.image_size, case.precision, case.loss)}
     busy = {d: 1.0 - idle for d, idle in bubble.idle_by_device(outcome.timeline).items()}
     found = waterfall.waterfall(
         case.strategy, case.world_size, case.batch_size, case.device_batch_size,
@@ -246,20 +240,6 @@ def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
         optimizer_share=(1 / case.world_size if strategies.get(case.strategy).uses_partition
                          or case.strategy == "fsdp" else 1.0))
     return {"waterfall_note": found} if isinstance(found, str) else found.columns()
-
-
-def seed_singles(run_dir: Path) -> dict[tuple[str, int, int, str, str], float]:
-    """The ``single`` rows a run folder already holds (a resumed run), the batch curve's
-    among them: their median step by workload key, for ``waterfall_columns``."""
-    path = run_dir / "cases.csv"
-    if not path.is_file():
-        return {}
-    with path.open(newline="") as f:
-        return {(r["model"], int(r["image_size"]), int(r["batch_size"]), r["precision"],
-                 r["loss"]): float(r["step_time_s_median"])
-                for r in csv.DictReader(f)
-                if r["strategy"] == "single" and r["status"] == "ok"
-                and r["step_time_s_median"]}
 
 
 def _number(value: object) -> float:
@@ -410,11 +390,15 @@ class SpeedupTable:
     scaling efficiency is the speedup over the world size.
 
     A batch-curve point (``Case.curve_of``) gets no speedup: it is compared with the
-    ``single`` case of its workload's full batch, per image (``per_image_efficiency``).
+    ``single`` case of its workload's full batch, per image (``per_image_efficiency``). It
+    is kept as the ``single`` of its own batch, which no case of the sweep has (else there
+    would be no point): ``single_steps`` gives the curve to the waterfall.
     """
 
     def __init__(self) -> None:
         self._single: dict[tuple[str, int, int, str, str], list[float]] = {}
+        self._steps: dict[tuple[str, int, int, str, str], float] = {}
+        """Each ``single`` row's ``step_time_s_median``, by workload key."""
 
     def seed(self, cases_csv: Path) -> None:
         """Learn the `single` rows a run folder already holds (a resumed run)."""
@@ -422,16 +406,19 @@ class SpeedupTable:
             return
         with cases_csv.open(newline="") as f:
             for r in csv.DictReader(f):
-                if (r["strategy"] == "single" and r["status"] == "ok" and r["launch_medians_s"]
-                        and not r.get("batch_curve_of")):
+                if r["strategy"] == "single" and r["status"] == "ok" and r["launch_medians_s"]:
                     key = (r["model"], int(r["image_size"]), int(r["batch_size"]),
                            r["precision"], r["loss"])
                     self._single[key] = launch_medians(r["launch_medians_s"])
+                    self._learn_step(key, r.get("step_time_s_median"))
 
     def fill(self, case: Case, row: Row) -> None:
         if row.get("status") != "ok":
             return
         medians = launch_medians(row["launch_medians_s"])
+        if case.strategy == "single":
+            self._single[case.workload_key] = medians
+            self._learn_step(case.workload_key, row.get("step_time_s_median"))
         if case.curve_of is not None:
             full = self._single.get(case.group_key)
             if full:
@@ -440,8 +427,6 @@ class SpeedupTable:
                     paired_ratio_interval(full[:rounds], medians[:rounds]),
                     case.batch_size / case.curve_of)
             return
-        if case.strategy == "single":
-            self._single[case.workload_key] = medians
         base = self._single.get(case.workload_key)
         if not base:
             return
@@ -453,6 +438,17 @@ class SpeedupTable:
         """The median step of the ``single`` case of ``case``'s workload, if known."""
         base = self._single.get(case.workload_key)
         return launch_interval(base).point if base else None
+
+    def _learn_step(self, key: tuple[str, int, int, str, str], step: object) -> None:
+        if step not in (None, ""):
+            self._steps[key] = float(step)  # type: ignore[arg-type]
+
+    def single_steps(self, case: Case) -> dict[int, float]:
+        """single's median step per batch for ``case``'s model, image size, precision and
+        loss: its full batch and its batch curve, as far as measured so far."""
+        same = (case.model, case.image_size, case.precision, case.loss)
+        return {batch: step for (model, image, batch, precision, loss), step in self._steps.items()
+                if (model, image, precision, loss) == same}
 
 
 SPEEDUP_COLUMNS = ("speedup_vs_single", "speedup_ci_low", "speedup_ci_high",

@@ -87,7 +87,6 @@ from bench_lib.run.rows import (
     SpeedupTable,
     bound_columns,
     case_row,
-    seed_singles,
     step_rows,
     waterfall_columns,
 )
@@ -791,7 +790,6 @@ def _run_groups(
     rows = []
     speedups = SpeedupTable()
     speedups.seed(writer.run_dir / "cases.csv")  # a resumed run's earlier `single` rows
-    singles: dict[tuple[str, int, int, str, str], float] = seed_singles(writer.run_dir)
     optimizer_steps: dict[tuple[str, int, int, str, str], float] = {}
     for group in workload_groups(cases):
         launched: dict[int, list[CaseOutcome]] = {i: [] for i in group}
@@ -832,11 +830,10 @@ def _run_groups(
             row |= bound_columns(case, rig, outcome, row.get("step_time_s_median"),
                                  speedups.single_step_s(case), collectives,
                                  ddp_compute_s(case, workload))
-            if case.strategy == "single" and row.get("status") == "ok":
-                singles[case.workload_key] = float(row["step_time_s_median"])
-                if outcome.optimizer_step_s is not None and case.curve_of is None:
-                    optimizer_steps[case.group_key] = outcome.optimizer_step_s
-            row |= waterfall_columns(case, rig, outcome, row, singles,
+            if (case.strategy == "single" and case.curve_of is None
+                    and outcome.optimizer_step_s is not None):
+                optimizer_steps[case.group_key] = outcome.optimizer_step_s
+            row |= waterfall_columns(case, rig, outcome, row, speedups.single_steps(case),
                                      optimizer_steps.get(case.group_key))
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
