@@ -94,15 +94,26 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
         (["--models", "vgg"], "unknown model 'vgg'; valid: mlp, resnet-tiny"),
     ],
 )
-@pytest.mark.integration
-def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "out"
-    base = ["run", "--profile", "smoke", *TINY]
-    proc = bench(*base, *args, "--out", str(out), timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
-    assert proc.stderr.startswith("error: ")
+    code = cli.main(["run", "--profile", "smoke", *TINY, *args, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE == 2, err
+    assert message in err
+    assert err.startswith("error: ")
     assert not out.exists(), "bad input must not create a results folder"
+
+
+@pytest.mark.integration
+def test_bad_input_through_the_module_entry_point_exits_2_without_a_traceback(tmp_path):
+    """What a user's shell sees (the cases above call ``cli.main`` in this process)."""
+    out = tmp_path / "out"
+    proc = bench("run", "--profile", "smoke", *TINY, "--strategies", "single,warp",
+                 "--out", str(out), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: unknown strategy 'warp'; valid: 1f1b, accum, ddp")
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
 
 
 @pytest.mark.integration
@@ -157,15 +168,15 @@ def test_a_count_with_no_split_is_a_skipped_row_with_an_empty_split_size():
 
 
 @pytest.mark.parametrize("out", ["/proc/parabench-results", "FILE/sub"])
-@pytest.mark.integration
-def test_an_out_folder_that_cannot_be_created_is_a_usage_error(tmp_path, out):
+def test_an_out_folder_that_cannot_be_created_is_a_usage_error(tmp_path, capsys, out):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     out = out.replace("FILE", str(blocker))
-    proc = bench("run", "--profile", "smoke", *TINY, "--strategies", "single", "--out", out,
-                 timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: cannot create") and "Traceback" not in proc.stderr
+    code = cli.main(["run", "--profile", "smoke", *TINY, "--strategies", "single",
+                     "--out", out])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE, err
+    assert err.startswith("error: cannot create") and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 

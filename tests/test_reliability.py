@@ -16,6 +16,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from bench_lib import cli
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
 from bench_lib.rig import Rig
@@ -177,34 +178,28 @@ def test_two_concurrent_runs_do_not_collide(tmp_path):
         assert statuses(d) == {"ddp": "ok"}
 
 
-@pytest.mark.integration
-def test_resume_refuses_other_schema_versions_and_extra_flags(tmp_path):
+def test_resume_refuses_other_schema_versions_and_extra_flags(tmp_path, capsys):
     run_dir = tmp_path / "old"
     run_dir.mkdir()
     (run_dir / "env.json").write_text(json.dumps({"schema_version": 0}))
     (run_dir / "cases.csv").write_text("run_id,case_id\n")
-    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "schema version 0" in proc.stderr and f"reads version {SCHEMA_VERSION}" in proc.stderr
+    assert cli.main(["run", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "schema version 0" in err and f"reads version {SCHEMA_VERSION}" in err
     assert sorted(p.name for p in run_dir.iterdir()) == ["cases.csv", "env.json"]
-    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir),
-                           "--strategies", "single"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2 and "drop --strategies" in proc.stderr
+    assert cli.main(["run", "--resume", str(run_dir), "--strategies", "single"]) == 2
+    assert "drop --strategies" in capsys.readouterr().err
 
 
-@pytest.mark.integration
-def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path):
-    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", *TINY, "--dry-run",
-                           "--batch-size", "4,16", "--microbatches", "2,8",
-                           "--out", str(tmp_path / "out")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "pipeline_resnet-tiny_img32_b4_s2_fp32" in proc.stdout  # 2 micro-batches of 2
-    assert "8 micro-batches do not fit in batch size 4" in proc.stdout
-    assert "dp needs CUDA" in proc.stdout
-    assert "estimated duration" in proc.stdout
+def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path, capsys):
+    code = cli.main(["run", *TINY, "--dry-run", "--batch-size", "4,16", "--microbatches",
+                     "2,8", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "pipeline_resnet-tiny_img32_b4_s2_fp32" in out  # 2 micro-batches of 2
+    assert "8 micro-batches do not fit in batch size 4" in out
+    assert "dp needs CUDA" in out
+    assert "estimated duration" in out
     assert not (tmp_path / "out").exists()
 
 
@@ -225,6 +220,7 @@ def test_single_node_ranks_listen_on_loopback_only(tmp_path):
                 continue
             bound += [c.laddr.ip for c in conns
                       if c.status in (psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED)]
+    proc.send_signal(signal.SIGINT)  # seen: no need to wait out the case's timeout
     finish(proc)
     assert bound, "the ranks never opened a socket"
     assert set(bound) <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, bound
@@ -257,16 +253,14 @@ def _no_case_id(run_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [_cut_header, _no_case_id])
-@pytest.mark.integration
-def test_resume_refuses_an_unreadable_run_folder_before_touching_it(tmp_path, damage):
+def test_resume_refuses_an_unreadable_run_folder_before_touching_it(tmp_path, capsys, damage):
     run_dir = tmp_path / "run"
     _recorded_run(run_dir)
     damage(run_dir)
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
-    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: cannot resume") and "nothing was changed" in proc.stderr
+    assert cli.main(["run", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot resume") and "nothing was changed" in err
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
 
 

@@ -366,12 +366,10 @@ def test_figures_are_drawn_in_the_report_style_without_keeping_it(tmp_path):
 
 
 @pytest.mark.integration
-def test_cli_report_prints_the_path(tmp_path):
+def test_cli_report_prints_the_path(tmp_path, capsys):
     run_dir = synthetic_run(tmp_path)
-    proc = subprocess.run([PYTHON, "-m", "bench_lib", "report", str(run_dir)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(run_dir / "report.html")
+    assert cli.main(["report", str(run_dir)]) == 0
+    assert capsys.readouterr().out.strip() == str(run_dir / "report.html")
 
 
 def _truncate(run_dir: Path) -> None:

@@ -22,7 +22,7 @@ from bench_lib.run import worker
 from bench_lib.run.protocol import CaseOutcome, RankResult
 from bench_lib.run.rows import case_row
 from bench_lib.strategies import BuildContext, Microbatching
-from bench_lib.sweep.cases import Case, expand, new_case
+from bench_lib.sweep.cases import Case, cut_stages, expand, new_case
 from bench_lib.sweep.profile import PROFILE_DIR, Measurement, Profile, UsageError, load_profile
 from bench_lib.workloads import (
     MODELS,
@@ -241,17 +241,24 @@ def _matrix(rig: Rig) -> list[Case]:
 def _run_matrix_rank(rank: int, world_size: int, cases: list[Case], rig: Rig, root: str
                      ) -> dict[str, RankResult]:
     """This rank's part of each case, as the worker runs it (``worker.run_rank``); a lone
-    process's case runs on rank 0 only."""
+    process's case runs on rank 0 only. The first case of each stage count profiles the
+    blocks for its balanced cut; later ones reuse that cut, as a case's later launches do
+    (``cut``)."""
     import torch.distributed as dist
 
-    results = {}
+    results: dict[str, RankResult] = {}
+    cuts: dict[int, str] = {}  # stage count -> the balanced cut found for it
     for case in cases:
         if case.status is not None or rank >= case.processes:  # ddp-1: a group of one
             continue
         folder = Path(root) / case.case_id
         folder.mkdir(parents=True, exist_ok=True)
+        stages = cut_stages(strategies.get(case.strategy), case.world_size)
         try:
-            results[case.case_id] = worker.run_rank(case, rig, rank, folder, trace=False)
+            results[case.case_id] = worker.run_rank(case, rig, rank, folder, trace=False,
+                                                    cut=cuts.get(stages, ""))
+            if stages and results[case.case_id].partition:
+                cuts.setdefault(stages, results[case.case_id].partition)
         except Exception as e:  # recorded, so that one failure shows every other case too
             results[case.case_id] = RankResult(rank, "error", f"{type(e).__name__}: {e}")
         finally:
