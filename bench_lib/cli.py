@@ -149,6 +149,9 @@ def _add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
         add("--split-sizes", type=_int_list, help="micro-batch sizes, comma-separated"),
         add("--microbatches", type=_int_list,
             help="micro-batch counts, comma-separated (split = ceil(batch / count))"),
+        add("--scaling", type=_str_list, metavar="strong,weak",
+            help="strong: each batch size split over a strategy's devices; weak: each "
+                 "device gets the batch size (throughput compared with single at it)"),
         add("--precision", type=_str_list, dest="precisions", help="fp32 and/or bf16"),
         add("--partition", type=_str_list, dest="partitions",
             help="stage cuts, comma-separated: tutorial, balanced (profiled block times), "

@@ -20,6 +20,7 @@ import pytest
 from bench_lib.report.curve_figure import curve_points, fig_batch_curve
 from bench_lib.report.headlines import headline_lines, is_curve_point
 from bench_lib.results.read import run_dirs_in
+from bench_lib.results.schema import launch_medians
 from bench_lib.run.rows import SpeedupTable
 from bench_lib.run.runner import workload_groups
 from bench_lib.sweep.cases import expand, new_case
@@ -179,10 +180,12 @@ def test_the_headlines_leave_the_curve_out():
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_a_run_with_the_curve_writes_its_rows_and_figure(tmp_path):
+def test_a_run_with_the_curve_and_weak_scaling_writes_their_rows_figures_and_sentences(
+        tmp_path):
     profile = tmp_path / "curve.toml"
     profile.write_text('strategies = ["single", "ddp"]\nmodels = ["resnet-tiny"]\n'
                        "image_sizes = [32]\nbatch_sizes = [4]\nbatch_curve = true\n"
+                       'scaling = ["strong", "weak"]\n'
                        "launches = 2\nwarmup_steps = 1\ntimed_steps = 2\n")
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--rig", "cpu", "--profile",
                            str(profile), "--out", str(tmp_path / "out"), "--report"],
@@ -197,7 +200,7 @@ def test_a_run_with_the_curve_writes_its_rows_and_figure(tmp_path):
     assert cases.loc["ddp_resnet-tiny_img32_b4_s-_fp32", "device_batch_size"] == 2
     assert "per image" in proc.stderr and "(batch curve of 4)" in proc.stderr
     headlines = [line for line in proc.stderr.splitlines() if line.startswith("resnet-tiny")]
-    assert len(headlines) == 1
+    assert [line.split()[4] for line in headlines] == ["strong", "weak"]
     assert (run_dir / "fig10_batch_curve.png").is_file()
     # The waterfall of ddp, its figure, and the answer in words in the terminal and report.
     ddp = cases.loc["ddp_resnet-tiny_img32_b4_s-_fp32"]
@@ -208,4 +211,18 @@ def test_a_run_with_the_curve_writes_its_rows_and_figure(tmp_path):
         cases.loc["single_resnet-tiny_img32_b4_s-_fp32", "step_time_s_median"] / 2)
     assert (run_dir / "fig11_waterfall.png").is_file()
     assert "32 px, batch 4: " in proc.stderr and "lose most to" in proc.stderr
-    assert "In short" in (run_dir / "report.html").read_text()
+    # Weak scaling: ddp with 4 images per rank, against single at 4 by throughput, round
+    # by round; its waterfall starts from single's step at 4.
+    weak = cases.loc["ddp_resnet-tiny_img32_b8_s-_fp32_weak"]
+    single = cases.loc["single_resnet-tiny_img32_b4_s-_fp32"]
+    assert (weak.scaling, weak.batch_size, weak.device_batch_size) == ("weak", 8, 4)
+    assert ddp.scaling == "strong"
+    rounds = [2 * a / b for a, b in zip(launch_medians(single.launch_medians_s),
+                                        launch_medians(weak.launch_medians_s))]
+    assert weak.speedup_vs_single == pytest.approx(statistics.geometric_mean(rounds))
+    assert weak.scaling_efficiency == pytest.approx(weak.speedup_vs_single / 2)
+    assert weak.waterfall_ideal_s == pytest.approx(single.step_time_s_median)
+    assert "With 4 images per device (weak scaling), " in proc.stderr
+    report = (run_dir / "report.html").read_text()
+    assert "In short" in report and "4 per device, weak scaling" in report
+    assert (run_dir / "fig7_scaling.png").is_file()

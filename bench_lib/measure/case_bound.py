@@ -99,10 +99,10 @@ def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, single_s: 
     elif ddp_compute_s is not None:
         compute = min(ddp_compute_s, median_s)
         formula = f"{case.strategy} (compute: ddp's no_sync steps, the same local batch)"
-    elif single_s is not None:
-        compute = single_s * (case.batch_size // case.world_size) / case.batch_size
-        formula = (f"{case.strategy} (compute: single's step x "
-                   f"{case.batch_size // case.world_size}/{case.batch_size})")
+    elif single_s is not None:  # single's step at the workload's batch (weak: the local one)
+        local = case.batch_size // case.world_size
+        compute = single_s * local / case.workload_batch
+        formula = (f"{case.strategy} (compute: single's step x {local}/{case.workload_batch})")
     else:
         return "no bound: no ok single case of this workload in the run"
     grads, units = parameter_bytes(case.model, case.image_size)

@@ -1,10 +1,12 @@
 """Where the ideal N-fold speedup goes: a case's step cut into parts, each measured apart
 from the case, and the remainder that none of them explains.
 
-From the ideal (``single``'s step at the global batch B over the N devices the case uses)
-down to the measured step, in this order (seconds of the case's step)::
+From the ideal (``single``'s step at the global batch B over the N devices the case uses;
+under weak scaling, where B is N times the workload's batch W, single's step at W: N times
+W images in the time of W) down to the measured step, in this order (seconds of the case's
+step)::
 
-    ideal      T1(B) / N
+    ideal      T1(W) x B / (W N)     strong scaling: W = B, so T1(B) / N; weak: T1(W)
     batch      C - ideal          C = B / (b N) x (T1(b) - O) + s O: what one device
                                   spends when it computes b images at once (a data-parallel
                                   rank's share, a micro-batch), from single's batch curve
@@ -78,7 +80,8 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
               microbatches: int | None, curve: Mapping[int, float], measured_s: float,
               busiest_over_mean: float = 1.0, serial: bool = False,
               comm_s: float = 0.0, optimizer_s: float | None = None,
-              optimizer_share: float = 1.0) -> Waterfall | str:
+              optimizer_share: float = 1.0, workload_batch: int | None = None
+              ) -> Waterfall | str:
     """The parts of a case's step (module docstring), or why it has none.
 
     ``curve``: single's median step per batch size of the same workload (the full batch
@@ -86,14 +89,15 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
     device_batch_size``); ``busiest_over_mean``: k; ``serial``: one process runs every
     stage in turn; ``comm_s``: the bound's communication part; ``optimizer_s``: single's
     optimizer step alone (None: not measured, and then counted with every micro-batch);
-    ``optimizer_share``: s.
+    ``optimizer_share``: s; ``workload_batch``: W (default ``batch``: strong scaling).
     """
-    if batch not in curve:
-        return f"no waterfall: single at batch {batch} was not measured"
+    workload = batch if workload_batch is None else workload_batch
+    if workload not in curve:
+        return f"no waterfall: single at batch {workload} was not measured"
     if device_batch not in curve:
         return (f"no waterfall: single at batch {device_batch} (this case's images per "
                 "device) was not measured: the profile's batch_curve is off")
-    ideal = curve[batch] / devices
+    ideal = curve[workload] * batch / (workload * devices)
     notes = []
     opt = optimizer_s or 0.0
     compute = (batch / (device_batch * devices) * (curve[device_batch] - opt)

@@ -3,13 +3,16 @@ behind, each sentence built from the run's own numbers (no number, no sentence).
 
     64 px, batch 16: single is fastest (49.3 [44.2, 55.1] img/s). The other strategies
     lose most to the smaller batch per device (a median 36% of their step): 8 images per
-    device run at 44% [38%, 52%] of batch 16's per-image speed on this rig.
+    device run at 44% [38%, 52%] of batch 16's per-image speed on this rig. With 16 images
+    per device (weak scaling), ddp gains most: 1.62x [1.50, 1.75] single's throughput on 2
+    devices (81% scaling efficiency).
 
-The winner and its interval are the headlines' (``headlines.rank``); the loss is the
-waterfall part (``bench_lib.measure.waterfall``) with the largest median share of the
-other ok cases' steps; the batch curve's point is the per-device batch of the fastest of
-them that cuts the batch.
-Weak scaling is not measured yet: these sentences are about the sweep's (strong) scaling.
+The winner and its interval are the headlines' (``headlines.rank``) under strong scaling
+(the batch split over the devices); the loss is the waterfall part
+(``bench_lib.measure.waterfall``) with the largest median share of the other ok cases'
+steps; the batch curve's point is the per-device batch of the fastest of them that cuts the
+batch. The weak-scaling sentence names the weak case with the largest speedup over single
+(a throughput ratio, paired by round) and says whether its interval clears 1.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from typing import Any
 from bench_lib.report.headlines import (
     _number,
     case_name,
+    group_order,
+    headline_groups,
     is_curve_point,
+    is_weak,
     rank,
     speedup_interval,
     throughput,
@@ -96,23 +102,44 @@ def _loss(group: list[Mapping[str, Any]], curve: list[Mapping[str, Any]],
     return text
 
 
+def _weak(group: list[Mapping[str, Any]], batch: Any) -> str | None:
+    """The weak-scaling sentence: the weak case with the largest speedup over single."""
+    weak = [r for r in group if is_weak(r) and r.get("status") == "ok"
+            and _number(r.get("speedup_vs_single")) is not None]
+    if not weak:
+        return None
+    best = max(weak, key=lambda r: float(r["speedup_vs_single"]))
+    value = float(best["speedup_vs_single"])
+    interval = speedup_interval(best)
+    devices = int(_number(best.get("world_size")) or 1)
+    low, high = interval or (None, None)
+    figures = (f"{value:.2f}x{_range(low, high, '.2f')} single's throughput "
+               f"on {devices} devices ({value / devices:.0%} scaling efficiency)")
+    head = f"With {batch} images per device (weak scaling), "
+    if interval is None:
+        return f"{head}{case_name(best)} gains most: {figures}, with no interval (1 launch)."
+    if interval[0] > 1:
+        return f"{head}{case_name(best)} gains most: {figures}."
+    if interval[1] < 1:
+        return f"{head}no strategy beats single: the best, {case_name(best)}, reaches {figures}."
+    return f"{head}the best, {case_name(best)}, reaches {figures}: not clear of single."
+
+
 def answer_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """One short paragraph per workload (module docstring), in workload order."""
-    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
+    groups = headline_groups(rows, by_run=True)
     curves: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
-        run = r.get("run_label", "")
         if is_curve_point(r):
-            key = (run, r["model"], r["image_size"], int(float(r["batch_curve_of"])),
-                   r["precision"])
-            curves[key].append(r)
-        else:
-            groups[(run, r["model"], r["image_size"], r["batch_size"], r["precision"])].append(r)
+            curves[(r.get("run_label", ""), r["model"], r["image_size"],
+                    int(float(r["batch_curve_of"])), r["precision"])].append(r)
     lines = []
-    for key in sorted(groups, key=str):
-        _, _, image, batch, _ = key
+    for key in sorted((k for k in groups if k[-1] == "strong"), key=group_order):
+        workload = key[:-1]
+        _, _, image, batch, _ = workload
         sentences = [s for s in (_winner(groups[key], image, batch),
-                                 _loss(groups[key], curves.get(key, []), batch)) if s]
+                                 _loss(groups[key], curves.get(workload, []), batch),
+                                 _weak(groups.get((*workload, "weak"), []), batch)) if s]
         if sentences:
             lines.append(" ".join(sentences))
     return lines

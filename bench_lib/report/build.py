@@ -49,11 +49,25 @@ class Runs:
     names: dict[str, str]
     """Run label -> run folder name."""
     cases: pd.DataFrame
-    """The sweep's cases (the batch curve's rows apart, in ``curve``)."""
+    """The sweep's strong-scaling cases (the batch curve's rows and the weak-scaling cases
+    apart, in ``curve`` and ``weak``)."""
     samples: pd.DataFrame | None
     timeline: pd.DataFrame | None
     curve: pd.DataFrame
     """single's batch-curve rows (``batch_curve_of`` set): a figure of their own."""
+    weak: pd.DataFrame
+    """The weak-scaling cases (``scaling`` weak): compared with single at their per-device
+    batch, in the scaling figure and the headlines."""
+
+    @property
+    def swept(self) -> pd.DataFrame:
+        """The sweep's cases, strong and weak (the batch curve left out)."""
+        return pd.concat([self.cases, self.weak], ignore_index=True)
+
+    @property
+    def every(self) -> pd.DataFrame:
+        """Every row of every run: the cases, the batch curve and the weak cases."""
+        return pd.concat([self.cases, self.curve, self.weak], ignore_index=True)
 
 
 def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
@@ -94,8 +108,10 @@ def load_runs(run_dirs: list[Path]) -> Runs:
             timelines.append(_keyed(traced, label))
     every = pd.concat(cases, ignore_index=True)
     on_curve = every.batch_curve_of.notna()
-    return Runs(envs, names, every[~on_curve].reset_index(drop=True), _concat(samples),
-                _concat(timelines), every[on_curve].reset_index(drop=True))
+    weak = every.scaling.eq("weak")
+    return Runs(envs, names, every[~on_curve & ~weak].reset_index(drop=True),
+                _concat(samples), _concat(timelines), every[on_curve].reset_index(drop=True),
+                every[weak].reset_index(drop=True))
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
@@ -126,7 +142,7 @@ FIGURES: list[tuple[int, str, str, str]] = [
      "not measured in this run (no samples.csv with utilisation or memory columns)"),
     (6, "timeline", "Measured pipeline timeline",
      "not measured in this run (no timeline.csv: no pipelined case ran)"),
-    (7, "scaling", "Scaling efficiency", "no case besides single"),
+    (7, "scaling", "Scaling efficiency, strong and weak", "no case besides single"),
     (8, "memory_prediction", "Predicted against measured peak memory",
      "no ok case with both a predicted and a measured peak per device"),
     # The step time each case's own measured parts allow (bench_lib/measure/bound.py), beside
@@ -141,15 +157,19 @@ FIGURES: list[tuple[int, str, str, str]] = [
 
 
 def draw_figures(runs: Runs) -> dict[int, Figure]:
-    """Every figure the runs hold data for, by number (absent: nothing to draw)."""
-    c = runs.cases
+    """Every figure the runs hold data for, by number (absent: nothing to draw). The
+    figures that compare strategies within a workload (1-3) take the strong-scaling cases;
+    those of each case on its own (memory, timeline, bound, waterfall) the weak ones too,
+    in panels or labels of their own batch; 7 sets both side by side."""
+    c, swept = runs.cases, runs.swept
     figs = {1: figures.fig_throughput(c), 2: figures.fig_split_tradeoff(c),
-            3: figures.fig_winner_grid(c), 4: device_figures.fig_memory(c),
-            5: device_figures.fig_samples(c, runs.samples),
-            6: device_figures.fig_timeline(c, runs.timeline), 7: figures.fig_scaling(c),
-            8: prediction.fig_prediction(c), 9: bound_figure.fig_bound(c),
+            3: figures.fig_winner_grid(c), 4: device_figures.fig_memory(swept),
+            5: device_figures.fig_samples(swept, runs.samples),
+            6: device_figures.fig_timeline(swept, runs.timeline),
+            7: figures.fig_scaling(c, runs.weak),
+            8: prediction.fig_prediction(swept), 9: bound_figure.fig_bound(swept),
             10: curve_figure.fig_batch_curve(runs.curve, c),
-            11: waterfall_figure.fig_waterfall(c)}
+            11: waterfall_figure.fig_waterfall(swept)}
     return {n: f for n, f in figs.items() if f is not None}
 
 
@@ -225,7 +245,7 @@ def write_report(run_dirs: list[Path]) -> Path:
                          "png_b64": base64.b64encode(data).decode() if data else None,
                          "absent": absent})
     html = render(runs, sections, captions,
-                  device_figures.bubble_table(runs.cases, runs.timeline))
+                  device_figures.bubble_table(runs.swept, runs.timeline))
     out = run_dirs[0]
     for s in sections:
         if s["png_b64"]:

@@ -358,25 +358,36 @@ def _mark_best_split(ax: Axes, cases: pd.DataFrame, key: tuple[Any, ...], keys: 
 
 
 @styled
-def fig_scaling(cases: pd.DataFrame) -> Figure | None:
-    """7. Scaling efficiency: speedup over single divided by the devices used."""
+def fig_scaling(cases: pd.DataFrame, weak: pd.DataFrame | None = None) -> Figure | None:
+    """7. Scaling efficiency: speedup over single divided by the devices used; a panel per
+    workload under strong scaling, and one per workload's per-device batch under weak
+    (``weak``: the weak-scaling cases, whose speedup is a throughput ratio)."""
     reps = representatives(cases)
-    reps = reps[reps.strategy != "single"]
-    if reps.empty:
+    panels = [(workload_title(key), g) for key, g in by_workload(reps[reps.strategy != "single"])]
+    if weak is not None and not weak.empty:
+        panels = [(f"{title} · strong", g) for title, g in panels]
+        w = representatives(weak)
+        w = w.assign(per_device=(w.batch_size // w.world_size).astype(int))
+        for (model, image, per, precision), g in sorted(
+                w.groupby(["model", "image_size", "per_device", "precision"])):
+            panels.append((f"{model} · {image} px · {per} per device · {precision} · weak", g))
+    if not panels:
         return None
-    # The speedup's 95% interval over the devices (NaN with 1 launch: no error bar).
-    reps = reps.assign(eff_lo=reps.speedup_ci_low / reps.world_size,
-                       eff_hi=reps.speedup_ci_high / reps.world_size)
-    groups = by_workload(reps)
-    fig, axes = facets(len(groups))
-    for ax, (key, g) in zip(axes, groups, strict=True):
+    fig, axes = facets(len(panels))
+    for ax, (title, g) in zip(axes, panels, strict=True):
+        # The speedup's 95% interval over the devices (NaN with 1 launch: no error bar).
+        g = g.assign(eff_lo=g.speedup_ci_low / g.world_size,
+                     eff_hi=g.speedup_ci_high / g.world_size)
         grouped_bars(ax, g, "scaling_efficiency", ("eff_lo", "eff_hi"),
                      lambda r: f"{r.speedup_vs_single:.2f}x on {int(r.world_size)}")
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
         ax.text(ax.get_xlim()[1], 1.0, " ideal", va="center", fontsize=8)
         ax.set_ylabel("scaling efficiency (speedup / devices)")
-        ax.set_title(workload_title(key), fontsize=10)
-    fig.suptitle("Scaling efficiency per strategy (label: speedup over single on N devices)\n"
-                 "error bars: the speedup's 95% CI (paired by round) over N", fontsize=11)
-    _legend_runs(axes, cases)
+        ax.set_title(title, fontsize=10)
+    weak_words = ("\nweak: each device keeps single's batch; the speedup is the throughput "
+                  "over single's" if weak is not None and not weak.empty else "")
+    fig.suptitle("Scaling efficiency per strategy (label: speedup over single on N devices)"
+                 f"{weak_words}\nerror bars: the speedup's 95% CI (paired by round) over N",
+                 fontsize=11)
+    _legend_runs(axes, pd.concat([cases, weak]) if weak is not None else cases)
     return fig

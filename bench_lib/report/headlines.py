@@ -67,12 +67,15 @@ def interval_note(launches: Iterable[int] = ()) -> str:
             "with 1 launch. " + TIE_RULE)
 
 
-def speedup_note(launches: Iterable[int] = ()) -> str:
-    """What the brackets beside a speedup over single are."""
+def speedup_note(launches: Iterable[int] = (), weak: bool = False) -> str:
+    """What the brackets beside a speedup over single are (``weak``: and what a weak-scaling
+    line's speedup is)."""
     return ("vs single [low, high]: the speedup, the geometric mean over rounds of single's "
             "launch median over the case's in the same round, and its 95% t interval across "
             f"{_launch_words(launches, 'rounds')} (pairing by round cancels drift); none with 1 "
-            "launch.")
+            "launch." + (" weak: each device gets the batch (the case's batch is it times its "
+                         "devices), the speedup is throughput over single's at the batch."
+                         if weak else ""))
 
 
 INTERVAL_NOTE = interval_note()
@@ -287,6 +290,48 @@ def _is_single(row: Mapping[str, Any]) -> bool:
     return row.get("strategy") == "single"
 
 
+def is_weak(row: Mapping[str, Any]) -> bool:
+    """Whether a row is a weak-scaling case (``scaling``: each device gets the workload's
+    batch); a row of a run before the column is strong."""
+    return row.get("scaling") == "weak"
+
+
+def workload_batch(row: Mapping[str, Any]) -> float | None:
+    """The batch of the row's workload: its own, or under weak scaling each device's."""
+    batch, world = _number(row.get("batch_size")), _number(row.get("world_size"))
+    if is_weak(row) and batch is not None and world:
+        return batch / world
+    return batch
+
+
+def group_order(key: tuple[Any, ...]) -> tuple[tuple[int, float, str], ...]:
+    """A sort key for ``headline_groups``' keys: numbers as numbers (64 px before 128),
+    then text; strong before weak."""
+    return tuple((0, n, "") if (n := _number(v)) is not None else (1, 0.0, str(v))
+                 for v in key)
+
+
+def headline_groups(rows: Iterable[Mapping[str, Any]], by_run: bool = False
+                    ) -> dict[tuple[Any, ...], list[Mapping[str, Any]]]:
+    """The sweep's rows (batch-curve points left out) per workload and scaling: keys
+    (``run_label`` where ``by_run``,) model, image size, the workload's batch
+    (``workload_batch``), precision, ``strong`` or ``weak``. A weak group holds the weak
+    cases and the workload's ``single`` rows, the baseline they are compared with; every
+    other row is strong."""
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
+    rows = [r for r in rows if not is_curve_point(r)]
+    for r in rows:
+        run = (r.get("run_label", ""),) if by_run else ()
+        batch = workload_batch(r)
+        key = (*run, r["model"], r["image_size"], int(batch) if batch is not None else batch,
+               r["precision"])
+        groups[(*key, "weak" if is_weak(r) else "strong")].append(r)
+    for key in [k for k in groups if k[-1] == "weak"]:
+        groups[key] = [r for r in groups.get((*key[:-1], "strong"), []) if _is_single(r)] \
+            + groups[key]
+    return dict(groups)
+
+
 def speedup(row: Mapping[str, Any], single: Mapping[str, Any] | None = None) -> float | None:
     """The row's speedup over single: its ``speedup_vs_single`` (paired by round), else its
     throughput over ``single``'s; None without either."""
@@ -322,9 +367,9 @@ def _launches(row: Mapping[str, Any]) -> int:
     return int(n) if n is not None else len(launch_medians(row.get("launch_medians_s")))
 
 
-def _best_splits(ok: list[dict[str, Any]]) -> str:
+def _best_splits(ok: list[Mapping[str, Any]]) -> str:
     """``pipeline 8, 1f1b 4``: the fastest split of each pipelined strategy."""
-    best: dict[str, dict[str, Any]] = {}
+    best: dict[str, Mapping[str, Any]] = {}
     for r in ok:
         if _number(r.get("split_size")) is None or throughput(r) is None:
             continue
@@ -337,15 +382,17 @@ def _best_splits(ok: list[dict[str, Any]]) -> str:
 def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The headlines as aligned text lines: a header, one line per workload, then what the
     brackets mean (where any were shown) and the failures."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in (r for r in rows if not is_curve_point(r)):
-        groups[(r["model"], r["image_size"], r["batch_size"], r["precision"])].append(r)
-    table = [["model", "image", "batch", "prec", "best img/s [95% CI] vs runner-up",
-              "vs single [95% CI]", "best split per pipelined strategy"]]
+    groups = headline_groups(rows)
+    weak = any(key[-1] == "weak" for key in groups)
+    table = [["model", "image", "batch", "prec", *(["scaling"] if weak else []),
+              "best img/s [95% CI] vs runner-up", "vs single [95% CI]",
+              "best split per pipelined strategy"]]
     shown: list[int] = []  # launch counts of the cases whose intervals are shown
     speedups: list[int] = []  # and of those whose speedup has one
-    for (model, image, batch, precision), group in sorted(groups.items()):
-        head = [str(model), str(image), str(batch), str(precision)]
+    for (model, image, batch, precision, scaling), group in sorted(
+            groups.items(), key=lambda kv: group_order(kv[0])):
+        head = [str(model), str(image), str(batch), str(precision),
+                *([scaling] if weak else [])]
         found = rank(group)
         if found is None:
             statuses = sorted({str(r["status"]) for r in group})
@@ -365,15 +412,17 @@ def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
     widths = [max(len(row[i]) for row in table if len(row) == len(table[0]))
               for i in range(len(table[0]))]
     right = {1, 2}  # image and batch read as numbers
+    keys = 5 if weak else 4  # the workload's cells, then the figures
 
     def aligned(row: list[str]) -> str:
         cells = [c.rjust(widths[i]) if i in right else
                  (c if i == len(row) - 1 else c.ljust(widths[i])) for i, c in enumerate(row)]
-        return " ".join(cells[:4]) + ("  " + "  ".join(cells[4:]) if len(cells) > 4 else "")
+        return " ".join(cells[:keys]) + ("  " + "  ".join(cells[keys:])
+                                         if len(cells) > keys else "")
 
     lines = [aligned(row).rstrip() for row in table]
     lines += textwrap.wrap(interval_note(shown), NOTE_WIDTH) if shown else []
-    lines += textwrap.wrap(speedup_note(speedups), NOTE_WIDTH) if speedups else []
+    lines += textwrap.wrap(speedup_note(speedups, weak), NOTE_WIDTH) if speedups else []
     failed = [r for r in rows if r["status"] in ("error", "timeout", "oom")]
     if failed:
         lines.append(f"{len(failed)} case(s) failed: "

@@ -11,8 +11,10 @@ import pandas as pd
 
 from bench_lib.report import bound_figure, prediction
 from bench_lib.report.answer import answer_lines
-from bench_lib.report.figures import GROUP, records
+from bench_lib.report.figures import records
 from bench_lib.report.headlines import (
+    group_order,
+    headline_groups,
     interval_note,
     rank,
     speedup,
@@ -57,22 +59,25 @@ def _headlines(cases: pd.DataFrame) -> str:
     runner-up or a tie with it (``headlines.rank``: paired by round where both ran 2 or more
     launches), and its speedup over single with its 95% interval."""
     items = []
-    for key, g in sorted(cases.groupby(GROUP), key=lambda kv: kv[0]):
-        run, model, image, batch, precision = key
-        head = f"{_e(run)} · {_e(model)} {image} px batch {batch} {_e(precision)}: "
-        found = rank(records(g))
+    groups = headline_groups(records(cases), by_run=True)
+    for key, g in sorted(groups.items(), key=lambda kv: group_order(kv[0])):
+        run, model, image, batch, precision, scaling = key
+        per = f"{batch} per device, weak scaling" if scaling == "weak" else f"batch {batch}"
+        head = f"{_e(run)} · {_e(model)} {image} px {per} {_e(precision)}: "
+        found = rank(g)
         if found is None:
             items.append(f"<li>{head}no case ran</li>")
             continue
         lead, rest = found.describe("images/s")
-        single = next((r for r in records(g[g.status == "ok"]) if r["strategy"] == "single"),
+        single = next((r for r in g if r["strategy"] == "single" and r["status"] == "ok"),
                       None)
         value = speedup(found.best, single)
+        failed = sum(r["status"] != "ok" for r in g)
         items.append(
             f"<li>{head}<span class=best>{_e(lead)}</span> {_e(rest)}"
             + (f"; {speedup_text(value, speedup_interval(found.best))} vs single"
                if value is not None else "; no single baseline")
-            + f" ({(g.status != 'ok').sum()} of {len(g)} cases did not run)</li>")
+            + f" ({failed} of {len(g)} cases did not run)</li>")
     launches = [int(n) for n in cases.loc[cases.status == "ok", "launches"].dropna()]
     return ("<ul>" + "".join(items) + "</ul><p class=caption>" + _e(interval_note(launches))
             + " " + _e(speedup_note(launches)) + "</p>")
@@ -110,7 +115,8 @@ def _cases_table(cases: pd.DataFrame) -> str:
         ("run", lambda r: _e(r["run_label"]), False),
         ("strategy", lambda r: _e(r["strategy"]), False),
         ("image (px)", lambda r: _e(r["image_size"]), False),
-        ("batch", lambda r: _e(r["batch_size"]), False),
+        ("batch", lambda r: _e(r["batch_size"]) + (" (weak)" if r.get("scaling") == "weak"
+                                                     else ""), False),
         ("split", lambda r: _num(r["split_size"], ".0f"), True),
         ("status", lambda r: _e(r["status"]), False),
         ("launches", lambda r: _num(r["launches"], ".0f"), True),
@@ -188,8 +194,7 @@ def _section(s: dict[str, Any], extra: str) -> str:
 
 def _answer(runs: Runs) -> list[str]:
     """The answer in words (``report.answer``) at the top: empty where it has none."""
-    every = pd.concat([runs.cases, runs.curve], ignore_index=True)
-    lines = answer_lines(records(every))
+    lines = answer_lines(records(runs.every))
     if not lines:
         return []
     return ["<h2>In short</h2>", *(f"<p>{_e(line)}</p>" for line in lines)]
@@ -200,17 +205,18 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
     """The whole page."""
     labels = ", ".join(runs.names.values())
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    swept = runs.swept
     body = [f"<h1>parabench report</h1><p class=sub>{_e(labels)} · written {now}</p>",
-            "<h2>Runs</h2>", _runs_table(runs.envs, runs.names, runs.cases),
+            "<h2>Runs</h2>", _runs_table(runs.envs, runs.names, swept),
             "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>",
-            *_answer(runs), "<h2>Headlines</h2>", _headlines(runs.cases)]
+            *_answer(runs), "<h2>Headlines</h2>", _headlines(swept)]
     for s in sections:
         extra = (_bubble_table(bubbles) if s["number"] == 6
-                 else prediction.error_html(runs.cases) if s["number"] == 8
-                 else bound_figure.explain_html(runs.cases) if s["number"] == 9 else "")
+                 else prediction.error_html(swept) if s["number"] == 8
+                 else bound_figure.explain_html(swept) if s["number"] == 9 else "")
         body.append(_section(s, extra))
     body += ["<h2 id=cases>All cases</h2><p class=caption>Hatched rows did not run; "
-             "their reason is in the last column.</p>", _cases_table(runs.cases)]
+             "their reason is in the last column.</p>", _cases_table(swept)]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><link rel=icon href=\"data:,\">"
             "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
             f"<title>parabench report: {_e(labels)}</title><style>{CSS}</style></head>"

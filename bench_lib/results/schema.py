@@ -231,6 +231,11 @@ CASES = _cols(
     ("speedup_ci_high", "the same interval's high end", N),
     ("speedup_ci_note", "why the speedup has no interval (1 round)"),
     ("scaling_efficiency", "speedup_vs_single over world_size", N),
+    ("scaling", "strong: batch_size is the workload's, split over the devices; weak: each of "
+                "the world_size devices gets the workload's batch (batch_size = it x "
+                "world_size, through micro-batches of the same split_size), and "
+                "speedup_vs_single is this case's throughput over single's at the "
+                "workload's batch (empty in a run before it: strong)", False, True),
     ("optimizer_step_s", "single: the optimizer step alone (median of 3 after the timed "
                          "steps, in the launch that traces), seconds: the share of a step "
                          "that does not shrink with the batch", N, True),
@@ -256,7 +261,8 @@ CASES = _cols(
     # the measured step, each loss measured apart from the case; seconds and % of the
     # measured step (step_time_s_median).
     ("waterfall_ideal_s", "single's step at this batch_size over world_size: the step of "
-                          "an N-fold speedup, seconds", N, True),
+                          "an N-fold speedup (weak scaling: single's step at the "
+                          "workload's batch), seconds", N, True),
     ("waterfall_ideal_pct", "waterfall_ideal_s as % of step_time_s_median (100 / it = the "
                             "measured speedup's share of the ideal)", N, True),
     ("waterfall_batch_s", "what the devices lose computing device_batch_size images at once "

@@ -4,6 +4,7 @@ from what the runner saw (utilisation, memory, energy, FLOP efficiency, speedup)
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,7 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         "num_microbatches": "" if case.num_microbatches is None else case.num_microbatches,
         "device_batch_size": case.device_batch_size,
         "batch_curve_of": "" if case.curve_of is None else case.curve_of,
+        "scaling": case.scaling,
         "precision": case.precision,
         "loss": case.loss,
         "status": outcome.status,
@@ -238,7 +240,8 @@ def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
         serial=rig.kind == "cpu" and not case.process_group and case.world_size > 1,
         comm_s=_number(row.get("bound_comm_s")), optimizer_s=optimizer_s,
         optimizer_share=(1 / case.world_size if strategies.get(case.strategy).uses_partition
-                         or case.strategy == "fsdp" else 1.0))
+                         or case.strategy == "fsdp" else 1.0),
+        workload_batch=case.workload_batch)
     return {"waterfall_note": found} if isinstance(found, str) else found.columns()
 
 
@@ -386,8 +389,9 @@ def step_rows(outcome: CaseOutcome) -> list[Row]:
 class SpeedupTable:
     """Fills the speedup columns from the ``single`` case of the same workload in the same
     run (``sweep.cases.baselines_first`` puts it first): the speedup is single's launch
-    medians over the case's, paired by round (``paired_ratio_interval``), with its interval;
-    scaling efficiency is the speedup over the world size.
+    medians over the case's, paired by round (``paired_ratio_interval``), with its interval,
+    times the case's images per step over single's (1 under strong scaling, the world size
+    under weak: a throughput ratio); scaling efficiency is the speedup over the world size.
 
     A batch-curve point (``Case.curve_of``) gets no speedup: it is compared with the
     ``single`` case of its workload's full batch, per image (``per_image_efficiency``). It
@@ -431,8 +435,12 @@ class SpeedupTable:
         if not base:
             return
         rounds = min(len(base), len(medians))
+        # Throughput over single's: under weak scaling the case steps through more images.
+        images = case.batch_size / case.workload_batch
         speedup = paired_ratio_interval(base[:rounds], medians[:rounds])
-        row |= speedup_columns(speedup, case.world_size)
+        row |= speedup_columns(dataclasses.replace(
+            speedup, point=speedup.point * images, low=speedup.low * images,
+            high=speedup.high * images), case.world_size)
 
     def single_step_s(self, case: Case) -> float | None:
         """The median step of the ``single`` case of ``case``'s workload, if known."""

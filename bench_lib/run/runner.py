@@ -763,13 +763,14 @@ def run_sweep(
 
 def ddp_compute_s(case: Case, workload: Sequence[tuple[Case, CaseOutcome]]) -> float | None:
     """For an fsdp case, the compute of the same local batch measured by a plain ddp case of
-    its workload and world size (its no_sync steps: ``CaseOutcome.compute_step_s``); None
-    where there is none (fsdp then falls back on single's share: ``case_bound``)."""
+    its workload, world size and batch (weak scaling's is another; its no_sync steps:
+    ``CaseOutcome.compute_step_s``); None where there is none (fsdp then falls back on
+    single's share: ``case_bound``)."""
     if case.strategy != "fsdp":
         return None
     for other, outcome in workload:
         if (other.strategy == "ddp" and outcome.compute_step_s is not None
-                and other.world_size == case.world_size
+                and (other.world_size, other.batch_size) == (case.world_size, case.batch_size)
                 and other.ddp == DdpKnobs()  # torch's defaults: no hook, no views
                 and (other.precision, other.channels_last, other.compile)
                 == (case.precision, case.channels_last, case.compile)):

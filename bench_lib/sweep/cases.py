@@ -42,7 +42,7 @@ from bench_lib.strategies.ddp import (
     DdpKnobs,
     bf16_hook_refusal,
 )
-from bench_lib.sweep.profile import Measurement, Profile, UsageError
+from bench_lib.sweep.profile import SCALINGS, Measurement, Profile, UsageError
 from bench_lib.workloads import blocks, get_model
 
 
@@ -87,6 +87,10 @@ class Case:
     """A point of ``single``'s batch curve (``batch_curve``): the global batch of the
     workload whose curve it measures, this case's batch being one that workload's cases
     compute per device; None for a case of the sweep itself."""
+    scaling: str = "strong"
+    """``strong``: the workload's batch split over the devices; ``weak``: each device keeps
+    the workload's batch, so ``batch_size`` is it times ``world_size`` (``SCALINGS``). A
+    case on one device is strong: it scales neither way."""
 
     @property
     def split_size(self) -> int | None:
@@ -117,18 +121,28 @@ class Case:
         """Case-id suffix of the non-default options (empty for defaults: ids stay stable)."""
         parts = [f"_p{self.partition}" if self.partition not in (None, "tutorial") else "",
                  "_cl" if self.channels_last else "", "_compile" if self.compile else "",
-                 "_syncbn" if self.sync_bn else "", self.ddp.id_suffix if self.ddp else ""]
+                 "_syncbn" if self.sync_bn else "", self.ddp.id_suffix if self.ddp else "",
+                 "_weak" if self.scaling == "weak" else ""]
         return "".join(parts)
 
     @property
+    def workload_batch(self) -> int:
+        """The batch of the workload the case belongs to: its own under strong scaling,
+        each device's (``batch_size`` over ``world_size``) under weak."""
+        return self.batch_size // self.world_size if self.scaling == "weak" else self.batch_size
+
+    @property
     def workload_key(self) -> tuple[str, int, int, str, str]:
-        """What a speedup compares across strategies: model, image, batch, precision, loss."""
-        return (self.model, self.image_size, self.batch_size, self.precision, self.loss)
+        """What a speedup compares across strategies: model, image, the workload's batch
+        (``workload_batch``), precision, loss. A weak-scaling case is compared with the
+        ``single`` case of its per-device batch, by throughput."""
+        return (self.model, self.image_size, self.workload_batch, self.precision, self.loss)
 
     @property
     def group_key(self) -> tuple[str, int, int, str, str]:
         """The workload a case is measured with, in the same rounds (``run.runner``): its
-        own, or for a batch-curve point the workload whose curve it is."""
+        own (a weak-scaling case's: its per-device batch's), or for a batch-curve point the
+        workload whose curve it is."""
         model, image, batch, precision, loss = self.workload_key
         return (model, image, self.curve_of or batch, precision, loss)
 
@@ -145,8 +159,9 @@ class Case:
     def describe(self) -> str:
         split = "" if self.split_size is None else f" split={self.split_size}"
         curve = "" if self.curve_of is None else f" (batch curve of {self.curve_of})"
+        weak = " (weak scaling)" if self.scaling == "weak" else ""
         return (f"{self.strategy} {self.model} img={self.image_size} batch={self.batch_size}"
-                f"{split}{curve}")
+                f"{split}{curve}{weak}")
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -163,9 +178,14 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
              precision: str = "fp32", loss: str = "ce", *, split_size: int | None = None,
              microbatch_count: int | None = None, partition: str | None = None,
              channels_last: bool = False, compile: bool = False, sync_bn: bool = False,
-             ddp: DdpKnobs | None = None, measurement: Measurement | None = None) -> Case:
+             ddp: DdpKnobs | None = None, measurement: Measurement | None = None,
+             scaling: str = "strong") -> Case:
     """A case with its rig facts and micro-batching resolved and its status decided.
 
+    ``batch_size`` is the workload's: under ``weak`` scaling each of the strategy's devices
+    gets it (the case's batch is it times the devices, through micro-batches of the same
+    size: a count gives the split it gives the workload's batch); a strategy on one device
+    is strong either way (the same case).
     ``split_size`` or ``microbatch_count`` (a count larger than the batch has no split: the
     case is skipped) apply to strategies that use a split; others ignore them. ``ddp``
     (default: torch's) applies to strategies that wrap the model in DistributedDataParallel;
@@ -175,17 +195,23 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
     strat = strategies.get(strategy)
     spec = get_model(model)
     image_size, loss = spec.image_size(image_size), spec.loss_for(loss)
+    if scaling not in SCALINGS:
+        raise ValueError(f"unknown scaling {scaling!r}; valid: {', '.join(SCALINGS)}")
+    world = strat.num_devices(rig)
+    scaling = scaling if world > 1 else "strong"
+    devices_fed = world if scaling == "weak" else 1  # batches of the workload's size a step
     micro = None
     if strat.uses_split:
+        if split_size is None and microbatch_count is not None \
+                and microbatch_count <= batch_size:
+            split_size = math.ceil(batch_size / microbatch_count)
         if split_size is not None:
-            micro = Microbatching.of(batch_size, split_size)
+            micro = Microbatching.of(batch_size * devices_fed, split_size)
         elif microbatch_count is not None:
-            micro = (Microbatching.of(batch_size, math.ceil(batch_size / microbatch_count))
-                     if microbatch_count <= batch_size
-                     else Microbatching(None, microbatch_count, False))
+            micro = Microbatching(None, microbatch_count * devices_fed, False)
         else:
             raise UsageError(f"{strategy} needs a split size or a micro-batch count")
-    world = strat.num_devices(rig)
+    batch_size *= devices_fed
     knobs = (ddp or DdpKnobs()) if strat.ddp_knobs else None
     measurement = measurement or Measurement()
     knob_notes = [knobs.arithmetic_note] if knobs else []
@@ -197,7 +223,7 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
         strategy, model, image_size, batch_size, precision, loss, micro,
         partition=(partition or "tutorial") if strat.uses_partition else None,
         channels_last=channels_last, compile=compile, sync_bn=sync_bn and strat.data_parallel,
-        ddp=knobs, world_size=world, process_group=strat.per_device_processes,
+        ddp=knobs, world_size=world, process_group=strat.per_device_processes, scaling=scaling,
         note="; ".join(filter(None, [strat.cpu_note if rig.kind == "cpu" else "",
                                      rig.validation_note, *knob_notes])),
         measurement=measurement,
@@ -395,15 +421,18 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
             micro = ([{"split_size": s} for s in profile.split_sizes]
                      + [{"microbatch_count": m} for m in profile.microbatches])
         knob_sets = profile.ddp_knob_sets if strat.ddp_knobs else (None,)
-        for partition, m, knobs in itertools.product(
-                profile.partitions if strat.uses_partition else (None,), micro, knob_sets):
+        for scaling, partition, m, knobs in itertools.product(
+                profile.scaling, profile.partitions if strat.uses_partition else (None,),
+                micro, knob_sets):
             cases.append(new_case(
                 rig, name, model, image, batch, precision, profile.loss, **m,
                 partition=partition, channels_last=profile.channels_last,
                 compile=profile.compile, sync_bn=profile.sync_bn, ddp=knobs,
-                measurement=profile.measurement))
+                measurement=profile.measurement, scaling=scaling))
     unique: dict[str, Case] = {}
-    for case in cases:  # a split given twice (as a size and as a count) is one case
+    # A split given twice (as a size and as a count) is one case; so is a one-device
+    # strategy under both scalings.
+    for case in cases:
         unique.setdefault(case.case_id, case)
     swept = list(unique.values())
     return baselines_first(swept + (batch_curve(swept) if profile.batch_curve else []))
@@ -422,7 +451,7 @@ def batch_curve(cases: list[Case]) -> list[Case]:
         if case.status is not None or parent is None:
             continue
         point = dataclasses.replace(parent, batch_size=case.device_batch_size,
-                                    curve_of=case.batch_size)
+                                    curve_of=parent.batch_size)
         if point.workload_key not in singles:
             points.setdefault(point.workload_key, point)
     return list(points.values())
@@ -430,7 +459,7 @@ def batch_curve(cases: list[Case]) -> list[Case]:
 
 def baselines_first(cases: list[Case]) -> list[Case]:
     """The run order: each workload's ``single`` case, then its batch-curve points, then its
-    other cases; workloads as first seen (``Case.group_key``), else as given.
+    other cases, strong before weak; workloads as first seen (``Case.group_key``), else as given.
 
     The speedup columns are filled as each row is written, against the ``single`` case of
     the same workload measured earlier in the run: a case run before its baseline gets none.
@@ -439,4 +468,4 @@ def baselines_first(cases: list[Case]) -> list[Case]:
     for i, case in enumerate(cases):
         first.setdefault(case.group_key, i)
     return sorted(cases, key=lambda c: (first[c.group_key], c.strategy != "single",
-                                        c.curve_of is not None))
+                                        c.curve_of is not None, c.scaling == "weak"))

@@ -22,6 +22,8 @@ from bench_lib.strategies.partition import PARTITIONS
 from bench_lib.workloads import CLASSIFIER_LOSSES, MODELS, PRECISIONS, get_model
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+SCALINGS = ("strong", "weak")
+"""How a strategy on several devices is fed (``Profile.scaling``, ``cases.Case.scaling``)."""
 
 
 class UsageError(ValueError):
@@ -135,6 +137,11 @@ class Profile:
     """Also measure ``single`` at every per-device batch the other cases compute (a data-
     parallel rank's share, each micro-batch size): ``single``'s batch curve, which says how
     much a device loses with fewer images at once (``cases.batch_curve``)."""
+    scaling: tuple[str, ...] = ("strong",)
+    """``strong`` and/or ``weak`` (``SCALINGS``): strong splits each batch size over a
+    strategy's devices; weak gives each device the batch size (the strategy's batch is it
+    times its devices, through micro-batches of the same sizes) and compares throughput with
+    ``single`` at that batch. Strategies on one device run once, as strong."""
     measurement: Measurement = field(default_factory=Measurement)
     """How each case is measured (flat keys in files: ``warmup_steps``, ``timed_steps``...)."""
 
@@ -154,6 +161,9 @@ class Profile:
         _check_names("loss", (self.loss,), CLASSIFIER_LOSSES)
         _check_names("ddp comm hook", self.ddp_comm_hooks, COMM_HOOKS)
         _check_names("ddp knob grid", (self.ddp_knob_grid,), KNOB_GRIDS)
+        _check_names("scaling", self.scaling, SCALINGS)
+        if not self.scaling:
+            raise UsageError("no scaling selected: give strong and/or weak")
         object.__setattr__(self, "ddp_bucket_cap_mb", _bucket_caps(self.ddp_bucket_cap_mb))
         try:  # each knob checked as the cases will build it
             if not self.ddp_knob_sets:

@@ -68,8 +68,9 @@ def build_space(profile: Profile, rig: Rig) -> Space:
     it describes several, or when no case of it can run)."""
     if "single" not in profile.strategies:
         profile = profile.override(strategies=("single", *profile.strategies))
-    # A race compares configurations of one workload: single's batch curve is not one.
-    cases = expand(profile.override(batch_curve=False), rig)
+    # A race compares configurations of one workload at its batch: single's batch curve is
+    # not one, nor a weak-scaling case (more images a step).
+    cases = expand(profile.override(batch_curve=False, scaling=("strong",)), rig)
     keys = list(dict.fromkeys(c.workload_key for c in cases))
     if len(keys) > 1:
         raise UsageError("tune searches one workload; this sweep has "
