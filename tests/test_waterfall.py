@@ -112,3 +112,60 @@ def test_the_figure_draws_each_case_from_its_ideal_to_its_measured_step():
     assert texts[0] == "0.68x of single (ideal 2x); unexplained +10%"  # 0.27 / 0.40
     assert texts[1].startswith("0.45x of single (ideal 2x)")  # 0.27 / 0.60
     assert fig_waterfall(pd.DataFrame([common | {"strategy": "single"}])) is None
+
+
+def test_devices_computing_side_by_side_is_a_part_of_its_own():
+    # ddp's ranks computed 0.40 s a step together under no_sync, 0.35 s alone (the curve at
+    # 8): 0.05 s is what they cost each other; the rest of the step is communication.
+    w = waterfall("ddp", 2, 16, 8, None, CURVE, measured_s=0.47, comm_s=0.07,
+                  shared_compute_s=0.40)
+    assert not isinstance(w, str)
+    assert (w.batch_s, w.corun_s) == pytest.approx((0.35 - 0.135, 0.05))
+    assert abs(w.remainder_s) < 1e-9 and "computing together 1.14x alone" in w.note
+    assert sum(w.columns()[f"waterfall_{p}_pct"] for p in PARTS) == pytest.approx(100)
+    # A pipeline's imbalance and bubble grow from the shared compute, not the lone one.
+    p = waterfall("gpipe", 2, 16, 4, 4, CURVE, measured_s=0.5, busiest_over_mean=1.1,
+                  optimizer_s=0.0, shared_compute_s=0.30)
+    assert not isinstance(p, str)
+    assert p.corun_s == pytest.approx(0.30 - 0.24)
+    assert p.imbalance_s == pytest.approx(0.03) and p.bubble_s == pytest.approx(0.33 / 4)
+    # One process runs the stages in turn: nothing computes side by side.
+    serial = waterfall("pipeline", 2, 16, 4, 4, CURVE, measured_s=0.5, serial=True,
+                       shared_compute_s=0.30)
+    assert not isinstance(serial, str) and serial.corun_s == 0.0
+
+
+def _timeline(busy: dict[int, float]) -> tuple[dict, ...]:
+    """One pass per rank from t=0, ``busy`` seconds long; the span is the longest."""
+    return tuple({"rank": r, "device": f"cpu:{r}", "stage": r, "microbatch": 0,
+                  "phase": "fwd", "start_s": 0.0, "end_s": b} for r, b in busy.items())
+
+
+def test_the_shared_compute_comes_from_the_cases_own_steps_without_communication(cpu_rig):
+    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.run.rows import shared_compute_s, waterfall_columns
+    from bench_lib.sweep.cases import new_case
+
+    ddp = new_case(cpu_rig, "ddp", "resnet50", 64, 16)
+    ok = CaseOutcome("ok", compute_step_s=0.41)
+    assert shared_compute_s(ddp, ok, 0.48, {}, 0.01, 1.0) == pytest.approx(0.41)
+    # fsdp takes ddp's of the same local batch, less the optimizer on what it does not own.
+    fsdp = new_case(cpu_rig, "fsdp", "resnet50", 64, 16)
+    assert shared_compute_s(fsdp, CaseOutcome("ok"), 0.8, {}, 0.01, 0.5,
+                            ddp_compute_s=0.41) == pytest.approx(0.405)
+    assert shared_compute_s(fsdp, CaseOutcome("ok"), 0.8, {}, 0.01, 0.5) is None
+    # A pipelining schedule: its devices' passes in the traced step, scaled to the median.
+    gpipe = new_case(cpu_rig, "gpipe", "resnet50", 64, 16, split_size=4, partition="balanced")
+    traced = CaseOutcome("ok", timeline=_timeline({0: 0.4, 1: 0.3}), traced_step_s=0.5)
+    idle = {(0, "cpu:0"): 0.0, (1, "cpu:1"): 0.25}
+    assert shared_compute_s(gpipe, traced, 0.45, idle, 0.02, 0.5) == pytest.approx(
+        0.35 * 0.45 / 0.5 + 0.01)
+    mp = new_case(cpu_rig, "mp", "resnet50", 64, 16, partition="balanced")
+    assert shared_compute_s(mp, traced, 0.45, idle, 0.02, 0.5) is None  # one process
+    # On a cpu rig a data-parallel case's comm is its collectives' whole time.
+    row = {"step_time_s_median": 0.48, "bound_comm_s": 0.0, "bound_compute_s": 0.41,
+           "step_time_s_bound_no_overlap": 0.49}
+    cols = waterfall_columns(ddp, cpu_rig, ok, row, {16: 0.3, 8: 0.35})
+    assert cols["waterfall_comm_s"] == pytest.approx(0.08)
+    assert cols["waterfall_corun_s"] == pytest.approx(0.41 - 0.35)
+    assert cols["waterfall_remainder_s"] == pytest.approx(0.48 - 0.41 - 0.08)

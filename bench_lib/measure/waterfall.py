@@ -15,20 +15,30 @@ step)::
                                   per step, for the share s of the model the device updates
                                   (1 for ddp and dp, 1/N where the model or its optimizer
                                   state is split: the pipelines, mp, fsdp)
-    imbalance  C x (k - 1)        k: the busiest device's busy time in the traced step over
+    corun      S - C              S: one device's compute a step while the others compute
+                                  too, with no communication (ddp: its no_sync steps; fsdp:
+                                  those of a ddp case of the same local batch; the pipelining
+                                  schedules: the traced step's passes, mean over devices,
+                                  plus s O): what computing beside each other costs (shared
+                                  caches and memory bandwidth, a schedule's per-pass work);
+                                  0 where not measured or one device computes at a time
+    imbalance  S x (k - 1)        k: the busiest device's busy time in the traced step over
                                   the mean (pipelines; 1 where every device does the same)
-    bubble     C k x f / (1 - f)  f: the schedule's idle share of the span in theory for its
+    bubble     S k x f / (1 - f)  f: the schedule's idle share of the span in theory for its
                                   p, m, v (``measure.bubble.theory``); a serial case (one
                                   process runs every stage in turn: mp, and pipeline on a
-                                  cpu rig) idles (N - 1) of N: C k x (N - 1)
+                                  cpu rig) idles (N - 1) of N: S k x (N - 1)
     comm       what the case's collectives or transfers add to its bound, at the run's
                measured bandwidths (``bound_comm_s``: ddp/fsdp overlapped with compute,
-               pipelines' p2p per stage boundary)
+               pipelines' p2p per stage boundary); on a cpu rig a data-parallel case's whole
+               collective time (its workers' collectives run on the cores that compute:
+               none is hidden)
     remainder  measured - every part above: what no part explains (contention between
                workers that share a machine, scheduling, what the parts' own noise hides)
 
 Each part is a figure measured without the case (single's curve, the collective
-micro-benchmark, the schedule's theory), except k, read from the case's own traced step.
+micro-benchmark, the schedule's theory), except S and k, read from the case's own steps
+without communication and its traced step.
 Pure arithmetic: no torch, no device.
 """
 
@@ -40,7 +50,7 @@ from typing import Any
 
 from bench_lib.measure.bubble import theory
 
-PARTS = ("ideal", "batch", "imbalance", "bubble", "comm", "remainder")
+PARTS = ("ideal", "batch", "corun", "imbalance", "bubble", "comm", "remainder")
 """The waterfall's parts in order; ``waterfall_<part>_s`` and ``_pct`` in cases.csv."""
 SERIAL_NOTE = "serial: one process runs every stage in turn"
 
@@ -56,11 +66,12 @@ class Waterfall:
     bubble_s: float
     comm_s: float
     note: str = ""
+    corun_s: float = 0.0
 
     @property
     def remainder_s(self) -> float:
-        return self.measured_s - (self.ideal_s + self.batch_s + self.imbalance_s
-                                  + self.bubble_s + self.comm_s)
+        return self.measured_s - (self.ideal_s + self.batch_s + self.corun_s
+                                  + self.imbalance_s + self.bubble_s + self.comm_s)
 
     def part_s(self, part: str) -> float:
         return float(getattr(self, f"{part}_s"))
@@ -80,8 +91,8 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
               microbatches: int | None, curve: Mapping[int, float], measured_s: float,
               busiest_over_mean: float = 1.0, serial: bool = False,
               comm_s: float = 0.0, optimizer_s: float | None = None,
-              optimizer_share: float = 1.0, workload_batch: int | None = None
-              ) -> Waterfall | str:
+              optimizer_share: float = 1.0, workload_batch: int | None = None,
+              shared_compute_s: float | None = None) -> Waterfall | str:
     """The parts of a case's step (module docstring), or why it has none.
 
     ``curve``: single's median step per batch size of the same workload (the full batch
@@ -89,7 +100,8 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
     device_batch_size``); ``busiest_over_mean``: k; ``serial``: one process runs every
     stage in turn; ``comm_s``: the bound's communication part; ``optimizer_s``: single's
     optimizer step alone (None: not measured, and then counted with every micro-batch);
-    ``optimizer_share``: s; ``workload_batch``: W (default ``batch``: strong scaling).
+    ``optimizer_share``: s; ``workload_batch``: W (default ``batch``: strong scaling);
+    ``shared_compute_s``: S (None: not measured, corun 0).
     """
     workload = batch if workload_batch is None else workload_batch
     if workload not in curve:
@@ -102,7 +114,10 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
     opt = optimizer_s or 0.0
     compute = (batch / (device_batch * devices) * (curve[device_batch] - opt)
                + optimizer_share * opt)
-    busiest = compute * busiest_over_mean
+    shared = compute if shared_compute_s is None or serial else shared_compute_s
+    if shared != compute:
+        notes.append(f"devices computing together {shared / compute:.2f}x alone")
+    busiest = shared * busiest_over_mean
     if serial and devices > 1:
         bubble = busiest * (devices - 1)
         notes.append(f"{SERIAL_NOTE}: bubble {devices - 1}/{devices} of the span")
@@ -115,8 +130,8 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
         notes.append(f"busiest device {busiest_over_mean:.2f}x the mean")
     if optimizer_s is None and batch != device_batch:
         notes.append("optimizer step not measured: counted with every micro-batch")
-    return Waterfall(measured_s, ideal, compute - ideal, busiest - compute, bubble, comm_s,
-                     "; ".join(notes))
+    return Waterfall(measured_s, ideal, compute - ideal, busiest - shared, bubble, comm_s,
+                     "; ".join(notes), corun_s=shared - compute)
 
 
 def busiest_over_mean(busy_s: Mapping[Any, float]) -> float:

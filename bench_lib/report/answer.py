@@ -35,7 +35,9 @@ from bench_lib.report.headlines import (
     throughput_interval,
 )
 
-LOSSES = {"batch": "the smaller batch per device", "imbalance": "the busiest device's extra work",
+LOSSES = {"batch": "the smaller batch per device",
+          "corun": "computing side by side (each device slower beside the others)",
+          "imbalance": "the busiest device's extra work",
           "bubble": "the schedule's bubble", "comm": "communication not hidden"}
 """The waterfall's losses, in words (the ideal and the remainder are not losses of a kind)."""
 UNEXPLAINED_PCT = 10.0

@@ -27,6 +27,7 @@ from bench_lib.report.figures import (
 
 PARTS = (("ideal", "ideal (single / N devices)", "#4c72b0"),
          ("batch", "smaller batch per device", "#dd8452"),
+         ("corun", "devices computing side by side", "#da8bc3"),
          ("imbalance", "busiest device's extra", "#937860"),
          ("bubble", "schedule's bubble", "#c44e52"),
          ("comm", "communication not hidden", "#55a868"))

@@ -270,9 +270,16 @@ CASES = _cols(
                           "(device_batch_size x world_size) x single's step at "
                           "device_batch_size, less waterfall_ideal_s, seconds", N, True),
     ("waterfall_batch_pct", "waterfall_batch_s as % of step_time_s_median", N, True),
-    ("waterfall_imbalance_s", "the busiest device's extra work: that compute x (its busy "
-                              "time in the traced step over the devices' mean - 1), "
-                              "seconds (0 without a timeline)", N, True),
+    ("waterfall_corun_s", "what computing beside the other devices costs one device: its "
+                          "compute in the case with every device busy and no communication "
+                          "(ddp's no_sync steps; fsdp: a ddp case's of the same local batch; "
+                          "pipelining schedules: the traced step's passes) minus the batch "
+                          "curve's, seconds (0 where not measured or one device computes at "
+                          "a time)", N, True),
+    ("waterfall_corun_pct", "waterfall_corun_s as % of step_time_s_median", N, True),
+    ("waterfall_imbalance_s", "the busiest device's extra work: its compute beside the "
+                              "others x (its busy time in the traced step over the "
+                              "devices' mean - 1), seconds (0 without a timeline)", N, True),
     ("waterfall_imbalance_pct", "waterfall_imbalance_s as % of step_time_s_median", N, True),
     ("waterfall_bubble_s", "the schedule's idle time in theory for its p, m, v on the "
                            "busiest device (bubble_theory_pct); serial cases (one process "

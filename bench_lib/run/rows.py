@@ -224,25 +224,58 @@ def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | 
 
 
 def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
-                      curve: Mapping[int, float], optimizer_s: float | None = None) -> Row:
+                      curve: Mapping[int, float], optimizer_s: float | None = None,
+                      ddp_compute_s: float | None = None) -> Row:
     """The case's waterfall (``measure.waterfall``) from single's median step per batch of
     the same model, image size and precision (``curve``: the full batch and the batch
     curve, ``SpeedupTable.single_steps``) and its optimizer step (``optimizer_s``), the
-    traced step's busiest device, and the bound's communication part; empty for single and
-    a case not ok."""
+    devices' compute side by side (``shared_compute_s``), the traced step's busiest
+    device, and the bound's communication part; empty for single and a case not ok.
+    ``ddp_compute_s``: for fsdp, a ddp case's compute of the same local batch."""
     if outcome.status != "ok" or case.strategy == "single" or not row.get("step_time_s_median"):
         return {}
-    busy = {d: 1.0 - idle for d, idle in bubble.idle_by_device(outcome.timeline).items()}
+    median = float(row["step_time_s_median"])
+    share = (1 / case.world_size if strategies.get(case.strategy).uses_partition
+             or case.strategy == "fsdp" else 1.0)
+    idle = bubble.idle_by_device(outcome.timeline)
+    comm = _number(row.get("bound_comm_s"))
+    if rig.kind == "cpu" and row.get("step_time_s_bound_no_overlap") not in (None, ""):
+        # A worker's collectives run on the cores it computes on: none is hidden.
+        comm = _number(row["step_time_s_bound_no_overlap"]) - _number(row.get("bound_compute_s"))
     found = waterfall.waterfall(
         case.strategy, case.world_size, case.batch_size, case.device_batch_size,
-        case.num_microbatches, curve, float(row["step_time_s_median"]),
-        busiest_over_mean=waterfall.busiest_over_mean(busy),
+        case.num_microbatches, curve, median,
+        busiest_over_mean=waterfall.busiest_over_mean({d: 1.0 - i for d, i in idle.items()}),
         serial=rig.kind == "cpu" and not case.process_group and case.world_size > 1,
-        comm_s=_number(row.get("bound_comm_s")), optimizer_s=optimizer_s,
-        optimizer_share=(1 / case.world_size if strategies.get(case.strategy).uses_partition
-                         or case.strategy == "fsdp" else 1.0),
-        workload_batch=case.workload_batch)
+        comm_s=comm, optimizer_s=optimizer_s, optimizer_share=share,
+        workload_batch=case.workload_batch,
+        shared_compute_s=shared_compute_s(case, outcome, median, idle, optimizer_s or 0.0,
+                                          share, ddp_compute_s))
     return {"waterfall_note": found} if isinstance(found, str) else found.columns()
+
+
+def shared_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
+                     idle: Mapping[Any, float], optimizer_s: float, share: float,
+                     ddp_compute_s: float | None = None) -> float | None:
+    """S of the waterfall: one device's compute a step while every device of the case
+    computes, with no communication; None where the case has no such measure (one process,
+    no timeline, fsdp without a ddp case). ddp: its no_sync steps; fsdp: a ddp case's of the
+    same local batch, less the optimizer step on the parameters it does not own; the
+    pipelining schedules: the traced step's passes per device (mean; scaled as the bound
+    scales them, ``case_bound.traced_parts``) plus its optimizer share."""
+    if not case.process_group or case.world_size < 2:
+        return None
+    if case.strategy in ("ddp", "fsdp"):
+        measured = outcome.compute_step_s if outcome.compute_step_s is not None \
+            else ddp_compute_s if case.strategy == "fsdp" else None
+        return None if measured is None else min(measured, median_s) - (1 - share) * optimizer_s
+    if not idle:
+        return None
+    lo, hi = bubble.span(outcome.timeline)
+    traced = outcome.traced_step_s
+    scale = min(1.0, median_s / traced) if traced else 1.0
+    busy = statistics.fmean((1.0 - i) * (hi - lo) for i in idle.values())
+    return busy * scale + share * optimizer_s
 
 
 def _number(value: object) -> float:

@@ -828,14 +828,14 @@ def _run_groups(
             if case.status is None:
                 row |= admission.columns(case, launched[i])
             speedups.fill(case, row)
+            ddp_compute = ddp_compute_s(case, workload)
             row |= bound_columns(case, rig, outcome, row.get("step_time_s_median"),
-                                 speedups.single_step_s(case), collectives,
-                                 ddp_compute_s(case, workload))
+                                 speedups.single_step_s(case), collectives, ddp_compute)
             if (case.strategy == "single" and case.curve_of is None
                     and outcome.optimizer_step_s is not None):
                 optimizer_steps[case.group_key] = outcome.optimizer_step_s
             row |= waterfall_columns(case, rig, outcome, row, speedups.single_steps(case),
-                                     optimizer_steps.get(case.group_key))
+                                     optimizer_steps.get(case.group_key), ddp_compute)
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
             if on_case_done:
