@@ -17,6 +17,7 @@ import subprocess
 import pandas as pd
 import pytest
 
+from bench_lib.measure.waterfall import PARTS
 from bench_lib.report.curve_figure import curve_points, fig_batch_curve
 from bench_lib.report.headlines import headline_lines, is_curve_point
 from bench_lib.results.read import run_dirs_in
@@ -204,8 +205,8 @@ def test_a_run_with_the_curve_and_weak_scaling_writes_their_rows_figures_and_sen
     assert (run_dir / "fig10_batch_curve.png").is_file()
     # The waterfall of ddp, its figure, and the answer in words in the terminal and report.
     ddp = cases.loc["ddp_resnet-tiny_img32_b4_s-_fp32"]
-    parts = [ddp[f"waterfall_{p}_s"] for p in ("ideal", "batch", "imbalance", "bubble",
-                                               "comm", "remainder")]
+    parts = [ddp[f"waterfall_{p}_s"] for p in PARTS]
+    assert PARTS == ("ideal", "batch", "corun", "imbalance", "bubble", "comm", "remainder")
     assert sum(parts) == pytest.approx(ddp.step_time_s_median)
     assert ddp.waterfall_ideal_s == pytest.approx(
         cases.loc["single_resnet-tiny_img32_b4_s-_fp32", "step_time_s_median"] / 2)

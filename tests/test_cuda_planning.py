@@ -178,7 +178,7 @@ def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path,
     which cases fit before renting the GPUs."""
     args = ["run", "--dry-run", "--rig", "cuda", "--devices", "2", "--strategies",
             "single,gpipe", "--image-sizes", "224", "--batch-size", "64", "--split-sizes",
-            "16", "--predict-memory", "--out", str(tmp_path / "out")]
+            "16", "--scaling", "strong", "--predict-memory", "--out", str(tmp_path / "out")]
     assert cli.main(args) == cli.EXIT_OK
     text = capsys.readouterr().out
     single = next(line for line in text.splitlines() if line.startswith("single_"))

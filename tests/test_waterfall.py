@@ -169,3 +169,26 @@ def test_the_shared_compute_comes_from_the_cases_own_steps_without_communication
     assert cols["waterfall_comm_s"] == pytest.approx(0.08)
     assert cols["waterfall_corun_s"] == pytest.approx(0.41 - 0.35)
     assert cols["waterfall_remainder_s"] == pytest.approx(0.48 - 0.41 - 0.08)
+
+
+def test_a_serial_case_runs_every_device_s_compute_in_turn():
+    # One process, two stages, the busiest 1.2x the mean: the step is both stages' compute
+    # one after the other (2 x 0.24 s), whatever the split between them.
+    w = waterfall("pipeline", 2, 16, 4, 4, CURVE, measured_s=0.48, serial=True,
+                  busiest_over_mean=1.2, optimizer_s=0.0)
+    assert not isinstance(w, str)
+    assert w.imbalance_s == pytest.approx(0.048)
+    assert w.bubble_s == pytest.approx(0.48 - 0.288)  # the busiest idles while the other runs
+    assert abs(w.remainder_s) < 1e-9
+
+
+def test_a_large_remainder_names_what_is_missing():
+    fsdp = waterfall("fsdp", 2, 16, 8, None, CURVE, measured_s=0.6, comm_s=0.1)
+    assert not isinstance(fsdp, str)
+    assert fsdp.remainder_s / 0.6 > 0.1
+    assert "remainder +25% of the step: FSDP2's work around its collectives" in fsdp.note
+    over = waterfall("ddp", 2, 16, 8, None, CURVE, measured_s=0.3)
+    assert not isinstance(over, str)
+    assert "remainder -17% of the step: the parts add up to more than the step" in over.note
+    small = waterfall("ddp", 2, 16, 8, None, CURVE, measured_s=0.37)
+    assert not isinstance(small, str) and "remainder" not in small.note

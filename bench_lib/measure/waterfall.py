@@ -27,7 +27,7 @@ step)::
     bubble     S k x f / (1 - f)  f: the schedule's idle share of the span in theory for its
                                   p, m, v (``measure.bubble.theory``); a serial case (one
                                   process runs every stage in turn: mp, and pipeline on a
-                                  cpu rig) idles (N - 1) of N: S k x (N - 1)
+                                  cpu rig) idles while the others compute: S N - S k
     comm       what the case's collectives or transfers add to its bound, at the run's
                measured bandwidths (``bound_comm_s``: ddp/fsdp overlapped with compute,
                pipelines' p2p per stage boundary); on a cpu rig a data-parallel case's whole
@@ -44,6 +44,7 @@ Pure arithmetic: no torch, no device.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,17 @@ from bench_lib.measure.bubble import theory
 PARTS = ("ideal", "batch", "corun", "imbalance", "bubble", "comm", "remainder")
 """The waterfall's parts in order; ``waterfall_<part>_s`` and ``_pct`` in cases.csv."""
 SERIAL_NOTE = "serial: one process runs every stage in turn"
+UNEXPLAINED = 0.10
+"""A remainder beyond this share of the step is said in the note, with what is missing."""
+MISSING = {
+    "fsdp": "FSDP2's work around its collectives (copying parameters into and out of the "
+            "gathered buffers, resharding after each unit) is no part",
+    "ddp": "DDP's work around its all-reduce (bucketing, copying gradients into buckets) is "
+           "no part",
+    "": "what is missing is no part of this model (per-pass work outside the stamped passes, "
+        "waits beyond the transfers' fits)",
+}
+"""What no part covers, said where a large positive remainder shows it missing."""
 
 
 @dataclass(frozen=True)
@@ -119,8 +131,11 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
         notes.append(f"devices computing together {shared / compute:.2f}x alone")
     busiest = shared * busiest_over_mean
     if serial and devices > 1:
-        bubble = busiest * (devices - 1)
-        notes.append(f"{SERIAL_NOTE}: bubble {devices - 1}/{devices} of the span")
+        # The busiest device idles while the others compute, one after another: the step is
+        # every device's compute in turn, S N.
+        bubble = shared * devices - busiest
+        notes.append(f"{SERIAL_NOTE}: the busiest device idles while the other "
+                     f"{devices - 1} compute")
     else:
         found = theory(strategy, devices, microbatches)
         bubble = busiest * found.fraction / (1 - found.fraction) if found else 0.0
@@ -130,8 +145,14 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
         notes.append(f"busiest device {busiest_over_mean:.2f}x the mean")
     if optimizer_s is None and batch != device_batch:
         notes.append("optimizer step not measured: counted with every micro-batch")
-    return Waterfall(measured_s, ideal, compute - ideal, busiest - shared, bubble, comm_s,
-                     "; ".join(notes), corun_s=shared - compute)
+    found_parts = Waterfall(measured_s, ideal, compute - ideal, busiest - shared, bubble,
+                            comm_s, corun_s=shared - compute)
+    share = found_parts.remainder_s / measured_s
+    if abs(share) > UNEXPLAINED:
+        notes.append(f"remainder {share:+.0%} of the step: "
+                     + (MISSING.get(strategy, MISSING[""]) if share > 0
+                        else "the parts add up to more than the step"))
+    return dataclasses.replace(found_parts, note="; ".join(notes))
 
 
 def busiest_over_mean(busy_s: Mapping[Any, float]) -> float:
