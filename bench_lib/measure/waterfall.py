@@ -57,12 +57,12 @@ SERIAL_NOTE = "serial: one process runs every stage in turn"
 UNEXPLAINED = 0.10
 """A remainder beyond this share of the step is said in the note, with what is missing."""
 MISSING = {
-    "fsdp": "FSDP2's work around its collectives (copying parameters into and out of the "
-            "gathered buffers, resharding after each unit) is no part",
-    "ddp": "DDP's work around its all-reduce (bucketing, copying gradients into buckets) is "
-           "no part",
-    "": "what is missing is no part of this model (per-pass work outside the stamped passes, "
-        "waits beyond the transfers' fits)",
+    "fsdp": "no part covers FSDP2's work around its collectives (copying parameters into and "
+            "out of the gathered buffers, resharding after each unit)",
+    "ddp": "no part covers DDP's work around its all-reduce (bucketing, copying gradients "
+           "into buckets)",
+    "": "no part covers work outside the stamped passes (between stages, in the schedule) "
+        "or waits beyond the transfers' fits",
 }
 """What no part covers, said where a large positive remainder shows it missing."""
 
@@ -134,8 +134,9 @@ def waterfall(strategy: str, devices: int, batch: int, device_batch: int,
         # The busiest device idles while the others compute, one after another: the step is
         # every device's compute in turn, S N.
         bubble = shared * devices - busiest
-        notes.append(f"{SERIAL_NOTE}: the busiest device idles while the other "
-                     f"{devices - 1} compute")
+        others = "the other device computes" if devices == 2 else \
+            f"the other {devices - 1} compute"
+        notes.append(f"{SERIAL_NOTE}: the busiest device idles while {others}")
     else:
         found = theory(strategy, devices, microbatches)
         bubble = busiest * found.fraction / (1 - found.fraction) if found else 0.0

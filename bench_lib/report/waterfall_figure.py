@@ -33,6 +33,8 @@ PARTS = (("ideal", "ideal (single / N devices)", "#4c72b0"),
          ("comm", "communication not hidden", "#55a868"))
 REMAINDER = ("remainder", "unexplained (remainder)", "#bbbbbb")
 WORKLOAD = ["model", "image_size", "batch_size", "precision"]
+PANEL = [*WORKLOAD, "scaling"]
+"""A panel per workload and scaling (a weak case's batch is its devices' together)."""
 
 
 @styled
@@ -41,11 +43,14 @@ def fig_waterfall(cases: pd.DataFrame) -> Figure | None:
     df = labelled_ok_cases(cases, "waterfall_ideal_s", workload=False)
     if df.empty:
         return None
-    keys: list[tuple[Any, ...]] = sorted(set(df[WORKLOAD].itertuples(index=False, name=None)))
+    if "scaling" not in df:  # a run before weak scaling: every case strong
+        df = df.assign(scaling="strong")
+    keys: list[tuple[Any, ...]] = sorted(set(df[PANEL].itertuples(index=False, name=None)),
+                                         key=lambda k: (k[:4], k[4] == "weak"))
     fig, axes = facets(len(keys), width=7.0, height=0.9 + 0.42 * df.label.nunique(),
                        max_cols=2)
     for ax, key in zip(axes, keys):
-        mine = df[(df[WORKLOAD] == pd.Series(key, index=WORKLOAD)).all(axis=1)]
+        mine = df[(df[PANEL] == pd.Series(key, index=PANEL)).all(axis=1)]
         for y, r in enumerate(records(mine)):
             left = 0.0
             for part, _, color in PARTS:
@@ -67,7 +72,9 @@ def fig_waterfall(cases: pd.DataFrame) -> Figure | None:
         ax.set_yticks(range(len(mine)), mine.label.tolist())
         ax.invert_yaxis()
         ax.set_xlabel("seconds per step (the bar ends at the measured median)")
-        ax.set_title(workload_title(key), fontsize=10)
+        weak = (f" · weak: {int(mine.batch_size.iloc[0] // mine.world_size.iloc[0])} per "
+                "device" if key[4] == "weak" else "")
+        ax.set_title(workload_title(key[:4]) + weak, fontsize=10)
         ax.set_xlim(0, float(mine.step_time_s_median.max()) * 1.7)
     handles = [Patch(color=c, label=text) for _, text, c in PARTS]
     handles.append(Patch(facecolor=REMAINDER[2], hatch="///", edgecolor="#666666",
