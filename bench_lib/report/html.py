@@ -79,8 +79,9 @@ def _headlines(cases: pd.DataFrame) -> str:
                if value is not None else "; no single baseline")
             + f" ({failed} of {len(g)} cases did not run)</li>")
     launches = [int(n) for n in cases.loc[cases.status == "ok", "launches"].dropna()]
+    weak = any(key[-1] == "weak" for key in groups)
     return ("<ul>" + "".join(items) + "</ul><p class=caption>" + _e(interval_note(launches))
-            + " " + _e(speedup_note(launches)) + "</p>")
+            + " " + _e(speedup_note(launches, weak)) + "</p>")
 
 
 def _runs_table(envs: dict[str, dict[str, Any]], names: dict[str, str],
