@@ -82,8 +82,14 @@ def traced_parts(outcome: CaseOutcome, median_s: float) -> tuple[PassTimes, floa
     lo, hi = span(outcome.timeline)
     traced = outcome.traced_step_s
     other = max(0.0, traced - (hi - lo)) if traced else 0.0
-    scale = min(1.0, median_s / traced) if traced and median_s > 0 else 1.0
+    scale = traced_scale(outcome, median_s)
     return {k: v * scale for k, v in times.items()}, other * scale, scale
+
+
+def traced_scale(outcome: CaseOutcome, median_s: float) -> float:
+    """``median_s`` over the traced step where that ran slower (``traced_parts``), else 1."""
+    traced = outcome.traced_step_s
+    return min(1.0, median_s / traced) if traced and median_s > 0 else 1.0
 
 
 def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, single_s: float | None,

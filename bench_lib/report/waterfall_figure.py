@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from bench_lib.report.figures import (
+    WORKLOAD,
     facets,
     labelled_ok_cases,
     records,
@@ -32,7 +33,6 @@ PARTS = (("ideal", "ideal (single / N devices)", "#4c72b0"),
          ("bubble", "schedule's bubble", "#c44e52"),
          ("comm", "communication not hidden", "#55a868"))
 REMAINDER = ("remainder", "unexplained (remainder)", "#bbbbbb")
-WORKLOAD = ["model", "image_size", "batch_size", "precision"]
 PANEL = [*WORKLOAD, "scaling"]
 """A panel per workload and scaling (a weak case's batch is its devices' together)."""
 

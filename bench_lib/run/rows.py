@@ -272,10 +272,8 @@ def shared_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
     if not idle:
         return None
     lo, hi = bubble.span(outcome.timeline)
-    traced = outcome.traced_step_s
-    scale = min(1.0, median_s / traced) if traced else 1.0
     busy = statistics.fmean((1.0 - i) * (hi - lo) for i in idle.values())
-    return busy * scale + share * optimizer_s
+    return busy * case_bound.traced_scale(outcome, median_s) + share * optimizer_s
 
 
 def _number(value: object) -> float:
