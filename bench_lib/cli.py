@@ -314,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
         "compare", help="gate a candidate run against a baseline (exit 1 on a regression)")
     compare_output.add_arguments(compare)
 
+    from bench_lib.compare import same_job
+
+    gate = sub.add_parser(
+        "gate", help="measure a base commit and the head (the working tree) in this job, "
+                     "interleaved in rounds, and gate the head (exit 1 on a regression)")
+    same_job.add_arguments(gate)
+
     baseline = sub.add_parser(
         "baseline", help="store a run folder as its hardware's baseline (for compare)")
     baseline.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -695,6 +702,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench_lib.compare import output as compare_output
 
             return compare_output.command(args)
+        if args.command == "gate":
+            from bench_lib.compare import same_job
+
+            return same_job.command(args)
         if args.command == "baseline":
             return cmd_baseline(args)
         if args.command == "report":
