@@ -12,7 +12,7 @@ TORCH_FREE = [
     "bench_lib.report", "bench_lib.report.build", "bench_lib.report.figures",
     "bench_lib.report.device_figures", "bench_lib.report.gantt", "bench_lib.report.html",
     "bench_lib.report.headlines", "bench_lib.report.prediction", "bench_lib.compare",
-    "bench_lib.compare.gate",
+    "bench_lib.compare.gate", "bench_lib.compare.same_job",
     "bench_lib.compare.output", "bench_lib.compare.baseline", "bench_lib.results",
     "bench_lib.results.schema", "bench_lib.results.read", "bench_lib.results.store",
     "bench_lib.measure.bubble",  # the bubble's arithmetic, shared by the runner and the report

@@ -213,6 +213,8 @@ def test_refusals_exit_2_before_anything_runs(tmp_path: Path,
     assert code == 2 and "NAME=VALUE" in err
     code, err = gate_in(repo, tmp_path, capsys, run_args=["--", "--launches", "5"])
     assert code == 2 and "--launches is set by the gate" in err
+    code, err = gate_in(repo, tmp_path, capsys, markdown=tmp_path / "no" / "gate.md")
+    assert code == 2 and "--markdown" in err and "does not exist" in err
     plain = tmp_path / "plain"
     plain.mkdir()
     code, err = gate_in(plain, tmp_path, capsys)

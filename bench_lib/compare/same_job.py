@@ -55,6 +55,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,7 +67,7 @@ from typing import Any
 
 from bench_lib.compare import gate as cmp
 from bench_lib.compare import output
-from bench_lib.measure.environment import TEST_HOOK_VARIABLES
+from bench_lib.measure.hooks import TEST_HOOK_VARIABLES
 from bench_lib.measure.stats import paired_ratio_interval
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
@@ -89,6 +90,7 @@ GIT_IDENTITY = {"GIT_AUTHOR_NAME": "parabench gate", "GIT_AUTHOR_EMAIL": "gate@p
 PROBE = ("import bench_lib, bench_lib.results.schema as s; "
          "print(bench_lib.__file__); print(s.SCHEMA_VERSION)")
 TAIL_LINES = 15
+EXIT_INTERRUPTED = 130
 
 
 class GateError(ValueError):
@@ -380,8 +382,8 @@ def gate_notes(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run) -> l
             out.append(f"the {name} was measured under contention: {'; '.join(contended)}")
     judged = [r for r in results if r.by in r.changes]
     if len(judged) > 1 and all(r.verdict == "regression" for r in judged):
-        out.append("every case is slower by about as much: the head slows what all strategies "
-                   "share (the model, the step, a setting), not one strategy")
+        out.append("every case regressed: the head slows what all strategies share (the "
+                   "model, the step, a setting), not one strategy alone")
     return out
 
 
@@ -515,6 +517,10 @@ def run_gate(*, base_ref: str, head_ref: str | None = None, head_env: Sequence[s
             raise GateError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
         extra = parse_env(head_env)
         args = check_run_args(run_args)
+        for flag, path in (("--markdown", markdown), ("--json", json_path)):
+            if path is not None and not path.resolve().parent.is_dir():
+                raise GateError(f"{flag} {path}: its folder {path.resolve().parent} does not "
+                                "exist (checked now, not after the measurement)")
         here = (cwd or Path.cwd()).resolve()
         repo = repo_root(here)
         if Path(profile).suffix == ".toml":
@@ -532,6 +538,8 @@ def run_gate(*, base_ref: str, head_ref: str | None = None, head_env: Sequence[s
     say(f"gate: base {sides['base'].describe()}, head {sides['head'].describe()}; profile "
         f"{profile}, {rounds} rounds ({order_text(order)})")
     out_existed = out.exists()
+    # A polite kill (SIGTERM: a CI job cancelled) cleans up as Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         envs = prepare(sides, repo, work, profile=profile, run_args=args, python=python,
                        say=say)
@@ -545,6 +553,10 @@ def run_gate(*, base_ref: str, head_ref: str | None = None, head_env: Sequence[s
         _remove_new(gate_dir, out_existed)
         print(f"error: {e}", file=sys.stderr)
         return cmp.EXIT_UNUSABLE
+    except KeyboardInterrupt:
+        _remove_new(gate_dir, out_existed)
+        print("interrupted: the gate kept nothing", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BaseException:
         _remove_new(gate_dir, out_existed)
         raise

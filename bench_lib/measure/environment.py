@@ -15,6 +15,11 @@ from typing import Any
 import torch
 import torchvision
 
+# The test-only hooks' names, re-exported where the runner has always read them.
+from bench_lib.measure.hooks import INJECT_SLOWDOWN_ENV as INJECT_SLOWDOWN_ENV
+from bench_lib.measure.hooks import QUICK_PEAK_ENV as QUICK_PEAK_ENV
+from bench_lib.measure.hooks import TEST_FAULT_ENV as TEST_FAULT_ENV
+from bench_lib.measure.hooks import TEST_HOOK_VARIABLES
 from bench_lib.measure.sampler import cuda_visible_gpus, nvml_session, nvml_text
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.rig import (
@@ -25,15 +30,6 @@ from bench_lib.rig import (
     read_cpu_topology,
     set_math_mode,
 )
-
-# Test-only hooks (bench_lib.run.faults): a run made with one is not a real measurement.
-TEST_FAULT_ENV = "PARABENCH_TEST_FAULT"
-INJECT_SLOWDOWN_ENV = "PARABENCH_INJECT_SLOWDOWN"
-QUICK_PEAK_ENV = "PARABENCH_TEST_QUICK_PEAK"
-"""TEST-ONLY: set (to anything) in the test suite's environment, the FLOP peak probe runs for
-``flops.QUICK_PEAK_MIN_TIME_S`` instead of ``PEAK_MIN_TIME_S``: a test's run reads no MFU
-anyone bets on, and the suite's ~45 runs each paid ~5 CPU-seconds of probing."""
-TEST_HOOK_VARIABLES = (INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV, QUICK_PEAK_ENV)
 
 
 def git_info(repo: Path | None = None) -> dict[str, Any]:

@@ -1,0 +1,10 @@
+"""The test-only hooks' variable names (``bench_lib.run.faults``): a run made with one set is
+not a real measurement. Torch-free, so that the readers (``compare``) can name them."""
+
+TEST_FAULT_ENV = "PARABENCH_TEST_FAULT"
+INJECT_SLOWDOWN_ENV = "PARABENCH_INJECT_SLOWDOWN"
+QUICK_PEAK_ENV = "PARABENCH_TEST_QUICK_PEAK"
+"""TEST-ONLY: set (to anything) in the test suite's environment, the FLOP peak probe runs for
+``flops.QUICK_PEAK_MIN_TIME_S`` instead of ``PEAK_MIN_TIME_S``: a test's run reads no MFU
+anyone bets on, and the suite's ~45 runs each paid ~5 CPU-seconds of probing."""
+TEST_HOOK_VARIABLES = (INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV, QUICK_PEAK_ENV)
