@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 WORKERS ?= 2
 
-.PHONY: venv bench test test-fast lint env smoke parity tune distance regress baseline report clean help
+.PHONY: venv bench test test-fast lint env smoke parity tune distance gate regress baseline report docs clean help
 
 help:            ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -48,11 +48,20 @@ test: venv       ## run the whole test suite on WORKERS=2 pytest workers (GPU te
 test-fast: venv  ## the unit layer only (no process started, no real model trained): the edit-run loop
 	$(PY) -m pytest -m "not integration" $(ARGS)
 
+BASE ?= $(shell git merge-base HEAD origin/main 2>/dev/null || git merge-base HEAD main 2>/dev/null)
+
+gate: venv       ## measure BASE (default: the merge base with main) and this working tree in one job, interleaved; exit 1: regression
+	@test -n "$(BASE)" || { echo "error: no merge base with main or origin/main; name one: make gate BASE=REF" >&2; exit 2; }
+	$(PY) -m bench_lib gate --base $(BASE) $(ARGS)
+
 regress: venv    ## run the ci profile, gate it against results/baseline/ (exit 1: regression)
 	$(PY) -m bench_lib run --profile ci --quiet --compare-to results/baseline $(ARGS)
 
 baseline: venv   ## run the ci profile and store it as this hardware's baseline in results/baseline/
 	$(PY) -m bench_lib run --profile ci --quiet --save-baseline results/baseline $(ARGS)
+
+docs: venv       ## rewrite the generated reference pages (docs/cli.md from the parser, docs/schema.md from the schema)
+	$(PY) -m bench_lib.reference
 
 lint: venv       ## ruff over the library, tests and benchmarks; mypy --strict over bench_lib (config in pyproject.toml)
 	$(PY) -m ruff check bench_lib tests benchmarks

@@ -14,7 +14,7 @@ exits 1 when a strategy diverged or failed.
 
 The defaults (``DEFAULTS``) are the run ``make parity`` makes: ``mlp``, ``toy`` and
 ``resnet-tiny`` on the digits, every strategy a 2-worker cpu rig can run, a few minutes on
-2 CPU cores (README, "Learning parity").
+2 CPU cores (docs/parity.md).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from bench_lib.workloads import MODELS
 DEFAULT_MODELS = ("mlp", "toy", "resnet-tiny")
 DEFAULT_STRATEGIES = ("single", "ddp", "fsdp", "mp", "pipeline", "accum", "gpipe", "1f1b")
 DEFAULTS = {"epochs": 5, "seed_runs": 3}
-"""Defaults of the other flags that the README and ``parity.verdict`` speak of."""
+"""Defaults of the other flags that docs/parity.md and ``parity.verdict`` speak of."""
 Row = dict[str, Any]
 Key = tuple[str, str, int]
 """A training run of a model: (strategy, precision, seed)."""
