@@ -59,10 +59,15 @@ _UNITS_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}
 
 
 def _memory_mib(text: str) -> float:
-    """``12GiB``, ``16G``, ``512MiB`` or ``512m`` -> MiB."""
+    """``12GiB``, ``16G``, ``512MiB`` or ``512m`` -> MiB. A bare number is refused: ``12``
+    meant as GiB would cap every case at 12 MiB and turn the sweep into ``oom`` rows."""
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
     try:
-        value, unit = (float(t[:-1]), t[-1]) if t and t[-1] in _UNITS_MIB else (float(t), "m")
+        if not t or t[-1] not in _UNITS_MIB:
+            float(t)  # a number without its unit, or no number at all
+            raise argparse.ArgumentTypeError(
+                f"give the size's unit: {text}GiB or {text}MiB, not {text!r}")
+        value, unit = float(t[:-1]), t[-1]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a size like 12GiB or 512MiB, got {text!r}"
@@ -268,10 +273,13 @@ def _follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bench_lib import __version__
+
     parser = argparse.ArgumentParser(
         prog="python -m bench_lib",
         description="Benchmark PyTorch training parallelism strategies.",
     )
+    parser.add_argument("--version", action="version", version=f"parabench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a sweep and write a run folder under results/")
@@ -307,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = sub.add_parser("env", help="print the environment a run would record (JSON)")
     _add_rig_args(env)
+
+    profiles = sub.add_parser(
+        "profiles", help="list the profiles: name, cases and estimated duration on this rig, "
+                         "description")
+    _add_rig_args(profiles)
 
     from bench_lib.compare import output as compare_output
 
@@ -509,6 +522,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if launcher.multi_node:  # planned again, on every node's devices
         rig, cases = plan_nodes(profile, rig, launcher.nnodes)
     cases, sweep, cut = plan_shard(args, rig, profile, cases)
+    check_after_run_targets(args, rig, launcher.multi_node)
     estimates = [case_seconds(c, rig) for c in cases]
     if args.dry_run:
         _print_plan(cases, rig, estimates, args.predict_memory)
@@ -620,6 +634,48 @@ def _collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServer,
     return found
 
 
+def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool = False
+                            ) -> None:
+    """``--compare-to`` and ``--save-baseline`` checked before the sweep (and in a dry run),
+    not after it (UsageError: exit 2): a baseline that is not there, a store or run folder
+    without this hardware's baseline, and a store that cannot be written. (A dry run that
+    plans GPUs it does not have cannot name their hardware, nor one node a cluster's: there,
+    only the path is checked.)"""
+    import os
+
+    if args.compare_to is not None:
+        from bench_lib.compare.baseline import fingerprint_id, resolve_baseline
+        from bench_lib.compare.gate import CompareError, Run, hardware_of
+        from bench_lib.measure.environment import hardware_fingerprint
+
+        path, advice = args.compare_to, ("record one on this machine with `make baseline`, or "
+                                         "measure base and head in one job with `make gate`, "
+                                         "which needs no stored baseline")
+        if not path.exists():
+            raise UsageError(f"--compare-to {path} does not exist: {advice}")
+        if (not args.dry_run or rig.kind == "cpu") and not multi_node:
+            mine = hardware_of(hardware_fingerprint(rig))
+            try:
+                found = resolve_baseline(path, Run(path, {"fingerprint": mine}, {}, {}), False)
+                env = json.loads((found / "env.json").read_text())
+            except (CompareError, OSError, ValueError):
+                raise UsageError(f"--compare-to {path}: no baseline of this machine's hardware "
+                                 f"(fingerprint {fingerprint_id(mine)}: {mine['rig']}, "
+                                 f"{mine['cpu_model']}) is there; {advice}") from None
+            theirs = hardware_of((env.get("fingerprint") if isinstance(env, dict) else None)
+                                 or {})
+            differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            if theirs and differ:
+                raise UsageError(f"--compare-to {path} was measured on other hardware "
+                                 f"({', '.join(differ)} differ); {advice}")
+    if args.save_baseline is not None:
+        target = args.save_baseline.resolve()
+        existing = next(p for p in (target, *target.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"--save-baseline {args.save_baseline}: {existing} is not a "
+                             "folder this user can write")
+
+
 def _after_run(args: argparse.Namespace, run_dir: Path) -> int:
     """The post-sweep actions asked for, on the run folder just written; their exit code."""
     code = EXIT_OK
@@ -682,6 +738,27 @@ def cmd_env(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_profiles(args: argparse.Namespace) -> int:
+    """Every shipped profile on this rig (``default``: the one it picks): its cases, the
+    estimated duration of a run, its description."""
+    from bench_lib.sweep.estimate import case_seconds, format_duration
+
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=True,
+                     gpu_slots=_gpu_slots(args))
+    names = [n for n in profile_names() if n != "default"]
+    width = max(len(n) for n in names)
+    print(f"{'profile':<{width}}  cases  estimate  description (rig {rig.label}; `default` "
+          f"is default-{rig.kind})")
+    for name in names:
+        profile = load_profile(profile_path(name, rig))
+        cases = expand(profile, rig)
+        runs = [c for c in cases if c.status is None]
+        seconds = sum(case_seconds(c, rig) for c in runs)
+        print(f"{name:<{width}}  {len(runs):>5}  {format_duration(seconds):>8}  "
+              f"{profile.description}")
+    return EXIT_OK
+
+
 def cmd_baseline(args: argparse.Namespace) -> int:
     from bench_lib.compare.baseline import save_baseline
     from bench_lib.compare.gate import CompareError
@@ -698,6 +775,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "env":
             return cmd_env(args)
+        if args.command == "profiles":
+            return cmd_profiles(args)
         if args.command == "compare":
             from bench_lib.compare import output as compare_output
 

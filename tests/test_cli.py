@@ -184,3 +184,58 @@ def test_baseline_command_stores_a_run_and_refuses_a_non_run(tmp_path, capsys):
     code = cli.main(["baseline", str(tmp_path), "--store", str(tmp_path / "store")])
     assert code == cli.EXIT_USAGE and "env.json" in capsys.readouterr().err
     assert not (tmp_path / "store").exists()
+
+
+def test_compare_to_and_save_baseline_are_checked_before_the_sweep(tmp_path, capsys):
+    """A baseline path that is not there, a store without this hardware's baseline, and a
+    store that cannot be written: exit 2 before any case runs, dry run or not."""
+    from bench_lib.compare.baseline import fingerprint_id
+    from bench_lib.results.store import write_json_atomic
+
+    def refused(*args: str) -> str:
+        code = cli.main(["run", "--profile", "ci", "--rig", "cpu", "--out",
+                         str(tmp_path / "out"), *args])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert not (tmp_path / "out").exists()
+        return err
+
+    err = refused("--compare-to", str(tmp_path / "baselin"), "--dry-run")
+    assert "does not exist" in err and "make baseline" in err and "make gate" in err
+    store = tmp_path / "store"
+    other = {"rig": "cpu:2x1t", "device_names": ["x"], "cpu_model": "Some Other CPU",
+             "cpu_cores": 64}
+    (store / fingerprint_id(other)).mkdir(parents=True)
+    write_json_atomic(store / fingerprint_id(other) / "env.json", {"fingerprint": other})
+    err = refused("--compare-to", str(store), "--dry-run")
+    assert "no baseline of this machine's hardware" in err and "make gate" in err
+    err = refused("--compare-to", str(store / fingerprint_id(other)))  # no dry run either
+    assert "measured on other hardware" in err and "cpu_model" in err
+    (tmp_path / "a-file").write_text("")
+    err = refused("--save-baseline", str(tmp_path / "a-file" / "store"), "--dry-run")
+    assert "--save-baseline" in err and "not a folder this user can write" in err
+
+
+def test_a_memory_size_without_its_unit_is_refused(capsys):
+    for bare in ("12", "0.5"):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["run", "--dry-run", "--max-memory-per-device", bare])
+        assert e.value.code == 2
+        assert f"give the size's unit: {bare}GiB or {bare}MiB" in capsys.readouterr().err
+    assert cli._memory_mib("12GiB") == 12 * 1024 and cli._memory_mib("512m") == 512
+
+
+def test_version_and_the_profiles_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    from bench_lib import __version__
+
+    assert capsys.readouterr().out.strip() == f"parabench {__version__}"
+    assert cli.main(["profiles", "--rig", "cpu"]) == cli.EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("profile") and "default-cpu" in lines[0]
+    by_name = {line.split()[0]: line for line in lines[1:]}
+    assert set(by_name) == {n for n in cli.profile_names() if n != "default"}
+    assert "the CI regression gates" in by_name["ci"]
+    assert by_name["ci"].split()[1] == "4"  # single, ddp, mp, pipeline

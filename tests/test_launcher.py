@@ -59,6 +59,7 @@ def test_the_local_launcher_ignores_slurm_and_refuses_multi_node_flags():
 
 @pytest.mark.parametrize(("nnodes", "rank", "endpoint", "coord", "message"), [
     (2, 0, None, None, "needs the rendezvous endpoint of node 0"),
+    (2, None, "h:29500", None, "--nnodes 2 needs this node's rank: give --node-rank I"),
     (2, 2, "h:29500", None, "--node-rank 2 is out of range for --nnodes 2: use 0 to 1"),
     (0, 0, None, None, "--nnodes must be >= 1"),
     (2, 0, "h", None, "is not HOST:PORT"),
@@ -73,7 +74,8 @@ def test_bad_launcher_input_says_what_to_give(nnodes, rank, endpoint, coord, mes
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--nnodes", "2"], "needs the rendezvous endpoint"),
+    (["--nnodes", "2"], "needs this node's rank"),
+    (["--nnodes", "2", "--node-rank", "0"], "needs the rendezvous endpoint"),
     (["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "127.0.0.1:29500"],
      "--node-rank 5 is out of range"),
     (["--nproc-per-node", "2", "--devices", "1"], "--nproc-per-node 2 and --devices 1 disagree"),

@@ -135,6 +135,11 @@ def resolve(kind: str, nnodes: int | None, node_rank: int | None, endpoint: str 
         node_rank, source = _env_int(env, SLURM_NODEID), "SLURM"
     if nnodes is None and node_rank is None:
         source = "default"
+    if node_rank is None and (nnodes or 1) > 1:
+        raise UsageError(f"--nnodes {nnodes} needs this node's rank: give --node-rank I (0 on "
+                         "the node that writes the run folder, 1 to N-1 on the others), or run "
+                         f"under SLURM ({SLURM_NODEID}); every node taking rank 0 would leave "
+                         "them all waiting for the others")
     nnodes = 1 if nnodes is None else nnodes
     node_rank = 0 if node_rank is None else node_rank
     Launcher("torchrun", nnodes, node_rank)  # their ranges first: the message names them
