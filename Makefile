@@ -60,7 +60,7 @@ regress: venv    ## run the ci profile, gate it against results/baseline/ (exit 
 baseline: venv   ## run the ci profile and store it as this hardware's baseline in results/baseline/
 	$(PY) -m bench_lib run --profile ci --quiet --save-baseline results/baseline $(ARGS)
 
-docs: venv       ## rewrite the generated reference pages (docs/cli.md from the parser, docs/schema.md from the schema)
+docs: venv       ## rewrite the generated reference pages (docs/cli.md, docs/schema.md, docs/profiles.md)
 	$(PY) -m bench_lib.reference
 
 lint: venv       ## ruff over the library, tests and benchmarks; mypy --strict over bench_lib (config in pyproject.toml)

@@ -272,15 +272,39 @@ def _follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[
     return {"done": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(end, EXIT_FAILED_CASES)
 
 
+class Parser(argparse.ArgumentParser):
+    """No abbreviated flags (``--image-size`` is not taken for ``--image-sizes``), and an
+    unknown flag answered by its command's usage with the nearest flag it has."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            import difflib
+
+            command = self
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    command = action.choices.get(str(getattr(parsed, action.dest, "")), self)
+            flags = [f for a in command._actions for f in a.option_strings]
+            near = difflib.get_close_matches(extras[0].split("=", 1)[0], flags, n=1)
+            command.error(f"unrecognized arguments: {' '.join(extras)}"
+                          + (f" (did you mean {near[0]}?)" if near else ""))
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bench_lib import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m bench_lib",
         description="Benchmark PyTorch training parallelism strategies.",
     )
     parser.add_argument("--version", action="version", version=f"parabench {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     run = sub.add_parser("run", help="run a sweep and write a run folder under results/")
     shaping = _add_sweep_args(run) + _add_rig_args(run)
@@ -309,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     after.add_argument("--compare-to", type=Path, metavar="BASELINE",
                        help="gate the run against BASELINE (a run folder or a baseline store), "
                             "writing compare.md and compare.json; exit 1 on a regression")
+    after.add_argument("--threshold", type=float, default=None, metavar="PCT",
+                       help="with --compare-to: compare's --threshold (default 10)")
+    after.add_argument("--metric", choices=("auto", "step_time", "speedup"), default=None,
+                       help="with --compare-to: compare's --metric (default auto)")
+    after.add_argument("--allow-different-hardware", action="store_true",
+                       help="with --compare-to: compare with a baseline of other hardware")
     after.add_argument("--save-baseline", type=Path, metavar="STORE",
                        help="store the run as this hardware's baseline in STORE (after "
                             "--compare-to: a run is gated against the old baseline first)")
@@ -643,6 +673,14 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
     only the path is checked.)"""
     import os
 
+    given = [flag for flag, value in (("--threshold", args.threshold), ("--metric", args.metric),
+                                      ("--allow-different-hardware",
+                                       args.allow_different_hardware or None))
+             if value is not None]
+    if given and args.compare_to is None:
+        raise UsageError(f"{', '.join(given)} go with --compare-to")
+    if args.threshold is not None and not args.threshold >= 0:
+        raise UsageError(f"--threshold must be a percentage >= 0, got {args.threshold}")
     if args.compare_to is not None:
         from bench_lib.compare.baseline import fingerprint_id, resolve_baseline
         from bench_lib.compare.gate import CompareError, Run, hardware_of
@@ -653,7 +691,8 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
                                          "which needs no stored baseline")
         if not path.exists():
             raise UsageError(f"--compare-to {path} does not exist: {advice}")
-        if (not args.dry_run or rig.kind == "cpu") and not multi_node:
+        if ((not args.dry_run or rig.kind == "cpu") and not multi_node
+                and not args.allow_different_hardware):
             mine = hardware_of(hardware_fingerprint(rig))
             try:
                 found = resolve_baseline(path, Run(path, {"fingerprint": mine}, {}, {}), False)
@@ -684,10 +723,15 @@ def _after_run(args: argparse.Namespace, run_dir: Path) -> int:
 
         print(f"report: {write_report([run_dir])}", file=sys.stderr)
     if args.compare_to:
+        from bench_lib.compare.gate import DEFAULT_THRESHOLD_PCT
         from bench_lib.compare.output import gate
 
         code = gate(args.compare_to, run_dir, markdown=run_dir / "compare.md",
-                    json_path=run_dir / "compare.json")
+                    json_path=run_dir / "compare.json",
+                    threshold_pct=(DEFAULT_THRESHOLD_PCT if args.threshold is None
+                                   else args.threshold),
+                    metric=args.metric or "auto",
+                    allow_different_hardware=args.allow_different_hardware)
     if args.save_baseline:
         from bench_lib.compare.baseline import save_baseline
 

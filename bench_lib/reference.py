@@ -1,7 +1,8 @@
 """The reference pages made from the code, so that they cannot drift from it:
-``docs/cli.md`` from the command line's parser and ``docs/schema.md`` from the results
-schema. ``python -m bench_lib.reference`` (``make docs``) writes both; a test fails when a
-committed page differs from what this writes.
+``docs/cli.md`` from the command line's parser, ``docs/schema.md`` from the results
+schema and ``docs/profiles.md`` from the shipped profiles. ``python -m bench_lib.reference``
+(``make docs``) writes them; a test fails when a committed page differs from what this
+writes.
 """
 
 from __future__ import annotations
@@ -89,7 +90,27 @@ def schema_page() -> str:
     return "\n".join(parts) + "\n"
 
 
-PAGES = {"cli.md": cli_page, "schema.md": schema_page}
+def profiles_page() -> str:
+    """Every shipped profile: its description and its file."""
+    import tomllib
+
+    from bench_lib.sweep.profile import PROFILE_DIR
+
+    parts = [GENERATED.format(source="bench_lib/sweep/profiles/*.toml"), "", "# Profiles", "",
+             "A profile is a TOML file of sweep parameters (`Profile` and `Measurement` in "
+             "`bench_lib/sweep/profile.py` list every key); `--profile NAME` picks a shipped "
+             "one (`default` is `default-cpu` or `default-cuda`, by the rig), `--profile "
+             "PATH.toml` your own, and flags override its keys. `python -m bench_lib profiles` "
+             "lists them with their cases and estimated duration on your rig."]
+    for path in sorted(PROFILE_DIR.glob("*.toml")):
+        text = path.read_text()
+        description = str(tomllib.loads(text).get("description", ""))
+        parts += ["", f"## {path.stem}", "", description[0].upper() + description[1:] + "."
+                  if description else "", "", "```toml", text.rstrip(), "```"]
+    return "\n".join(parts) + "\n"
+
+
+PAGES = {"cli.md": cli_page, "schema.md": schema_page, "profiles.md": profiles_page}
 
 
 def main() -> int:

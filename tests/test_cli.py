@@ -214,6 +214,11 @@ def test_compare_to_and_save_baseline_are_checked_before_the_sweep(tmp_path, cap
     (tmp_path / "a-file").write_text("")
     err = refused("--save-baseline", str(tmp_path / "a-file" / "store"), "--dry-run")
     assert "--save-baseline" in err and "not a folder this user can write" in err
+    # run takes compare's options, with --compare-to only
+    err = refused("--threshold", "5", "--dry-run")
+    assert "--threshold go with --compare-to" in err
+    assert cli.main(["run", "--profile", "ci", "--rig", "cpu", "--dry-run", "--compare-to",
+                     str(store), "--allow-different-hardware", "--threshold", "5"]) == 0
 
 
 def test_a_memory_size_without_its_unit_is_refused(capsys):
@@ -239,3 +244,17 @@ def test_version_and_the_profiles_command(capsys):
     assert set(by_name) == {n for n in cli.profile_names() if n != "default"}
     assert "the CI regression gates" in by_name["ci"]
     assert by_name["ci"].split()[1] == "4"  # single, ddp, mp, pipeline
+
+
+@pytest.mark.parametrize(("argv", "near"), [
+    (["run", "--strategy", "ddp"], "--strategies"),
+    (["run", "--image-size", "64"], "--image-sizes"),  # no abbreviation taken silently
+    (["gate", "--base", "HEAD", "--treshold", "5"], "--threshold"),
+])
+def test_an_unknown_flag_gets_its_commands_usage_and_the_nearest_flag(argv, near, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: python -m bench_lib {argv[0]} ")
+    assert f"unrecognized arguments: {argv[-2]}" in err and f"(did you mean {near}?)" in err

@@ -124,7 +124,9 @@ def test_head_env_and_run_flags_are_checked() -> None:
     for bad in ("NOVALUE", "1A=2", "=3", "A B=1"):
         with pytest.raises(sj.GateError, match="NAME=VALUE"):
             sj.parse_env([bad])
-    assert sj.check_run_args(["--", "--image-sizes", "96"]) == ["--image-sizes", "96"]
+    assert sj.check_run_args(["--", "--image-sizes", "96"]) == [*sj.DEFAULT_STEPS,
+                                                                "--image-sizes", "96"]
+    assert sj.check_run_args(["--timed-steps", "20"]) == ["--timed-steps", "20"]  # theirs
     for bad in (["--launches", "3"], ["--", "--out=x"], ["--profile", "smoke"]):
         with pytest.raises(sj.GateError, match="set by the gate"):
             sj.check_run_args(bad)

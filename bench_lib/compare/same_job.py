@@ -22,10 +22,11 @@ here and now instead:
   own worktree, whose results schema is not this gate's (it could not read what that side
   writes), or whose ``run`` refuses the sweep (a dry run of it on each side first); a
   malformed ``--head-env``; run flags the gate sets itself.
-* **Rounds.** ``--rounds`` R (default 4). In each round each side runs the sweep once
-  (``run --launches 1``: every case launched once, in fresh processes), base then head in
-  even rounds and head then base in odd ones (B H | H B | B H | H B: ABBA), so that a linear
-  drift, and a co-runner that lasts about a round, hit both sides alike.
+* **Rounds.** ``--rounds`` R (default 5). In each round each side runs the sweep once
+  (``run --launches 1``: every case launched once, in fresh processes; 2 warm-up and 6
+  timed steps unless the run flags say otherwise, ``DEFAULT_STEPS``), base then head in
+  even rounds and head then base in odd ones (B H | H B | B H | ...: ABBA), so that a
+  linear drift, and a co-runner that lasts about a round, hit both sides alike.
 * **The verdict.** Per case and round r, head_r / base_r of the two launch medians (a
   launch's median over its timed steps, a step's time its slowest rank's); the change is
   their geometric mean over the rounds less 1 (+ is slower), its interval the t interval
@@ -37,9 +38,11 @@ here and now instead:
   time (``--metric step_time``); in the same job, pairing does what the ``speedup``
   metric does for runs made apart. ``--metric speedup`` (or ``auto``: speedup for all
   but ``single``) judges each case on its time over its round's ``single``, paired the same.
-* **Threshold.** 5% by default (``compare``'s is 10%): within a job the paired ratios
-  spread a few percent on a 2-core CPU, so a 10% change is resolved in 4 rounds;
-  ``benchmarks/same_job_gate.py`` measures the false-alarm and detection rates.
+* **Threshold.** 5% by default (``compare``'s is 10%). On a 2-core AMD EPYC VM a round's
+  paired ratio spread 2.5-10% (sd of its log, a median 4.5%, in 6 gates of 4 rounds): the
+  machine's speed moves that much from one 35-s run to the next, every case of a run alike
+  (CPU time moves with it: it is not stolen time). That, not a launch's steps, sets the
+  interval; ``benchmarks/same_job_gate.py`` measures the false-alarm and detection rates.
 * **Output.** ``--out`` (default ``results/gates``) receives a gate folder: each round's
   run folders (``base/round-1/<run>``, ...), ``gate.json`` (sides, order, per-case
   verdicts, durations) and ``gate.md`` (the pull-request comment); ``--markdown`` and
@@ -72,7 +75,11 @@ from bench_lib.measure.stats import paired_ratio_interval
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
 
-DEFAULT_ROUNDS = 4
+DEFAULT_ROUNDS = 5
+DEFAULT_STEPS = ("--warmup-steps", "2", "--timed-steps", "6")
+"""Each launch's steps unless the run flags say otherwise: what spreads a gate's paired
+ratios is the machine's speed from one run to the next (about 5% on 2 shared cores, every
+case of a run alike), not a launch's own steps, so a round is worth more than 2 more steps."""
 MIN_ROUNDS = 2
 DEFAULT_THRESHOLD_PCT = 5.0
 DEFAULT_PROFILE = "ci"
@@ -213,12 +220,12 @@ def check_run_args(run_args: Sequence[str]) -> list[str]:
     args = list(run_args)
     if args[:1] == ["--"]:
         args = args[1:]
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if flag in GATE_SETS:
-            raise GateError(f"{flag} is set by the gate itself; drop it from the run flags "
-                            f"(the gate's own: --profile, --rounds, --out)")
-    return args
+    flags = {arg.split("=", 1)[0] for arg in args}
+    for flag in sorted(flags & set(GATE_SETS)):
+        raise GateError(f"{flag} is set by the gate itself; drop it from the run flags "
+                        f"(the gate's own: --profile, --rounds, --out)")
+    steps = [] if flags & {"--warmup-steps", "--timed-steps"} else list(DEFAULT_STEPS)
+    return steps + args
 
 
 def side_env(worktree: Path, extra: Mapping[str, str],
@@ -458,13 +465,18 @@ def prepare(sides: Mapping[str, Side], repo: Path, work: Path, *, profile: str,
             say: Progress = _say) -> dict[str, dict[str, str]]:
     """Check each side out under ``work`` and check it can be measured (``check_side``);
     each side's environment."""
+    from concurrent.futures import ThreadPoolExecutor
+
     envs = {}
     for name, side in sides.items():
-        tree = work / name
-        add_worktree(repo, side.sha, tree)
-        envs[name] = side_env(tree, side.env)
-        say(f"gate: checking the {name} {side.describe()} ...")
-        check_side(side, tree, envs[name], python, profile, run_args)
+        add_worktree(repo, side.sha, work / name)
+        envs[name] = side_env(work / name, side.env)
+    say("gate: checking that both sides import, share this schema and accept the sweep ...")
+    with ThreadPoolExecutor(len(sides)) as pool:  # both at once: nothing is timed yet
+        checks = [pool.submit(check_side, side, work / name, envs[name], python, profile,
+                              run_args) for name, side in sides.items()]
+        for check in checks:
+            check.result()  # the base's refusal first
     return envs
 
 
