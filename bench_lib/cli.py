@@ -272,6 +272,13 @@ def _follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[
     return {"done": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(end, EXIT_FAILED_CASES)
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name (argparse keeps them nowhere public); none: {}."""
+    return {name: sub for action in parser._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for name, sub in action.choices.items()}
+
+
 class Parser(argparse.ArgumentParser):
     """No abbreviated flags (``--image-size`` is not taken for ``--image-sizes``), and an
     unknown flag answered by its command's usage with the nearest flag it has."""
@@ -285,10 +292,7 @@ class Parser(argparse.ArgumentParser):
         if extras:
             import difflib
 
-            command = self
-            for action in self._actions:
-                if isinstance(action, argparse._SubParsersAction):
-                    command = action.choices.get(str(getattr(parsed, action.dest, "")), self)
+            command = subcommands(self).get(str(getattr(parsed, "command", "")), self)
             flags = [f for a in command._actions for f in a.option_strings]
             near = difflib.get_close_matches(extras[0].split("=", 1)[0], flags, n=1)
             command.error(f"unrecognized arguments: {' '.join(extras)}"
@@ -682,7 +686,7 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
     if args.threshold is not None and not args.threshold >= 0:
         raise UsageError(f"--threshold must be a percentage >= 0, got {args.threshold}")
     if args.compare_to is not None:
-        from bench_lib.compare.baseline import fingerprint_id, resolve_baseline
+        from bench_lib.compare.baseline import fingerprint_id, resolve_baseline, stored_hardware
         from bench_lib.compare.gate import CompareError, Run, hardware_of
         from bench_lib.measure.environment import hardware_fingerprint
 
@@ -696,15 +700,15 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
             mine = hardware_of(hardware_fingerprint(rig))
             try:
                 found = resolve_baseline(path, Run(path, {"fingerprint": mine}, {}, {}), False)
-                env = json.loads((found / "env.json").read_text())
-            except (CompareError, OSError, ValueError):
+            except CompareError:
+                found = None
+            theirs = stored_hardware(found) if found is not None else None
+            if theirs is None:
                 raise UsageError(f"--compare-to {path}: no baseline of this machine's hardware "
                                  f"(fingerprint {fingerprint_id(mine)}: {mine['rig']}, "
-                                 f"{mine['cpu_model']}) is there; {advice}") from None
-            theirs = hardware_of((env.get("fingerprint") if isinstance(env, dict) else None)
-                                 or {})
+                                 f"{mine['cpu_model']}) is there; {advice}")
             differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-            if theirs and differ:
+            if differ:
                 raise UsageError(f"--compare-to {path} was measured on other hardware "
                                  f"({', '.join(differ)} differ); {advice}")
     if args.save_baseline is not None:

@@ -7,11 +7,9 @@ writes.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 from bench_lib.results import schema
@@ -35,16 +33,9 @@ FILES = [
 ]
 
 
-def _subcommands(parser: argparse.ArgumentParser
-                 ) -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    for action in parser._actions:  # argparse keeps its subparsers nowhere public
-        if isinstance(action, argparse._SubParsersAction):
-            yield from action.choices.items()
-
-
 def cli_page() -> str:
     """Every command's ``--help``, at a fixed width."""
-    from bench_lib.cli import build_parser
+    from bench_lib.cli import build_parser, subcommands
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = str(WIDTH)  # argparse wraps at the terminal's width
@@ -53,7 +44,7 @@ def cli_page() -> str:
         parts = [GENERATED.format(source="bench_lib/cli.py"), "", "# Command line reference",
                  "", "Every command's `--help`. Exit codes: see the README.", "",
                  "```text", parser.format_help().rstrip(), "```"]
-        for name, sub in _subcommands(parser):
+        for name, sub in subcommands(parser).items():
             parts += ["", f"## {name}", "", "```text", sub.format_help().rstrip(), "```"]
     finally:
         if old is None:

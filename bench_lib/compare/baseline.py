@@ -28,7 +28,7 @@ def fingerprint_id(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _stored_hardware(folder: Path) -> dict[str, Any] | None:
+def stored_hardware(folder: Path) -> dict[str, Any] | None:
     """The hardware fingerprint of a stored baseline's env.json; None where unreadable."""
     try:
         env = json.loads((folder / "env.json").read_text())
@@ -55,7 +55,7 @@ def resolve_baseline(path: Path, cand: Run, allow_different: bool) -> Path:
     # A baseline filed under another id (one stored when the id still hashed software
     # versions too) is still this hardware's when its env.json says so.
     for p in stored:
-        if _stored_hardware(p) == hardware:
+        if stored_hardware(p) == hardware:
             return p
     if allow_different and len(stored) == 1:
         return stored[0]
@@ -83,6 +83,6 @@ def save_baseline(run_dir: Path, store: Path) -> Path:
     for name in STORED_FILES:
         shutil.copy2(run.path / name, dest / name)
     for old in sorted(Path(store).iterdir()):
-        if old != dest and old.is_dir() and _stored_hardware(old) == hardware:
+        if old != dest and old.is_dir() and stored_hardware(old) == hardware:
             shutil.rmtree(old)
     return dest

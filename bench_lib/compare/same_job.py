@@ -221,9 +221,9 @@ def check_run_args(run_args: Sequence[str]) -> list[str]:
     if args[:1] == ["--"]:
         args = args[1:]
     flags = {arg.split("=", 1)[0] for arg in args}
-    for flag in sorted(flags & set(GATE_SETS)):
-        raise GateError(f"{flag} is set by the gate itself; drop it from the run flags "
-                        f"(the gate's own: --profile, --rounds, --out)")
+    if taken := sorted(flags & set(GATE_SETS)):
+        raise GateError(f"{', '.join(taken)} is set by the gate itself; drop it from the run "
+                        f"flags (the gate's own: --profile, --rounds, --out)")
     steps = [] if flags & {"--warmup-steps", "--timed-steps"} else list(DEFAULT_STEPS)
     return steps + args
 
