@@ -24,8 +24,6 @@ from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_n
 from bench_lib.workloads import MODELS, WorkloadError
 
 if TYPE_CHECKING:
-    from bench_lib.measure.collectives import Collectives
-    from bench_lib.run.forkserver import ForkServer
     from bench_lib.run.launch import Launcher
     from bench_lib.run.protocol import CaseOutcome
     from bench_lib.sweep.shard import Shard, ShardPlan, SweepRecord
@@ -324,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --dry-run: also predict each case's peak memory per device, "
                           "as the run does before launching it (half a second to seconds a "
                           "case), and show the cases --max-memory-per-device would refuse"),
+    run.add_argument("--predict", action="store_true",
+                     help="with --dry-run: calibrate each workload (seconds each) and "
+                          "predict each case's step time, speedup and peak memory, and "
+                          "each workload's best, as the run would before launching it")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR",
                      help="finish an interrupted run: skip the cases it already recorded")
     run.add_argument("--shard", type=_shard, metavar="K/N",
@@ -522,6 +524,74 @@ def _print_plan(cases: list[Case], rig: Rig, estimates: list[float],
         print("peak MiB per device: add --predict-memory")
 
 
+def _print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
+                       quiet: bool = False) -> int:
+    """``run --dry-run --predict``: every workload calibrated (and the collectives measured)
+    as a run would, then each case's predicted step time, speedup and peak memory, and each
+    workload's predicted best; nothing written. On a cuda rig this machine cannot drive,
+    says what it cannot predict and predicts memory alone."""
+    import tempfile
+    import time
+
+    from bench_lib.rig import cuda_device_count
+    from bench_lib.run.admission import Admission
+    from bench_lib.run.calibrate import Predictor, describe_calibration, sweep_collectives
+    from bench_lib.run.forkserver import ForkServer
+    from bench_lib.sweep.predict_time import speedup
+
+    start = time.monotonic()
+    admission = Admission.of(rig, cases, read_devices=False)
+    runnable = [c for c in cases if c.status is None]
+    predictor = None
+    if rig.kind == "cuda" and cuda_device_count() < rig.num_devices:
+        print(f"step times not predicted: the calibration times steps on the rig's devices, "
+              f"and this machine has {cuda_device_count()} GPU(s) of the {rig.num_devices} "
+              "the rig names; peak memory is predicted on fake tensors all the same",
+              file=sys.stderr)
+    elif runnable:
+        server = stack.enter_context(ForkServer.take())
+        collectives = sweep_collectives(rig, quiet, runnable, server)
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parabench-")))
+        predictor = Predictor(runnable, rig, folder, collectives, server,
+                              lambda key, cal: print(describe_calibration(key, cal),
+                                                     file=sys.stderr, flush=True))
+        if not quiet:
+            print(f"calibrating {len(predictor.sizes)} workload(s) ...", file=sys.stderr,
+                  flush=True)
+    width = max((len(c.case_id) for c in cases), default=10)
+    print(f"{'case':<{width}}  {'will':<11}  {'step s':>7}  {'speedup':>7}  "
+          f"{'peak MiB per device':<21}  note")
+    best: dict[tuple[Any, ...], tuple[float, Case]] = {}
+    for case in cases:
+        will, step, gain, peak, note = case.status or "run", "-", "-", "", case.reason
+        if case.status is None:
+            memory = admission.prediction(case)
+            peak = ("-" if isinstance(memory, str) else
+                    ";".join(f"{k}:{v:.0f}" for k, v in sorted(memory.mib_by_device.items())))
+            if refusal := admission.refusal(case):
+                will, note = "oom", refusal
+            elif predictor is not None:
+                found, single = predictor.predict(case)
+                if isinstance(found, str):
+                    note = found
+                else:
+                    step, note = f"{found.step_s:.3f}", found.note()
+                    if not isinstance(single, str) and case.curve_of is None:
+                        x = speedup(found.step_s, case.batch_size, single.step_s,
+                                    case.workload_batch)
+                        gain = f"{x:.2f}x"
+                        key = (*case.workload_key, case.scaling)
+                        if key not in best or x > best[key][0]:
+                            best[key] = (x, case)
+        print(f"{case.case_id:<{width}}  {will:<11}  {step:>7}  {gain:>7}  {peak:<21}  {note}")
+    for (model, image, batch, _, _, scaling), (x, case) in best.items():
+        print(f"predicted best for {model} {image} px batch {batch} ({scaling}): "
+              f"{case.strategy} {x:.2f}x single ({case.case_id})")
+    print(f"{len(cases)} cases on rig {rig.label}; predicted in "
+          f"{time.monotonic() - start:.0f} s (sweep.predict_time states each formula)")
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:  # the fork server, once the run starts
         return _run(args, stack)
@@ -534,8 +604,15 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.report.answer import answer_lines
     from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
     from bench_lib.report.headlines import headline_lines, tutorial_lines
+    from bench_lib.report.time_prediction import score_lines
     from bench_lib.results.read import read_env
     from bench_lib.results.store import RunWriter, create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.run.calibrate import (
+        CalibrationKey,
+        Predictor,
+        describe_calibration,
+        sweep_collectives,
+    )
     from bench_lib.run.duty import DutyMeter, write_duty
     from bench_lib.run.forkserver import ForkServer
     from bench_lib.run.multinode import cluster_env, open_coordinator
@@ -543,6 +620,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.run.progress import Progress
     from bench_lib.run.runner import measure_idle_power, run_sweep
     from bench_lib.sweep.estimate import case_seconds
+    from bench_lib.sweep.predict_time import Calibration
     from bench_lib.sweep.shard import describe as describe_shard
     from bench_lib.sweep.shard import record as sweep_record
 
@@ -551,6 +629,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if args.predict_memory and not args.dry_run:
         raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
                          "before launching it anyway: peak_mem_mib_predicted_by_device)")
+    if args.predict and not args.dry_run:
+        raise UsageError("--predict goes with --dry-run (a run whose profile sets "
+                         "predict_time predicts every case before launching it: "
+                         "step_time_s_predicted)")
     launcher = _resolve_launcher(args)
     rig, profile, cases = plan_resume(args) if args.resume else plan_new(args)
     if launcher.multi_node:  # planned again, on every node's devices
@@ -558,6 +640,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     cases, sweep, cut = plan_shard(args, rig, profile, cases)
     check_after_run_targets(args, rig, launcher.multi_node)
     estimates = [case_seconds(c, rig) for c in cases]
+    if args.dry_run and args.predict:
+        return _print_predictions(cases, rig, stack, args.quiet)
     if args.dry_run:
         _print_plan(cases, rig, estimates, args.predict_memory)
         if sweep is not None and sweep.shard is not None:
@@ -580,8 +664,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         recorded = read_env(run_dir)
         peak = flops.AttainablePeak.from_dict(recorded.get("attainable_peak"))
         idle = IdlePower.from_dict(recorded.get("idle_power"))
-        collectives = _collectives(rig, args.quiet, cases, server,
-                                   recorded.get("collectives"))
+        collectives = sweep_collectives(rig, args.quiet, cases, server,
+                                        recorded.get("collectives"))
         if "collectives" not in recorded:  # a folder from before they were measured
             write_json_atomic(run_dir / "env.json",
                               recorded | {"collectives": collectives.as_dict()})
@@ -589,10 +673,14 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
         # Measured once per run, before any case: idle power first, with nothing of ours
         # running (for net energy), then the FLOP peak (for the MFU columns).
-        idle = measure_idle_power(rig)
-        peak = flops.measure_peak(rig, list(profile.precisions), server=server)
+        if profile.rig_figures:
+            idle = measure_idle_power(rig)
+            peak = flops.measure_peak(rig, list(profile.precisions), server=server)
+        else:
+            off = "not measured: the profile's rig_figures is off"
+            idle, peak = IdlePower(unsupported=off), flops.AttainablePeak(unsupported=off)
         # The ddp/fsdp and p2p bounds.
-        collectives = _collectives(rig, args.quiet, cases, server)
+        collectives = sweep_collectives(rig, args.quiet, cases, server)
         env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
                                   idle.as_dict())
         env["sweep"] = (sweep or sweep_record(profile, rig, cases)[0]).as_dict()
@@ -618,12 +706,19 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         duty.add(outcome.step_times_s, outcome.warmup_time_s, outcome.wall_time_s)
         progress.launch_done(index, case, launch, outcome)
 
+    def calibrated(key: CalibrationKey, cal: Calibration | str) -> None:
+        progress.note(describe_calibration(key, cal))
+        if not isinstance(cal, str):
+            duty.add_calibration(cal.wall_s)
+
+    predictor = (Predictor(cases, rig, run_dir, collectives, server, calibrated)
+                 if profile.predict_time else None)
     try:
         with RunWriter(run_dir) as writer:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
                              attainable_peak=peak, idle=idle, on_launch_done=launch_done,
                              launcher=launcher, coordinator=coordinator,
-                             collectives=collectives, server=server)
+                             collectives=collectives, server=server, predictor=predictor)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "
@@ -636,7 +731,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         lines = headline_lines(rows)
         if profile.name == "tutorial":
             lines += tutorial_lines(rows)
-        lines += [line for answer in answer_lines(rows)
+        lines += [line for answer in answer_lines(rows) + score_lines(rows)
                   for line in textwrap.wrap(answer, ANSWER_WIDTH)]
         for line in lines:
             print(line, file=sys.stderr)
@@ -645,27 +740,6 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") for r in rows)
     return _after_run(args, run_dir) or (EXIT_FAILED_CASES if failed else EXIT_OK)
-
-
-def _collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServer,
-                 recorded: dict[str, Any] | None = None) -> Collectives:
-    """The rig's collectives: as ``recorded`` in env.json, else measured now, once per run,
-    up to the largest message of ``cases`` (``measure.collectives``; skipped where no case
-    is priced with them)."""
-    from bench_lib.measure import case_bound, collectives
-
-    if recorded is not None:
-        return collectives.Collectives.from_dict(recorded)
-    largest = case_bound.largest_message(cases, rig)
-    if largest is None:
-        return collectives.Collectives(skipped="no case of the sweep to run is priced with "
-                                               "collectives (ddp, fsdp, pipelines)")
-    if not quiet:
-        print("measuring collectives ...", file=sys.stderr, flush=True)
-    found = collectives.measure(rig, collectives.sizes_for(largest), server=server)
-    if not quiet:
-        print(f"collectives: {found.summary()}", file=sys.stderr)
-    return found
 
 
 def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool = False

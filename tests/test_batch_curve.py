@@ -9,6 +9,7 @@ draws them (figure 10).
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -186,7 +187,8 @@ def test_a_run_with_the_curve_and_weak_scaling_writes_their_rows_figures_and_sen
     profile = tmp_path / "curve.toml"
     profile.write_text('strategies = ["single", "ddp"]\nmodels = ["resnet-tiny"]\n'
                        "image_sizes = [32]\nbatch_sizes = [4]\nbatch_curve = true\n"
-                       'scaling = ["strong", "weak"]\n'
+                       'scaling = ["strong", "weak"]\npredict_time = true\n'
+                       "rig_figures = false\n"
                        "launches = 2\nwarmup_steps = 1\ntimed_steps = 2\n")
     proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--rig", "cpu", "--profile",
                            str(profile), "--out", str(tmp_path / "out"), "--report"],
@@ -228,3 +230,21 @@ def test_a_run_with_the_curve_and_weak_scaling_writes_their_rows_figures_and_sen
     report = (run_dir / "report.html").read_text()
     assert "In short" in report and "4 per device, weak scaling" in report
     assert (run_dir / "fig7_scaling.png").is_file()
+    # No idle power or FLOP peak where the profile turns them off (rig_figures).
+    env = json.loads((run_dir / "env.json").read_text())
+    assert "rig_figures is off" in env["attainable_peak"]["unsupported"]
+    assert "rig_figures is off" in env["idle_power"]["unsupported"]
+    # Every ok case predicted before it ran (predict_time), from one calibration of the
+    # workload at the sizes its strong and weak cases need, and scored after.
+    cal = json.loads((run_dir / "calibration.json").read_text())["calibrations"]
+    assert [c["key"]["image_size"] for c in cal] == [32] and cal[0]["devices"] == 2
+    assert set(cal[0]["alone"]) == {"4", "2"} and set(cal[0]["together"]) == {"2", "4"}
+    ok = cases[cases.status == "ok"]
+    assert ok.step_time_s_predicted.notna().all() and (ok.step_time_s_predicted > 0).all()
+    assert ok.prediction_error_pct.to_numpy() == pytest.approx(
+        (100 * (ok.step_time_s_predicted / ok.step_time_s_median - 1)).to_numpy())
+    assert ok.loc["single_resnet-tiny_img32_b4_s-_fp32", "speedup_predicted"] == 1.0
+    assert ddp.prediction_note.startswith("ddp (collectives not overlapped")
+    assert "step time predicted before launch: median |error|" in words
+    assert (run_dir / "fig12_time_prediction.png").is_file()
+    assert "how it was predicted" in report

@@ -297,3 +297,48 @@ def test_where_the_reference_does_not_fit_the_best_two_race_on_alone():
                   RaceSettings(budget_s=sum(means) + 2.2), seed=0)
     assert sorted(result.rungs[1]) == [0, 1]  # 2.1 s fits; with the reference's 2 s not
     assert result.speedup(0, 5) is not None and result.speedup(0, 5).n == 1
+
+
+def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicted_order(
+        tmp_path: Path):
+    """Skipped only where even the predictor's worst error both ways leaves it slower than
+    the predicted best (``PREDICTION_MARGIN``); single always races; each row keeps its
+    prediction."""
+    from bench_lib.measure.bound import Bound
+    from bench_lib.tune.run import PREDICTION_MARGIN, by_prediction, skipped_by_prediction
+
+    args, rig, profile = _space("--profile", "smoke", "--models", "mlp", "--strategies",
+                                "single,ddp,mp,pipeline", "--out", str(tmp_path / "r"))
+    space = build_space(profile, rig)
+    launched: list[str] = []
+    base = _fake_launch({"single": 0.4, "ddp": 0.3, "mp": 0.5, "pipeline": 0.6})
+
+    def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
+        launched.append(case.strategy)
+        return base(case, rung, cut)
+
+    limit = (1 + PREDICTION_MARGIN) / (1 - PREDICTION_MARGIN)  # 1.67x the best
+    steps = {"single": 0.4, "ddp": 0.3, "mp": 0.3 * limit * 0.99, "pipeline": 0.3 * limit * 1.01}
+
+    def predict(cases: list[Case]) -> dict[str, Bound | str]:
+        return {c.case_id: Bound(c.strategy, steps[c.strategy], 0, 0, 0) for c in cases}
+
+    predicted = predict(space.candidates)
+    slow = skipped_by_prediction(space.candidates, predicted)
+    pipelines = {c.case_id for c in space.candidates if c.strategy == "pipeline"}
+    assert set(slow) == pipelines  # each of its splits; mp, at 0.99 of the limit, races
+    assert "slower even were both predictions 25% off" in next(iter(slow.values()))
+    order = [c.strategy for c in by_prediction(space.candidates, predicted)]
+    assert order == ["single", "ddp", "mp"] + ["pipeline"] * len(pipelines)
+    code = execute(args, space, rig, settings_of(args, space, rig), time.time(), launch,
+                   predict=predict)
+    assert code == 0
+    assert "pipeline" not in launched and {"single", "ddp", "mp"} <= set(launched)
+    (run_dir,) = (tmp_path / "r").iterdir()
+    env = json.loads((run_dir / "env.json").read_text())
+    assert set(env["tune"]["predicted_slow"]) == pipelines
+    cases = {r["case_id"]: r for r in csv.DictReader((run_dir / "cases.csv").open())}
+    pipe = next(r for k, r in cases.items() if k.startswith("pipeline_"))
+    assert pipe["status"] == "skipped" and "predicted" in pipe["reason"]
+    ddp = next(r for k, r in cases.items() if k.startswith("ddp_"))
+    assert float(ddp["step_time_s_predicted"]) == 0.3 and ddp["prediction_error_pct"]

@@ -100,6 +100,34 @@ def software_note(base: cmp.Run, cand: cmp.Run) -> str | None:
             "may come from this software as well as from the code")
 
 
+MODEL_REGRESSION_POINTS = 10.0
+"""A case whose |prediction_error_pct| grew by more than this many points over the
+baseline's is named in a note (issue #26: a regression of the model, not a failure)."""
+
+
+def prediction_regressions(results: list[cmp.CaseResult], base: cmp.Run,
+                           cand: cmp.Run) -> list[str]:
+    """``ddp 64 px: 4.1% -> 18.9%`` for each shared case whose step-time prediction error
+    grew by more than ``MODEL_REGRESSION_POINTS`` (both runs predicted it)."""
+    out = []
+    for r in results:
+        errors = [_float(run.cases.get(r.case_id, {}).get("prediction_error_pct"))
+                  for run in (base, cand)]
+        if errors[0] is None or errors[1] is None:
+            continue
+        if abs(errors[1]) - abs(errors[0]) > MODEL_REGRESSION_POINTS:
+            out.append(f"{r.case_id}: {errors[0]:+.1f}% -> {errors[1]:+.1f}%")
+    return out
+
+
+def _float(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if number == number else None  # NaN: missing
+
+
 def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[str]:
     """Plain-language warnings a reader needs to judge the verdicts."""
     out = []
@@ -118,6 +146,11 @@ def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[s
         out.append("a run measured in 1 launch (--launches 1) gets intervals from its steps "
                    "alone: they leave out how much a fresh launch moves the figure, so they "
                    "are too narrow wherever launches differ; measure in 3 launches or more")
+    if grown := prediction_regressions(results, base, cand):
+        out.append("the step-time prediction got worse (|error| grew by more than "
+                   f"{MODEL_REGRESSION_POINTS:g} points: {', '.join(grown)}): a regression of "
+                   "the model (sweep/predict_time.py, the calibration), not of the code "
+                   "measured; the verdicts above do not count it")
     singles = [r for r in results if r.by == "step_time" and r.verdict == "regression"]
     speedups = [r for r in results if "speedup" in r.changes]
     if singles and speedups and all(r.changes["speedup"].verdict(0) != "regression"

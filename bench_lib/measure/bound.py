@@ -125,7 +125,9 @@ class Bound:
             total = self.comm_total_s or 0.0
             return (f"{self.formula}: max(compute {self.compute_s:.3g} s, comm {total:.3g} s) "
                     f"with overlap; sum {self.no_overlap_s:.3g} s without")
-        link = "transfers" if self.formula.split()[0] in ("mp", "serial") else "p2p"
+        first = self.formula.split()[0]
+        link = ("transfers" if first in ("mp", "serial")
+                else "collectives" if first in ("ddp", "ddp-1", "fsdp") else "p2p")
         scaled = (f" (traced passes x{self.scale:.2f}: the traced step ran slower than the "
                   "median)" if self.scale < 0.995 else "")
         return (f"{self.formula}: compute {self.compute_s:.3g} s + bubble {self.bubble_s:.3g} "

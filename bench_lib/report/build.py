@@ -31,6 +31,7 @@ from bench_lib.report import (
     figures,
     parity_report,
     prediction,
+    time_prediction,
     waterfall_figure,
 )
 from bench_lib.report.html import render
@@ -153,6 +154,8 @@ FIGURES: list[tuple[int, str, str, str]] = [
      "no batch curve in these runs (the profile's batch_curve is off)"),
     (11, "waterfall", "Where the ideal speedup goes, part by part",
      "no ok case with a waterfall (it needs single's batch curve: the profile's batch_curve)"),
+    (12, "time_prediction", "Step time predicted before launch against measured",
+     "no ok case with a predicted step time (the profile's predict_time is off)"),
 ]
 
 
@@ -169,7 +172,8 @@ def draw_figures(runs: Runs) -> dict[int, Figure]:
             7: figures.fig_scaling(c, runs.weak),
             8: prediction.fig_prediction(swept), 9: bound_figure.fig_bound(swept),
             10: curve_figure.fig_batch_curve(runs.curve, c),
-            11: waterfall_figure.fig_waterfall(swept)}
+            11: waterfall_figure.fig_waterfall(swept),
+            12: time_prediction.fig_time_prediction(swept)}
     return {n: f for n, f in figs.items() if f is not None}
 
 

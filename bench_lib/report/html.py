@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from bench_lib.report import bound_figure, prediction
+from bench_lib.report import bound_figure, prediction, time_prediction
 from bench_lib.report.answer import answer_lines
 from bench_lib.report.figures import records
 from bench_lib.report.headlines import (
@@ -214,7 +214,8 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
     for s in sections:
         extra = (_bubble_table(bubbles) if s["number"] == 6
                  else prediction.error_html(swept) if s["number"] == 8
-                 else bound_figure.explain_html(swept) if s["number"] == 9 else "")
+                 else bound_figure.explain_html(swept) if s["number"] == 9
+                 else time_prediction.score_html(swept) if s["number"] == 12 else "")
         body.append(_section(s, extra))
     body += ["<h2 id=cases>All cases</h2><p class=caption>Hatched rows did not run; "
              "their reason is in the last column.</p>", _cases_table(swept)]

@@ -12,6 +12,8 @@ A run folder ``results/<run_id>/`` holds::
     steps.csv    every timed step of every rank
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
+    calibration.json  where the profile predicts step times (``predict_time``): each
+                 workload's calibration (``run.calibrate``), or why it failed
     shards/K/    a merged folder only: shard K's own env.json (``run.merge``)
     distance.csv a ``distance`` run folder only (with env.json, no cases.csv): one row per
                  pairwise-distance case (``DISTANCE``; ``bench_lib.distance``)
@@ -351,6 +353,18 @@ CASES = _cols(
                       "input split) in the bound, seconds", N, True),
     ("bound_note", "which bound and its parts, e.g. '1f1b: compute 0.41 s + bubble 0.12 s + "
                    "p2p 0.02 s + other 0.03 s', or why the case has none", False, True),
+    # The step time predicted before the case ran, from its workload's calibration
+    # (profile key predict_time; bench_lib.sweep.predict_time states each formula).
+    ("step_time_s_predicted", "the step time predicted before the case's first launch from "
+                              "its workload's calibration (calibration.json: steps timed "
+                              "alone and with every device computing, block passes, the "
+                              "optimizer step) and the run's collectives, seconds", N, True),
+    ("speedup_predicted", "the predicted speedup over single: the predicted throughput over "
+                          "single's predicted at the workload's batch", N, True),
+    ("prediction_error_pct", "step_time_s_predicted over step_time_s_median, minus 1, % "
+                             "(+ = predicted slower than measured)", N, True),
+    ("prediction_note", "the prediction's formula and parts, e.g. 'ddp: compute 0.35 s + "
+                        "comm 0.06 s', or why the case has none", False, True),
 )
 STEPS = _cols(
     ("run_id", "the run folder's name"), ("case_id", "the case"),

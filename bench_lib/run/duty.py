@@ -9,8 +9,8 @@ user's wait that buys a measurement. The rest is warm-up (discarded steps, each 
 slowest rank's) and fixed cost: per launch, a launch's wall time beyond its steps (process
 start, model build, process group, the traced and compute-only steps after the timed ones,
 teardown); per run, the rest (planning, idle power, the FLOP peak, the collectives, the
-fork server's start, writing rows). Written as ``duty.json`` in the run folder and printed
-at the end of the run. Never imports torch.
+workloads' calibrations, the fork server's start, writing rows). Written as ``duty.json``
+in the run folder and printed at the end of the run. Never imports torch.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ class DutyCycle:
     launches_wall_s: float
     """Every launch's wall time, from starting its first rank to reaping its last."""
     launches: int
+    calibration_s: float = 0.0
+    """The workloads' calibrations (``run.calibrate``): part of the per-run fixed cost."""
 
     @property
     def per_launch_s(self) -> float:
@@ -67,7 +69,8 @@ class DutyCycle:
         return DutyCycle(self.wall_s + other.wall_s, self.timed_s + other.timed_s,
                          self.warmup_s + other.warmup_s,
                          self.launches_wall_s + other.launches_wall_s,
-                         self.launches + other.launches)
+                         self.launches + other.launches,
+                         self.calibration_s + other.calibration_s)
 
     def as_dict(self) -> dict[str, Any]:
         """The file's content: the measured seconds, then the derived ones and shares."""
@@ -79,7 +82,8 @@ class DutyCycle:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DutyCycle:
         return cls(float(d["wall_s"]), float(d["timed_s"]), float(d["warmup_s"]),
-                   float(d["launches_wall_s"]), int(d["launches"]))
+                   float(d["launches_wall_s"]), int(d["launches"]),
+                   float(d.get("calibration_s") or 0.0))
 
     def summary(self) -> str:
         """One line for the terminal (module docstring)."""
@@ -87,7 +91,9 @@ class DutyCycle:
                 f"{self.timed_s:.0f} s; warm-up {self.warmup_s:.0f} s "
                 f"({self.share(self.warmup_s):.0%}); fixed {self.fixed_s:.0f} s "
                 f"({self.share(self.fixed_s):.0%}: per launch {self.per_launch_s:.0f} s over "
-                f"{self.launches} launches, per run {self.per_run_s:.0f} s)")
+                f"{self.launches} launches, per run {self.per_run_s:.0f} s"
+                + (f" of which calibration {self.calibration_s:.0f} s"
+                   if self.calibration_s else "") + ")")
 
 
 class DutyMeter:
@@ -96,7 +102,7 @@ class DutyMeter:
 
     def __init__(self) -> None:
         self._start = time.monotonic()
-        self._timed = self._warmup = self._launches_wall = 0.0
+        self._timed = self._warmup = self._launches_wall = self._calibration = 0.0
         self._launches = 0
 
     def add(self, step_times_s: list[float], warmup_time_s: float, wall_time_s: float) -> None:
@@ -106,9 +112,13 @@ class DutyMeter:
         self._launches_wall += wall_time_s
         self._launches += 1
 
+    def add_calibration(self, seconds: float) -> None:
+        """A workload's calibration that ended, its wall time."""
+        self._calibration += seconds
+
     def finish(self) -> DutyCycle:
         return DutyCycle(time.monotonic() - self._start, self._timed, self._warmup,
-                         self._launches_wall, self._launches)
+                         self._launches_wall, self._launches, self._calibration)
 
 
 def write_duty(run_dir: Path, duty: DutyCycle) -> DutyCycle:

@@ -70,6 +70,10 @@ class Progress:
     def header(self, text: str) -> None:
         self._line(text)
 
+    def note(self, text: str) -> None:
+        """A line between the launches' (a calibration's result, say)."""
+        self._line(text)
+
     def _of(self, index: int, launch: int) -> str:
         return f"launch {launch + 1}/{self.launches[index]}"
 

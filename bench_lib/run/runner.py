@@ -53,6 +53,7 @@ from bench_lib.measure.trace import align
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
+from bench_lib.run.calibrate import Predictor, prediction_columns
 from bench_lib.run.forkserver import ForkServer, start_module
 from bench_lib.run.launch import (
     LOCAL,
@@ -729,6 +730,7 @@ def run_sweep(
     admission: Admission | None = None,
     collectives: Collectives | None = None,
     server: ForkServer | None = None,
+    predictor: Predictor | None = None,
 ) -> list[Row]:
     """Run every case, workload by workload in rounds of launches (module docstring),
     writing each workload's rows once its last round ends; returns the rows in the order
@@ -745,12 +747,14 @@ def run_sweep(
     ``server``: the run's fork server, which forks the local launcher's ranks
     (``run.forkserver``) where it can make their memory read as fresh interpreters'
     (``ForkServer.mirrors_memory``); None, or a server that cannot: fresh interpreters.
+    ``predictor``: predicts each case's step time before its workload's first round
+    (``run.calibrate``; None: no prediction columns).
     """
     try:
         rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start,
                            attainable_peak, idle, on_launch_done, launcher, coordinator,
                            admission or Admission.of(rig, cases), collectives,
-                           memory_true_forks(server))
+                           memory_true_forks(server), predictor)
     except BaseException as e:
         if coordinator is not None:
             coordinator.finish("interrupted" if isinstance(e, KeyboardInterrupt)
@@ -785,6 +789,7 @@ def _run_groups(
     idle: IdlePower | None, on_launch_done: LaunchDone | None, launcher: Launcher,
     coordinator: Coordinator | None, admission: Admission,
     collectives: Collectives | None = None, server: ForkServer | None = None,
+    predictor: Predictor | None = None,
 ) -> list[Row]:
     """``run_sweep``'s walk: workload by workload, round by round."""
     work_root = writer.run_dir / ".work"
@@ -794,6 +799,9 @@ def _run_groups(
     optimizer_steps: dict[tuple[str, int, int, str, str], float] = {}
     for group in workload_groups(cases):
         launched: dict[int, list[CaseOutcome]] = {i: [] for i in group}
+        # Every case predicted before the workload's first launch (calibrating it first).
+        predicted = ({i: predictor.predict(cases[i]) for i in group
+                      if cases[i].status is None} if predictor is not None else {})
         rounds = max(cases[i].measurement.launches for i in group)
         for r in range(rounds):
             for k in round_order(len(group), r):
@@ -808,9 +816,11 @@ def _run_groups(
                 if on_launch_start:
                     on_launch_start(i, case, r)
                 # Later launches reuse the first launch's cut (the same configuration, and
-                # no second profiling of a balanced cut) and the warm-up it found, without
-                # the steps that showed it was over (``reused_warmup``).
-                cut = done[0].partition if done else ""
+                # no second profiling of a balanced cut; the first launch takes it from the
+                # calibration's block times where it has them) and the warm-up it found,
+                # without the steps that showed it was over (``reused_warmup``).
+                cut = (done[0].partition if done
+                       else predictor.cut(case) if predictor is not None else "")
                 warmup = (reused_warmup(done[0], case.measurement.warmup_steps)
                           if done else None)
                 done.append(run_case(case, rig, work_root, trace=not done, cut=cut,
@@ -836,6 +846,9 @@ def _run_groups(
                 optimizer_steps[case.group_key] = outcome.optimizer_step_s
             row |= waterfall_columns(case, rig, outcome, row, speedups.single_steps(case),
                                      optimizer_steps.get(case.group_key), ddp_compute)
+            if i in predicted:
+                row |= prediction_columns(case.batch_size, case.workload_batch,
+                                          *predicted[i], row.get("step_time_s_median"))
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
             if on_case_done:

@@ -137,6 +137,14 @@ class Profile:
     """Also measure ``single`` at every per-device batch the other cases compute (a data-
     parallel rank's share, each micro-batch size): ``single``'s batch curve, which says how
     much a device loses with fewer images at once (``cases.batch_curve``)."""
+    rig_figures: bool = True
+    """Measure the rig's idle power and FLOP peak before the sweep (a few seconds: the net
+    energy and MFU columns); off where only step times matter (the ci profile's gates)."""
+    predict_time: bool = False
+    """Calibrate each workload before its cases launch (a few seconds: ``run.calibrate``)
+    and predict every case's step time and speedup from it (``sweep.predict_time``); after
+    the run, each prediction's error (``step_time_s_predicted``, ``speedup_predicted``,
+    ``prediction_error_pct``)."""
     scaling: tuple[str, ...] = ("strong",)
     """``strong`` and/or ``weak`` (``SCALINGS``): strong splits each batch size over a
     strategy's devices; weak gives each device the batch size (the strategy's batch is it

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from bench_lib.measure.stats import CI_CONFIDENCE, LaunchInterval
 from bench_lib.rig import Rig
@@ -32,6 +33,9 @@ from bench_lib.tune.space import (
     race_launch,
     reproduce_command,
 )
+
+if TYPE_CHECKING:
+    from bench_lib.measure.bound import Bound
 
 
 def halving_sizes(count: int, settings: RaceSettings) -> list[int]:
@@ -88,10 +92,15 @@ def settings_dict(settings: RaceSettings, seed: int, space: Space,
 
 
 def write_cases(run_dir: Path, space: Space, rig: Rig, admitted: list[Case],
-                outcomes: dict[int, list[CaseOutcome]], refused: dict[str, str]) -> None:
+                outcomes: dict[int, list[CaseOutcome]], refused: dict[str, str],
+                slow: dict[str, str] | None = None,
+                predicted: Mapping[str, Bound | str] | None = None) -> None:
     """cases.csv and steps.csv: one row per case of the space (``run.rows.case_row``),
-    speedups against ``single`` paired by rung (``SpeedupTable``: single first)."""
+    speedups against ``single`` paired by rung (``SpeedupTable``: single first); ``slow``:
+    the cases skipped as predicted too slow (``skipped``, with why); ``predicted``: each
+    case's predicted step (``step_time_s_predicted`` and its error)."""
     from bench_lib.results.store import RunWriter
+    from bench_lib.run.calibrate import prediction_columns
     from bench_lib.run.rows import SpeedupTable, case_row, step_rows
 
     index = {c.case_id: i for i, c in enumerate(admitted)}
@@ -102,10 +111,16 @@ def write_cases(run_dir: Path, space: Space, rig: Rig, admitted: list[Case],
                 outcome = CaseOutcome(case.status, case.reason)
             elif case.case_id in refused:
                 outcome = CaseOutcome("oom", refused[case.case_id])
+            elif case.case_id in (slow or {}):
+                outcome = CaseOutcome("skipped", (slow or {})[case.case_id])
             else:
                 outcome = CaseOutcome.of_launches(outcomes[index[case.case_id]])
             row = case_row(case, rig, outcome)
             speedups.fill(case, row)
+            found = (predicted or {}).get(case.case_id)
+            if found is not None:
+                row |= prediction_columns(case.batch_size, case.workload_batch, found, "",
+                                          row.get("step_time_s_median"))
             writer.write_case(row, step_rows(outcome), samples=outcome.samples)
 
 

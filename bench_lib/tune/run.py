@@ -39,6 +39,7 @@ from bench_lib.tune.race import LaunchRecord, LaunchResult, RaceResult, RaceSett
 from bench_lib.tune.space import Space, build_space, race_launch
 
 if TYPE_CHECKING:
+    from bench_lib.measure.bound import Bound
     from bench_lib.run.admission import Admission
     from bench_lib.run.forkserver import ForkServer
 
@@ -48,6 +49,11 @@ BUDGET_FRACTION = 0.3
 allows, since tune's own start-up and the error of its rung predictions come on top of the
 launch seconds it counts."""
 MAX_RUNGS = 4
+PREDICTION_MARGIN = 0.25
+"""The step-time predictor's worst |error| a skip trusts it within (issue #26's goal for
+the worst case on default-cpu; ``docs/tune.md`` gives the measured errors): a candidate is
+skipped only where, with every prediction off by this much in the direction that favours
+it, it would still be slower per image than the predicted best."""
 LaunchFn = Callable[[Case, int, str], CaseOutcome]
 """(case as measured in this rung, rung, stage cut to reuse or '') -> one launch."""
 Say = Callable[[str], None]
@@ -133,6 +139,45 @@ class TuneLog:
         self._file.close()
 
 
+Predict = Callable[[list[Case]], "dict[str, Bound | str]"]
+"""The candidates -> each one's predicted step (``run.calibrate.Predictor``), by case id."""
+
+
+def skipped_by_prediction(cases: list[Case], predicted: dict[str, Bound | str],
+                          margin: float = PREDICTION_MARGIN) -> dict[str, str]:
+    """Case id -> why it is not raced: predicted slower per image than the predicted best
+    by more than ``margin`` either way allows (``PREDICTION_MARGIN``). ``single``, the
+    reference, and a case without a prediction always race."""
+    per_image = {c.case_id: p.step_s / c.batch_size for c in cases
+                 if not isinstance(p := predicted.get(c.case_id, ""), str)}
+    if not per_image:
+        return {}
+    best_id = min(per_image, key=lambda k: per_image[k])
+    best = per_image[best_id]
+    out = {}
+    for case in cases:
+        mine = per_image.get(case.case_id)
+        if case.strategy == "single" or mine is None or mine * (1 - margin) <= best * (1 + margin):
+            continue
+        out[case.case_id] = (
+            f"predicted {1000 * mine:.1f} ms/img, {mine / best:.2f}x the predicted best "
+            f"({best_id}: {1000 * best:.1f} ms/img): slower even were both predictions "
+            f"{margin:.0%} off")
+    return out
+
+
+def by_prediction(cases: list[Case], predicted: dict[str, Bound | str]) -> list[Case]:
+    """``cases`` fastest predicted per image first (``single`` stays first: it is every
+    speedup's reference; unpredicted cases last, in their order)."""
+    def key(case: Case) -> tuple[int, float]:
+        p = predicted.get(case.case_id, "")
+        if case.strategy == "single":
+            return (0, 0.0)
+        return (2, 0.0) if isinstance(p, str) else (1, p.step_s / case.batch_size)
+
+    return sorted(cases, key=key)
+
+
 def median_of(outcome: CaseOutcome) -> float | None:
     """The median of an ok launch's timed steps (None otherwise)."""
     times = sorted(outcome.step_times_s)
@@ -200,17 +245,20 @@ def command(args: argparse.Namespace, rig: Rig, profile: Profile) -> int:
 
 def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSettings,
             started: float, launch: LaunchFn | None = None,
-            admission: Admission | None = None) -> int:
-    """Admit, race, write the run folder, print the recommendation (``started``: unix time
-    the command started; ``launch``: one launch of a case, default ``run.runner.run_case``;
-    ``admission``: the memory prediction, default ``Admission.of`` the candidates)."""
+            admission: Admission | None = None, predict: Predict | None = None) -> int:
+    """Admit, predict, race, write the run folder, print the recommendation (``started``:
+    unix time the command started; ``launch``: one launch of a case, default
+    ``run.runner.run_case``; ``admission``: the memory prediction, default ``Admission.of``
+    the candidates; ``predict``: the step-time prediction, default the profile's
+    ``predict_time``: a calibration of the workload, ``run.calibrate.Predictor``)."""
     with contextlib.ExitStack() as stack:  # the fork server, where one is started
-        return _execute(args, space, rig, settings, started, stack, launch, admission)
+        return _execute(args, space, rig, settings, started, stack, launch, admission,
+                        predict)
 
 
 def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSettings,
              started: float, stack: contextlib.ExitStack, launch: LaunchFn | None,
-             admission: Admission | None) -> int:
+             admission: Admission | None, predict: Predict | None = None) -> int:
     """``execute``'s body."""
     from bench_lib.measure import environment
     from bench_lib.results.store import create_run_dir, new_run_id, write_json_atomic
@@ -226,18 +274,29 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     for case_id, why in refused.items():
         say(f"  {case_id}: oom ({why}): not launched")
     admitted = [c for c in space.candidates if c.case_id not in refused]
-    reference = next((i for i, c in enumerate(admitted) if c.strategy == "single"), None)
     run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
-    env = environment.collect(rig, space.profile.as_dict(), sys.argv)
-    env["tune"] = output.settings_dict(settings, args.seed, space, refused)
-    write_json_atomic(run_dir / "env.json", env)
     work_root = run_dir / ".work"
+    server = None
     if launch is None:  # every launch forked by one server that imported torch once
         from bench_lib.run.forkserver import ForkServer
         from bench_lib.run.runner import memory_true_forks
 
         server = stack.enter_context(ForkServer.take())
         launch = _runner_launch(rig, work_root, memory_true_forks(server))
+    if predict is None and server is not None and space.profile.predict_time:
+        predict = _calibrated(rig, run_dir, server, say, args.quiet)
+    predicted = predict(admitted) if predict is not None else {}
+    slow = skipped_by_prediction(admitted, predicted)
+    for case_id, why in slow.items():
+        say(f"  {case_id}: skipped ({why})")
+    admitted = by_prediction([c for c in admitted if c.case_id not in slow], predicted)
+    reference = next((i for i, c in enumerate(admitted) if c.strategy == "single"), None)
+    env = environment.collect(rig, space.profile.as_dict(), sys.argv)
+    env["tune"] = output.settings_dict(settings, args.seed, space, refused) | {
+        "predicted_slow": slow,
+        "predicted_step_s": {k: p.step_s for k, p in predicted.items()
+                             if not isinstance(p, str)}}
+    write_json_atomic(run_dir / "env.json", env)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     log = TuneLog(run_dir / "tune.csv", run_dir.name)
@@ -254,7 +313,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
         log.close()
     if work_root.exists() and not any(work_root.iterdir()):
         work_root.rmdir()
-    output.write_cases(run_dir, space, rig, admitted, outcomes, refused)
+    output.write_cases(run_dir, space, rig, admitted, outcomes, refused, slow, predicted)
     wall = time.time() - started
     summary = output.summary(result, admitted, space, rig, settings, args, wall)
     write_json_atomic(run_dir / "tune.json", summary)
@@ -263,6 +322,21 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
             print(line, file=sys.stderr)
     print(run_dir)
     return EXIT_OK if result.winner is not None else EXIT_NONE_OK
+
+
+def _calibrated(rig: Rig, run_dir: Path, server: ForkServer, say: Say, quiet: bool
+                ) -> Predict:
+    """The step-time prediction of a real race: the collectives measured and the workload
+    calibrated (``run.calibrate``), as a run does before its cases."""
+    from bench_lib.run.calibrate import Predictor, describe_calibration, sweep_collectives
+
+    def predict(cases: list[Case]) -> dict[str, Bound | str]:
+        collectives = sweep_collectives(rig, quiet, cases, server)
+        predictor = Predictor(cases, rig, run_dir, collectives, server,
+                              lambda key, cal: say(describe_calibration(key, cal)))
+        return {c.case_id: predictor.predict(c)[0] for c in cases}
+
+    return predict
 
 
 def _runner_launch(rig: Rig, work_root: Path, server: ForkServer | None) -> LaunchFn:

@@ -1,0 +1,284 @@
+"""The runner's side of a workload's calibration: which batch sizes to time, one launch of
+``run.calibration_worker`` on every device of the rig (forked by the run's fork server, with
+a timeout, its ranks killed as a group), and its ranks' files combined into one
+``sweep.predict_time.Calibration``.
+
+A calibration belongs to a workload's computation (``CalibrationKey``: model, image size,
+precision, loss, memory format): the strong and weak workloads of one image size share
+one, timed at the union of the sizes their cases need (``sizes_for``). Rank 0 times the
+sizes alone while the others wait, then every rank times the "together" sizes at once;
+combined, a together step is the slowest rank's (as a data-parallel step waits for its
+slowest rank) and a block's time the mean over ranks (as ``partition`` agrees a cut).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench_lib.results.store import write_json_atomic
+from bench_lib.rig import Rig
+from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes, calibration_sizes
+
+if TYPE_CHECKING:
+    from bench_lib.measure.bound import Bound
+    from bench_lib.measure.collectives import Collectives
+    from bench_lib.run.forkserver import ForkServer
+    from bench_lib.sweep.cases import Case
+
+CALIBRATION_MODULE = "bench_lib.run.calibration_worker"
+TIMEOUT_S = 300.0
+"""A calibration still running after this long is stopped (its cases go unpredicted)."""
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What a calibration is of: the computation its cases share."""
+
+    model: str
+    image_size: int
+    precision: str
+    loss: str
+    channels_last: bool = False
+
+    @classmethod
+    def of(cls, case: Case) -> CalibrationKey:
+        return cls(case.model, case.image_size, case.precision, case.loss, case.channels_last)
+
+    def describe(self) -> str:
+        cl = ", channels-last" if self.channels_last else ""
+        return f"{self.model} {self.image_size} px {self.precision}{cl}"
+
+
+@dataclass(frozen=True)
+class CalibrationSpec:
+    """What every rank of a calibration launch is told."""
+
+    key: CalibrationKey
+    rig: Rig
+    devices: int
+    sizes: Sizes
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, {
+            "key": self.key.__dict__, "rig": self.rig.as_dict(), "devices": self.devices,
+            "alone": sorted(self.sizes.alone), "together": sorted(self.sizes.together),
+            "blocks": sorted(self.sizes.blocks)})
+
+    @classmethod
+    def read(cls, path: Path) -> CalibrationSpec:
+        d = json.loads(path.read_text())
+        return cls(CalibrationKey(**d["key"]), Rig.from_dict(d["rig"]), int(d["devices"]),
+                   Sizes(frozenset(d["alone"]), frozenset(d["together"]),
+                         frozenset(d["blocks"])))
+
+
+def result_file(workdir: Path, rank: int) -> Path:
+    return workdir / f"calibration{rank}.json"
+
+
+def sizes_for(cases: Iterable[Case], rig: Rig) -> dict[CalibrationKey, Sizes]:
+    """The batch sizes each workload's calibration times: every size its cases to run read
+    (``predict_time.calibration_sizes``)."""
+    from bench_lib.sweep.predict_time import shape_of
+
+    out: dict[CalibrationKey, Sizes] = {}
+    for case in cases:
+        if case.status is not None:
+            continue
+        key = CalibrationKey.of(case)
+        out[key] = out.get(key, Sizes()) | calibration_sizes(shape_of(case, rig))
+    return out
+
+
+def devices_of(rig: Rig) -> int:
+    """How many devices compute together in the calibration: every device of the rig (its
+    cases use at most that many)."""
+    return rig.num_devices
+
+
+def calibrate(key: CalibrationKey, sizes: Sizes, rig: Rig, work_root: Path,
+              server: ForkServer | None = None,
+              timeout_s: float = TIMEOUT_S) -> Calibration | str:
+    """One calibration launch (module docstring): its ``Calibration``, or why there is
+    none (a rank failed, or it ran past ``timeout_s``; its log's last lines)."""
+    from bench_lib.run.runner import _kill_group, _log_tail, _supervise, launch_ranks
+
+    workdir = work_root / f"calibration_{key.model}_img{key.image_size}_{key.precision}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    devices = devices_of(rig)
+    spec_path = workdir / "spec.json"
+    CalibrationSpec(key, rig, devices, sizes).write(spec_path)
+    log = workdir / "worker.log"
+    start = time.monotonic()
+    procs = launch_ranks(spec_path, devices, log, server, module=CALIBRATION_MODULE)
+    try:
+        stopped = _supervise(procs, timeout_s)
+    finally:
+        _kill_group(procs[0].pid)
+    files = [result_file(workdir, r) for r in range(devices)]
+    if stopped is not None or not all(f.exists() for f in files):
+        why = stopped[1] if stopped else (_log_tail(log) or "a rank ended without a result")
+        return f"calibration of {key.describe()} failed: {why}"
+    cal = combine([json.loads(f.read_text()) for f in files], time.monotonic() - start)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return cal
+
+
+def combine(ranks: list[Mapping[str, Any]], wall_s: float) -> Calibration:
+    """The ranks' files as one calibration: rank 0's alone; together, the slowest rank's
+    step and each block's mean over ranks."""
+    first = ranks[0]
+    together: dict[int, BatchCosts] = {}
+    for b in first.get("together", {}):
+        costs = [BatchCosts.from_dict(r["together"][b]) for r in ranks]
+        n = len(costs)
+        together[int(b)] = BatchCosts(
+            max(c.step_s for c in costs),
+            tuple(sum(v) / n for v in zip(*(c.forward_s for c in costs))),
+            tuple(sum(v) / n for v in zip(*(c.backward_s for c in costs))))
+    return Calibration(float(first["optimizer_s"]),
+                       {int(b): BatchCosts.from_dict(c) for b, c in first["alone"].items()},
+                       together, len(ranks), wall_s)
+
+
+CALIBRATION_FILE = "calibration.json"
+"""A run folder's calibrations, one entry per workload (``Predictor``)."""
+
+
+class Predictor:
+    """A run's step-time predictions: each workload calibrated once, as its first case is
+    about to be predicted, at the sizes every case of the sweep needs (``sizes_for``), and
+    recorded in the run folder's ``calibration.json`` as it is measured (a resumed run
+    reads it back instead of measuring again).
+
+    ``on_calibrate``: told (key, seconds, result) after each calibration, for progress.
+    """
+
+    def __init__(self, cases: Iterable[Case], rig: Rig, run_dir: Path,
+                 collectives: Collectives | None, server: ForkServer | None = None,
+                 on_calibrate: Callable[[CalibrationKey, Calibration | str], None] | None = None,
+                 ) -> None:
+        self.rig, self.run_dir, self.collectives = rig, run_dir, collectives
+        self.server, self.on_calibrate = server, on_calibrate
+        self.sizes = sizes_for(cases, rig)
+        self.found: dict[CalibrationKey, Calibration | str] = {}
+        self.found.update(read_calibrations(run_dir / CALIBRATION_FILE))
+
+    def calibration(self, case: Case) -> Calibration | str:
+        key = CalibrationKey.of(case)
+        if key not in self.found:
+            sizes = self.sizes.get(key)
+            if sizes is None:
+                return "no prediction: the case was not planned to run"
+            self.found[key] = calibrate(key, sizes, self.rig, self.run_dir / ".work",
+                                        self.server)
+            write_calibrations(self.run_dir / CALIBRATION_FILE, self.found)
+            if self.on_calibrate is not None:
+                self.on_calibrate(key, self.found[key])
+        return self.found[key]
+
+    def cut(self, case: Case) -> str:
+        """The cut ``case``'s first launch runs (``predict_time.calibrated_cut``), or ""
+        (the case profiles its blocks itself)."""
+        from bench_lib.sweep.predict_time import calibrated_cut
+
+        cal = self.calibration(case)
+        try:
+            return calibrated_cut(case, self.rig, None if isinstance(cal, str) else cal)
+        except Exception:  # the case chooses its own cut, as it would without a predictor
+            return ""
+
+    def predict(self, case: Case) -> tuple[Bound | str, Bound | str]:
+        """``case``'s predicted step, and its workload's single's (for the speedup)."""
+        from bench_lib.sweep.predict_time import Shape, predict, predict_case
+
+        cal = self.calibration(case)
+        if isinstance(cal, str):
+            why = cal if cal.startswith("no prediction") else f"no prediction: {cal}"
+            return why, why
+        single = predict(Shape("single", case.workload_batch), cal)
+        try:
+            return predict_case(case, self.rig, cal, self.collectives), single
+        except Exception as e:  # a prediction is never worth the case's measurement
+            return f"no prediction: {type(e).__name__}: {e}"[:300], single
+
+
+def prediction_columns(case_batch: int, workload_batch: int, predicted: Bound | str,
+                       single: Bound | str, measured_s: float | None) -> dict[str, Any]:
+    """``step_time_s_predicted``, ``speedup_predicted``, ``prediction_error_pct`` (where
+    the case was measured) and ``prediction_note`` (the prediction's parts, or why there is
+    none)."""
+    from bench_lib.sweep.predict_time import error_pct, speedup
+
+    if isinstance(predicted, str):
+        return {"prediction_note": predicted}
+    cols: dict[str, Any] = {"step_time_s_predicted": predicted.step_s,
+                            "prediction_note": predicted.note()}
+    if not isinstance(single, str):
+        cols["speedup_predicted"] = speedup(predicted.step_s, case_batch, single.step_s,
+                                            workload_batch)
+    if measured_s:
+        cols["prediction_error_pct"] = error_pct(predicted.step_s, measured_s)
+    return cols
+
+
+def write_calibrations(path: Path, found: Mapping[CalibrationKey, Calibration | str]) -> None:
+    write_json_atomic(path, {"calibrations": [
+        {"key": key.__dict__, **({"failed": cal} if isinstance(cal, str) else cal.as_dict())}
+        for key, cal in found.items()]})
+
+
+def read_calibrations(path: Path) -> dict[CalibrationKey, Calibration | str]:
+    """A run folder's calibrations (none where the file is missing)."""
+    if not path.is_file():
+        return {}
+    out: dict[CalibrationKey, Calibration | str] = {}
+    for entry in json.loads(path.read_text()).get("calibrations", []):
+        key = CalibrationKey(**entry["key"])
+        out[key] = entry["failed"] if "failed" in entry else Calibration.from_dict(entry)
+    return out
+
+
+def describe_calibration(key: CalibrationKey, cal: Calibration | str) -> str:
+    """``calibrated resnet50 64 px fp32 in 11.8 s: alone at 4, 16, 32; together at 4, 8,
+    16 (2 devices); blocks at 4``, or why it failed."""
+    if isinstance(cal, str):
+        return f"{cal}: its cases are not predicted"
+
+    def listed(sizes: Iterable[int]) -> str:
+        return ", ".join(map(str, sorted(sizes))) or "-"
+
+    blocks = [b for b, c in cal.together.items() if c.forward_s]
+    return (f"calibrated {key.describe()} in {cal.wall_s:.1f} s: alone at "
+            f"{listed(cal.alone)}; together at {listed(cal.together)} ({cal.devices} "
+            f"devices); blocks at {listed(blocks)}")
+
+
+def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServer | None,
+                      recorded: Mapping[str, Any] | None = None) -> Collectives:
+    """The rig's collectives for a sweep's bounds and predictions: as ``recorded`` in
+    env.json, else measured now, once per run, up to the largest message of ``cases``
+    (``measure.collectives``; skipped where no case is priced with them)."""
+    import sys
+
+    from bench_lib.measure import case_bound, collectives
+
+    if recorded is not None:
+        return collectives.Collectives.from_dict(recorded)
+    largest = case_bound.largest_message(cases, rig)
+    if largest is None:
+        return collectives.Collectives(skipped="no case of the sweep to run is priced with "
+                                               "collectives (ddp, fsdp, pipelines)")
+    if not quiet:
+        print("measuring collectives ...", file=sys.stderr, flush=True)
+    found = collectives.measure(rig, collectives.sizes_for(largest), server=server)
+    if not quiet:
+        print(f"collectives: {found.summary()}", file=sys.stderr)
+    return found
