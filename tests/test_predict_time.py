@@ -320,6 +320,7 @@ def test_the_score_gives_median_and_worst_error_and_the_best_match():
     (m,) = matches([single, close])
     assert m.hit and m.tied and m.predicted is close
     assert score_lines([dict(single, prediction_error_pct=None)]) == []
+    assert score_lines([dict(single, batch_curve_of=32)]) == []  # a curve point: not scored
 
 
 def test_the_figure_and_table_of_predicted_against_measured():

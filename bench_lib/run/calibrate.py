@@ -109,7 +109,8 @@ def calibrate(key: CalibrationKey, sizes: Sizes, rig: Rig, work_root: Path,
     none (a rank failed, or it ran past ``timeout_s``; its log's last lines)."""
     from bench_lib.run.runner import _kill_group, _log_tail, _supervise, launch_ranks
 
-    workdir = work_root / f"calibration_{key.model}_img{key.image_size}_{key.precision}"
+    workdir = work_root / (f"calibration_{key.model}_img{key.image_size}_{key.precision}_"
+                           f"{key.loss}{'_cl' if key.channels_last else ''}")
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     devices = devices_of(rig)

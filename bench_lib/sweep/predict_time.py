@@ -361,7 +361,7 @@ def predict_case(case: Case, rig: Rig, cal: Calibration | None,
     transfer = 0.0
     if case.strategy == "mp" and rig.kind == "cuda" and collectives is not None:
         send = collectives.fit("send_recv")
-        cut = tuple(_fixed_cuts(case, case.world_size))
+        cut = tuple(_fixed_cuts(case))
         if send is not None:
             transfer = 2 * sum(send.time_s(b) for b in boundary_bytes(
                 case.model, case.image_size, case.batch_size, cut))
@@ -383,7 +383,7 @@ def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> Pip
 
     def cutter(costs: Sequence[float], stages: Sequence[int]) -> Sequence[int]:
         if method != "balanced" or given:
-            return _fixed_cuts(case, len(stages))
+            return _fixed_cuts(case)
         if len(set(stages)) < len(stages):
             return min_max_rank_cuts(list(costs), stages)
         return min_max_cuts(list(costs), len(stages))
@@ -400,7 +400,7 @@ def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> Pip
     return PipelineParts(orders, cutter, edges)
 
 
-def _fixed_cuts(case: Case, stages: int) -> Sequence[int]:
+def _fixed_cuts(case: Case) -> Sequence[int]:
     """The cut a case runs where no block is timed to choose it: a given cut
     (``balanced:6,12``), ``tutorial``'s or ``balanced-flops``' (``sweep.predict``'s choice,
     the one the memory prediction uses; for ``balanced``, too, where only that is known)."""
