@@ -507,7 +507,7 @@ def _print_plan(cases: list[Case], rig: Rig, estimates: list[float],
             if isinstance(pred, str):  # not predicted: the case still runs
                 peak, reason = "-", pred
             else:
-                peak = ";".join(f"{k}:{v:.0f}" for k, v in sorted(pred.mib_by_device.items()))
+                peak = pred.per_device_text()
             refusal = admission.refusal(case)
             if refusal:
                 will, reason, est = "oom", refusal, 0.0
@@ -566,8 +566,7 @@ def _print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
         will, step, gain, peak, note = case.status or "run", "-", "-", "", case.reason
         if case.status is None:
             memory = admission.prediction(case)
-            peak = ("-" if isinstance(memory, str) else
-                    ";".join(f"{k}:{v:.0f}" for k, v in sorted(memory.mib_by_device.items())))
+            peak = "-" if isinstance(memory, str) else memory.per_device_text()
             if refusal := admission.refusal(case):
                 will, note = "oom", refusal
             elif predictor is not None:

@@ -187,16 +187,23 @@ def _fake_launch(step_s: dict[str, float]):
     return launch
 
 
-def test_predicted_oom_is_never_launched_and_the_folder_is_complete(tmp_path: Path):
+def _mlp_race(tmp_path: Path):
+    """mlp's single, ddp, mp and pipeline on the smoke profile, and a fake launch that
+    records each case id it launches."""
     args, rig, profile = _space("--profile", "smoke", "--models", "mlp", "--strategies",
                                 "single,ddp,mp,pipeline", "--out", str(tmp_path / "r"))
-    space = build_space(profile, rig)
     launched: list[str] = []
     base = _fake_launch({"single": 0.4, "ddp": 0.3, "mp": 0.5, "pipeline": 0.6})
 
     def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
         launched.append(case.case_id)
         return base(case, rung, cut)
+
+    return args, rig, build_space(profile, rig), launched, launch
+
+
+def test_predicted_oom_is_never_launched_and_the_folder_is_complete(tmp_path: Path):
+    args, rig, space, launched, launch = _mlp_race(tmp_path)
 
     def predictor(case: Case, rig: Rig, cut: str) -> Prediction:
         return Prediction({"0": 900.0 if case.strategy == "mp" else 10.0})
@@ -307,16 +314,7 @@ def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicte
     from bench_lib.measure.bound import Bound
     from bench_lib.tune.run import PREDICTION_MARGIN, by_prediction, skipped_by_prediction
 
-    args, rig, profile = _space("--profile", "smoke", "--models", "mlp", "--strategies",
-                                "single,ddp,mp,pipeline", "--out", str(tmp_path / "r"))
-    space = build_space(profile, rig)
-    launched: list[str] = []
-    base = _fake_launch({"single": 0.4, "ddp": 0.3, "mp": 0.5, "pipeline": 0.6})
-
-    def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
-        launched.append(case.strategy)
-        return base(case, rung, cut)
-
+    args, rig, space, launched_ids, launch = _mlp_race(tmp_path)
     limit = (1 + PREDICTION_MARGIN) / (1 - PREDICTION_MARGIN)  # 1.67x the best
     steps = {"single": 0.4, "ddp": 0.3, "mp": 0.3 * limit * 0.99, "pipeline": 0.3 * limit * 1.01}
 
@@ -333,7 +331,8 @@ def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicte
     code = execute(args, space, rig, settings_of(args, space, rig), time.time(), launch,
                    predict=predict)
     assert code == 0
-    assert "pipeline" not in launched and {"single", "ddp", "mp"} <= set(launched)
+    launched = {i.split("_")[0] for i in launched_ids}
+    assert "pipeline" not in launched and {"single", "ddp", "mp"} <= launched
     (run_dir,) = (tmp_path / "r").iterdir()
     env = json.loads((run_dir / "env.json").read_text())
     assert set(env["tune"]["predicted_slow"]) == pipelines

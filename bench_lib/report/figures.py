@@ -132,6 +132,27 @@ def new_figure(rows: int, cols: int, figsize: tuple[float, float],
     return fig, axes
 
 
+def predicted_vs_measured_axes(ax: Axes, lo: float, hi: float,
+                                bands: Iterable[tuple[float, str, str]]) -> None:
+    """Log-log axes from ``lo`` to ``hi`` for predicted (y) against measured (x): each band
+    (relative half-width, colour, label; widest first) around the equality line, the line
+    itself, and plain tick labels (200, not 2x10^2)."""
+    from matplotlib.ticker import FuncFormatter
+
+    x = np.geomspace(lo, hi, 50)
+    for width, color, label in bands:
+        ax.fill_between(x, x * (1 - width), x * (1 + width), color=color, label=label)
+    ax.plot(x, x, color="#777777", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+
+
 def facets(n: int, width: float = 5.2, height: float = 3.8,
            max_cols: int = 3) -> tuple[Figure, list[Axes]]:
     """A Figure with ``n`` panels in rows of at most ``max_cols``."""

@@ -11,13 +11,17 @@ from __future__ import annotations
 import html
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from bench_lib.report.device_figures import parse_by_device
-from bench_lib.report.figures import new_figure, strategy_color, strategy_order, styled
+from bench_lib.report.figures import (
+    new_figure,
+    predicted_vs_measured_axes,
+    strategy_color,
+    strategy_order,
+    styled,
+)
 from bench_lib.report.headlines import ddp_tags
 
 BAND = 0.15
@@ -80,9 +84,7 @@ def fig_prediction(cases: pd.DataFrame) -> Figure | None:
     ax = axes[0][0]
     lo = 0.8 * min(drawn.predicted_mib.min(), drawn.measured_mib.min())
     hi = 1.25 * max(drawn.predicted_mib.max(), drawn.measured_mib.max())
-    x = np.geomspace(lo, hi, 50)
-    ax.fill_between(x, x * (1 - BAND), x * (1 + BAND), color="#dddddd", label="within 15%")
-    ax.plot(x, x, color="#777777", linewidth=0.8)
+    predicted_vs_measured_axes(ax, lo, hi, [(BAND, "#dddddd", "within 15%")])
     for strategy in strategy_order(drawn.strategy.unique()):
         p = drawn[drawn.strategy == strategy]
         for size, marker in zip(sorted(p.image_size.unique()), "osD^v<>", strict=False):
@@ -90,14 +92,6 @@ def fig_prediction(cases: pd.DataFrame) -> Figure | None:
             ax.scatter(q.measured_mib, q.predicted_mib, color=strategy_color(strategy),
                        marker=marker, edgecolor="black", linewidth=0.4, s=36,
                        label=f"{strategy} {size} px")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 200, not 2x10^2
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(plain)
-        axis.set_minor_formatter(plain)
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
     ax.set_xlabel("measured peak per device, net of the runtime (MiB)")
     ax.set_ylabel("predicted before launch (MiB)")
     within = int((points.error_pct.abs() <= 100 * BAND).sum())

@@ -21,12 +21,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
-from bench_lib.report.figures import new_figure, strategy_color, strategy_order, styled
+from bench_lib.report.figures import (
+    new_figure,
+    predicted_vs_measured_axes,
+    strategy_color,
+    strategy_order,
+    styled,
+)
 from bench_lib.report.headlines import (
     _number,
     case_name,
@@ -143,10 +147,8 @@ def fig_time_prediction(cases: pd.DataFrame) -> Figure | None:
     ax = axes[0][0]
     lo = 0.8 * min(p.predicted_s.min(), p.measured_s.min())
     hi = 1.25 * max(p.predicted_s.max(), p.measured_s.max())
-    x = np.geomspace(lo, hi, 50)
-    ax.fill_between(x, x * 0.75, x * 1.25, color="#eeeeee", label="within 25%")
-    ax.fill_between(x, x * 0.9, x * 1.1, color="#d4d4d4", label="within 10%")
-    ax.plot(x, x, color="#777777", linewidth=0.8)
+    predicted_vs_measured_axes(ax, lo, hi, [(0.25, "#eeeeee", "within 25%"),
+                                            (0.10, "#d4d4d4", "within 10%")])
     for strategy in strategy_order(p.strategy.unique()):
         q = p[p.strategy == strategy]
         for (size, scaling), r in q.groupby(["image_size", "scaling"]):
@@ -154,14 +156,6 @@ def fig_time_prediction(cases: pd.DataFrame) -> Figure | None:
             ax.scatter(r.measured_s, r.predicted_s, color=strategy_color(strategy),
                        marker=marker, edgecolor="black", linewidth=0.4, s=36,
                        label=f"{strategy} {size} px {scaling}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(plain)
-        axis.set_minor_formatter(plain)
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
     ax.set_xlabel("measured median step (s)")
     ax.set_ylabel("predicted before launch (s)")
     errors = p.error_pct.abs()

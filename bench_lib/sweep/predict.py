@@ -125,6 +125,10 @@ class Prediction:
         """The largest per-device prediction, MiB."""
         return max(self.mib_by_device.values())
 
+    def per_device_text(self) -> str:
+        """``0:390;1:426``: each device's predicted peak, MiB (the dry run's column)."""
+        return ";".join(f"{k}:{v:.0f}" for k, v in sorted(self.mib_by_device.items()))
+
 
 def predict(case: Case, rig: Rig, cut: str = "") -> Prediction:
     """The peak memory of each device of ``case`` on ``rig`` (module docstring).
