@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +18,26 @@ PYTHON = sys.executable
 # Every run a test starts probes the FLOP peak briefly (recorded in env.json's test_hooks):
 # tests read no MFU anyone bets on. Tests of the probe itself pass their own time.
 os.environ.setdefault(QUICK_PEAK_ENV, "1")
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m bench_lib ARGS`` run in this process (``cli.main``), as a finished process:
+    the same exit code, stdout and stderr without a fresh interpreter's imports (about 3 s of
+    CPU a call on 2 cores). For the tests whose subject is not the process itself (signals,
+    the module entry point, several runs at once: those start one)."""
+    from bench_lib import cli
+
+    capsys.readouterr()  # what the test printed before is not the command's
+    argv = sys.argv
+    sys.argv = [str(REPO / "bench_lib" / "__main__.py"), *args]  # as `-m` sets it (env.json)
+    try:
+        code = cli.main(list(args))
+    except SystemExit as stop:  # argparse's refusals
+        code = stop.code if isinstance(stop.code, int) else 2
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["python", "-m", "bench_lib", *args], code, out, err)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,7 +13,6 @@ import json
 import math
 import random
 import statistics
-import subprocess
 
 import pandas as pd
 import pytest
@@ -27,7 +26,7 @@ from bench_lib.run.rows import SpeedupTable
 from bench_lib.run.runner import workload_groups
 from bench_lib.sweep.cases import expand, new_case
 from bench_lib.sweep.profile import Profile
-from tests.conftest import PYTHON, REPO
+from tests.conftest import in_process
 
 
 def _profile(**grid: object) -> Profile:
@@ -183,16 +182,15 @@ def test_the_headlines_leave_the_curve_out():
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_run_with_the_curve_and_weak_scaling_writes_their_rows_figures_and_sentences(
-        tmp_path):
+        tmp_path, capsys):
     profile = tmp_path / "curve.toml"
     profile.write_text('strategies = ["single", "ddp"]\nmodels = ["resnet-tiny"]\n'
                        "image_sizes = [32]\nbatch_sizes = [4]\nbatch_curve = true\n"
                        'scaling = ["strong", "weak"]\npredict_time = true\n'
                        "rig_figures = false\n"
                        "launches = 2\nwarmup_steps = 1\ntimed_steps = 2\n")
-    proc = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--rig", "cpu", "--profile",
-                           str(profile), "--out", str(tmp_path / "out"), "--report"],
-                          cwd=REPO, capture_output=True, text=True, timeout=280)
+    proc = in_process(capsys, "run", "--rig", "cpu", "--profile", str(profile), "--out",
+                      str(tmp_path / "out"), "--report")
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(tmp_path / "out")
     cases = pd.read_csv(run_dir / "cases.csv").set_index("case_id")

@@ -16,7 +16,7 @@ from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
 from bench_lib.sweep.cases import expand
 from bench_lib.sweep.profile import Profile
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, in_process
 
 # Pinned to the cpu rig: the facts asserted here (dp unsupported, 2 workers, loopback) are a
 # cpu rig's, and on a GPU box the rig would otherwise be detected as cuda.
@@ -31,9 +31,9 @@ def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(300)
 @pytest.mark.integration
-def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
+def test_run_tiny_sweep_writes_one_row_per_case(tmp_path, capsys):
     store = tmp_path / "store"
-    proc = bench("run", "--profile", "smoke", "--strategies", "single,dp,ddp,pipeline",
+    proc = in_process(capsys, "run", "--profile", "smoke", "--strategies", "single,dp,ddp,pipeline",
                  "--split-sizes", "2,4", *TINY, "--launches", "2", "--out",
                  str(tmp_path / "out"), "--report", "--save-baseline", str(store))
     assert proc.returncode == 0, proc.stderr
@@ -43,7 +43,7 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path):
     assert (run_dir / "report.html").is_file() and f"report: {run_dir}" in proc.stderr
     (stored,) = store.iterdir()
     assert f"baseline: {stored}" in proc.stderr
-    gated = bench("run", "--profile", "smoke", "--strategies", "single", *TINY,
+    gated = in_process(capsys, "run", "--profile", "smoke", "--strategies", "single", *TINY,
                   "--out", str(tmp_path / "again"), "--compare-to", str(store))
     (again,) = run_dirs_in(tmp_path / "again")
     assert gated.returncode in (0, 1), gated.stderr  # pass, or a (noisy) regression

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import threading
 
 import pandas as pd
@@ -36,7 +35,7 @@ from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
 from bench_lib.strategies import get as get_strategy
 from bench_lib.sweep.profile import UsageError
-from tests.conftest import PYTHON, REPO
+from tests.conftest import in_process
 
 
 @pytest.mark.parametrize("n,batch", [(100, 8), (1437, 32), (63, 32)])
@@ -305,12 +304,10 @@ def test_one_process_runs_go_side_by_side_on_a_cpu_rig(tmp_path, monkeypatch, cp
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.integration
-def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path):
+def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path, capsys):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [PYTHON, "-m", "bench_lib", "parity", "--rig", "cpu", "--models", "toy,mlp",
-         "--strategies", "single,ddp,fsdp,gpipe,dp", "--epochs", "2", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=380)
+    proc = in_process(capsys, "parity", "--rig", "cpu", "--models", "toy,mlp", "--strategies",
+                      "single,ddp,fsdp,gpipe,dp", "--epochs", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(out)
     assert proc.stdout.strip() == str(run_dir)
@@ -340,13 +337,11 @@ def test_a_tiny_parity_run_matches_single_for_every_runnable_strategy(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.integration
-def test_a_tiny_resnet_parity_run_judges_each_batch_norm_statistics(tmp_path):
+def test_a_tiny_resnet_parity_run_judges_each_batch_norm_statistics(tmp_path, capsys):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [PYTHON, "-m", "bench_lib", "parity", "--rig", "cpu", "--models", "resnet-tiny",
-         "--strategies", "single,accum,gpipe,ddp,fsdp,mp", "--epochs", "1", "--seed-runs",
-         "2", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=580)
+    proc = in_process(capsys, "parity", "--rig", "cpu", "--models", "resnet-tiny",
+                      "--strategies", "single,accum,gpipe,ddp,fsdp,mp", "--epochs", "1",
+                      "--seed-runs", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(out)
     v = pd.read_csv(run_dir / "parity_verdicts.csv").set_index("strategy")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pickle
 import struct
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from bench_lib import cli
 from bench_lib.parity.data import dataset, parity_workload
 from bench_lib.results.read import run_dirs_in
 from bench_lib.sweep.profile import UsageError
-from tests.conftest import PYTHON, REPO
+from tests.conftest import in_process
 
 
 def fake_mnist(root: Path, train: int = 96, test: int = 40) -> Path:
@@ -107,13 +106,11 @@ def test_a_data_root_without_the_dataset_exits_2_writing_nothing(tmp_path, capsy
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.integration
-def test_parity_on_a_users_mnist(tmp_path):
+def test_parity_on_a_users_mnist(tmp_path, capsys):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [PYTHON, "-m", "bench_lib", "parity", "--rig", "cpu", "--models", "mlp",
-         "--strategies", "single,ddp", "--epochs", "3", "--batch-size", "16",
-         "--data-root", str(fake_mnist(tmp_path / "data", train=400)), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=280)
+    proc = in_process(capsys, "parity", "--rig", "cpu", "--models", "mlp", "--strategies",
+                      "single,ddp", "--epochs", "3", "--batch-size", "16", "--data-root",
+                      str(fake_mnist(tmp_path / "data", train=400)), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(out)
     epochs = pd.read_csv(run_dir / "parity.csv")

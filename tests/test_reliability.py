@@ -22,7 +22,7 @@ from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import expand
 from bench_lib.sweep.profile import Profile
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, in_process
 
 # Pinned to the cpu rig (a GPU box would detect cuda): the memory cap's alloc fault grows host
 # memory, which only a cpu rig's resident-memory cap stops.
@@ -131,7 +131,7 @@ def _wait_for_rows(run_dir_parent: Path, rows: int, timeout: float = 200) -> Pat
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
 @pytest.mark.integration
-def test_interrupted_sweep_resumes_with_every_case_exactly_once(tmp_path, how):
+def test_interrupted_sweep_resumes_with_every_case_exactly_once(tmp_path, capsys, how):
     # Two workloads (image sizes), each launched in 2 rounds: a workload's rows are written
     # when its last round ends, so the run is cut in the second workload.
     proc = start(tmp_path, "--strategies", "single,ddp", "--image-sizes", "32,40",
@@ -150,8 +150,7 @@ def test_interrupted_sweep_resumes_with_every_case_exactly_once(tmp_path, how):
     assert set(steps.case_id) <= set(done_before.case_id)
     assert not left_behind(run_dir)
 
-    resumed = subprocess.run([PYTHON, "-m", "bench_lib", "run", "--resume", str(run_dir)],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    resumed = in_process(capsys, "run", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr
     cases = pd.read_csv(run_dir / "cases.csv", keep_default_na=False)
     assert sorted(cases.strategy) == ["ddp", "ddp", "single", "single"]

@@ -32,7 +32,7 @@ from bench_lib.sweep.cases import Case, expand
 from bench_lib.sweep.estimate import case_seconds
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
 from bench_lib.sweep.shard import Shard, balance, plan, record, select, sweep_id
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, in_process
 
 PROFILE = Profile(name="shards", strategies=("single", "dp", "ddp", "pipeline"),
                   models=("resnet-tiny",), image_sizes=(32, 64, 96), batch_sizes=(4, 8),
@@ -380,7 +380,7 @@ def _launch_medians(steps: list[dict[str, str]]) -> dict[str, list[float]]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.integration
-def test_a_sweep_run_as_two_shards_merges_into_the_unsharded_rows(tmp_path):
+def test_a_sweep_run_as_two_shards_merges_into_the_unsharded_rows(tmp_path, capsys):
     runs = {}
     # The three runs at once: only their rows and arithmetic are checked, not their speed.
     procs = {name: subprocess.Popen([PYTHON, "-m", "bench_lib", *REAL, *extra, "--out",
@@ -393,7 +393,8 @@ def test_a_sweep_run_as_two_shards_merges_into_the_unsharded_rows(tmp_path):
         assert proc.returncode == 0, err
         (runs[name],) = run_dirs_in(tmp_path / name)
     merged = tmp_path / "merged"
-    proc = bench("merge", str(tmp_path / "s2"), str(tmp_path / "s1"), "--out", str(merged))
+    proc = in_process(capsys, "merge", str(tmp_path / "s2"), str(tmp_path / "s1"), "--out",
+                      str(merged))
     assert proc.returncode == 0, proc.stderr
     whole, rows = read_rows(runs["whole"] / "cases.csv"), read_rows(merged / "cases.csv")
     keys = ("case_id", "strategy", "status", "reason", "world_size", "launches")
@@ -419,10 +420,10 @@ def test_a_sweep_run_as_two_shards_merges_into_the_unsharded_rows(tmp_path):
         assert float(r["scaling_efficiency"]) == pytest.approx(
             float(r["speedup_vs_single"]) / int(r["world_size"]))
         assert not r["speedup_ci_low"] and "rounds measured: 1" in r["speedup_ci_note"]
-    report = bench("report", str(merged))
+    report = in_process(capsys, "report", str(merged))
     assert report.returncode == 0, report.stderr
     assert (merged / "report.html").is_file()
-    gate = bench("compare", str(runs["whole"]), str(merged))
+    gate = in_process(capsys, "compare", str(runs["whole"]), str(merged))
     assert gate.returncode in (0, 1), gate.stderr  # a verdict, not unusable input (2)
     assert "ddp_resnet-tiny_img64_b4_s-_fp32" in gate.stdout
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pandas as pd
 import pytest
 import torch
@@ -14,7 +12,7 @@ from bench_lib.measure.trace import align, trace_step
 from bench_lib.report.gantt import bubble
 from bench_lib.strategies import BuildContext
 from bench_lib.workloads import Workload
-from tests.conftest import PYTHON, REPO
+from tests.conftest import in_process
 from tests.reference import micro
 
 
@@ -145,13 +143,12 @@ def test_trace_step_with_cuda_events():
 
 @pytest.mark.timeout(300)
 @pytest.mark.integration
-def test_run_writes_timeline_csv_and_bubble_columns_for_pipelined_cases_only(tmp_path):
-    proc = subprocess.run(
-        [PYTHON, "-m", "bench_lib", "run", "--profile", "smoke", "--rig", "cpu", "--strategies",
-         "single,pipeline,gpipe,zbv", "--models", "resnet-tiny", "--image-sizes", "32",
-         "--batch-size", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
-         "--quiet", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-        timeout=280)
+def test_run_writes_timeline_csv_and_bubble_columns_for_pipelined_cases_only(tmp_path, capsys):
+    proc = in_process(
+        capsys, "run", "--profile", "smoke", "--rig", "cpu", "--strategies",
+        "single,pipeline,gpipe,zbv", "--models", "resnet-tiny", "--image-sizes", "32",
+        "--batch-size", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
+        "--quiet", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     run_dir = next(tmp_path.iterdir())
     timeline = pd.read_csv(run_dir / "timeline.csv")

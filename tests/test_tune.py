@@ -8,7 +8,6 @@ import csv
 import json
 import math
 import random
-import subprocess
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_p
 from bench_lib.tune.race import LaunchResult, Measure, RaceSettings, race
 from bench_lib.tune.run import BUDGET_FRACTION, execute, settings_of
 from bench_lib.tune.space import build_space, race_launch, reproduce_command
-from tests.conftest import PYTHON, REPO
+from tests.conftest import in_process
 
 RIG = Rig("cpu", 2, 1, cores=(0, 1))
 # The default-cpu sweep's measured step times at 64 px (results of 9955541's make bench):
@@ -229,13 +228,11 @@ def test_predicted_oom_is_never_launched_and_the_folder_is_complete(tmp_path: Pa
 
 
 @pytest.mark.integration
-def test_a_tiny_real_tune_writes_a_valid_run_folder(tmp_path: Path):
+def test_a_tiny_real_tune_writes_a_valid_run_folder(tmp_path: Path, capsys):
     out = tmp_path / "results"
-    proc = subprocess.run(
-        [PYTHON, "-m", "bench_lib", "tune", "--profile", "smoke", "--models", "mlp",
-         "--strategies", "single,accum", "--split-sizes", "4", "--warmup-steps", "1",
-         "--timed-steps", "3", "--out", str(out), "--rig", "cpu", "--devices", "2"],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = in_process(capsys, "tune", "--profile", "smoke", "--models", "mlp", "--strategies",
+                      "single,accum", "--split-sizes", "4", "--warmup-steps", "1",
+                      "--timed-steps", "3", "--out", str(out), "--rig", "cpu", "--devices", "2")
     assert proc.returncode == 0, proc.stderr
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     assert run_dir.parent == out and (run_dir / "env.json").is_file()

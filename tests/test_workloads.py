@@ -6,7 +6,6 @@ the cut small models compute the uncut model's gradients; planning, validation a
 from __future__ import annotations
 
 import csv
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ from bench_lib.workloads import (
     tutorial_cut,
 )
 from bench_lib.workloads.models import register, toy
-from tests.conftest import PYTHON, REPO
+from tests.conftest import REPO, in_process
 from tests.dist_harness import run_ranks
 
 CPU = torch.device("cpu")
@@ -398,14 +397,13 @@ def test_distributed_strategies_match_the_uncut_model():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.integration
-def test_a_cli_run_of_the_small_models_writes_ok_rows(tmp_path):
+def test_a_cli_run_of_the_small_models_writes_ok_rows(tmp_path, capsys):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [PYTHON, "-m", "bench_lib", "run", "--profile", "smoke", "--rig", "cpu", "--models",
-         "toy,mlp", "--strategies", "single,ddp,gpipe", "--image-sizes", "64,96",
-         "--batch-size", "8", "--split-sizes", "4", "--launches", "1", "--warmup-steps", "1",
-         "--timed-steps", "2", "--quiet", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=280)
+    proc = in_process(
+        capsys, "run", "--profile", "smoke", "--rig", "cpu", "--models", "toy,mlp",
+        "--strategies", "single,ddp,gpipe", "--image-sizes", "64,96", "--batch-size", "8",
+        "--split-sizes", "4", "--launches", "1", "--warmup-steps", "1", "--timed-steps", "2",
+        "--quiet", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(out)
     cases = read_cases(run_dir).set_index("case_id")
