@@ -24,6 +24,7 @@ from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_n
 from bench_lib.workloads import MODELS, WorkloadError
 
 if TYPE_CHECKING:
+    from bench_lib.run.calibrate import GivenCalibrations
     from bench_lib.run.launch import Launcher
     from bench_lib.run.protocol import CaseOutcome
     from bench_lib.sweep.shard import Shard, ShardPlan, SweepRecord
@@ -323,9 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "as the run does before launching it (half a second to seconds a "
                           "case), and show the cases --max-memory-per-device would refuse"),
     run.add_argument("--predict", action="store_true",
-                     help="with --dry-run: calibrate each workload (seconds each) and "
-                          "predict each case's step time, speedup and peak memory, and "
-                          "each workload's best, as the run would before launching it")
+                     help="calibrate each workload (seconds each) and predict each case's "
+                          "step time and speedup before launching it (the profile key "
+                          "predict_time); with --dry-run: print those predictions, peak "
+                          "memory and each workload's predicted best, and run nothing")
+    run.add_argument("--calibration", type=Path, metavar="PATH",
+                     help="with --predict implied: take the calibrations of an earlier run "
+                          "on this machine (its folder or calibration.json) instead of "
+                          "measuring them again; a workload it lacks, or lacks a size of, "
+                          "is calibrated as usual")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR",
                      help="finish an interrupted run: skip the cases it already recorded")
     run.add_argument("--shard", type=_shard, metavar="K/N",
@@ -525,7 +532,7 @@ def _print_plan(cases: list[Case], rig: Rig, estimates: list[float],
 
 
 def _print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
-                       quiet: bool = False) -> int:
+                       quiet: bool = False, given: GivenCalibrations | None = None) -> int:
     """``run --dry-run --predict``: every workload calibrated (and the collectives measured)
     as a run would, then each case's predicted step time, speedup and peak memory, and each
     workload's predicted best; nothing written. On a cuda rig this machine cannot drive,
@@ -554,7 +561,7 @@ def _print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parabench-")))
         predictor = Predictor(runnable, rig, folder, collectives, server,
                               lambda key, cal: print(describe_calibration(key, cal),
-                                                     file=sys.stderr, flush=True))
+                                                     file=sys.stderr, flush=True), given)
         if not quiet:
             print(f"calibrating {len(predictor.sizes)} workload(s) ...", file=sys.stderr,
                   flush=True)
@@ -628,19 +635,28 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if args.predict_memory and not args.dry_run:
         raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
                          "before launching it anyway: peak_mem_mib_predicted_by_device)")
-    if args.predict and not args.dry_run:
-        raise UsageError("--predict goes with --dry-run (a run whose profile sets "
-                         "predict_time predicts every case before launching it: "
-                         "step_time_s_predicted)")
+    if args.resume and (args.predict or args.calibration is not None):
+        raise UsageError("--resume predicts as the run folder's profile says (and reads its "
+                         "calibration.json); drop --predict and --calibration")
     launcher = _resolve_launcher(args)
     rig, profile, cases = plan_resume(args) if args.resume else plan_new(args)
+    if args.predict or args.calibration is not None:
+        profile = profile.override(predict_time=True)
+    given = None
+    if args.calibration is not None:
+        from bench_lib.run.calibrate import given_calibrations
+
+        try:
+            given = given_calibrations(args.calibration, rig)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if launcher.multi_node:  # planned again, on every node's devices
         rig, cases = plan_nodes(profile, rig, launcher.nnodes)
     cases, sweep, cut = plan_shard(args, rig, profile, cases)
     check_after_run_targets(args, rig, launcher.multi_node)
     estimates = [case_seconds(c, rig) for c in cases]
-    if args.dry_run and args.predict:
-        return _print_predictions(cases, rig, stack, args.quiet)
+    if args.dry_run and (args.predict or given is not None):
+        return _print_predictions(cases, rig, stack, args.quiet, given)
     if args.dry_run:
         _print_plan(cases, rig, estimates, args.predict_memory)
         if sweep is not None and sweep.shard is not None:
@@ -710,8 +726,11 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         if not isinstance(cal, str):
             duty.add_calibration(cal.wall_s)
 
-    predictor = (Predictor(cases, rig, run_dir, collectives, server, calibrated)
+    predictor = (Predictor(cases, rig, run_dir, collectives, server, calibrated, given)
                  if profile.predict_time else None)
+    if predictor is not None and predictor.reused:
+        progress.note(f"calibration: {len(predictor.reused)} workload(s) from "
+                      f"{predictor.reused_from}")
     try:
         with RunWriter(run_dir) as writer:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,

@@ -3,6 +3,8 @@ against the closed forms; the calibration's sizes, files and combination (``run.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bench_lib.measure import bound
@@ -243,14 +245,127 @@ def test_calibration_round_trips_and_ranks_combine(tmp_path, cpu_rig):
     assert CalibrationSpec.read(tmp_path / "spec.json") == spec
 
 
-def test_predict_goes_with_a_dry_run(tmp_path, capsys):
+def test_a_calibration_serves_the_sizes_it_measured():
+    cal = Calibration(OPT, {16: BatchCosts(0.2)},
+                      {8: BatchCosts(0.1), 4: BatchCosts(0.06, (0.01,), (0.02,))}, 2)
+    assert cal.covers(Sizes(frozenset({16}), frozenset({8}), frozenset({4})))
+    assert cal.covers(Sizes())
+    assert not cal.covers(Sizes(frozenset({32})))  # an alone size it did not time
+    assert not cal.covers(Sizes(together=frozenset({2})))
+    assert not cal.covers(Sizes(blocks=frozenset({8})))  # 8: its step, not its blocks
+
+
+def _stored(tmp_path, cpu_rig, cal, hardware=None):
+    """A run folder holding ``cal`` as resnet-tiny 32 px's calibration, stamped with
+    ``hardware`` (default: this machine's)."""
+    from bench_lib.run.calibrate import CALIBRATION_FILE, hardware_id, write_calibrations
+
+    folder = tmp_path / "earlier"
+    folder.mkdir()
+    write_calibrations(folder / CALIBRATION_FILE,
+                       {CalibrationKey("resnet-tiny", 32, "fp32", "ce"): cal},
+                       hardware_id(cpu_rig) if hardware is None else hardware)
+    return folder
+
+
+def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
+        tmp_path, cpu_rig, monkeypatch):
+    from bench_lib.run import calibrate as calibration
+    from bench_lib.run.calibrate import CALIBRATION_FILE, Predictor, given_calibrations
+
+    single = new_case(cpu_rig, "single", "resnet-tiny", 32, 16)
+    ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16)
+    cal = Calibration(OPT, {16: BatchCosts(0.2)}, {8: BatchCosts(0.12)}, 2)
+    folder = _stored(tmp_path, cpu_rig, cal)
+    source, found = given_calibrations(folder, cpu_rig)  # the folder or its file
+    assert source == folder / CALIBRATION_FILE and list(found.values()) == [cal]
+    assert given_calibrations(source, cpu_rig) == (source, found)
+    launched = []
+    monkeypatch.setattr(calibration, "calibrate",
+                        lambda key, *a, **k: launched.append(key) or "not launched")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    predictor = Predictor([single, ddp], cpu_rig, run_dir, None, given=(source, found))
+    assert predictor.reused == [CalibrationKey.of(single)]
+    step, alone = predictor.predict(single)
+    assert isinstance(step, bound.Bound) and step.step_s == pytest.approx(0.2)
+    assert isinstance(alone, bound.Bound) and alone.step_s == pytest.approx(0.2)
+    assert not launched
+    import json
+
+    written = json.loads((run_dir / CALIBRATION_FILE).read_text())
+    assert written["reused_from"] == str(source) and written["hardware"]
+    # A sweep that needs a size the file lacks calibrates that workload again.
+    wide = new_case(cpu_rig, "single", "resnet-tiny", 32, 32)
+    again = Predictor([wide], cpu_rig, tmp_path, None, given=(source, found))
+    assert not again.reused
+    assert again.predict(wide)[0] == "no prediction: not launched" and len(launched) == 1
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "no calibration.json there"),
+    ("{", "unreadable (JSONDecodeError"),
+    ("other", "measured on other hardware (abc, this machine's rig cpu:2x1t is "),
+    ("devices", "timed on 1 device(s), this rig has 2"),
+])
+def test_a_calibration_from_elsewhere_is_refused(tmp_path, cpu_rig, content, message):
+    from bench_lib.run.calibrate import CALIBRATION_FILE, given_calibrations
+
+    cal = Calibration(OPT, {16: BatchCosts(0.2)}, {}, 1 if content == "devices" else 2)
+    if content is None:
+        folder = tmp_path
+    elif content == "{":
+        folder = tmp_path
+        (folder / CALIBRATION_FILE).write_text("{")
+    else:
+        folder = _stored(tmp_path, cpu_rig, cal, "abc" if content == "other" else None)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        given_calibrations(folder, cpu_rig)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--calibration", "MISSING"], "no calibration.json there"),
+    (["--resume", "RUN", "--predict"], "--resume predicts as the run folder's profile says"),
+])
+def test_the_command_line_refuses_a_calibration_it_cannot_use(tmp_path, capsys, argv, message):
     from bench_lib import cli
 
-    code = cli.main(["run", "--profile", "ci", "--rig", "cpu", "--predict",
+    argv = [str(tmp_path / a) if a in ("MISSING", "RUN") else a for a in argv]
+    code = cli.main(["run", "--profile", "ci", "--rig", "cpu", *argv,
                      "--out", str(tmp_path / "out")])
     assert code == cli.EXIT_USAGE
-    assert "--predict goes with --dry-run" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_run_predict_then_a_run_that_reuses_its_calibration(tmp_path, capsys):
+    """--predict turns predictions on in a real run; --calibration takes its calibration
+    and launches none."""
+    import json
+
+    from bench_lib.results.read import read_cases, run_dirs_in
+    from tests.conftest import in_process
+
+    sweep = ["--profile", "smoke", "--rig", "cpu", "--models", "resnet-tiny", "--image-sizes",
+             "32", "--batch-size", "4", "--strategies", "single,ddp", "--warmup-steps", "1",
+             "--timed-steps", "2"]
+    first = in_process(capsys, "run", *sweep, "--predict", "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr
+    assert "calibrated resnet-tiny 32 px fp32 in " in first.stderr
+    (a,) = run_dirs_in(tmp_path / "a")
+    assert json.loads((a / "env.json").read_text())["profile"]["predict_time"] is True
+    assert read_cases(a).step_time_s_predicted.notna().all()
+    second = in_process(capsys, "run", *sweep, "--calibration", str(a), "--out",
+                        str(tmp_path / "b"))
+    assert second.returncode == 0, second.stderr
+    assert "calibrated " not in second.stderr
+    assert f"calibration: 1 workload(s) from {a / 'calibration.json'}" in second.stderr
+    (b,) = run_dirs_in(tmp_path / "b")
+    assert read_cases(b).step_time_s_predicted.notna().all()
+    assert json.loads((a / "duty.json").read_text())["calibration_s"] > 0
+    assert json.loads((b / "duty.json").read_text())["calibration_s"] == 0
 
 
 @pytest.mark.integration

@@ -116,6 +116,56 @@ def test_a_sides_rounds_make_one_run_and_a_failure_in_any_round_breaks_the_case(
     assert flipped["ddp_a"].verdict == "n/a"
 
 
+def test_each_sides_prediction_error_is_its_rounds_median_and_a_grown_one_is_noted() -> None:
+    def rounds(errors: list[float]) -> list[cmp.Run]:
+        runs = [run_of({"single_a": [0.2], "ddp_a": [0.3]}) for _ in errors]
+        for run, error in zip(runs, errors):
+            run.cases["ddp_a"]["prediction_error_pct"] = error
+            run.cases["single_a"]["prediction_error_pct"] = ""  # not predicted
+        return runs
+
+    base = sj.side_run(Path("base"), rounds([2.0, -3.0, 4.0]))
+    head = sj.side_run(Path("head"), rounds([20.0, -18.0, 25.0]))
+    assert base.cases["ddp_a"]["prediction_error_pct"] == 2.0
+    assert head.cases["ddp_a"]["prediction_error_pct"] == 20.0
+    results = sj.judge_cases(base, head, 5.0, "step_time")
+    cases = {c["case_id"]: c for c in sj.verdicts_json(results, base, head)}
+    assert cases["ddp_a"]["prediction_error_pct"] == {"base": 2.0, "head": 20.0}
+    assert cases["single_a"]["prediction_error_pct"] == {"base": None, "head": None}
+    (note,) = [n for n in sj.gate_notes(results, base, head) if "prediction" in n]
+    assert "ddp_a: +2.0% -> +20.0%" in note and "not of the code measured" in note
+    assert not [n for n in sj.gate_notes(results, base, base) if "prediction" in n]
+
+
+def test_later_rounds_reuse_each_sides_first_calibration_where_it_can(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head's first round left a calibration.json naming its hardware: its later rounds
+    pass it to ``run --calibration``; the base's names none (a side older than the flag)."""
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_run(worktree: Path, env: object, python: str, out: Path, profile: str,
+                 run_args: list[str]) -> Path:
+        calls.append((worktree.name, list(run_args)))
+        run = out / "run"
+        run.mkdir(parents=True)
+        stamp = {"hardware": "abc"} if worktree.name == "head" else {}
+        (run / "calibration.json").write_text(json.dumps({**stamp, "calibrations": []}))
+        return run
+
+    monkeypatch.setattr(sj, "run_side", fake_run)
+    runs, _ = sj.measure({"base": {}, "head": {}}, tmp_path / "gate", tmp_path, profile="ci",
+                         rounds=3, run_args=["--timed-steps", "6"], python="python",
+                         say=lambda line: None)
+    first_head = runs["head"][0] / "calibration.json"
+    assert calls == [("base", ["--timed-steps", "6"]), ("head", ["--timed-steps", "6"]),
+                     ("head", ["--timed-steps", "6", "--calibration", str(first_head)]),
+                     ("base", ["--timed-steps", "6"]), ("base", ["--timed-steps", "6"]),
+                     ("head", ["--timed-steps", "6", "--calibration", str(first_head)])]
+    assert sj.reusable_calibration(tmp_path / "nowhere") is None
+    with pytest.raises(sj.GateError, match="set by the gate"):
+        sj.check_run_args(["--calibration", "x"])
+
+
 # ---- inputs -----------------------------------------------------------------------------
 
 

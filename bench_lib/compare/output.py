@@ -111,7 +111,7 @@ def prediction_regressions(results: list[cmp.CaseResult], base: cmp.Run,
     grew by more than ``MODEL_REGRESSION_POINTS`` (both runs predicted it)."""
     out = []
     for r in results:
-        errors = [_float(run.cases.get(r.case_id, {}).get("prediction_error_pct"))
+        errors = [number(run.cases.get(r.case_id, {}).get("prediction_error_pct"))
                   for run in (base, cand)]
         if errors[0] is None or errors[1] is None:
             continue
@@ -120,12 +120,24 @@ def prediction_regressions(results: list[cmp.CaseResult], base: cmp.Run,
     return out
 
 
-def _float(value: object) -> float | None:
+def prediction_note(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run
+                    ) -> str | None:
+    """The note for ``prediction_regressions``, or None where there are none."""
+    if not (grown := prediction_regressions(results, base, cand)):
+        return None
+    return ("the step-time prediction got worse (|error| grew by more than "
+            f"{MODEL_REGRESSION_POINTS:g} points: {', '.join(grown)}): a regression of "
+            "the model (sweep/predict_time.py, the calibration), not of the code "
+            "measured; the verdicts above do not count it")
+
+
+def number(value: object) -> float | None:
+    """A cell read from a CSV as a float; None where it is empty, NaN or no number."""
     try:
-        number = float(value)  # type: ignore[arg-type]
+        x = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    return number if number == number else None  # NaN: missing
+    return x if x == x else None  # NaN: missing
 
 
 def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[str]:
@@ -146,11 +158,8 @@ def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[s
         out.append("a run measured in 1 launch (--launches 1) gets intervals from its steps "
                    "alone: they leave out how much a fresh launch moves the figure, so they "
                    "are too narrow wherever launches differ; measure in 3 launches or more")
-    if grown := prediction_regressions(results, base, cand):
-        out.append("the step-time prediction got worse (|error| grew by more than "
-                   f"{MODEL_REGRESSION_POINTS:g} points: {', '.join(grown)}): a regression of "
-                   "the model (sweep/predict_time.py, the calibration), not of the code "
-                   "measured; the verdicts above do not count it")
+    if grown := prediction_note(results, base, cand):
+        out.append(grown)
     singles = [r for r in results if r.by == "step_time" and r.verdict == "regression"]
     speedups = [r for r in results if "speedup" in r.changes]
     if singles and speedups and all(r.changes["speedup"].verdict(0) != "regression"

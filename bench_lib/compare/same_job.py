@@ -59,6 +59,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,7 +88,7 @@ METRICS = ("step_time", "speedup", "auto")
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
 SIDES = ("base", "head")
 GATE_SETS = ("--launches", "--out", "--quiet", "--resume", "--shard", "--dry-run",
-             "--report", "--compare-to", "--save-baseline", "--profile")
+             "--report", "--compare-to", "--save-baseline", "--profile", "--calibration")
 """``run`` flags the gate sets itself (``--profile`` is the gate's own flag)."""
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "parabench gate", "GIT_AUTHOR_EMAIL": "gate@parabench.invalid",
@@ -301,11 +302,14 @@ def run_side(worktree: Path, env: Mapping[str, str], python: str, out: Path, pro
 
 def side_run(path: Path, rounds: Sequence[cmp.Run]) -> cmp.Run:
     """A side's rounds as one ``compare`` run: launch r is round r's launch. A case's row
-    is its first round's, with the status of the first round it did not end ``ok`` in and
-    every round's contention said with the round; its launches are the rounds it ran ok."""
+    is its first round's, with the status of the first round it did not end ``ok`` in,
+    every round's contention said with the round, and the median over rounds of its
+    step-time prediction error (where the side predicts); its launches are the rounds it
+    ran ok."""
     cases: dict[str, dict[str, Any]] = {}
     launches: dict[str, cmp.Launches] = {}
     contention: dict[str, list[str]] = {}
+    errors: dict[str, list[float]] = {}
     for r, run in enumerate(rounds):
         for cid, row in run.cases.items():
             kept = cases.setdefault(cid, dict(row))
@@ -314,11 +318,15 @@ def side_run(path: Path, rounds: Sequence[cmp.Run]) -> cmp.Run:
             reason = row.get("contention")
             if isinstance(reason, str) and reason.strip():
                 contention.setdefault(cid, []).append(f"round {r + 1}: {reason.strip()}")
+            if (error := output.number(row.get("prediction_error_pct"))) is not None:
+                errors.setdefault(cid, []).append(error)
         for cid, parts in run.launches.items():
             for samples in parts.values():
                 launches.setdefault(cid, {})[r] = samples
     for cid, said in contention.items():
         cases[cid]["contention"] = "; ".join(said)
+    for cid, values in errors.items():
+        cases[cid]["prediction_error_pct"] = statistics.median(values)
     return cmp.Run(path, rounds[0].env if rounds else {}, cases, launches)
 
 
@@ -391,6 +399,8 @@ def gate_notes(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run) -> l
     if len(judged) > 1 and all(r.verdict == "regression" for r in judged):
         out.append("every case regressed: the head slows what all strategies share (the "
                    "model, the step, a setting), not one strategy alone")
+    if grown := output.prediction_note(results, base, head):
+        out.append(grown)
     return out
 
 
@@ -428,13 +438,21 @@ def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, Side],
     return "\n".join(lines) + "\n"
 
 
-def verdicts_json(results: list[cmp.CaseResult]) -> list[dict[str, Any]]:
-    """Per case: its verdict, the metric behind it and every change with its interval."""
+def verdicts_json(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run
+                  ) -> list[dict[str, Any]]:
+    """Per case: its verdict, the metric behind it, every change with its interval, and
+    each side's step-time prediction error (the median over its rounds; None where that
+    side made no prediction)."""
+    def error(run: cmp.Run, cid: str) -> float | None:
+        return output.number(run.cases.get(cid, {}).get("prediction_error_pct"))
+
     return [{"case_id": r.case_id, "strategy": r.strategy, "verdict": r.verdict, "by": r.by,
              "base_median_s": r.base_median_s, "head_median_s": r.cand_median_s,
              "changes": {m: {"value": c.value, "ci_low": c.ci_low, "ci_high": c.ci_high,
                              "rounds": c.n_base}
-                         for m, c in r.changes.items()}} for r in results]
+                         for m, c in r.changes.items()},
+             "prediction_error_pct": {"base": error(base, r.case_id),
+                                      "head": error(head, r.case_id)}} for r in results]
 
 
 # ---- the command ------------------------------------------------------------------------
@@ -491,8 +509,10 @@ def measure(envs: Mapping[str, Mapping[str, str]], gate_dir: Path, work: Path, *
     for r in range(rounds):
         for name in round_order(r):
             t0 = time.monotonic()
+            reuse = reusable_calibration(runs[name][0]) if runs[name] else None
+            args = [*run_args, *(["--calibration", str(reuse)] if reuse else [])]
             run = run_side(work / name, envs[name], python, gate_dir / name / f"round-{r + 1}",
-                           profile, run_args)
+                           profile, args)
             seconds = time.monotonic() - t0
             runs[name].append(run)
             record.append({"side": name, "round": r + 1, "seconds": round(seconds, 1),
@@ -502,6 +522,21 @@ def measure(envs: Mapping[str, Mapping[str, str]], gate_dir: Path, work: Path, *
             say(f"  round {r + 1}/{rounds} {name}: {seconds:.0f} s"
                 + (f" | ETA ~{left:.0f} s" if len(record) < total else ""))
     return runs, record
+
+
+def reusable_calibration(run_dir: Path) -> Path | None:
+    """The step-time calibration a side's first round measured, for its later rounds to
+    reuse (``run --calibration``): seconds a round saved, and every round predicted from
+    the same calibration, so that the rounds' errors differ by the measurement alone. None
+    where that side does not predict (its profile's ``predict_time`` off) or predates
+    ``--calibration`` (its calibration.json names no hardware)."""
+    from bench_lib.run.calibrate import CALIBRATION_FILE
+
+    path = run_dir / CALIBRATION_FILE
+    try:
+        return path if json.loads(path.read_text()).get("hardware") else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _remove_new(gate_dir: Path, out_existed: bool) -> None:
@@ -583,7 +618,7 @@ def run_gate(*, base_ref: str, head_ref: str | None = None, head_env: Sequence[s
     notes = gate_notes(results, base, head)
     (gate_dir / "gate.json").write_text(json.dumps(
         {**summary, "exit_code": code, "sides": {k: s.as_dict() for k, s in sides.items()},
-         "runs": record, "cases": verdicts_json(results), "notes": notes},
+         "runs": record, "cases": verdicts_json(results, base, head), "notes": notes},
         indent=2, default=str) + "\n")
     text = markdown_text(results, sides, head, summary, notes)
     (gate_dir / "gate.md").write_text(text)

@@ -165,12 +165,31 @@ class Predictor:
     def __init__(self, cases: Iterable[Case], rig: Rig, run_dir: Path,
                  collectives: Collectives | None, server: ForkServer | None = None,
                  on_calibrate: Callable[[CalibrationKey, Calibration | str], None] | None = None,
+                 given: GivenCalibrations | None = None,
                  ) -> None:
         self.rig, self.run_dir, self.collectives = rig, run_dir, collectives
         self.server, self.on_calibrate = server, on_calibrate
         self.sizes = sizes_for(cases, rig)
+        self.hardware = hardware_id(rig)
         self.found: dict[CalibrationKey, Calibration | str] = {}
+        self.reused_from = ""
+        if given is not None:  # run --calibration: each workload it measured every size of
+            source, calibrations = given
+            self.found.update({k: c for k, c in calibrations.items()
+                               if k in self.sizes and c.covers(self.sizes[k])})
+            self.reused_from = str(source)
         self.found.update(read_calibrations(run_dir / CALIBRATION_FILE))
+        if self.found:  # the run folder says what its predictions came from from the start
+            self._write()
+
+    @property
+    def reused(self) -> list[CalibrationKey]:
+        """The workloads whose calibration came from ``--calibration``, not this run."""
+        return list(self.found) if self.reused_from else []
+
+    def _write(self) -> None:
+        write_calibrations(self.run_dir / CALIBRATION_FILE, self.found, self.hardware,
+                           self.reused_from)
 
     def calibration(self, case: Case) -> Calibration | str:
         key = CalibrationKey.of(case)
@@ -180,7 +199,7 @@ class Predictor:
                 return "no prediction: the case was not planned to run"
             self.found[key] = calibrate(key, sizes, self.rig, self.run_dir / ".work",
                                         self.server)
-            write_calibrations(self.run_dir / CALIBRATION_FILE, self.found)
+            self._write()
             if self.on_calibrate is not None:
                 self.on_calibrate(key, self.found[key])
         return self.found[key]
@@ -230,10 +249,22 @@ def prediction_columns(case_batch: int, workload_batch: int, predicted: Bound | 
     return cols
 
 
-def write_calibrations(path: Path, found: Mapping[CalibrationKey, Calibration | str]) -> None:
-    write_json_atomic(path, {"calibrations": [
-        {"key": key.__dict__, **({"failed": cal} if isinstance(cal, str) else cal.as_dict())}
-        for key, cal in found.items()]})
+def hardware_id(rig: Rig) -> str:
+    """This machine's hardware as ``compare.baseline.fingerprint_id`` names it: what a
+    calibration must share with the run that reuses it (``given_calibrations``)."""
+    from bench_lib.compare.baseline import fingerprint_id
+    from bench_lib.measure.environment import hardware_fingerprint
+
+    return fingerprint_id(hardware_fingerprint(rig))
+
+
+def write_calibrations(path: Path, found: Mapping[CalibrationKey, Calibration | str],
+                       hardware: str = "", reused_from: str = "") -> None:
+    write_json_atomic(path, {
+        "hardware": hardware, **({"reused_from": reused_from} if reused_from else {}),
+        "calibrations": [
+            {"key": key.__dict__, **({"failed": cal} if isinstance(cal, str) else cal.as_dict())}
+            for key, cal in found.items()]})
 
 
 def read_calibrations(path: Path) -> dict[CalibrationKey, Calibration | str]:
@@ -245,6 +276,37 @@ def read_calibrations(path: Path) -> dict[CalibrationKey, Calibration | str]:
         key = CalibrationKey(**entry["key"])
         out[key] = entry["failed"] if "failed" in entry else Calibration.from_dict(entry)
     return out
+
+
+GivenCalibrations = tuple[Path, dict[CalibrationKey, Calibration]]
+"""``run --calibration``'s file and the calibrations read from it."""
+
+
+def given_calibrations(path: Path, rig: Rig) -> GivenCalibrations:
+    """``run --calibration PATH``: the calibrations of an earlier run on this machine (PATH
+    its ``calibration.json`` or its run folder), failed ones left out; ValueError, said for
+    the command line, where PATH holds none, cannot be read, or was measured on other
+    hardware or on another number of devices (its times would predict nothing here)."""
+    file = path / CALIBRATION_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"--calibration {path}: no {CALIBRATION_FILE} there (a run whose "
+                         "profile sets predict_time, or run --predict, writes one)")
+    try:
+        data = json.loads(file.read_text())
+        found = read_calibrations(file)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--calibration {file}: unreadable ({type(e).__name__}: {e})") from e
+    here = hardware_id(rig)
+    if data.get("hardware") != here:
+        raise ValueError(f"--calibration {file}: measured on other hardware ("
+                         f"{data.get('hardware') or 'not recorded'}, this machine's rig "
+                         f"{rig.label} is {here}); a calibration predicts only the machine it "
+                         "timed")
+    kept = {k: c for k, c in found.items() if not isinstance(c, str)}
+    if other := sorted({c.devices for c in kept.values()} - {devices_of(rig)}):
+        raise ValueError(f"--calibration {file}: timed on {other[0]} device(s), this rig has "
+                         f"{devices_of(rig)}")
+    return file, kept
 
 
 def describe_calibration(key: CalibrationKey, cal: Calibration | str) -> str:

@@ -110,6 +110,13 @@ class Calibration:
                 "alone": {str(b): c.as_dict() for b, c in sorted(self.alone.items())},
                 "together": {str(b): c.as_dict() for b, c in sorted(self.together.items())}}
 
+    def covers(self, sizes: Sizes) -> bool:
+        """Whether this calibration measured every size in ``sizes`` (a calibration taken
+        from another run serves only a sweep whose sizes it measured)."""
+        blocks = {b for b, c in self.together.items() if c.forward_s}
+        return (sizes.alone <= set(self.alone) and sizes.together <= set(self.together)
+                and sizes.blocks <= blocks)
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
         return cls(float(d["optimizer_s"]),
