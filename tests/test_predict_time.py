@@ -8,11 +8,13 @@ import re
 import pytest
 
 from bench_lib.measure import bound
+from bench_lib.measure.case_bound import parameter_bytes
 from bench_lib.measure.collectives import CollectiveFit, Collectives
 from bench_lib.run.calibrate import CalibrationKey, CalibrationSpec, combine, sizes_for
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.predict import _schedule_actions
 from bench_lib.sweep.predict_time import (
+    FRESH_COPY_BYTES,
     BatchCosts,
     Calibration,
     PipelineParts,
@@ -20,6 +22,8 @@ from bench_lib.sweep.predict_time import (
     Sizes,
     calibration_sizes,
     error_pct,
+    fsdp_copied_bytes,
+    fsdp_copies_s,
     predict,
     predict_case,
     shape_of,
@@ -123,14 +127,31 @@ def test_ddp_without_overlap_adds_the_all_reduce_and_with_overlap_hides_it():
     assert "no collective" in str(predict(Shape("ddp", 16, 2), cal, None, grads))
 
 
-def test_fsdp_steps_its_shard_and_pays_its_gathers_and_scatters():
-    cal = Calibration(OPT, {}, {8: BatchCosts(0.3)}, 2)
+def test_fsdp_steps_its_shard_and_pays_its_gathers_scatters_and_copies():
+    """Per unit of b bytes on 2 devices: 3 copies of b and 3 of b/2 (gathered forward and
+    backward, its gradient reduce-scattered); the root's 2 MiB: 2 of each; all at the
+    calibrated rate of a copy into fresh pages."""
+    mib = 2**20
+    units, grads = (10 * mib, 20 * mib), 32 * mib
+    copied = 3 * (30 * mib + 15 * mib) + 2 * (2 * mib + mib)
+    assert fsdp_copied_bytes(units, 2 * mib, 2) == copied
+    copies = {FRESH_COPY_BYTES: FRESH_COPY_BYTES / 1e9}  # 1 GB/s
+    assert fsdp_copies_s(units, 2 * mib, 2, copies) == pytest.approx(copied / 1e9)
+    cal = Calibration(OPT, {}, {8: BatchCosts(0.3)}, 2, copies=copies)
     coll = Collectives({"all_gather": FIT, "reduce_scatter": FIT}, "gloo", 2)
-    units, grads = (10 * 2**20, 20 * 2**20), 32 * 2**20
     found = predict(Shape("fsdp", 16, 2), cal, coll, grads, units)
     comm = bound.fsdp_comm_s(units, grads - sum(units), FIT, FIT)
     assert isinstance(found, bound.Bound)
-    assert found.step_s == pytest.approx(0.3 - OPT + OPT / 2 + comm)
+    assert found.step_s == pytest.approx(0.3 - OPT + OPT / 2 + comm + copied / 1e9)
+    assert (found.comm_s, found.other_s) == (pytest.approx(comm), pytest.approx(copied / 1e9))
+    gpu = predict(Shape("fsdp", 16, 2, overlap=True), cal, coll, grads, units)
+    assert isinstance(gpu, bound.Bound)  # the copies are not hidden by the overlap
+    assert gpu.step_s == pytest.approx(max(0.3 - OPT + OPT / 2, comm) + copied / 1e9)
+    # A calibration without the copy (one made before it, or for no fsdp case) says so.
+    old = Calibration(OPT, {}, {8: BatchCosts(0.3)}, 2)
+    assert "no copy into a fresh buffer" in str(predict(Shape("fsdp", 16, 2), old, coll, grads,
+                                                        units))
+    assert not old.covers(Sizes(copies=frozenset(copies)))
 
 
 def test_one_process_strategies_from_the_alone_steps():
@@ -184,6 +205,9 @@ def test_a_sweeps_sizes_per_workload(cpu_rig):
         CalibrationKey("resnet-tiny", 32, "fp32", "ce"): Sizes(
             frozenset({16, 4}), frozenset({8, 16, 4}), frozenset({4})),
         CalibrationKey("resnet-tiny", 48, "fp32", "ce"): Sizes(frozenset({16}))}
+    # fsdp adds its copy into fresh pages.
+    fsdp = new_case(cpu_rig, "fsdp", "resnet-tiny", 48, 16)
+    assert sizes_for([fsdp], cpu_rig)[CalibrationKey.of(fsdp)].copies == {FRESH_COPY_BYTES}
 
 
 def test_shape_of_reads_the_rig(cpu_rig):
@@ -197,7 +221,7 @@ def test_predict_case_prices_a_real_models_collectives_and_cut(cpu_rig):
     """A sweep's cases through ``predict_case``: ddp's gradient bytes are the model's; a
     balanced 1F1B is cut by partition's min-max over the calibrated blocks, its transfers
     at the send/recv fit of the boundary's bytes."""
-    from bench_lib.measure.case_bound import boundary_bytes, parameter_bytes
+    from bench_lib.measure.case_bound import boundary_bytes
     from bench_lib.workloads import Workload, blocks
 
     n = len(blocks(Workload("resnet-tiny", 32, 4).build_model()))
@@ -230,9 +254,12 @@ def test_predict_case_prices_a_real_models_collectives_and_cut(cpu_rig):
 def test_calibration_round_trips_and_ranks_combine(tmp_path, cpu_rig):
     """Rank 0's alone figures; together, the slowest rank's step and each block's mean."""
     r0 = {"optimizer_s": OPT, "alone": {"16": BatchCosts(0.26).as_dict()},
-          "together": {"4": BatchCosts(0.2, (0.01, 0.02), (0.02, 0.04)).as_dict()}}
-    r1 = {"alone": {}, "together": {"4": BatchCosts(0.22, (0.03, 0.02), (0.04, 0.04)).as_dict()}}
+          "together": {"4": BatchCosts(0.2, (0.01, 0.02), (0.02, 0.04)).as_dict()},
+          "copies": {"4096": 0.002}}
+    r1 = {"alone": {}, "together": {"4": BatchCosts(0.22, (0.03, 0.02), (0.04, 0.04)).as_dict()},
+          "copies": {"4096": 0.003}}
     cal = combine([r0, r1], 3.0)
+    assert cal.copies == {4096: 0.003}  # the slowest rank's
     assert cal.alone == {16: BatchCosts(0.26)}
     assert cal.together[4].step_s == 0.22
     assert cal.together[4].forward_s == pytest.approx((0.02, 0.02))
@@ -240,7 +267,8 @@ def test_calibration_round_trips_and_ranks_combine(tmp_path, cpu_rig):
     assert (cal.devices, cal.wall_s) == (2, 3.0)
     assert Calibration.from_dict(cal.as_dict()) == cal
     spec = CalibrationSpec(CalibrationKey("resnet-tiny", 32, "fp32", "ce"), cpu_rig, 2,
-                           Sizes(frozenset({16}), frozenset({4}), frozenset({4})))
+                           Sizes(frozenset({16}), frozenset({4}), frozenset({4}),
+                                 frozenset({4096})))
     spec.write(tmp_path / "spec.json")
     assert CalibrationSpec.read(tmp_path / "spec.json") == spec
 

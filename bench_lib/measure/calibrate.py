@@ -43,6 +43,15 @@ def timed(fn: Callable[[], object], devices: Sequence[torch.device],
     return statistics.median(times)
 
 
+def fresh_copy_s(nbytes: int, device: torch.device, warmup: int = WARMUP,
+                 repeats: int = REPEATS) -> float:
+    """Seconds to copy ``nbytes`` of fp32 into a buffer allocated for the copy and freed
+    after it, as FSDP2's copy-in and copy-out do each step (on a CPU the fresh pages' faults
+    cost more than the bytes)."""
+    source = torch.ones(max(1, nbytes // 4), device=device)
+    return timed(lambda: torch.empty_like(source).copy_(source), [device], warmup, repeats)
+
+
 def block_times(model: nn.Module, workload: Workload, batch: int, device: torch.device,
                 warmup: int = WARMUP, repeats: int = REPEATS,
                 ) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -68,14 +68,14 @@ class CalibrationSpec:
         write_json_atomic(path, {
             "key": self.key.__dict__, "rig": self.rig.as_dict(), "devices": self.devices,
             "alone": sorted(self.sizes.alone), "together": sorted(self.sizes.together),
-            "blocks": sorted(self.sizes.blocks)})
+            "blocks": sorted(self.sizes.blocks), "copies": sorted(self.sizes.copies)})
 
     @classmethod
     def read(cls, path: Path) -> CalibrationSpec:
         d = json.loads(path.read_text())
         return cls(CalibrationKey(**d["key"]), Rig.from_dict(d["rig"]), int(d["devices"]),
                    Sizes(frozenset(d["alone"]), frozenset(d["together"]),
-                         frozenset(d["blocks"])))
+                         frozenset(d["blocks"]), frozenset(d.get("copies", ()))))
 
 
 def result_file(workdir: Path, rank: int) -> Path:
@@ -85,14 +85,17 @@ def result_file(workdir: Path, rank: int) -> Path:
 def sizes_for(cases: Iterable[Case], rig: Rig) -> dict[CalibrationKey, Sizes]:
     """The batch sizes each workload's calibration times: every size its cases to run read
     (``predict_time.calibration_sizes``)."""
-    from bench_lib.sweep.predict_time import shape_of
+    from bench_lib.sweep.predict_time import FRESH_COPY_BYTES, shape_of
 
     out: dict[CalibrationKey, Sizes] = {}
     for case in cases:
         if case.status is not None:
             continue
         key = CalibrationKey.of(case)
-        out[key] = out.get(key, Sizes()) | calibration_sizes(shape_of(case, rig))
+        sizes = calibration_sizes(shape_of(case, rig))
+        if case.strategy == "fsdp" and case.world_size > 1:
+            sizes |= Sizes(copies=frozenset({FRESH_COPY_BYTES}))
+        out[key] = out.get(key, Sizes()) | sizes
     return out
 
 
@@ -134,7 +137,7 @@ def calibrate(key: CalibrationKey, sizes: Sizes, rig: Rig, work_root: Path,
 
 def combine(ranks: list[Mapping[str, Any]], wall_s: float) -> Calibration:
     """The ranks' files as one calibration: rank 0's alone; together, the slowest rank's
-    step and each block's mean over ranks."""
+    step and each block's mean over ranks; each copy the slowest rank's."""
     first = ranks[0]
     together: dict[int, BatchCosts] = {}
     for b in first.get("together", {}):
@@ -144,9 +147,11 @@ def combine(ranks: list[Mapping[str, Any]], wall_s: float) -> Calibration:
             max(c.step_s for c in costs),
             tuple(sum(v) / n for v in zip(*(c.forward_s for c in costs))),
             tuple(sum(v) / n for v in zip(*(c.backward_s for c in costs))))
+    copies = {int(b): max(float(r.get("copies", {})[b]) for r in ranks)
+              for b in first.get("copies", {})}
     return Calibration(float(first["optimizer_s"]),
                        {int(b): BatchCosts.from_dict(c) for b, c in first["alone"].items()},
-                       together, len(ranks), wall_s)
+                       together, len(ranks), wall_s, copies)
 
 
 CALIBRATION_FILE = "calibration.json"

@@ -10,8 +10,9 @@ group (only for its barriers: no collective is timed), builds the workload's mod
 1. rank 0 alone, the others waiting at a barrier: the optimizer step, and the training step
    at each "alone" batch size;
 2. every rank at once: the training step at each "together" size, then each block's
-   forward and backward at each "blocks" size; a barrier before each size, so the ranks
-   compute side by side as a case's ranks do.
+   forward and backward at each "blocks" size; then each "copies" byte count copied into a
+   freshly allocated buffer (fsdp's copy-in and copy-out); a barrier before each size, so
+   the ranks compute side by side as a case's ranks do.
 
 Writes ``calibration<RANK>.json`` (``run.calibrate.result_file``) and exits 0; on a failure
 the traceback goes to its log, and it exits 1 without a file.
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from bench_lib import strategies
-from bench_lib.measure.calibrate import block_times, timed
+from bench_lib.measure.calibrate import block_times, fresh_copy_s, timed
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import init_process_group, pin_worker, set_math_mode
 from bench_lib.run.calibrate import CalibrationSpec, result_file
@@ -98,6 +99,11 @@ def run_rank(spec: CalibrationSpec, rank: int, workdir: Path) -> dict[str, objec
             fwd, bwd = block_times(trainer.module, workload, b, device)
         together[str(b)] = BatchCosts(step, fwd, bwd).as_dict()
     out["together"] = together
+    copies: dict[str, float] = {}
+    for nbytes in sorted(spec.sizes.copies):
+        barrier()
+        copies[str(nbytes)] = fresh_copy_s(nbytes, device)
+    out["copies"] = copies
     barrier()
     return out
 

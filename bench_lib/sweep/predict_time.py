@@ -21,7 +21,8 @@ step, T_a(b) and T_t(b) the calibrated step alone and together)::
                           on GPUs overlapped (max: ``data_parallel_bound``)
     ddp-1                 T_a(B)
     fsdp                  T_t(B/N) - O + O/N + FSDP2's all-gathers and reduce-scatters
-                          (added on a cpu rig, overlapped on GPUs)
+                          (added on a cpu rig, overlapped on GPUs) + its copies into fresh
+                          buffers around them (``fsdp_copies_s``, calibrated)
     gpipe, 1f1b,          torch's action lists replayed (``bound.simulate``) with each
     interleaved-*, zbv    stage's forward and backward: the sum of its blocks' together
                           times at s, scaled so that the blocks add up to T_t(s) - O (a
@@ -103,19 +104,23 @@ class Calibration:
     """How many devices computed together."""
     wall_s: float = 0.0
     """How long the calibration took, process start included."""
+    copies: Mapping[int, float] = field(default_factory=dict)
+    """Bytes -> seconds to copy them into a freshly allocated buffer, every device at once
+    (the slowest): the rate of FSDP2's copies around its collectives (``fsdp_copies_s``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"optimizer_s": self.optimizer_s, "devices": self.devices,
                 "wall_s": round(self.wall_s, 3),
                 "alone": {str(b): c.as_dict() for b, c in sorted(self.alone.items())},
-                "together": {str(b): c.as_dict() for b, c in sorted(self.together.items())}}
+                "together": {str(b): c.as_dict() for b, c in sorted(self.together.items())},
+                "copies": {str(b): s for b, s in sorted(self.copies.items())}}
 
     def covers(self, sizes: Sizes) -> bool:
         """Whether this calibration measured every size in ``sizes`` (a calibration taken
         from another run serves only a sweep whose sizes it measured)."""
         blocks = {b for b, c in self.together.items() if c.forward_s}
         return (sizes.alone <= set(self.alone) and sizes.together <= set(self.together)
-                and sizes.blocks <= blocks)
+                and sizes.blocks <= blocks and sizes.copies <= set(self.copies))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
@@ -123,7 +128,8 @@ class Calibration:
                    {int(b): BatchCosts.from_dict(c) for b, c in (d.get("alone") or {}).items()},
                    {int(b): BatchCosts.from_dict(c)
                     for b, c in (d.get("together") or {}).items()},
-                   int(d.get("devices") or 1), float(d.get("wall_s") or 0.0))
+                   int(d.get("devices") or 1), float(d.get("wall_s") or 0.0),
+                   {int(b): float(v) for b, v in (d.get("copies") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -133,10 +139,12 @@ class Sizes:
     alone: frozenset[int] = frozenset()
     together: frozenset[int] = frozenset()
     blocks: frozenset[int] = frozenset()
+    copies: frozenset[int] = frozenset()
+    """Byte counts whose copy into a fresh buffer is timed (fsdp's: ``FRESH_COPY_BYTES``)."""
 
     def __or__(self, other: Sizes) -> Sizes:
         return Sizes(self.alone | other.alone, self.together | other.together,
-                     self.blocks | other.blocks)
+                     self.blocks | other.blocks, self.copies | other.copies)
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,33 @@ def calibration_sizes(shape: Shape) -> Sizes:
     if name in PIPELINED or name == "pipeline":
         return Sizes(single, frozenset({b}), frozenset({b}))
     return Sizes(single)
+
+
+FRESH_COPY_BYTES = 64 * 2**20
+"""The copy the calibration times into a fresh buffer: above glibc's largest mmap threshold
+(32 MiB), so that its pages are new each time whatever ran before."""
+
+
+def fsdp_copied_bytes(units: Sequence[int], root: int, devices: int) -> float:
+    """The bytes FSDP2 copies per step: per unit of b bytes, gathered forward and again
+    backward (copy-in of its shard, copy-out of the whole) and its gradient reduce-scattered
+    (copy-in of the whole, the shard out): 3 (b + b/N); the root, gathered once: 2 (b + b/N)."""
+    return sum(times * (b + b / devices)
+               for b, times in [*((u, 3) for u in units), (root, 2)] if b > 0)
+
+
+def fsdp_copies_s(units: Sequence[int], root: int, devices: int,
+                  copies: Mapping[int, float]) -> float:
+    """FSDP2's copies per step (``fsdp_copied_bytes``) at the calibrated rate of a copy into
+    fresh pages: its all-gather and reduce-scatter buffers are allocated each time and freed
+    after. On a cpu rig the new pages' faults cost more than the bytes (about 2.6 GB/s
+    against 20 into a reused buffer, 2-core AMD EPYC). Smaller buffers can land on reused
+    heap pages instead (glibc's threshold adapts), so this is the copies' upper end; timing
+    each unit's size instead gave 75 to 550 ms for the same copies from one calibration to
+    the next, as the heap happened to be."""
+    if FRESH_COPY_BYTES not in copies:
+        raise KeyError("copy into a fresh buffer")
+    return fsdp_copied_bytes(units, root, devices) * copies[FRESH_COPY_BYTES] / FRESH_COPY_BYTES
 
 
 Cutter = Callable[[Sequence[float], Sequence[int]], Sequence[int]]
@@ -268,16 +303,20 @@ def _data_parallel(shape: Shape, cal: Calibration, collectives: Collectives | No
         cap = None if shape.bucket_cap_mb is None else shape.bucket_cap_mb * 2**20
         comm = ddp_comm_s(grad_bytes / 2 if shape.hook in ("fp16", "bf16") else grad_bytes,
                           fit, cap)
+        copies = 0.0
     else:
         gather, scatter = collectives.fit("all_gather"), collectives.fit("reduce_scatter")
         if gather is None or scatter is None:
             return "no prediction: all_gather or reduce_scatter was not measured"
-        comm = fsdp_comm_s(units, int(grad_bytes - sum(units)), gather, scatter)
+        root = int(grad_bytes - sum(units))
+        comm = fsdp_comm_s(units, root, gather, scatter)
+        copies = fsdp_copies_s(units, root, n, cal.copies)
     if shape.overlap:
-        return data_parallel_bound(shape.strategy, compute, comm)
+        found = data_parallel_bound(shape.strategy, compute, comm)
+        return replace(found, step_s=found.step_s + copies, other_s=copies)
     # Collectives on the cores that compute (a cpu rig): nothing hides them.
     return Bound(f"{shape.strategy} (collectives not overlapped: they share the cores)",
-                 compute + comm, compute, 0.0, comm, 0.0)
+                 compute + comm + copies, compute, 0.0, comm, copies)
 
 
 def stage_passes(costs: BatchCosts, cuts: Sequence[int], optimizer_s: float,
