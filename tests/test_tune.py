@@ -282,9 +282,13 @@ def _folder(path: Path, medians: dict[str, float], summary: dict[str, object] | 
 def test_versus_judges_the_pick_on_the_sweep_s_own_numbers(tmp_path: Path):
     from bench_lib.tune.versus import judge, summary_lines
 
-    sweep = _folder(tmp_path / "s", {"single_x": 0.49, "ddp_x": 0.41, "mp_x": 0.42}, None)
-    near = _folder(tmp_path / "t1", {}, {"winner": "mp_x", "verdict": "tie"})
-    far = _folder(tmp_path / "t2", {}, {"winner": "single_x", "verdict": "separated"})
+    # single_b4: a point of single's batch curve, the shortest step of all but of another
+    # batch: the best is the fastest of the configurations tune chose from.
+    sweep = _folder(tmp_path / "s", {"single_x": 0.49, "ddp_x": 0.41, "mp_x": 0.42,
+                                     "single_b4": 0.18}, None)
+    space = {"single_x": 0.5, "ddp_x": 0.5, "mp_x": 0.5}  # tune's own cases
+    near = _folder(tmp_path / "t1", space, {"winner": "mp_x", "verdict": "tie"})
+    far = _folder(tmp_path / "t2", space, {"winner": "single_x", "verdict": "separated"})
     ok = judge(near, sweep, 100.0, 400.0, True)
     assert ok.sweep_best == "ddp_x" and ok.pick_over_best_pct == pytest.approx(100 / 41)
     assert ok.goals_met
@@ -338,3 +342,4 @@ def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicte
     assert pipe["status"] == "skipped" and "predicted" in pipe["reason"]
     ddp = next(r for k, r in cases.items() if k.startswith("ddp_"))
     assert float(ddp["step_time_s_predicted"]) == 0.3 and ddp["prediction_error_pct"]
+

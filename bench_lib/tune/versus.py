@@ -71,18 +71,28 @@ def _timed(cmd: Sequence[str]) -> tuple[float, Path]:
     return seconds, Path(lines[-1])
 
 
-def sweep_medians(run_dir: Path) -> dict[str, float]:
-    """Each ok case's median step time in a run folder's cases.csv."""
+def case_ids(run_dir: Path) -> set[str]:
+    """Every case a run folder's cases.csv lists, whatever its status."""
+    with (run_dir / "cases.csv").open(newline="") as f:
+        return {r["case_id"] for r in csv.DictReader(f)}
+
+
+def sweep_medians(run_dir: Path, among: set[str] | None = None) -> dict[str, float]:
+    """Each ok case's median step time in a run folder's cases.csv (of the cases ``among``
+    only, where given)."""
     with (run_dir / "cases.csv").open(newline="") as f:
         return {r["case_id"]: float(r["step_time_s_median"]) for r in csv.DictReader(f)
-                if r["status"] == "ok" and r["step_time_s_median"]}
+                if r["status"] == "ok" and r["step_time_s_median"]
+                and (among is None or r["case_id"] in among)}
 
 
 def judge(tune_dir: Path, sweep_dir: Path, tune_s: float, sweep_s: float,
           tune_first: bool) -> Round:
-    """A round from its two run folders and wall times."""
+    """A round from its two run folders and wall times. The sweep's best is among the
+    configurations tune chose from (its cases.csv, skipped ones included): the sweep also
+    runs single's batch curve and weak scaling, whose step times are of other batches."""
     summary = json.loads((tune_dir / "tune.json").read_text())
-    medians = sweep_medians(sweep_dir)
+    medians = sweep_medians(sweep_dir, case_ids(tune_dir))
     best = min(medians, key=medians.__getitem__)
     pick = summary["winner"] or ""
     return Round(tune_first, tune_s, sweep_s, best, medians[best], pick, medians.get(pick),
