@@ -177,20 +177,18 @@ class Predictor:
         self.sizes = sizes_for(cases, rig)
         self.hardware = hardware_id(rig)
         self.found: dict[CalibrationKey, Calibration | str] = {}
+        self.reused: list[CalibrationKey] = []
+        """The workloads whose calibration came from ``--calibration``, not this run."""
         self.reused_from = ""
         if given is not None:  # run --calibration: each workload it measured every size of
             source, calibrations = given
-            self.found.update({k: c for k, c in calibrations.items()
-                               if k in self.sizes and c.covers(self.sizes[k])})
+            self.reused = [k for k, c in calibrations.items()
+                           if k in self.sizes and c.covers(self.sizes[k])]
+            self.found.update({k: calibrations[k] for k in self.reused})
             self.reused_from = str(source)
         self.found.update(read_calibrations(run_dir / CALIBRATION_FILE))
         if self.found:  # the run folder says what its predictions came from from the start
             self._write()
-
-    @property
-    def reused(self) -> list[CalibrationKey]:
-        """The workloads whose calibration came from ``--calibration``, not this run."""
-        return list(self.found) if self.reused_from else []
 
     def _write(self) -> None:
         write_calibrations(self.run_dir / CALIBRATION_FILE, self.found, self.hardware,

@@ -313,7 +313,8 @@ def _data_parallel(shape: Shape, cal: Calibration, collectives: Collectives | No
         copies = fsdp_copies_s(units, root, n, cal.copies)
     if shape.overlap:
         found = data_parallel_bound(shape.strategy, compute, comm)
-        return replace(found, step_s=found.step_s + copies, other_s=copies)
+        return replace(found, step_s=found.step_s + copies, other_s=copies,
+                       no_overlap_s=(found.no_overlap_s or found.step_s) + copies)
     # Collectives on the cores that compute (a cpu rig): nothing hides them.
     return Bound(f"{shape.strategy} (collectives not overlapped: they share the cores)",
                  compute + comm + copies, compute, 0.0, comm, copies)
