@@ -274,8 +274,13 @@ def read_calibrations(path: Path) -> dict[CalibrationKey, Calibration | str]:
     """A run folder's calibrations (none where the file is missing)."""
     if not path.is_file():
         return {}
+    return _calibrations_of(json.loads(path.read_text()))
+
+
+def _calibrations_of(data: Mapping[str, Any]) -> dict[CalibrationKey, Calibration | str]:
+    """The calibrations of a parsed calibration.json."""
     out: dict[CalibrationKey, Calibration | str] = {}
-    for entry in json.loads(path.read_text()).get("calibrations", []):
+    for entry in data.get("calibrations", []):
         key = CalibrationKey(**entry["key"])
         out[key] = entry["failed"] if "failed" in entry else Calibration.from_dict(entry)
     return out
@@ -296,8 +301,8 @@ def given_calibrations(path: Path, rig: Rig) -> GivenCalibrations:
                          "profile sets predict_time, or run --predict, writes one)")
     try:
         data = json.loads(file.read_text())
-        found = read_calibrations(file)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        found = _calibrations_of(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"--calibration {file}: unreadable ({type(e).__name__}: {e})") from e
     here = hardware_id(rig)
     if data.get("hardware") != here:
