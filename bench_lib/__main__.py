@@ -4,7 +4,7 @@ from bench_lib.run import forkserver  # torch-free: the server starts before our
 
 forkserver.prestart(sys.argv[1:])
 
-from bench_lib.cli import main  # noqa: E402
+from bench_lib.commands import main  # noqa: E402
 from bench_lib.run.lifeline import exit_lightly  # noqa: E402
 
 exit_lightly(main())

@@ -35,13 +35,13 @@ FILES = [
 
 def cli_page() -> str:
     """Every command's ``--help``, at a fixed width."""
-    from bench_lib.cli import build_parser, subcommands
+    from bench_lib.commands.parser import build_parser, subcommands
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = str(WIDTH)  # argparse wraps at the terminal's width
     try:
         parser = build_parser()
-        parts = [GENERATED.format(source="bench_lib/cli.py"), "", "# Command line reference",
+        parts = [GENERATED.format(source="bench_lib/commands/"), "", "# Command line reference",
                  "", "Every command's `--help`. Exit codes: see the README.", "",
                  "```text", parser.format_help().rstrip(), "```"]
         for name, sub in subcommands(parser).items():

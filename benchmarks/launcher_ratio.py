@@ -32,7 +32,7 @@ STRATEGIES = ("ddp", "gpipe")
 BAND = 0.03
 DEFAULT_ARGS = ["--profile", "smoke", "--launches", "1"]
 QUICK_ARGS = ["--profile", "smoke", "--models", "resnet-tiny", "--image-sizes", "32",
-              "--batch-size", "4", "--split-sizes", "2", "--warmup-steps", "1",
+              "--batch-sizes", "4", "--split-sizes", "2", "--warmup-steps", "1",
               "--timed-steps", "2", "--launches", "1"]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_lib import cli  # noqa: E402
+from bench_lib import commands  # noqa: E402
 from bench_lib.results.read import read_cases, run_dirs_in  # noqa: E402
 from bench_lib.rig import detect_rig, pin_worker  # noqa: E402
 from bench_lib.strategies.partition import Partition, block_costs, choose  # noqa: E402
@@ -71,13 +71,13 @@ def run_sweep(args: argparse.Namespace) -> Path:
     out = Path(tempfile.mkdtemp(prefix="modern-speedup-", dir=args.out))
     argv = ["run", "--profile", "smoke", "--strategies", args.strategies,
             "--models", args.model, "--image-sizes", str(args.image_size),
-            "--batch-size", str(args.batch_size), "--split-sizes", args.split_sizes,
-            "--partition", args.partitions, "--warmup-steps", "2",
-            "--timed-steps", str(args.timed_steps), "--case-timeout", "900",
+            "--batch-sizes", str(args.batch_size), "--split-sizes", args.split_sizes,
+            "--partitions", args.partitions, "--warmup-steps", "2",
+            "--timed-steps", str(args.timed_steps), "--case-timeout-s", "900",
             "--out", str(out)]
-    code = cli.main(argv)
+    code = commands.main(argv)
     runs = run_dirs_in(out)
-    if code == cli.EXIT_USAGE or len(runs) != 1:
+    if code == commands.EXIT_USAGE or len(runs) != 1:
         raise SystemExit(code or 2)
     return runs[0]
 
@@ -86,7 +86,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet50")
     p.add_argument("--image-size", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-sizes", type=int, default=32)
     p.add_argument("--split-sizes", default="4,8")
     p.add_argument("--strategies", default=STRATEGIES)
     p.add_argument("--partitions", default="tutorial,balanced")

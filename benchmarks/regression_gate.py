@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=5, help="A/A and planted comparisons each")
     p.add_argument("--slowdown", type=float, default=0.15, help="planted slowdown (fraction)")
-    p.add_argument("--threshold", type=float, default=cmp.DEFAULT_THRESHOLD_PCT,
+    p.add_argument("--threshold-pct", type=float, default=cmp.DEFAULT_THRESHOLD_PCT,
                    help="the gate's threshold in percent")
     p.add_argument("--out", type=Path, help="where the run folders go (default: a temp dir)")
     args = p.parse_args(own)
@@ -104,15 +104,15 @@ def main(argv: list[str]) -> int:
     for k in range(args.pairs):
         slow = run_sweep(out / f"slow{2 * k + 1}", run_args, args.slowdown)
         plain.append(run_sweep(out / f"plain{2 * k + 2}", run_args, 0.0))
-        aa = judge(plain[k], plain[k + 1], args.threshold)
-        planted = judge(plain[k], slow, args.threshold)
+        aa = judge(plain[k], plain[k + 1], args.threshold_pct)
+        planted = judge(plain[k], slow, args.threshold_pct)
         aa_fail += bool(cmp.exit_code(aa))
         planted_caught += bool(cmp.exit_code(planted))
         gate_changes += deciding(aa) + deciding(planted)
         print(describe("A/A", k, aa), flush=True)
         print(describe(f"planted {args.slowdown:.0%}", k, planted), flush=True)
     print(summary(args.pairs, args.pairs - aa_fail, planted_caught, args.slowdown,
-                  args.threshold, gate_changes), flush=True)
+                  args.threshold_pct, gate_changes), flush=True)
     return 0 if aa_fail == 0 and planted_caught == args.pairs else 1
 
 

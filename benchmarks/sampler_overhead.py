@@ -69,7 +69,7 @@ def main() -> int:
     p.add_argument("--interval-ms", type=float, default=100.0)
     p.add_argument("--model", default="resnet-tiny")
     p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-sizes", type=int, default=16)
     p.add_argument("--rig", choices=("cpu", "cuda"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -85,7 +85,7 @@ def main() -> int:
     case = new_case(rig, "single", args.model, args.image_size, args.batch_size,
                     measurement=Measurement(sample_interval_ms=args.interval_ms))
     cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--image-size",
-           str(args.image_size), "--batch-size", str(args.batch_size), "--rig", rig.kind]
+           str(args.image_size), "--batch-sizes", str(args.batch_size), "--rig", rig.kind]
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     diffs, samples, cpu_s, wall_s = [], 0, 0.0, 0.0
     try:

@@ -21,17 +21,17 @@ os.environ.setdefault(QUICK_PEAK_ENV, "1")
 
 
 def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m bench_lib ARGS`` run in this process (``cli.main``), as a finished process:
+    """``python -m bench_lib ARGS`` run in this process (``commands.main``), as a finished process:
     the same exit code, stdout and stderr without a fresh interpreter's imports (about 3 s of
     CPU a call on 2 cores). For the tests whose subject is not the process itself (signals,
     the module entry point, several runs at once: those start one)."""
-    from bench_lib import cli
+    from bench_lib import commands
 
     capsys.readouterr()  # what the test printed before is not the command's
     argv = sys.argv
     sys.argv = [str(REPO / "bench_lib" / "__main__.py"), *args]  # as `-m` sets it (env.json)
     try:
-        code = cli.main(list(args))
+        code = commands.main(list(args))
     except SystemExit as stop:  # argparse's refusals
         code = stop.code if isinstance(stop.code, int) else 2
     finally:

@@ -8,19 +8,20 @@ import subprocess
 import pandas as pd
 import pytest
 
-from bench_lib import cli
+from bench_lib import commands
+from bench_lib.commands.common import memory_mib
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.results.schema import CASE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
 from bench_lib.sweep.cases import expand
-from bench_lib.sweep.profile import Profile
+from bench_lib.sweep.profile import Profile, profile_names
 from tests.conftest import PYTHON, REPO, in_process
 
 # Pinned to the cpu rig: the facts asserted here (dp unsupported, 2 workers, loopback) are a
 # cpu rig's, and on a GPU box the rig would otherwise be detected as cuda.
-TINY = ["--rig", "cpu", "--models", "resnet-tiny", "--image-sizes", "32", "--batch-size", "4",
+TINY = ["--rig", "cpu", "--models", "resnet-tiny", "--image-sizes", "32", "--batch-sizes", "4",
         "--warmup-steps", "1", "--timed-steps", "2", "--launches", "1"]
 
 
@@ -87,7 +88,7 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path, capsys):
         (["--strategies", "single,warp"], "unknown strategy 'warp'; valid: 1f1b, accum, ddp"),
         (["--strategies", "pipeline", "--split-sizes", "16"],
          "split size 16 is larger than every batch size"),
-        (["--strategies", "ddp", "--batch-size", "3"], "is divisible by ddp's world size 2"),
+        (["--strategies", "ddp", "--batch-sizes", "3"], "is divisible by ddp's world size 2"),
         (["--image-sizes", "16"], "image size 16 is too small"),
         (["--devices", "64"], "64 devices asked for"),
         (["--profile", "nope"], "unknown profile 'nope'; valid: ci, ddp-knobs, default"),
@@ -96,9 +97,9 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path, capsys):
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "out"
-    code = cli.main(["run", "--profile", "smoke", *TINY, *args, "--out", str(out)])
+    code = commands.main(["run", "--profile", "smoke", *TINY, *args, "--out", str(out)])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_USAGE == 2, err
+    assert code == commands.EXIT_USAGE == 2, err
     assert message in err
     assert err.startswith("error: ")
     assert not out.exists(), "bad input must not create a results folder"
@@ -106,7 +107,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
 
 @pytest.mark.integration
 def test_bad_input_through_the_module_entry_point_exits_2_without_a_traceback(tmp_path):
-    """What a user's shell sees (the cases above call ``cli.main`` in this process)."""
+    """What a user's shell sees (the cases above call ``commands.main`` in this process)."""
     out = tmp_path / "out"
     proc = bench("run", "--profile", "smoke", *TINY, "--strategies", "single,warp",
                  "--out", str(out), timeout=120)
@@ -125,14 +126,14 @@ def test_env_command_prints_versions():
 
 
 def _sweep_flags() -> list:
-    return list(cli.build_parser().parse_args(["run"]).sweep_flags)
+    return list(commands.build_parser().parse_args(["run"]).sweep_flags)
 
 
 def test_every_sweep_flag_reaches_the_profile_or_the_rig():
     rig_dests = {"rig", "devices", "threads_per_worker", "gpu_slots"}
     dests = {f.dest for f in _sweep_flags()} - rig_dests - {"profile_flag"}
     assert dests <= set(Profile.keys()), dests - set(Profile.keys())
-    # What a profile file can set and the command line cannot (--batch-size replaces the
+    # What a profile file can set and the command line cannot (--batch-sizes replaces the
     # per-image-size batches; batch_curve, predict_time and rig_figures are the profile's
     # choice of what to measure besides the cases):
     assert set(Profile.keys()) - dests == {"name", "description", "max_time_s",
@@ -142,14 +143,14 @@ def test_every_sweep_flag_reaches_the_profile_or_the_rig():
 
 # A value each flag parses; flags not listed take "1".
 SAMPLE_VALUES = {"--profile": "smoke", "--rig": "cpu", "--max-memory-per-device": "1GiB",
-                 "--strategies": "single", "--loss": "ce", "--precision": "fp32"}
+                 "--strategies": "single", "--loss": "ce", "--precisions": "fp32"}
 
 
 @pytest.mark.parametrize("flag", [f for f in _sweep_flags()], ids=lambda f: f.flag)
 def test_resume_refuses_each_sweep_flag_given_beside_it(tmp_path, capsys, flag):
     value = [SAMPLE_VALUES.get(flag.flag, "1")] if flag.takes_value else []
-    code = cli.main(["run", "--resume", str(tmp_path), flag.flag, *value])
-    assert code == cli.EXIT_USAGE
+    code = commands.main(["run", "--resume", str(tmp_path), flag.flag, *value])
+    assert code == commands.EXIT_USAGE
     assert f"drop {flag.flag}" in capsys.readouterr().err
     assert not any(tmp_path.iterdir()), "a refused resume writes nothing"
 
@@ -174,17 +175,17 @@ def test_an_out_folder_that_cannot_be_created_is_a_usage_error(tmp_path, capsys,
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     out = out.replace("FILE", str(blocker))
-    code = cli.main(["run", "--profile", "smoke", *TINY, "--strategies", "single",
+    code = commands.main(["run", "--profile", "smoke", *TINY, "--strategies", "single",
                      "--out", out])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_USAGE, err
+    assert code == commands.EXIT_USAGE, err
     assert err.startswith("error: cannot create") and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_baseline_command_stores_a_run_and_refuses_a_non_run(tmp_path, capsys):
-    code = cli.main(["baseline", str(tmp_path), "--store", str(tmp_path / "store")])
-    assert code == cli.EXIT_USAGE and "env.json" in capsys.readouterr().err
+    code = commands.main(["baseline", str(tmp_path), "--store", str(tmp_path / "store")])
+    assert code == commands.EXIT_USAGE and "env.json" in capsys.readouterr().err
     assert not (tmp_path / "store").exists()
 
 
@@ -195,7 +196,7 @@ def test_compare_to_and_save_baseline_are_checked_before_the_sweep(tmp_path, cap
     from bench_lib.results.store import write_json_atomic
 
     def refused(*args: str) -> str:
-        code = cli.main(["run", "--profile", "ci", "--rig", "cpu", "--out",
+        code = commands.main(["run", "--profile", "ci", "--rig", "cpu", "--out",
                          str(tmp_path / "out"), *args])
         err = capsys.readouterr().err
         assert code == 2, err
@@ -217,33 +218,33 @@ def test_compare_to_and_save_baseline_are_checked_before_the_sweep(tmp_path, cap
     err = refused("--save-baseline", str(tmp_path / "a-file" / "store"), "--dry-run")
     assert "--save-baseline" in err and "not a folder this user can write" in err
     # run takes compare's options, with --compare-to only
-    err = refused("--threshold", "5", "--dry-run")
-    assert "--threshold go with --compare-to" in err
-    assert cli.main(["run", "--profile", "ci", "--rig", "cpu", "--dry-run", "--compare-to",
-                     str(store), "--allow-different-hardware", "--threshold", "5"]) == 0
+    err = refused("--threshold-pct", "5", "--dry-run")
+    assert "--threshold-pct go with --compare-to" in err
+    assert commands.main(["run", "--profile", "ci", "--rig", "cpu", "--dry-run", "--compare-to",
+                     str(store), "--allow-different-hardware", "--threshold-pct", "5"]) == 0
 
 
 def test_a_memory_size_without_its_unit_is_refused(capsys):
     for bare in ("12", "0.5"):
         with pytest.raises(SystemExit) as e:
-            cli.main(["run", "--dry-run", "--max-memory-per-device", bare])
+            commands.main(["run", "--dry-run", "--max-memory-per-device", bare])
         assert e.value.code == 2
         assert f"give the size's unit: {bare}GiB or {bare}MiB" in capsys.readouterr().err
-    assert cli._memory_mib("12GiB") == 12 * 1024 and cli._memory_mib("512m") == 512
+    assert memory_mib("12GiB") == 12 * 1024 and memory_mib("512m") == 512
 
 
 def test_version_and_the_profiles_command(capsys):
     with pytest.raises(SystemExit) as e:
-        cli.main(["--version"])
+        commands.main(["--version"])
     assert e.value.code == 0
     from bench_lib import __version__
 
     assert capsys.readouterr().out.strip() == f"parabench {__version__}"
-    assert cli.main(["profiles", "--rig", "cpu"]) == cli.EXIT_OK
+    assert commands.main(["profiles", "--rig", "cpu"]) == commands.EXIT_OK
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("profile") and "default-cpu" in lines[0]
     by_name = {line.split()[0]: line for line in lines[1:]}
-    assert set(by_name) == {n for n in cli.profile_names() if n != "default"}
+    assert set(by_name) == {n for n in profile_names() if n != "default"}
     assert "the CI regression gates" in by_name["ci"]
     assert by_name["ci"].split()[1] == "4"  # single, ddp, mp, pipeline
 
@@ -251,11 +252,11 @@ def test_version_and_the_profiles_command(capsys):
 @pytest.mark.parametrize(("argv", "near"), [
     (["run", "--strategy", "ddp"], "--strategies"),
     (["run", "--image-size", "64"], "--image-sizes"),  # no abbreviation taken silently
-    (["gate", "--base", "HEAD", "--treshold", "5"], "--threshold"),
+    (["gate", "--base", "HEAD", "--treshold-pct", "5"], "--threshold-pct"),
 ])
 def test_an_unknown_flag_gets_its_commands_usage_and_the_nearest_flag(argv, near, capsys):
     with pytest.raises(SystemExit) as e:
-        cli.main(argv)
+        commands.main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"usage: python -m bench_lib {argv[0]} ")

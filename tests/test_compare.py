@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench_lib.cli import main
+from bench_lib.commands import main
 from bench_lib.compare import gate as cmp
 from bench_lib.compare.baseline import fingerprint_id, resolve_baseline, save_baseline
 from bench_lib.compare.output import gate

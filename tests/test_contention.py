@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench_lib.cli import main
+from bench_lib.commands import main
 from bench_lib.measure.contention import (
     CPU_PER_WALL_MIN,
     OTHER_CPU_PCT_MAX,
@@ -103,7 +103,7 @@ def fake_outcome(cpu: list[float], wall: list[float], load: MachineLoad | None,
 
 def tiny(rig: Rig, strategy: str = "single", steps: int = 2) -> Case:
     m = Measurement(warmup_steps=2, timed_steps=steps, max_time_s=60, case_timeout_s=180,
-                    ci_target_pct=0)
+                    interval_target_pct=0)
     return new_case(rig, strategy, "resnet-tiny", 32, 4, split_size=2, measurement=m)
 
 

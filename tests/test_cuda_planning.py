@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as pp
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-from bench_lib import cli, strategies
+from bench_lib import commands, strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies import schedules
 from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK, expand, schedule_refusal
@@ -152,20 +152,20 @@ def test_dry_run_plans_every_profile_for_n_gpus_without_touching_cuda(
         gpus, tmp_path, capsys, cuda_untouchable):
     out = tmp_path / "out"
     for name in profile_names():  # "default" is default-cuda on a cuda rig
-        code = cli.main(["run", "--dry-run", "--rig", "cuda", "--devices", str(gpus),
+        code = commands.main(["run", "--dry-run", "--rig", "cuda", "--devices", str(gpus),
                          "--profile", name, "--out", str(out)])
         captured = capsys.readouterr()
-        assert code == cli.EXIT_OK, (name, captured.err)
+        assert code == commands.EXIT_OK, (name, captured.err)
         assert f"on rig cuda:{gpus}; estimated duration" in captured.out, name
     assert not out.exists()
 
 
 def test_dry_run_for_7_gpus_lists_skipped_rows_with_their_reason(tmp_path, capsys,
                                                                  cuda_untouchable):
-    code = cli.main(["run", "--dry-run", "--rig", "cuda", "--devices", "7",
+    code = commands.main(["run", "--dry-run", "--rig", "cuda", "--devices", "7",
                      "--out", str(tmp_path / "out")])
     text = capsys.readouterr().out
-    assert code == cli.EXIT_OK
+    assert code == commands.EXIT_OK
     row = next(line for line in text.splitlines()
                if line.startswith("ddp_resnet50_img128_b120_s-_fp32 "))
     assert "skipped" in row and "batch size 120 is not divisible by world size 7" in row
@@ -177,9 +177,9 @@ def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path,
     """The dry run predicts as the run would (no device read: a planned rig), so a user sees
     which cases fit before renting the GPUs."""
     args = ["run", "--dry-run", "--rig", "cuda", "--devices", "2", "--strategies",
-            "single,gpipe", "--image-sizes", "224", "--batch-size", "64", "--split-sizes",
+            "single,gpipe", "--image-sizes", "224", "--batch-sizes", "64", "--split-sizes",
             "16", "--scaling", "strong", "--predict-memory", "--out", str(tmp_path / "out")]
-    assert cli.main(args) == cli.EXIT_OK
+    assert commands.main(args) == commands.EXIT_OK
     text = capsys.readouterr().out
     single = next(line for line in text.splitlines() if line.startswith("single_"))
     gpipe = next(line for line in text.splitlines() if line.startswith("gpipe_"))
@@ -189,15 +189,15 @@ def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path,
     assert "memory not predicted" not in text
     assert "device memory not read in a dry run" in text
     capped = f"{peak - 1}MiB"
-    assert cli.main([*args, "--max-memory-per-device", capped]) == cli.EXIT_OK
+    assert commands.main([*args, "--max-memory-per-device", capped]) == commands.EXIT_OK
     text = capsys.readouterr().out
     single = next(line for line in text.splitlines() if line.startswith("single_"))
     assert " oom " in single and f"predicted: {peak} MiB > {peak - 1} MiB" in single
     planned, to_run = map(int, re.search(r"(\d+) cases \((\d+) to run\)", text).groups())
     assert to_run == planned - 1  # all but the refused one
     assert not (tmp_path / "out").exists()
-    assert cli.main(["run", "--predict-memory", "--out", str(tmp_path / "out")]) == \
-        cli.EXIT_USAGE
+    assert commands.main(["run", "--predict-memory", "--out", str(tmp_path / "out")]) == \
+        commands.EXIT_USAGE
     assert "--predict-memory goes with --dry-run" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -206,16 +206,16 @@ def test_a_real_cuda_run_without_gpus_exits_2_with_a_clear_message(tmp_path, cap
                                                                    monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "out"
-    code = cli.main(["run", "--rig", "cuda", "--devices", "2", "--profile", "smoke",
+    code = commands.main(["run", "--rig", "cuda", "--devices", "2", "--profile", "smoke",
                      "--out", str(out)])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_USAGE
+    assert code == commands.EXIT_USAGE
     assert err.startswith("error: --rig cuda asked for, but no CUDA GPU is visible")
     assert "--dry-run --devices N" in err  # says how to plan without GPUs instead
     assert not out.exists()
     # A plan needs a GPU count when there are no GPUs to count.
-    code = cli.main(["run", "--dry-run", "--rig", "cuda", "--out", str(out)])
-    assert code == cli.EXIT_USAGE and "give --devices N" in capsys.readouterr().err
+    code = commands.main(["run", "--dry-run", "--rig", "cuda", "--out", str(out)])
+    assert code == commands.EXIT_USAGE and "give --devices N" in capsys.readouterr().err
 
 
 def _saved_mib_per_image(model_name: str, image_size: int) -> float:
@@ -274,7 +274,7 @@ def test_batch_sizes_by_image_size_replace_the_batch_at_their_size(tmp_path):
         (64, 32), (128, 8), (128, 16)]
     # env.json keeps it (string keys, as JSON writes them) and --resume reads it back.
     assert Profile.from_dict(profile.as_dict()) == profile
-    # --batch-size on the command line replaces it too.
+    # --batch-sizes on the command line replaces it too.
     assert profile.override(batch_sizes=(4,)).batch_sizes_for(128) == (4,)
 
 
@@ -293,10 +293,10 @@ def test_a_bad_batch_table_names_the_file_and_the_key(tmp_path, table, message):
 
 def test_split_sizes_on_the_command_line_replace_the_profiles_counts(tmp_path, capsys,
                                                                      cuda_untouchable):
-    code = cli.main(["run", "--dry-run", "--rig", "cuda", "--devices", "2",
+    code = commands.main(["run", "--dry-run", "--rig", "cuda", "--devices", "2",
                      "--strategies", "pipeline", "--image-sizes", "128", "--split-sizes", "30",
                      "--out", str(tmp_path / "out")])
     text = capsys.readouterr().out
-    assert code == cli.EXIT_OK
+    assert code == commands.EXIT_OK
     assert "pipeline_resnet50_img128_b120_s30_fp32" in text
     assert "_s60_" not in text  # the profile's count 2 is gone

@@ -26,7 +26,8 @@ import dataclasses
 import pytest
 import torch
 
-from bench_lib import cli, strategies
+from bench_lib import commands, strategies
+from bench_lib.commands.plan import profile_overrides
 from bench_lib.results.schema import ADDED_CASE_COLUMNS, CASE_COLUMNS
 from bench_lib.rig import Rig, detect_rig
 from bench_lib.run.protocol import CaseOutcome, CaseSpec
@@ -178,13 +179,13 @@ def test_bad_knob_lists_are_usage_errors(changes, message):
 
 
 def test_cli_flags_override_the_profile_and_round_trip_through_env_json():
-    args = cli.build_parser().parse_args([
-        "run", "--profile", "ddp-knobs", "--ddp-bucket-cap-mb", "default,10",
-        "--ddp-comm-hooks", "none,powersgd", "--ddp-powersgd-rank", "2",
+    args = commands.build_parser().parse_args([
+        "run", "--profile", "ddp-knobs", "--ddp-bucket-caps-mib", "default,10",
+        "--ddp-comm-hooks", "none,powersgd", "--ddp-powersgd-ranks", "2",
         "--ddp-gradient-as-bucket-view", "false", "--ddp-static-graph", "off",
         "--ddp-knob-grid", "product"])
     profile = load_profile(PROFILE_DIR / "ddp-knobs.toml").override(
-        **cli._profile_overrides(args))
+        **profile_overrides(args))
     assert profile.ddp_bucket_cap_mb == (None, 10.0)
     assert profile.ddp_knob_sets == knob_grid((None, 10.0), (False,), (False,),
                                               ("none", "powersgd"), (2,), "product")
@@ -193,10 +194,10 @@ def test_cli_flags_override_the_profile_and_round_trip_through_env_json():
 
 
 @pytest.mark.parametrize("flag,value", [("--ddp-gradient-as-bucket-view", "sometimes"),
-                                        ("--ddp-bucket-cap-mb", "lots")])
+                                        ("--ddp-bucket-caps-mib", "lots")])
 def test_a_flag_value_that_does_not_parse_exits_2(flag, value, capsys):
     with pytest.raises(SystemExit) as e:
-        cli.build_parser().parse_args(["run", flag, value])
+        commands.build_parser().parse_args(["run", flag, value])
     assert e.value.code == 2 and repr(value) in capsys.readouterr().err
 
 
@@ -388,7 +389,7 @@ def test_powersgd_is_exact_before_it_starts_then_low_rank_and_still_trains():
 @pytest.mark.integration
 def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path, forks):
     m = Measurement(warmup_steps=1, timed_steps=2, max_time_s=30, case_timeout_s=120,
-                    ci_target_pct=0)
+                    interval_target_pct=0)
     case = new_case(RIG, "ddp", "resnet-tiny", 32, 4, measurement=m,
                     ddp=DdpKnobs(0.5, True, True, "powersgd", 2))
     assert case.status is None, case.reason

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.distance import methods
 from bench_lib.distance.launch import Computed
 from bench_lib.distance.run import AGREE_RTOL, _agreement, progress_line
@@ -154,7 +154,7 @@ def test_agreement_is_judged_by_the_precisions_tolerance():
     (["--layers", "64x64x3"], "expected OUTxINxKHxKW"),
     (["--layers", "0x64x3x3"], "must be >= 1"),
     (["--methods", "cdist"], "unknown method 'cdist'"),
-    (["--dtype", "fp16"], "unknown dtype 'fp16'"),
+    (["--precision", "fp16"], "unknown dtype 'fp16'"),
     (["--block-rows", "0"], "--block-rows"),
     (["--launches", "0"], "launches must be >= 1"),
     (["--methods", "loop", "--layers", "4096x8x1x1"], "no case can run"),
@@ -162,23 +162,23 @@ def test_agreement_is_judged_by_the_precisions_tolerance():
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, flags, message):
     out = tmp_path / "out"
-    code = cli.main(["distance", "--rig", "cpu", "--out", str(out), *flags])
-    assert code == cli.EXIT_USAGE
+    code = commands.main(["distance", "--rig", "cpu", "--out", str(out), *flags])
+    assert code == commands.EXIT_USAGE
     assert message in capsys.readouterr().err
     assert not out.exists()
 
 
 def test_a_bad_memory_cap_is_refused_by_the_parser(tmp_path):
     with pytest.raises(SystemExit) as e:
-        cli.main(["distance", "--rig", "cpu", "--max-memory-per-device", "lots",
+        commands.main(["distance", "--rig", "cpu", "--max-memory-per-device", "lots",
                   "--out", str(tmp_path / "out")])
-    assert e.value.code == cli.EXIT_USAGE
+    assert e.value.code == commands.EXIT_USAGE
     assert not (tmp_path / "out").exists()
 
 
 def _run(tmp_path, *flags: str) -> tuple[int, pd.DataFrame, object]:
     out = tmp_path / "out"
-    code = cli.main(["distance", "--rig", "cpu", "--out", str(out), *flags])
+    code = commands.main(["distance", "--rig", "cpu", "--out", str(out), *flags])
     (run_dir,) = run_dirs_in(out)
     return code, read_distance(run_dir).set_index("case_id"), run_dir
 
@@ -216,7 +216,7 @@ def test_under_a_small_cap_blocked_is_an_oom_where_split_over_two_fits(tmp_path)
     # 6144 kernels in float64: blocked keeps 6144^2 distances (288 MiB) for its backward and
     # peaks near 370 MiB; each of 2 ranks keeps half and peaks near 235 MiB.
     code, df, _ = _run(tmp_path, "--layers", "6144x8x1x1", "--methods", "blocked,split",
-                       "--dtype", "fp64", "--block-rows", "128", "--launches", "1",
+                       "--precision", "fp64", "--block-rows", "128", "--launches", "1",
                        "--max-memory-per-device", "300MiB")
     assert code == 0
     blocked, split = df.loc["blocked_6144x8x1x1_fp64"], df.loc["split_6144x8x1x1_fp64"]

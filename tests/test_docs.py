@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from bench_lib import reference
-from bench_lib.cli import build_parser
+from bench_lib.commands.parser import build_parser
 from tests.conftest import REPO
 
 DOCS = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -15,8 +15,9 @@ import psutil
 import pytest
 import torch
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib import rig as rig_module
+from bench_lib.commands import run as run_command
 from bench_lib.measure import environment, preflight
 from bench_lib.measure.sampler import NvmlSource, Sampler, UnavailableSource, cuda_visible_gpus
 from bench_lib.rig import Rig, RigError
@@ -457,13 +458,13 @@ def test_cli_runs_the_preflight_before_a_cuda_run_and_exits_2(monkeypatch, tmp_p
         raise preflight.PreflightError("pre-flight of rig cuda:2 failed; all_reduce: hang")
 
     monkeypatch.setattr(preflight, "check", failing)
-    monkeypatch.setattr(cli, "plan_new", _plan(Rig("cuda", 2)))
+    monkeypatch.setattr(run_command, "plan_new", _plan(Rig("cuda", 2)))
     out = tmp_path / "out"
-    assert cli.main(["run", "--out", str(out)]) == cli.EXIT_USAGE
+    assert commands.main(["run", "--out", str(out)]) == commands.EXIT_USAGE
     assert calls == ["cuda:2"] and not out.exists()  # stopped before the run folder
     assert "error: pre-flight of rig cuda:2 failed; all_reduce: hang" in capsys.readouterr().err
     # A dry run only plans: no pre-flight.
-    assert cli.main(["run", "--dry-run", "--out", str(out)]) == cli.EXIT_OK
+    assert commands.main(["run", "--dry-run", "--out", str(out)]) == commands.EXIT_OK
     assert calls == ["cuda:2"]
 
 
@@ -473,13 +474,13 @@ def test_cli_runs_no_preflight_on_a_cpu_rig(monkeypatch, tmp_path, cpu_rig):
     from bench_lib.sweep.profile import UsageError
 
     monkeypatch.setattr(preflight, "check", lambda *a, **k: pytest.fail("pre-flight ran"))
-    monkeypatch.setattr(cli, "plan_new", _plan(cpu_rig))
+    monkeypatch.setattr(run_command, "plan_new", _plan(cpu_rig))
 
     def stop(*_args):
         raise UsageError("stopped where the run folder would be created")
 
     monkeypatch.setattr(store, "create_run_dir", stop)
-    assert cli.main(["run", "--out", str(tmp_path / "out")]) == cli.EXIT_USAGE
+    assert commands.main(["run", "--out", str(tmp_path / "out")]) == commands.EXIT_USAGE
 
 
 # --- The runner's device names: NVML, else a child process; never a CUDA call here --------

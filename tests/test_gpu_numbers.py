@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from bench_lib import rig as rig_module
-from bench_lib.cli import build_parser
+from bench_lib.commands.parser import build_parser
 from bench_lib.measure import flops, memory
 from bench_lib.run.rows import mfu_note
 from bench_lib.strategies import dp

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.rig import Rig
 from bench_lib.run import launch, multinode
 from bench_lib.run.launch import AgentExits, Launcher, failure_codes, resolve, torchrun_args
@@ -83,15 +83,16 @@ def test_bad_launcher_input_says_what_to_give(nnodes, rank, endpoint, coord, mes
 def test_the_cli_refuses_bad_launcher_input_with_exit_2_and_writes_nothing(
         argv, message, tmp_path, capsys):
     out = tmp_path / "out"
-    code = cli.main(["run", "--rig", "cpu", "--launcher", "torchrun", *argv, "--out", str(out)])
-    assert code == cli.EXIT_USAGE
+    code = commands.main(["run", "--rig", "cpu", "--launcher", "torchrun", *argv,
+                          "--out", str(out)])
+    assert code == commands.EXIT_USAGE
     assert message in capsys.readouterr().err
     assert not out.exists()
 
 
 def test_run_help_documents_the_launcher_and_the_multi_node_flags(capsys):
     with pytest.raises(SystemExit) as exited:
-        cli.main(["run", "--help"])
+        commands.main(["run", "--help"])
     assert exited.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     for flag in ("--launcher {local,torchrun}", "--nnodes N", "--node-rank I",

@@ -129,7 +129,7 @@ def test_two_nodes_run_ddp_and_gpipe_into_node_0s_run_folder(tmp_path):
 def test_a_node_killed_mid_case_is_an_error_row_on_node_0_within_the_timeout(tmp_path):
     timeout_s = 120
     cluster = Cluster(tmp_path)
-    args = ("--strategies", "ddp", "--case-timeout", str(timeout_s))
+    args = ("--strategies", "ddp", "--case-timeout-s", str(timeout_s))
     node0 = cluster.start(0, *args)
     node1 = cluster.start(1, *args, fault="ddp:*:hang")  # its rank hangs before timing
     _wait_for(lambda: list(cluster.out(1).rglob("rank*.baseline.json")))
@@ -151,7 +151,7 @@ def test_a_node_killed_mid_case_is_an_error_row_on_node_0_within_the_timeout(tmp
 @pytest.mark.integration
 def test_ctrl_c_on_node_0_stops_every_nodes_ranks(tmp_path):
     cluster = Cluster(tmp_path)
-    args = ("--strategies", "ddp", "--case-timeout", "200")
+    args = ("--strategies", "ddp", "--case-timeout-s", "200")
     node0 = cluster.start(0, *args)
     node1 = cluster.start(1, *args, fault="ddp:*:hang")
     _wait_for(lambda: list(cluster.out(1).rglob("rank*.baseline.json")))

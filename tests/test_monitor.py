@@ -244,7 +244,7 @@ def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path, for
 
     # Enough steps for a timed window over 1 s: shorter ones get no utilisation.
     measurement = Measurement(warmup_steps=1, timed_steps=80, max_time_s=1e6,
-                              case_timeout_s=150, ci_target_pct=0.0, sample_interval_ms=20)
+                              case_timeout_s=150, interval_target_pct=0.0, sample_interval_ms=20)
     case = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 4, measurement=measurement)
     outcome = runner.run_case(case, cpu_rig, tmp_path, server=forks)
     assert outcome.status == "ok", outcome.reason

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.parity import launch as parity_launch
 from bench_lib.parity import run as parity_run
 from bench_lib.parity.data import DIGITS_TEST, digits, loader, parity_workload, teacher
@@ -355,6 +355,6 @@ def test_a_tiny_resnet_parity_run_judges_each_batch_norm_statistics(tmp_path, ca
 
 
 def test_parity_is_a_command(capsys):
-    code = cli.main(["parity", "--rig", "cpu", "--models", "resnet9000"])
-    assert code == cli.EXIT_USAGE
+    code = commands.main(["parity", "--rig", "cpu", "--models", "resnet9000"])
+    assert code == commands.EXIT_USAGE
     assert "unknown model 'resnet9000'" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.parity.data import dataset, parity_workload
 from bench_lib.results.read import run_dirs_in
 from bench_lib.sweep.profile import UsageError
@@ -96,9 +96,9 @@ def test_a_data_root_without_the_dataset_exits_2_writing_nothing(tmp_path, capsy
     elif setup == "mnist":
         fake_mnist(root)
     out = tmp_path / "out"
-    code = cli.main(["parity", "--rig", "cpu", "--models", models, "--data-root", str(root),
+    code = commands.main(["parity", "--rig", "cpu", "--models", models, "--data-root", str(root),
                      "--out", str(out)])
-    assert code == cli.EXIT_USAGE
+    assert code == commands.EXIT_USAGE
     assert message in capsys.readouterr().err
     assert not out.exists()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.report import build, parity_report
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
 from bench_lib.results.store import write_json_atomic
@@ -79,7 +79,7 @@ def parity_run(root: Path) -> Path:
 @pytest.mark.integration
 def test_parity_report_has_the_curves_and_the_verdicts(tmp_path):
     run_dir = parity_run(tmp_path)
-    assert cli.main(["report", str(run_dir)]) == 0
+    assert commands.main(["report", str(run_dir)]) == 0
     html = (run_dir / "report.html").read_text()
     (image,) = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
     assert base64.b64decode(image) == (run_dir / "fig_parity.png").read_bytes()
@@ -118,7 +118,7 @@ def test_parity_figure_draws_every_strategy_per_model(tmp_path):
 def test_a_parity_folder_is_reported_alone(tmp_path, capsys):
     run_dir = parity_run(tmp_path / "p")
     sweep = synthetic_run(tmp_path / "s")
-    assert cli.main(["report", str(sweep), str(run_dir)]) == 2
+    assert commands.main(["report", str(sweep), str(run_dir)]) == 2
     assert "reported on its own" in capsys.readouterr().err
     assert not (sweep / "report.html").exists()
 
@@ -126,7 +126,7 @@ def test_a_parity_folder_is_reported_alone(tmp_path, capsys):
 def test_an_unfinished_parity_folder_exits_2(tmp_path, capsys):
     run_dir = parity_run(tmp_path)
     (run_dir / "parity_verdicts.csv").unlink()
-    assert cli.main(["report", str(run_dir)]) == 2
+    assert commands.main(["report", str(run_dir)]) == 2
     assert "the parity run did not finish" in capsys.readouterr().err
     assert not (run_dir / "report.html").exists()
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.rig import Rig
 from bench_lib.strategies import partition
 from bench_lib.strategies.partition import (
@@ -145,9 +145,9 @@ def test_sweep_expands_partitions_and_options_into_unique_cases(cpu_rig: Rig):
 
 
 def test_cli_rejects_an_unknown_partition(tmp_path, capsys):
-    code = cli.main(["run", "--profile", "smoke", "--rig", "cpu", "--partition", "even",
+    code = commands.main(["run", "--profile", "smoke", "--rig", "cpu", "--partitions", "even",
                      "--out", str(tmp_path)])
-    assert code == cli.EXIT_USAGE
+    assert code == commands.EXIT_USAGE
     assert "unknown partition 'even'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 

@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from bench_lib import cli
+from bench_lib import commands
+from bench_lib.commands.plan import profile_overrides
 from bench_lib.report.device_figures import parse_by_device
 from bench_lib.report.prediction import error_table, fig_prediction, prediction_points
 from bench_lib.results.read import read_cases
@@ -184,9 +185,9 @@ def test_the_real_prediction_refuses_in_the_runner_and_the_flag_reaches_the_swee
     case = new_case(rig, "single", "toy", 0, 8, measurement=tiny_cap)
     (row,), launched, _ = _sweep(tmp_path, monkeypatch, case, Admission.of(rig, [case]))
     assert launched == [] and row["reason"].startswith("predicted: ")
-    args = cli.build_parser().parse_args(["run", "--no-predict-skip"])
-    assert cli._profile_overrides(args)["predict_skip"] is False
-    assert cli._profile_overrides(cli.build_parser().parse_args(["run"]))["predict_skip"] is None
+    args = commands.build_parser().parse_args(["run", "--no-predict-skip"])
+    assert profile_overrides(args)["predict_skip"] is False
+    assert profile_overrides(commands.build_parser().parse_args(["run"]))["predict_skip"] is None
 
 
 @pytest.mark.integration

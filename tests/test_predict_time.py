@@ -356,12 +356,12 @@ def test_a_calibration_from_elsewhere_is_refused(tmp_path, cpu_rig, content, mes
     (["--resume", "RUN", "--predict"], "--resume predicts as the run folder's profile says"),
 ])
 def test_the_command_line_refuses_a_calibration_it_cannot_use(tmp_path, capsys, argv, message):
-    from bench_lib import cli
+    from bench_lib import commands
 
     argv = [str(tmp_path / a) if a in ("MISSING", "RUN") else a for a in argv]
-    code = cli.main(["run", "--profile", "ci", "--rig", "cpu", *argv,
+    code = commands.main(["run", "--profile", "ci", "--rig", "cpu", *argv,
                      "--out", str(tmp_path / "out")])
-    assert code == cli.EXIT_USAGE
+    assert code == commands.EXIT_USAGE
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -377,7 +377,7 @@ def test_run_predict_then_a_run_that_reuses_its_calibration(tmp_path, capsys):
     from tests.conftest import in_process
 
     sweep = ["--profile", "smoke", "--rig", "cpu", "--models", "resnet-tiny", "--image-sizes",
-             "32", "--batch-size", "4", "--strategies", "single,ddp", "--warmup-steps", "1",
+             "32", "--batch-sizes", "4", "--strategies", "single,ddp", "--warmup-steps", "1",
              "--timed-steps", "2"]
     first = in_process(capsys, "run", *sweep, "--predict", "--out", str(tmp_path / "a"))
     assert first.returncode == 0, first.stderr
@@ -400,13 +400,13 @@ def test_run_predict_then_a_run_that_reuses_its_calibration(tmp_path, capsys):
 @pytest.mark.timeout(240)
 def test_a_dry_run_predicts_each_case_and_each_workloads_best_and_writes_nothing(
         tmp_path, capsys):
-    from bench_lib import cli
+    from bench_lib import commands
 
     profile = tmp_path / "p.toml"
     profile.write_text('strategies = ["single", "ddp", "1f1b", "dp"]\n'
                        'models = ["resnet-tiny"]\nimage_sizes = [32]\nbatch_sizes = [8]\n'
                        'split_sizes = [2]\npartitions = ["balanced"]\n')
-    code = cli.main(["run", "--rig", "cpu", "--profile", str(profile), "--dry-run",
+    code = commands.main(["run", "--rig", "cpu", "--profile", str(profile), "--dry-run",
                      "--predict", "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert code == 0, err

@@ -16,7 +16,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
 from bench_lib.rig import Rig
@@ -27,7 +27,7 @@ from tests.conftest import PYTHON, REPO, in_process
 # Pinned to the cpu rig (a GPU box would detect cuda): the memory cap's alloc fault grows host
 # memory, which only a cpu rig's resident-memory cap stops.
 TINY = ["--profile", "smoke", "--rig", "cpu", "--models", "resnet-tiny", "--image-sizes", "32",
-        "--batch-size", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
+        "--batch-sizes", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
         "--launches", "1"]
 
 
@@ -95,7 +95,7 @@ def test_sigkilled_rank_is_an_error_row_and_the_sweep_goes_on(tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.integration
 def test_hung_rank_times_out_and_its_whole_group_is_killed(tmp_path):
-    code, _, err = finish(start(tmp_path, "--strategies", "ddp,mp", "--case-timeout", "12",
+    code, _, err = finish(start(tmp_path, "--strategies", "ddp,mp", "--case-timeout-s", "12",
                                 fault="ddp:1:hang"))
     run_dir = only_run_dir(tmp_path)
     assert code == 1, err
@@ -182,16 +182,16 @@ def test_resume_refuses_other_schema_versions_and_extra_flags(tmp_path, capsys):
     run_dir.mkdir()
     (run_dir / "env.json").write_text(json.dumps({"schema_version": 0}))
     (run_dir / "cases.csv").write_text("run_id,case_id\n")
-    assert cli.main(["run", "--resume", str(run_dir)]) == 2
+    assert commands.main(["run", "--resume", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "schema version 0" in err and f"reads version {SCHEMA_VERSION}" in err
     assert sorted(p.name for p in run_dir.iterdir()) == ["cases.csv", "env.json"]
-    assert cli.main(["run", "--resume", str(run_dir), "--strategies", "single"]) == 2
+    assert commands.main(["run", "--resume", str(run_dir), "--strategies", "single"]) == 2
     assert "drop --strategies" in capsys.readouterr().err
 
 
 def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path, capsys):
-    code = cli.main(["run", *TINY, "--dry-run", "--batch-size", "4,16", "--microbatches",
+    code = commands.main(["run", *TINY, "--dry-run", "--batch-sizes", "4,16", "--microbatches",
                      "2,8", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert code == 0
@@ -206,7 +206,7 @@ def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path, capsys
 @pytest.mark.integration
 def test_single_node_ranks_listen_on_loopback_only(tmp_path):
     # Hold a ddp case open (rank 1 hangs after joining the group), look at its sockets.
-    proc = start(tmp_path, "--strategies", "ddp", "--case-timeout", "12", fault="ddp:1:hang")
+    proc = start(tmp_path, "--strategies", "ddp", "--case-timeout-s", "12", fault="ddp:1:hang")
     deadline = time.monotonic() + 60
     bound: list[str] = []  # local addresses of the ranks' listening and connected sockets
     while time.monotonic() < deadline and not bound:
@@ -257,7 +257,7 @@ def test_resume_refuses_an_unreadable_run_folder_before_touching_it(tmp_path, ca
     _recorded_run(run_dir)
     damage(run_dir)
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
-    assert cli.main(["run", "--resume", str(run_dir)]) == 2
+    assert commands.main(["run", "--resume", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot resume") and "nothing was changed" in err
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before

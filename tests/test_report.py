@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from matplotlib.container import BarContainer
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.measure.stats import launch_interval, paired_ratio_interval
 from bench_lib.report import build, device_figures, figures
 from bench_lib.results.schema import SCHEMA_VERSION
@@ -368,7 +368,7 @@ def test_figures_are_drawn_in_the_report_style_without_keeping_it(tmp_path):
 @pytest.mark.integration
 def test_cli_report_prints_the_path(tmp_path, capsys):
     run_dir = synthetic_run(tmp_path)
-    assert cli.main(["report", str(run_dir)]) == 0
+    assert commands.main(["report", str(run_dir)]) == 0
     assert capsys.readouterr().out.strip() == str(run_dir / "report.html")
 
 
@@ -410,7 +410,7 @@ def test_unusable_run_folder_exits_2_and_writes_nothing(tmp_path, capsys, spoil,
         run_dir = synthetic_run(tmp_path)
         spoil(run_dir)
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    assert cli.main(["report", str(run_dir)]) == 2
+    assert commands.main(["report", str(run_dir)]) == 2
     assert message in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 

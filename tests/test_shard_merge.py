@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_lib import cli
+from bench_lib import commands
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
@@ -53,8 +53,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 ])
 def test_a_bad_shard_exits_2_naming_the_form(tmp_path, capsys, text, message):
     with pytest.raises(SystemExit) as stop:
-        cli.main(["run", "--rig", "cpu", "--shard", text, "--out", str(tmp_path / "out")])
-    assert stop.value.code == cli.EXIT_USAGE
+        commands.main(["run", "--rig", "cpu", "--shard", text, "--out", str(tmp_path / "out")])
+    assert stop.value.code == commands.EXIT_USAGE
     err = capsys.readouterr().err
     assert "argument --shard" in err and message in err
     assert not (tmp_path / "out").exists()
@@ -124,7 +124,7 @@ def test_the_sweep_id_names_the_expanded_sweep(cpu_rig):
 
 
 SMALL = ["run", "--rig", "cpu", "--profile", "smoke", "--models", "resnet-tiny",
-         "--image-sizes", "32,64", "--batch-size", "4,8", "--dry-run"]
+         "--image-sizes", "32,64", "--batch-sizes", "4,8", "--dry-run"]
 
 
 def _planned(out: str) -> list[str]:
@@ -133,11 +133,11 @@ def _planned(out: str) -> list[str]:
 
 
 def test_dry_run_shows_each_shards_plan(capsys):
-    assert cli.main(SMALL) == cli.EXIT_OK
+    assert commands.main(SMALL) == commands.EXIT_OK
     whole = _planned(capsys.readouterr().out)
     parts = []
     for k in (1, 2):
-        assert cli.main([*SMALL, "--shard", f"{k}/2"]) == cli.EXIT_OK
+        assert commands.main([*SMALL, "--shard", f"{k}/2"]) == commands.EXIT_OK
         out = capsys.readouterr().out
         parts.append(_planned(out))
         assert f"shard {k}/2 of sweep " in out and "of 4 workloads (estimates: 1/2 ~" in out
@@ -221,7 +221,7 @@ def test_merged_shards_read_like_the_unsharded_run(tmp_path, cpu_rig, capsys):
         writer.writeheader()
         writer.writerows(rows)
     out = tmp_path / "merged" / "sweep-7"
-    assert cli.main(["merge", str(two), str(one), "--out", str(out)]) == cli.EXIT_OK
+    assert commands.main(["merge", str(two), str(one), "--out", str(out)]) == commands.EXIT_OK
     assert capsys.readouterr().out.strip() == str(out)
     merged = read_rows(out / "cases.csv")
     assert _without_run_id(merged) == _without_run_id(read_rows(whole / "cases.csv"))
@@ -249,7 +249,7 @@ def test_shards_of_a_multi_node_run_merge(tmp_path, cpu_rig, capsys):
     """Merge plans the sweep again as the multi-node run did (``run.multinode.plan``)."""
     one, two = (fake_run(tmp_path / f"s{k}", cpu_rig, Shard(k, 2), nodes=2) for k in (1, 2))
     out = tmp_path / "merged"
-    assert cli.main(["merge", str(one), str(two), "--out", str(out)]) == cli.EXIT_OK
+    assert commands.main(["merge", str(one), str(two), "--out", str(out)]) == commands.EXIT_OK
     rows = read_rows(out / "cases.csv")
     assert {r["rig"] for r in rows} == {"cpu:2x1t@2nodes"}
     assert {r["world_size"] for r in rows if r["strategy"] == "ddp"} == {"4"}
@@ -261,7 +261,8 @@ def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], folders: list[P
              message: str, *extra: str) -> None:
     out = tmp_path / "merged"
     before = sorted(tmp_path.iterdir())
-    assert cli.main(["merge", *map(str, folders), "--out", str(out), *extra]) == cli.EXIT_USAGE
+    code = commands.main(["merge", *map(str, folders), "--out", str(out), *extra])
+    assert code == commands.EXIT_USAGE
     err = capsys.readouterr().err
     assert "error: " in err and message in err, err
     assert sorted(tmp_path.iterdir()) == before, "a refused merge writes nothing"
@@ -289,7 +290,7 @@ def test_merge_refuses_shards_of_other_hardware(tmp_path, cpu_rig, capsys):
     # Software alone is no other hardware: a newer torch merges, with a warning.
     _edit_env(two, fingerprint={"rig": cpu_rig.label, "cpu_model": "fake"},
               versions={"torch": "2.15.0"})
-    assert cli.main(["merge", str(one), str(two), "--out", str(tmp_path / "m")]) == 0
+    assert commands.main(["merge", str(one), str(two), "--out", str(tmp_path / "m")]) == 0
     assert "warning: the shards ran different git commits or torch versions" in (
         capsys.readouterr().err)
 
@@ -308,7 +309,7 @@ def test_merge_names_the_missing_shards_and_can_merge_a_partial_set(tmp_path, cp
     one = fake_run(tmp_path / "s1", cpu_rig, Shard(1, 3))
     _refused(tmp_path, capsys, [one], "shard(s) 2/3, 3/3 missing")
     out = tmp_path / "partial"
-    assert cli.main(["merge", str(one), "--out", str(out), "--allow-partial"]) == 0
+    assert commands.main(["merge", str(one), "--out", str(out), "--allow-partial"]) == 0
     env = json.loads((out / "env.json").read_text())
     assert env["sweep"]["partial"] == {"missing_shards": ["2/3", "3/3"], "missing_cases": []}
     assert [r["case_id"] for r in read_rows(out / "cases.csv")] == list(
@@ -342,19 +343,19 @@ def test_a_resumed_shard_stays_that_shard(tmp_path, cpu_rig, capsys):
     part = record(PROFILE, cpu_rig, expand(PROFILE, cpu_rig), Shard(1, 2))[0].shard_case_ids
     left = [cid for cid in part if not cid.startswith("dp_")][-2:]
     one = fake_run(tmp_path / "s1", cpu_rig, Shard(1, 2), skip=tuple(left))
-    assert cli.main(["run", "--resume", str(one), "--dry-run"]) == cli.EXIT_OK
+    assert commands.main(["run", "--resume", str(one), "--dry-run"]) == commands.EXIT_OK
     out = capsys.readouterr().out
     assert _planned(out) == left and "shard 1/2 of sweep" in out  # not shard 2's cases
-    assert cli.main(["run", "--resume", str(one), "--shard", "1/2", "--dry-run"]) == 0
+    assert commands.main(["run", "--resume", str(one), "--shard", "1/2", "--dry-run"]) == 0
     capsys.readouterr()
-    assert cli.main(["run", "--resume", str(one), "--shard", "2/2", "--dry-run"]) == 2
+    assert commands.main(["run", "--resume", str(one), "--shard", "2/2", "--dry-run"]) == 2
     assert f"{one} ran shard 1/2; drop --shard 2/2" in capsys.readouterr().err
 
 
 # --- A real sweep, unsharded and as 2 shards -------------------------------------------------
 
 REAL = ["run", "--rig", "cpu", "--profile", "smoke", "--models", "resnet-tiny",
-        "--image-sizes", "32,64", "--batch-size", "4", "--strategies", "single,dp,ddp",
+        "--image-sizes", "32,64", "--batch-sizes", "4", "--strategies", "single,dp,ddp",
         "--warmup-steps", "1", "--timed-steps", "2", "--launches", "1", "--quiet"]
 
 

@@ -104,9 +104,9 @@ def test_ci_is_checked_at_geometrically_spaced_counts(monkeypatch):
 def test_profile_refuses_a_negative_target_or_interval():
     from bench_lib.sweep.profile import Measurement, Profile, UsageError
 
-    with pytest.raises(UsageError, match="ci_target_pct must be >= 0"):
-        Measurement(ci_target_pct=-1)
+    with pytest.raises(UsageError, match="interval_target_pct must be >= 0"):
+        Measurement(interval_target_pct=-1)
     with pytest.raises(UsageError, match="sample_interval_ms > 0"):
         Profile.from_dict({"sample_interval_ms": 0})
     m = Profile().measurement
-    assert m.ci_target_pct == 2.0 and m.sample_interval_ms == 100.0
+    assert m.interval_target_pct == 2.0 and m.sample_interval_ms == 100.0

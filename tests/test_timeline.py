@@ -147,7 +147,7 @@ def test_run_writes_timeline_csv_and_bubble_columns_for_pipelined_cases_only(tmp
     proc = in_process(
         capsys, "run", "--profile", "smoke", "--rig", "cpu", "--strategies",
         "single,pipeline,gpipe,zbv", "--models", "resnet-tiny", "--image-sizes", "32",
-        "--batch-size", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
+        "--batch-sizes", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
         "--quiet", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     run_dir = next(tmp_path.iterdir())

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench_lib.cli import build_parser, main, plan_new
+from bench_lib.commands import main
+from bench_lib.commands.parser import build_parser
+from bench_lib.commands.plan import plan_new
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission, DeviceMemory
 from bench_lib.run.protocol import CaseOutcome

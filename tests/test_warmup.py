@@ -100,7 +100,7 @@ def test_measure_steps_warms_through_the_trend_and_records_the_count(monkeypatch
     clock = ScriptedClock(DDP_LIKE)
     monkeypatch.setattr(timing, "time", clock)
     timed = measure_steps(clock.step, [CPU], warmup_steps=1, timed_steps=5, max_time_s=1e9,
-                          ci_target_pct=0)
+                          interval_target_pct=0)
     assert timed.warmup_steps == 4 and clock.steps == 4 + 5
     assert timed.times_s == pytest.approx(DDP_LIKE[4:9])  # the trend is out of the window
 
@@ -129,7 +129,7 @@ def _rank_warmup(rank: int, world: int) -> tuple[int, int, int]:
     clock = ScriptedClock(RANK_DURATIONS[rank])
     timing.time = clock  # type: ignore[assignment]  # this spawned process only
     timed = measure_steps(clock.step, [CPU], warmup_steps=2, timed_steps=3, max_time_s=1e9,
-                          ci_target_pct=0, group_device=CPU)
+                          interval_target_pct=0, group_device=CPU)
     return alone, timed.warmup_steps, clock.steps
 
 
@@ -166,7 +166,7 @@ def test_a_fixed_warmup_runs_exactly_its_count_even_where_steps_still_fall(monke
     clock = ScriptedClock(DDP_LIKE)
     monkeypatch.setattr(timing, "time", clock)
     timed = measure_steps(clock.step, [CPU], warmup_steps=2, timed_steps=3, max_time_s=1e9,
-                          ci_target_pct=0, warmup_rule=False)
+                          interval_target_pct=0, warmup_rule=False)
     assert timed.warmup_steps == 2 and clock.steps == 2 + 3
     assert timed.times_s == pytest.approx(DDP_LIKE[2:5])
     assert timed.warmup_time_s == pytest.approx(3.0 + 2.0)
@@ -181,7 +181,7 @@ def test_later_launches_of_a_sweep_run_the_reused_warmup(tmp_path, cpu_rig, fork
     from bench_lib.sweep.profile import Measurement
 
     m = Measurement(warmup_steps=1, timed_steps=2, max_time_s=30, case_timeout_s=120,
-                    launches=3, ci_target_pct=0)
+                    launches=3, interval_target_pct=0)
     case = new_case(cpu_rig, "single", "resnet-tiny", 32, 4, measurement=m)
     counts: list[int | None] = []
     run_dir = tmp_path / "run"

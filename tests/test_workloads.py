@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from bench_lib import cli, strategies
+from bench_lib import commands, strategies
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.rig import Rig
@@ -216,8 +216,8 @@ def test_models_are_validated_before_anything_runs():
 
 def test_unknown_model_on_the_command_line_exits_2_naming_the_known(tmp_path, capsys):
     out = tmp_path / "out"
-    code = cli.main(["run", "--rig", "cpu", "--models", "toy,vgg", "--out", str(out)])
-    assert code == cli.EXIT_USAGE
+    code = commands.main(["run", "--rig", "cpu", "--models", "toy,vgg", "--out", str(out)])
+    assert code == commands.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("error: unknown model 'vgg'; valid: mlp, resnet-tiny, resnet101")
     assert not out.exists()
@@ -401,7 +401,7 @@ def test_a_cli_run_of_the_small_models_writes_ok_rows(tmp_path, capsys):
     out = tmp_path / "out"
     proc = in_process(
         capsys, "run", "--profile", "smoke", "--rig", "cpu", "--models", "toy,mlp",
-        "--strategies", "single,ddp,gpipe", "--image-sizes", "64,96", "--batch-size", "8",
+        "--strategies", "single,ddp,gpipe", "--image-sizes", "64,96", "--batch-sizes", "8",
         "--split-sizes", "4", "--launches", "1", "--warmup-steps", "1", "--timed-steps", "2",
         "--quiet", "--out", str(out))
     assert proc.returncode == 0, proc.stderr

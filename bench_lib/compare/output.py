@@ -256,7 +256,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("baseline", type=Path,
                    help="run folder, its cases.csv, or a baseline store (results/baseline)")
     p.add_argument("candidate", type=Path, help="run folder or its cases.csv")
-    p.add_argument("--threshold", type=float, default=cmp.DEFAULT_THRESHOLD_PCT,
+    p.add_argument("--threshold-pct", type=float, default=cmp.DEFAULT_THRESHOLD_PCT,
                    help=f"smallest change in percent that counts (default "
                         f"{cmp.DEFAULT_THRESHOLD_PCT:g})")
     p.add_argument("--metric", choices=cmp.METRICS, default="auto",
@@ -302,6 +302,6 @@ def gate(baseline: Path, candidate: Path, *, threshold_pct: float = cmp.DEFAULT_
 
 def command(args: argparse.Namespace) -> int:
     """The ``compare`` subcommand: ``gate`` with its arguments."""
-    return gate(args.baseline, args.candidate, threshold_pct=args.threshold, metric=args.metric,
+    return gate(args.baseline, args.candidate, threshold_pct=args.threshold_pct, metric=args.metric,
                 allow_different_hardware=args.allow_different_hardware,
                 markdown=args.markdown, json_path=args.json)

@@ -32,7 +32,7 @@ here and now instead:
   their geometric mean over the rounds less 1 (+ is slower), its interval the t interval
   over rounds (``paired_ratio_interval``: R - 1 degrees of freedom). What a round shares,
   the machine's state, cancels in each ratio; what remains is launch-to-launch noise. The
-  rule is ``compare``'s: a regression only beyond ``--threshold`` AND with the interval
+  rule is ``compare``'s: a regression only beyond ``--threshold-pct`` AND with the interval
   wholly above 0 (improvement likewise), the exit codes 0, 1 (a regression, or a case
   that ran in the base and failed in the head) and 2. Every case is judged on its step
   time (``--metric step_time``); in the same job, pairing does what the ``speedup``
@@ -559,7 +559,7 @@ def run_gate(*, base_ref: str, head_ref: str | None = None, head_env: Sequence[s
             raise GateError(f"--rounds must be at least {MIN_ROUNDS} (an interval over rounds "
                             f"needs 2), got {rounds}")
         if not (threshold_pct >= 0 and math.isfinite(threshold_pct)):
-            raise GateError(f"--threshold must be a percentage >= 0, got {threshold_pct}")
+            raise GateError(f"--threshold-pct must be a percentage >= 0, got {threshold_pct}")
         if metric not in METRICS:
             raise GateError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
         extra = parse_env(head_env)
@@ -650,7 +650,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                    help=f"rounds of base and head, one launch per case each (default "
                         f"{DEFAULT_ROUNDS}; at least {MIN_ROUNDS})")
-    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PCT,
+    p.add_argument("--threshold-pct", type=float, default=DEFAULT_THRESHOLD_PCT,
                    help=f"smallest change in percent that counts (default "
                         f"{DEFAULT_THRESHOLD_PCT:g})")
     p.add_argument("--metric", choices=METRICS, default="step_time",
@@ -668,6 +668,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args: argparse.Namespace) -> int:
     """The ``gate`` subcommand."""
     return run_gate(base_ref=args.base, head_ref=args.head, head_env=args.head_env,
-                    profile=args.profile, rounds=args.rounds, threshold_pct=args.threshold,
+                    profile=args.profile, rounds=args.rounds, threshold_pct=args.threshold_pct,
                     metric=args.metric, out=args.out, run_args=args.run_args,
                     markdown=args.markdown, json_path=args.json)

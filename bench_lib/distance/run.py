@@ -55,7 +55,7 @@ DEFAULT_CPU_CAP_MIB = 1024.0
 DEFAULT_BLOCK_ROWS = 512
 DEFAULT_LOOP_MAX_KERNELS = 128
 MEASUREMENT = Measurement(warmup_steps=1, timed_steps=30, max_time_s=5.0, launches=3,
-                          case_timeout_s=300.0, ci_target_pct=2.0)
+                          case_timeout_s=300.0, interval_target_pct=2.0)
 """How each launch is timed (``launches`` and the cap come from the flags)."""
 AGREE_RTOL = {"fp32": 1e-4, "fp64": 1e-10}
 """A case agrees when its value is within this of the float64 reference, relatively, and
@@ -232,14 +232,15 @@ def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``distance`` command's flags (the rig flags are the caller's)."""
-    from bench_lib.cli import _memory_mib
+    from bench_lib.commands.common import memory_mib
 
     p.add_argument("--layers", default=",".join(DEFAULT_LAYERS),
                    help="conv weight shapes OUTxINxKHxKW, comma-separated (default: "
                         f"{','.join(DEFAULT_LAYERS)})")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, from: {', '.join(METHODS)} (default: all)")
-    p.add_argument("--dtype", default="fp32", help=f"one of {', '.join(DTYPES)} (default fp32)")
+    p.add_argument("--precision", default="fp32",
+                   help=f"one of {', '.join(DTYPES)} (default fp32)")
     p.add_argument("--block-rows", type=int, default=DEFAULT_BLOCK_ROWS,
                    help=f"rows per torch.cdist block (default {DEFAULT_BLOCK_ROWS})")
     p.add_argument("--loop-max-kernels", type=int, default=DEFAULT_LOOP_MAX_KERNELS,
@@ -247,7 +248,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"skipped (default {DEFAULT_LOOP_MAX_KERNELS})")
     p.add_argument("--launches", type=int, default=MEASUREMENT.launches,
                    help=f"fresh launches per case, in rounds (default {MEASUREMENT.launches})")
-    p.add_argument("--max-memory-per-device", type=_memory_mib, metavar="SIZE",
+    p.add_argument("--max-memory-per-device", type=memory_mib, metavar="SIZE",
                    dest="max_memory_per_device_mib",
                    help="memory cap per device, e.g. 1GiB: a case above it is an oom "
                         f"(default on a cpu rig {DEFAULT_CPU_CAP_MIB:.0f}MiB of resident "
@@ -269,7 +270,7 @@ def plan_of(args: argparse.Namespace, rig: Rig) -> DistancePlan:
         raise UsageError(str(e)) from None
     names = [tuple(v.strip() for v in text.split(",") if v.strip())
              for text in (args.layers, args.methods)]
-    return DistancePlan(tuple(Layer.parse(t) for t in names[0]), names[1], args.dtype,
+    return DistancePlan(tuple(Layer.parse(t) for t in names[0]), names[1], args.precision,
                         args.block_rows, args.loop_max_kernels, args.seed, measurement)
 
 

@@ -102,7 +102,7 @@ def run_rank(spec: DistanceSpec, rank: int, workdir: Path) -> RankResult:
     step = make_step(spec, rank, devices)
     timed = measure_steps(step, devices, warmup_steps=m.warmup_steps,
                           timed_steps=m.timed_steps, max_time_s=m.max_time_s,
-                          ci_target_pct=m.ci_target_pct,
+                          interval_target_pct=m.interval_target_pct,
                           group_device=devices[0] if case.process_group else None,
                           after_warmup=memory.reset)
     peaks = memory.read()

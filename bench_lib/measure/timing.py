@@ -244,7 +244,7 @@ class TimedSteps:
 
 def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                   warmup_steps: int, timed_steps: int, max_time_s: float,
-                  ci_target_pct: float, group_device: torch.device | None = None,
+                  interval_target_pct: float, group_device: torch.device | None = None,
                   after_warmup: Callable[[], None] | None = None,
                   warmup_rule: bool = True) -> TimedSteps:
     """Warm up (at least ``warmup_steps``, under ``WarmupRule``; exactly ``warmup_steps``
@@ -255,7 +255,7 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     collectives run on; the ranks then start together and stop after the same step.
     ``after_warmup``: called between the warm-up and the timed steps (``time_steps``).
     """
-    rule = AdaptiveStop(ci_target_pct / 100, max_time_s)
+    rule = AdaptiveStop(interval_target_pct / 100, max_time_s)
     stop: StopRule = rule
     warmed: StopRule | None = WarmupRule(warmup_steps) if warmup_rule else None
     barrier: Callable[[], object] | None = None

@@ -202,7 +202,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     timed = measure_steps(
         faults.with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices),
         trainer.devices, timed_steps=m.timed_steps,
-        max_time_s=m.max_time_s, ci_target_pct=m.ci_target_pct,
+        max_time_s=m.max_time_s, interval_target_pct=m.interval_target_pct,
         group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
         warmup_steps=m.warmup_steps if warmup_steps is None else warmup_steps,
         warmup_rule=warmup_steps is None,

@@ -53,7 +53,7 @@ class Measurement:
     """A case whose predicted peak memory exceeds a device's memory (the cap above, else a
     GPU's total memory) is recorded ``oom`` without being launched (``run.admission``);
     False: it is launched anyway."""
-    ci_target_pct: float = 2.0
+    interval_target_pct: float = 2.0
     """A launch's timing stops once its median's 95% CI half-width (over its own steps) is
     under this % of it (0: off); ``timed_steps`` and ``max_time_s`` stay caps."""
     sample_interval_ms: float = 100.0
@@ -71,9 +71,9 @@ class Measurement:
         if self.max_memory_per_device_mib < 0:
             raise UsageError("max_memory_per_device_mib must be >= 0 (0: no cap), got "
                              f"{self.max_memory_per_device_mib}")
-        if self.ci_target_pct < 0 or self.sample_interval_ms <= 0:
+        if self.interval_target_pct < 0 or self.sample_interval_ms <= 0:
             raise UsageError(
-                f"ci_target_pct must be >= 0 (got {self.ci_target_pct}) and "
+                f"interval_target_pct must be >= 0 (got {self.interval_target_pct}) and "
                 f"sample_interval_ms > 0 (got {self.sample_interval_ms})"
             )
 
@@ -100,7 +100,7 @@ class Profile:
     (a smaller batch where ``batch_sizes`` would not fit one device at that size). In a file
     an inline table, ``batch_sizes_by_image_size = { 512 = [24] }``; here sorted (image size,
     batch sizes) pairs. An entry for an image size the sweep does not use is ignored, and a
-    ``--batch-size`` given on the command line replaces it as it replaces ``batch_sizes``."""
+    ``--batch-sizes`` given on the command line replaces it as it replaces ``batch_sizes``."""
     split_sizes: tuple[int, ...] = (8,)
     """Micro-batch sizes for strategies that pipeline (ignored by the others)."""
     microbatches: tuple[int, ...] = ()

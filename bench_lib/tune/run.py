@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--budget-fraction", type=float, default=BUDGET_FRACTION, metavar="F",
                    help="launch time budget as a share of the exhaustive sweep's, predicted "
                         f"from rung 0's measured launches (default {BUDGET_FRACTION:g})")
-    g.add_argument("--time-budget", type=float, metavar="SECONDS",
+    g.add_argument("--time-budget-s", type=float, metavar="SECONDS",
                    help="launch time budget in seconds (with --budget-fraction: the smaller)")
     g.add_argument("--max-rungs", type=int, default=MAX_RUNGS,
                    help=f"rungs at most, rung 0 included (default {MAX_RUNGS})")
@@ -88,15 +88,15 @@ def settings_of(args: argparse.Namespace, space: Space, rig: Rig) -> RaceSetting
     from bench_lib.sweep.estimate import case_seconds
 
     if args.max_rungs < 1 or args.budget_fraction <= 0 or (
-            args.time_budget is not None and args.time_budget <= 0):
+            args.time_budget_s is not None and args.time_budget_s <= 0):
         raise UsageError(f"--max-rungs must be >= 1 (got {args.max_rungs}), --budget-fraction "
-                         f"and --time-budget positive (got {args.budget_fraction}, "
-                         f"{args.time_budget})")
+                         f"and --time-budget-s positive (got {args.budget_fraction}, "
+                         f"{args.time_budget_s})")
     full = sum(case_seconds(one_launch(c), rig) for c in space.candidates)
     short = sum(case_seconds(race_launch(c, space.profile.measurement), rig)
                 for c in space.candidates)
     return RaceSettings(max_rungs=args.max_rungs,
-                        budget_s=math.inf if args.time_budget is None else args.time_budget,
+                        budget_s=math.inf if args.time_budget_s is None else args.time_budget_s,
                         budget_fraction=args.budget_fraction,
                         sweep_launches=space.profile.measurement.launches,
                         sweep_over_race=full / short if short else 1.0)

@@ -4,7 +4,7 @@ overrides) expands to, and the command that reproduces one of them with ``run``.
 The candidates are ``sweep.cases.expand``'s cases of the workload, so every dimension a
 sweep has is a dimension of the space, with the same validation and the same case ids:
 strategies x split sizes or micro-batch counts x partitions, and the DDP knobs
-(``--ddp-comm-hooks``, ``--ddp-bucket-cap-mb``... on the strategies that wrap the model in
+(``--ddp-comm-hooks``, ``--ddp-bucket-caps-mib``... on the strategies that wrap the model in
 DDP). A new dimension added to ``expand`` (a ``new_case`` keyword and a profile key) joins
 the space without a change here; only ``reproduce_command`` must learn its flag.
 
@@ -83,7 +83,7 @@ def build_space(profile: Profile, rig: Rig) -> Space:
 
 def _varying(keys: Sequence[tuple[str, int, int, str, str]]) -> str:
     """Which workload flags take several values, and the values: the user picks one."""
-    flags = ("--models", "--image-sizes", "--batch-size", "--precision", "--loss")
+    flags = ("--models", "--image-sizes", "--batch-sizes", "--precisions", "--loss")
     parts = []
     for pos, flag in enumerate(flags):
         values = list(dict.fromkeys(str(k[pos]) for k in keys))
@@ -121,20 +121,20 @@ def reproduce_command(case: Case, profile_arg: str, profile: Profile, rig: Rig,
     names = ["single"] if case.strategy == "single" else ["single", case.strategy]
     cmd = ["python", "-m", "bench_lib", "run", "--profile", profile_arg,
            "--strategies", ",".join(names), "--models", case.model,
-           "--image-sizes", str(case.image_size), "--batch-size", str(case.batch_size),
-           "--precision", case.precision, "--loss", profile.loss]
+           "--image-sizes", str(case.image_size), "--batch-sizes", str(case.batch_size),
+           "--precisions", case.precision, "--loss", profile.loss]
     if case.split_size is not None:
         cmd += ["--split-sizes", str(case.split_size)]
     if case.partition is not None:
-        cmd += ["--partition", case.partition]
+        cmd += ["--partitions", case.partition]
     for flag, on in (("--channels-last", case.channels_last), ("--compile", case.compile),
                      ("--sync-bn", case.sync_bn)):
         cmd += [flag] if on else []
     if case.ddp is not None:
         k = case.ddp
-        cmd += ["--ddp-bucket-cap-mb", "default" if k.bucket_cap_mb is None
+        cmd += ["--ddp-bucket-caps-mib", "default" if k.bucket_cap_mb is None
                 else f"{k.bucket_cap_mb:g}",
                 "--ddp-gradient-as-bucket-view", str(k.gradient_as_bucket_view).lower(),
                 "--ddp-static-graph", str(k.static_graph).lower(),
-                "--ddp-comm-hooks", k.comm_hook, "--ddp-powersgd-rank", str(k.powersgd_rank)]
+                "--ddp-comm-hooks", k.comm_hook, "--ddp-powersgd-ranks", str(k.powersgd_rank)]
     return cmd + rig_flags(rig) + list(extra)

@@ -1,0 +1,35 @@
+"""Command line: ``python -m bench_lib <command>`` (or ``parabench <command>``): parse ->
+plan -> run | report | compare | gate | tune | parity | distance; one module per command
+(``parser.COMMANDS``), each with ``HELP``, ``add_arguments(parser)`` and ``command(args)``.
+
+Exit codes: 0 success, 1 the run ended with failed cases (error/timeout) or a regression,
+2 bad input (nothing written), 130 interrupted (finished cases kept; finish with --resume).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from bench_lib.commands.common import EXIT_FAILED_CASES, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from bench_lib.commands.parser import COMMANDS, build_parser
+
+__all__ = ["COMMANDS", "EXIT_FAILED_CASES", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
+           "build_parser", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run its command; its exit code. Bad
+    input the command finds (a usage, rig, workload or results error) is printed as
+    ``error: ...`` and exits 2."""
+    from bench_lib.results.schema import ResultsError
+    from bench_lib.rig import RigError
+    from bench_lib.sweep.profile import UsageError
+    from bench_lib.workloads import WorkloadError
+
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = COMMANDS[args.command].command(args)
+        return code
+    except (UsageError, RigError, WorkloadError, ResultsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE

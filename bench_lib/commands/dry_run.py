@@ -1,0 +1,123 @@
+"""``run --dry-run``: the plan's table, with predicted memory (``--predict-memory``) or
+predicted step times after a calibration (``--predict``); nothing is written."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench_lib.commands.common import EXIT_OK
+from bench_lib.rig import Rig
+from bench_lib.sweep.cases import Case
+
+if TYPE_CHECKING:
+    from bench_lib.run.calibrate import GivenCalibrations
+
+
+def print_plan(cases: list[Case], rig: Rig, estimates: list[float],
+                predict_memory: bool = False) -> None:
+    """The dry run's table: each case, what will happen to it, its estimated time and
+    (``predict_memory``) its peak memory per device predicted as the run would before
+    launching it (a case the run would refuse is shown ``oom``, with the reason)."""
+    from bench_lib.run.admission import Admission
+    from bench_lib.sweep.estimate import format_duration
+
+    admission = Admission.of(rig, cases, read_devices=False)
+    runnable = [c for c in cases if c.status is None] if predict_memory else []
+    if runnable:
+        print(f"predicting the peak memory of {len(runnable)} cases ...", file=sys.stderr,
+              flush=True)
+    width = max((len(c.case_id) for c in cases), default=10)
+    print(f"{'case':<{width}}  {'will':<11}  estimate  {'peak MiB per device':<21}  reason")
+    runs, seconds = 0, 0.0
+    for case, est in zip(cases, estimates):
+        will, reason, peak = case.status or "run", case.reason, ""
+        if case.status is None and predict_memory:
+            pred = admission.prediction(case)
+            if isinstance(pred, str):  # not predicted: the case still runs
+                peak, reason = "-", pred
+            else:
+                peak = pred.per_device_text()
+            refusal = admission.refusal(case)
+            if refusal:
+                will, reason, est = "oom", refusal, 0.0
+        if will == "run":
+            runs, seconds = runs + 1, seconds + est
+        print(f"{case.case_id:<{width}}  {will:<11}  {est:7.0f}s  {peak:<21}  {reason}")
+    print(f"{len(cases)} cases ({runs} to run) on rig {rig.label}; estimated duration "
+          f"~{format_duration(seconds)} (rough: the progress bar refines it)")
+    if predict_memory:
+        print("peak MiB: predicted before launch on fake tensors (bench_lib/sweep/predict.py; "
+              "'balanced' cuts from counted FLOPs until a launch measures them)"
+              + (f"; {admission.note}" if admission.note else ""))
+    else:
+        print("peak MiB per device: add --predict-memory")
+
+
+def print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
+                       quiet: bool = False, given: GivenCalibrations | None = None) -> int:
+    """``run --dry-run --predict``: every workload calibrated (and the collectives measured)
+    as a run would, then each case's predicted step time, speedup and peak memory, and each
+    workload's predicted best; nothing written. On a cuda rig this machine cannot drive,
+    says what it cannot predict and predicts memory alone."""
+    import tempfile
+    import time
+
+    from bench_lib.rig import cuda_device_count
+    from bench_lib.run.admission import Admission
+    from bench_lib.run.calibrate import Predictor, describe_calibration, sweep_collectives
+    from bench_lib.run.forkserver import ForkServer
+    from bench_lib.sweep.predict_time import speedup
+
+    start = time.monotonic()
+    admission = Admission.of(rig, cases, read_devices=False)
+    runnable = [c for c in cases if c.status is None]
+    predictor = None
+    if rig.kind == "cuda" and cuda_device_count() < rig.num_devices:
+        print(f"step times not predicted: the calibration times steps on the rig's devices, "
+              f"and this machine has {cuda_device_count()} GPU(s) of the {rig.num_devices} "
+              "the rig names; peak memory is predicted on fake tensors all the same",
+              file=sys.stderr)
+    elif runnable:
+        server = stack.enter_context(ForkServer.take())
+        collectives = sweep_collectives(rig, quiet, runnable, server)
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parabench-")))
+        predictor = Predictor(runnable, rig, folder, collectives, server,
+                              lambda key, cal: print(describe_calibration(key, cal),
+                                                     file=sys.stderr, flush=True), given)
+        if not quiet:
+            print(f"calibrating {len(predictor.sizes)} workload(s) ...", file=sys.stderr,
+                  flush=True)
+    width = max((len(c.case_id) for c in cases), default=10)
+    print(f"{'case':<{width}}  {'will':<11}  {'step s':>7}  {'speedup':>7}  "
+          f"{'peak MiB per device':<21}  note")
+    best: dict[tuple[Any, ...], tuple[float, Case]] = {}
+    for case in cases:
+        will, step, gain, peak, note = case.status or "run", "-", "-", "", case.reason
+        if case.status is None:
+            memory = admission.prediction(case)
+            peak = "-" if isinstance(memory, str) else memory.per_device_text()
+            if refusal := admission.refusal(case):
+                will, note = "oom", refusal
+            elif predictor is not None:
+                found, single = predictor.predict(case)
+                if isinstance(found, str):
+                    note = found
+                else:
+                    step, note = f"{found.step_s:.3f}", found.note()
+                    if not isinstance(single, str) and case.curve_of is None:
+                        x = speedup(found.step_s, case.batch_size, single.step_s,
+                                    case.workload_batch)
+                        gain = f"{x:.2f}x"
+                        key = (*case.workload_key, case.scaling)
+                        if key not in best or x > best[key][0]:
+                            best[key] = (x, case)
+        print(f"{case.case_id:<{width}}  {will:<11}  {step:>7}  {gain:>7}  {peak:<21}  {note}")
+    for (model, image, batch, _, _, scaling), (x, case) in best.items():
+        print(f"predicted best for {model} {image} px batch {batch} ({scaling}): "
+              f"{case.strategy} {x:.2f}x single ({case.case_id})")
+    print(f"{len(cases)} cases on rig {rig.label}; predicted in "
+          f"{time.monotonic() - start:.0f} s (sweep.predict_time states each formula)")
+    return EXIT_OK

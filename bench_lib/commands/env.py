@@ -1,0 +1,24 @@
+"""``env``: the environment a run would record, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
+from bench_lib.rig import detect_rig
+
+HELP = "print the environment a run would record (JSON)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_rig_args(p)
+
+
+def command(args: argparse.Namespace) -> int:
+    from bench_lib.measure import environment
+
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, gpu_slots=gpu_slots(args))
+    print(json.dumps(environment.collect(rig, {}, sys.argv), indent=2, default=str))
+    return EXIT_OK

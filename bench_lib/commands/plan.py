@@ -1,0 +1,81 @@
+"""A sweep planned from the flags: the rig, the profile with the flags over it, the cases (new,
+resumed, or one shard of them), validated before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from bench_lib.commands.common import gpu_slots
+from bench_lib.rig import Rig, detect_rig
+from bench_lib.sweep.cases import Case, expand
+from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_path
+
+if TYPE_CHECKING:
+    from bench_lib.sweep.shard import ShardPlan, SweepRecord
+
+
+def profile_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The sweep flags given, by ``Profile`` key."""
+    keys = set(Profile.keys())
+    given = {f.dest: getattr(args, f.dest) for f in args.sweep_flags if f.dest in keys}
+    if args.microbatches is not None and args.split_sizes is None:
+        given["split_sizes"] = ()  # counts given alone replace the profile's split sizes
+    if args.split_sizes is not None and args.microbatches is None:
+        given["microbatches"] = ()  # and sizes given alone the profile's counts
+    return given
+
+
+def plan_new(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
+    """The rig, profile and cases of a new sweep, validated (raises on bad input).
+
+    A dry run only plans: ``--rig cuda --devices N`` then plans for N GPUs without asking
+    CUDA anything, so a sweep for another box can be planned (and timed) on any machine.
+    """
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker,
+                     plan_only=args.dry_run, gpu_slots=gpu_slots(args))
+    profile = load_profile(profile_path(args.profile_flag or "default", rig))
+    profile = profile.override(**profile_overrides(args))
+    return rig, profile, expand(profile, rig)
+
+
+def plan_resume(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
+    """The rig, profile and remaining cases of an interrupted run folder.
+
+    Checks the folder can be read as this schema before anything; repairs what the
+    interruption left behind (``prepare_resume``) unless it is a dry run.
+    """
+    from bench_lib.results.read import done_case_ids, read_env
+    from bench_lib.results.store import check_resumable, prepare_resume
+
+    given = [f.flag for f in args.sweep_flags if getattr(args, f.dest) is not None]
+    if given:
+        raise UsageError("--resume takes the sweep from the run folder's env.json; drop "
+                         + ", ".join(given))
+    env = read_env(args.resume)
+    rig, profile = Rig.from_dict(env["rig"]), Profile.from_dict(env["profile"])
+    cases = expand(profile, rig)
+    check_resumable(args.resume)
+    done = done_case_ids(args.resume) if args.dry_run else prepare_resume(args.resume)
+    return rig, profile, [c for c in cases if c.case_id not in done]
+
+
+def plan_shard(args: argparse.Namespace, rig: Rig, profile: Profile, cases: list[Case],
+               ) -> tuple[list[Case], SweepRecord | None, ShardPlan | None]:
+    """The cases of the shard to run (``--shard``, or the resumed folder's own: a resumed
+    shard stays that shard), its env.json record, and the cut of the whole sweep."""
+    from bench_lib.sweep import shard
+
+    if args.resume:
+        from bench_lib.results.read import read_env
+
+        recorded = shard.SweepRecord.of_env(read_env(args.resume))
+        mine = recorded.shard if recorded else None
+        if args.shard is not None and args.shard != mine:
+            ran = f"shard {mine.label}" if mine else "the whole sweep"
+            raise UsageError(f"{args.resume} ran {ran}; drop --shard {args.shard.label}")
+        return (shard.select(cases, recorded) if recorded else cases), recorded, None
+    if args.shard is None:
+        return cases, None, None
+    sweep, cut = shard.record(profile, rig, cases, args.shard)
+    return shard.select(cases, sweep), sweep, cut

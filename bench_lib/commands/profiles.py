@@ -1,0 +1,37 @@
+"""``profiles``: every shipped profile with its cases and estimated duration on this rig."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
+from bench_lib.rig import detect_rig
+from bench_lib.sweep.cases import expand
+from bench_lib.sweep.profile import load_profile, profile_names, profile_path
+
+HELP = "list the profiles: name, cases and estimated duration on this rig, description"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_rig_args(p)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Every shipped profile on this rig (``default``: the one it picks): its cases, the
+    estimated duration of a run, its description."""
+    from bench_lib.sweep.estimate import case_seconds, format_duration
+
+    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=True,
+                     gpu_slots=gpu_slots(args))
+    names = [n for n in profile_names() if n != "default"]
+    width = max(len(n) for n in names)
+    print(f"{'profile':<{width}}  cases  estimate  description (rig {rig.label}; `default` "
+          f"is default-{rig.kind})")
+    for name in names:
+        profile = load_profile(profile_path(name, rig))
+        cases = expand(profile, rig)
+        runs = [c for c in cases if c.status is None]
+        seconds = sum(case_seconds(c, rig) for c in runs)
+        print(f"{name:<{width}}  {len(runs):>5}  {format_duration(seconds):>8}  "
+              f"{profile.description}")
+    return EXIT_OK

@@ -1,0 +1,309 @@
+"""``run``: a sweep, its run folder, and what follows it (report, gate, baseline)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench_lib.commands.after_run import after_run, check_after_run_targets
+from bench_lib.commands.common import (
+    EXIT_FAILED_CASES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    add_rig_args,
+    add_sweep_args,
+    shard_part,
+    sweep_flags,
+)
+from bench_lib.commands.dry_run import print_plan, print_predictions
+from bench_lib.commands.plan import plan_new, plan_resume, plan_shard
+from bench_lib.rig import Rig
+from bench_lib.sweep.cases import Case
+from bench_lib.sweep.profile import UsageError
+
+if TYPE_CHECKING:
+    from bench_lib.run.launch import Launcher
+    from bench_lib.run.protocol import CaseOutcome
+
+HELP = "run a sweep and write a run folder under results/"
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    """``run``'s flags: the sweep's and the rig's (a profile's keys), the run's own, the
+    launcher's, and what to do after the sweep."""
+    shaping = add_sweep_args(run) + add_rig_args(run)
+    # One list: the profile overrides and --resume's refusals both come from it.
+    run.set_defaults(sweep_flags=sweep_flags(shaping))
+    run.add_argument("--out", type=Path, default=Path("results"),
+                     help="folder that receives the run folder (default: results)")
+    run.add_argument("--quiet", action="store_true", help="print only the run folder")
+    run.add_argument("--dry-run", action="store_true",
+                     help="list the cases and an estimated duration; run nothing")
+    run.add_argument("--predict-memory", action="store_true",
+                     help="with --dry-run: also predict each case's peak memory per device, "
+                          "as the run does before launching it (half a second to seconds a "
+                          "case), and show the cases --max-memory-per-device would refuse"),
+    run.add_argument("--predict", action="store_true",
+                     help="calibrate each workload (seconds each) and predict each case's "
+                          "step time and speedup before launching it (the profile key "
+                          "predict_time); with --dry-run: print those predictions, peak "
+                          "memory and each workload's predicted best, and run nothing")
+    run.add_argument("--calibration", type=Path, metavar="PATH",
+                     help="with --predict implied: take the calibrations of an earlier run "
+                          "on this machine (its folder or calibration.json) instead of "
+                          "measuring them again; a workload it lacks, or lacks a size of, "
+                          "is calibrated as usual")
+    run.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                     help="finish an interrupted run: skip the cases it already recorded")
+    run.add_argument("--shard", type=shard_part, metavar="K/N",
+                     help="run only the K-th (from 1) of N parts of the sweep, balanced by "
+                          "estimated duration, whole workloads each, into its own run folder; "
+                          "join them with `merge` (--resume keeps the folder's shard)")
+    add_launcher_args(run)
+    after = run.add_argument_group("after the sweep (each acts on the run folder it wrote)")
+    after.add_argument("--report", action="store_true",
+                       help="write report.html and the figures into the run folder")
+    after.add_argument("--compare-to", type=Path, metavar="BASELINE",
+                       help="gate the run against BASELINE (a run folder or a baseline store), "
+                            "writing compare.md and compare.json; exit 1 on a regression")
+    after.add_argument("--threshold-pct", type=float, default=None, metavar="PCT",
+                       help="with --compare-to: compare's --threshold-pct (default 10)")
+    after.add_argument("--metric", choices=("auto", "step_time", "speedup"), default=None,
+                       help="with --compare-to: compare's --metric (default auto)")
+    after.add_argument("--allow-different-hardware", action="store_true",
+                       help="with --compare-to: compare with a baseline of other hardware")
+    after.add_argument("--save-baseline", type=Path, metavar="STORE",
+                       help="store the run as this hardware's baseline in STORE (after "
+                            "--compare-to: a run is gated against the old baseline first)")
+
+
+def add_launcher_args(run: argparse.ArgumentParser) -> None:
+    """How each multi-process case starts its ranks, and the multi-node run (run.launch,
+    run.multinode). Not sweep flags: the same sweep runs under either launcher."""
+    from bench_lib.run.launch import ENDPOINT_ENV, LAUNCHERS
+
+    g = run.add_argument_group(
+        "launcher (multi-node: every node runs the same command, with its own --node-rank; "
+        "only ddp, fsdp and the pipelining schedules span nodes, single runs on node 0, "
+        "the other strategies are unsupported)")
+    g.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                   help="local: the runner starts each rank (default); torchrun: each "
+                        "multi-process case through PyTorch's torchrun (c10d rendezvous, "
+                        "--max-restarts 0; --standalone on one node)")
+    g.add_argument("--nnodes", type=int, metavar="N",
+                   help="nodes of a multi-node run (torchrun; default SLURM_NNODES, else 1)")
+    g.add_argument("--node-rank", type=int, metavar="I",
+                   help="this node's index, 0 writes the run folder (default SLURM_NODEID)")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help=f"node 0's rendezvous address, the same on every node (default "
+                        f"${ENDPOINT_ENV}; required with --nnodes > 1, never guessed)")
+    g.add_argument("--coord-port", type=int, metavar="PORT",
+                   help="node 0's coordination port for the runners (default: the "
+                        "rendezvous port + 1)")
+    g.add_argument("--nproc-per-node", type=int, metavar="G",
+                   help="ranks per node, torchrun's word for --devices (must match it)")
+
+
+def resolve_launcher(args: argparse.Namespace) -> Launcher:
+    """The run's launcher (exit 2 on bad input); ``--nproc-per-node`` fills ``--devices``."""
+    from bench_lib.run.launch import resolve
+
+    launcher = resolve(args.launcher, args.nnodes, args.node_rank, args.rdzv_endpoint,
+                       args.coord_port)
+    if args.nproc_per_node is not None:
+        if launcher.kind != "torchrun":
+            raise UsageError("--nproc-per-node needs --launcher torchrun")
+        if args.devices not in (None, args.nproc_per_node):
+            raise UsageError(f"--nproc-per-node {args.nproc_per_node} and --devices "
+                             f"{args.devices} disagree: each node runs one rank per device")
+        args.devices = args.nproc_per_node
+    if launcher.multi_node and args.resume:
+        raise UsageError("--resume of a multi-node run is not supported: run it again")
+    return launcher
+
+
+def follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[Case]) -> int:
+    """A non-first node of a multi-node run: follow node 0, which writes the run folder."""
+    from bench_lib.run.multinode import NodeZeroGone
+    from bench_lib.run.runner import run_follower
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        end = run_follower(cases, rig, launcher, args.out)
+    except KeyboardInterrupt:
+        print(f"node {launcher.node_rank}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except NodeZeroGone as e:
+        print(f"error: node {launcher.node_rank}: {e}", file=sys.stderr)
+        return EXIT_FAILED_CASES
+    print(f"node {launcher.node_rank}: node 0 ended the run ({end}); its run folder holds "
+          "the results", file=sys.stderr)
+    return {"done": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(end, EXIT_FAILED_CASES)
+
+
+def command(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as stack:  # the fork server, once the run starts
+        return _run(args, stack)
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
+    """``cmd_run``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
+    from bench_lib.measure import environment, flops
+    from bench_lib.measure.energy import IdlePower
+    from bench_lib.report.answer import answer_lines
+    from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
+    from bench_lib.report.headlines import headline_lines, tutorial_lines
+    from bench_lib.report.time_prediction import score_lines
+    from bench_lib.results.read import read_env
+    from bench_lib.results.store import RunWriter, create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.run.calibrate import (
+        CalibrationKey,
+        Predictor,
+        describe_calibration,
+        sweep_collectives,
+    )
+    from bench_lib.run.duty import DutyMeter, write_duty
+    from bench_lib.run.forkserver import ForkServer
+    from bench_lib.run.multinode import cluster_env, open_coordinator
+    from bench_lib.run.multinode import plan as plan_nodes
+    from bench_lib.run.progress import Progress
+    from bench_lib.run.runner import measure_idle_power, run_sweep
+    from bench_lib.sweep.estimate import case_seconds
+    from bench_lib.sweep.predict_time import Calibration
+    from bench_lib.sweep.shard import describe as describe_shard
+    from bench_lib.sweep.shard import record as sweep_record
+
+    duty = DutyMeter()  # the run's wall clock starts with the command
+    # Everything is validated before the run folder exists: bad input writes nothing.
+    if args.predict_memory and not args.dry_run:
+        raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
+                         "before launching it anyway: peak_mem_mib_predicted_by_device)")
+    if args.resume and (args.predict or args.calibration is not None):
+        raise UsageError("--resume predicts as the run folder's profile says (and reads its "
+                         "calibration.json); drop --predict and --calibration")
+    launcher = resolve_launcher(args)
+    rig, profile, cases = plan_resume(args) if args.resume else plan_new(args)
+    if args.predict or args.calibration is not None:
+        profile = profile.override(predict_time=True)
+    given = None
+    if args.calibration is not None:
+        from bench_lib.run.calibrate import given_calibrations
+
+        try:
+            given = given_calibrations(args.calibration, rig)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if launcher.multi_node:  # planned again, on every node's devices
+        rig, cases = plan_nodes(profile, rig, launcher.nnodes)
+    cases, sweep, cut = plan_shard(args, rig, profile, cases)
+    check_after_run_targets(args, rig, launcher.multi_node)
+    estimates = [case_seconds(c, rig) for c in cases]
+    if args.dry_run and (args.predict or given is not None):
+        return print_predictions(cases, rig, stack, args.quiet, given)
+    if args.dry_run:
+        print_plan(cases, rig, estimates, args.predict_memory)
+        if sweep is not None and sweep.shard is not None:
+            print(describe_shard(sweep, cut))
+        return EXIT_OK
+    if rig.kind == "cuda":  # NCCL, /dev/shm, NVML checked in seconds, not hours in (exit 2)
+        from bench_lib.measure import preflight
+
+        preflight.check(rig, quiet=args.quiet)
+    if launcher.node_rank > 0:  # node 0 writes the run folder; this node follows it
+        return follow(args, launcher, rig, cases)
+    # Node 0 of a multi-node run: the nodes admitted before anything is written.
+    coordinator = open_coordinator(launcher, rig, cases) if launcher.multi_node else None
+    # Every process the run starts from here on is forked by one server that imported
+    # torch once (run.forkserver): the FLOP probe, the collectives, every case's ranks.
+    server = stack.enter_context(ForkServer.take())
+
+    if args.resume:
+        run_dir = args.resume
+        recorded = read_env(run_dir)
+        peak = flops.AttainablePeak.from_dict(recorded.get("attainable_peak"))
+        idle = IdlePower.from_dict(recorded.get("idle_power"))
+        collectives = sweep_collectives(rig, args.quiet, cases, server,
+                                        recorded.get("collectives"))
+        if "collectives" not in recorded:  # a folder from before they were measured
+            write_json_atomic(run_dir / "env.json",
+                              recorded | {"collectives": collectives.as_dict()})
+    else:
+        run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
+        # Measured once per run, before any case: idle power first, with nothing of ours
+        # running (for net energy), then the FLOP peak (for the MFU columns).
+        if profile.rig_figures:
+            idle = measure_idle_power(rig)
+            peak = flops.measure_peak(rig, list(profile.precisions), server=server)
+        else:
+            off = "not measured: the profile's rig_figures is off"
+            idle, peak = IdlePower(unsupported=off), flops.AttainablePeak(unsupported=off)
+        # The ddp/fsdp and p2p bounds.
+        collectives = sweep_collectives(rig, args.quiet, cases, server)
+        env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
+                                  idle.as_dict())
+        env["sweep"] = (sweep or sweep_record(profile, rig, cases)[0]).as_dict()
+        env["launcher"] = launcher.as_dict()
+        env["collectives"] = collectives.as_dict()
+        if coordinator is not None:
+            env = cluster_env(env, coordinator.infos)
+        write_json_atomic(run_dir / "env.json", env)
+        if coordinator is not None:
+            coordinator.welcome(run_dir.name)
+    # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-C too, even where the run was started with SIGINT ignored (a background job of a
+    # non-interactive shell inherits that, and Python then leaves it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    progress = Progress(estimates, quiet=args.quiet,
+                        launches=[c.measurement.launches for c in cases])
+    verb = "resuming" if args.resume else "run"
+    part = f" (shard {sweep.shard.label})" if sweep is not None and sweep.shard else ""
+    progress.header(f"{verb} {run_dir.name}: {len(cases)} cases on rig {rig.label}{part}")
+
+    def launch_done(index: int, case: Case, launch: int, outcome: CaseOutcome) -> None:
+        duty.add(outcome.step_times_s, outcome.warmup_time_s, outcome.wall_time_s)
+        progress.launch_done(index, case, launch, outcome)
+
+    def calibrated(key: CalibrationKey, cal: Calibration | str) -> None:
+        progress.note(describe_calibration(key, cal))
+        if not isinstance(cal, str):
+            duty.add_calibration(cal.wall_s)
+
+    predictor = (Predictor(cases, rig, run_dir, collectives, server, calibrated, given)
+                 if profile.predict_time else None)
+    if predictor is not None and predictor.reused:
+        progress.note(f"calibration: {len(predictor.reused)} workload(s) from "
+                      f"{predictor.reused_from}")
+    try:
+        with RunWriter(run_dir) as writer:
+            rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
+                             attainable_peak=peak, idle=idle, on_launch_done=launch_done,
+                             launcher=launcher, coordinator=coordinator,
+                             collectives=collectives, server=server, predictor=predictor)
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "
+              "workload that was running are not recorded. Finish with:\n  python -m "
+              f"bench_lib run --resume {run_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    progress.close()
+    cycle = write_duty(run_dir, duty.finish())
+    if not args.quiet:
+        lines = headline_lines(rows)
+        if profile.name == "tutorial":
+            lines += tutorial_lines(rows)
+        lines += [line for answer in answer_lines(rows) + score_lines(rows)
+                  for line in textwrap.wrap(answer, ANSWER_WIDTH)]
+        for line in lines:
+            print(line, file=sys.stderr)
+        print(cycle.summary(), file=sys.stderr)
+        print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
+    print(run_dir)
+    failed = any(r["status"] in ("error", "timeout") for r in rows)
+    return after_run(args, run_dir) or (EXIT_FAILED_CASES if failed else EXIT_OK)
