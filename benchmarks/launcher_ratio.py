@@ -7,7 +7,7 @@ torchrun``, interleaved in pairs whose order alternates (local then torchrun, th
 then local...), so that drift over the session weighs on both launchers alike. Per pair and
 strategy the ratio is torchrun's median step time over the local launcher's; the ratios are
 summarised as a geometric mean with its t interval across pairs
-(``measure.stats.paired_ratio_interval``) and their min-max spread. A strategy's verdict:
+(``analysis.stats.paired_ratio_interval``) and their min-max spread. A strategy's verdict:
 ``within 3%`` when the whole interval lies inside [0.97, 1.03], ``outside`` when it lies
 wholly outside, else ``undecided`` (more pairs, a quieter machine).
 
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_lib.measure.stats import paired_ratio_interval
+from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.results.read import read_cases, run_dirs_in
 
 STRATEGIES = ("ddp", "gpipe")

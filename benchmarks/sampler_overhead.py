@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_lib.measure.stats import Stats  # noqa: E402
+from bench_lib.analysis.stats import Stats  # noqa: E402
 from bench_lib.rig import detect_rig  # noqa: E402
 from bench_lib.run.runner import case_sampler  # noqa: E402
 from bench_lib.sweep.cases import new_case  # noqa: E402

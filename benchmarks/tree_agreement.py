@@ -8,7 +8,7 @@ launches each, under this tree's default-cpu profile file) with the base tree's 
 with this tree's (each ``python -m bench_lib run`` from its own folder), in pairs whose order
 alternates, so that drift weighs on both alike. Per pair and strategy it prints each run's
 median step time with its 95% interval; then per strategy the ratio of this tree's median
-to the base's, its t interval across pairs (``measure.stats.paired_ratio_interval``), and
+to the base's, its t interval across pairs (``analysis.stats.paired_ratio_interval``), and
 whether each tree's median lies inside the other's interval in every pair. Written for the
 fork server and the reused warm-up (issue #24): they change a launch's start, not its steps.
 """
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_lib.measure.stats import paired_ratio_interval
+from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.results.read import read_cases, run_dirs_in
 
 HERE = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ import statistics
 import pandas as pd
 import pytest
 
-from bench_lib.measure.waterfall import PARTS
+from bench_lib.analysis.waterfall import PARTS
 from bench_lib.report.curve_figure import curve_points, fig_batch_curve
 from bench_lib.report.headlines import headline_lines, is_curve_point
 from bench_lib.results.read import run_dirs_in

@@ -10,17 +10,16 @@ import random
 import pandas as pd
 import pytest
 
-from bench_lib.measure import bound, case_bound
-from bench_lib.measure.collectives import (
+from bench_lib.analysis import bound
+from bench_lib.analysis.collective_fits import (
     OPS,
-    SIZES_MIB,
     CollectiveFit,
     Collectives,
     bus_factor,
     fit_alpha_beta,
-    measure,
-    sizes_for,
 )
+from bench_lib.measure import case_bound
+from bench_lib.measure.collectives import SIZES_MIB, measure, sizes_for
 from bench_lib.report import bound_figure, build
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
@@ -64,7 +63,7 @@ def test_simulated_torch_schedules_match_the_closed_forms_for_balanced_stages(na
 @pytest.mark.parametrize("p,m", [(2, 4), (2, 8), (4, 8)])
 @pytest.mark.parametrize("name", ["interleaved-zb", "zbv"])
 def test_simulated_zero_bubble_schedules_match_the_closed_form(name, p, m):
-    """(3*v*m+p-1) t with f = b = w = t per chunk (Qi et al.; measure.bubble's theory)."""
+    """(3*v*m+p-1) t with f = b = w = t per chunk (Qi et al.; analysis.bubble's theory)."""
     t = 0.25
     times = stage_times([t] * 2 * p, [t] * 2 * p, [t] * 2 * p)
     makespan, _ = bound.simulate(_schedule_actions(name, p, m), times)

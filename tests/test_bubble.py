@@ -13,7 +13,7 @@ import torch.distributed.pipelining.schedules as pps
 from torch.distributed.pipelining.schedules import _ComputationType as Op
 
 from bench_lib import strategies
-from bench_lib.measure import bubble
+from bench_lib.analysis import bubble
 from bench_lib.measure.trace import align, trace_step
 from bench_lib.report.gantt import bubble as report_bubble
 from bench_lib.run.protocol import CaseOutcome

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from bench_lib.measure.stats import (
+from bench_lib.analysis.stats import (
     MIN_SAMPLES_FOR_AUTOCORR,
     MIN_SAMPLES_FOR_BOOTSTRAP,
     MIN_SAMPLES_FOR_EXACT_CI,

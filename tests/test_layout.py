@@ -1,4 +1,5 @@
-"""The package layout's promises: the readers of run folders never import torch."""
+"""The package layout's promises, checked by importing: the readers of run folders and the
+arithmetic never import torch (tests/test_layering.py checks the rules from the source)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ TORCH_FREE = [
     "bench_lib.compare.gate", "bench_lib.compare.same_job",
     "bench_lib.compare.output", "bench_lib.compare.baseline", "bench_lib.results",
     "bench_lib.results.schema", "bench_lib.results.read", "bench_lib.results.store",
-    "bench_lib.measure.bubble",  # the bubble's arithmetic, shared by the runner and the report
+    # the arithmetic the runner, the report and compare share
+    "bench_lib.analysis", "bench_lib.analysis.bubble", "bench_lib.analysis.stats",
+    "bench_lib.analysis.bound", "bench_lib.analysis.waterfall",
+    "bench_lib.analysis.collective_fits",
 ]
 
 
@@ -39,7 +43,7 @@ def test_the_worker_starts_without_scipy():
     code = ("import bench_lib.run.worker, sys; "
             "leaked = sorted(m for m in sys.modules if m.startswith('scipy')); "
             "assert not leaked, leaked; "
-            "from bench_lib.measure.stats import t_quantile; "
+            "from bench_lib.analysis.stats import t_quantile; "
             "assert abs(t_quantile(0.95, 2) - 4.302653) < 1e-5")
     proc = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from bench_lib.measure import bound
+from bench_lib.analysis import bound
+from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
 from bench_lib.measure.case_bound import parameter_bytes
-from bench_lib.measure.collectives import CollectiveFit, Collectives
 from bench_lib.run.calibrate import CalibrationKey, CalibrationSpec, combine, sizes_for
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.predict import _schedule_actions
@@ -82,7 +82,7 @@ def test_the_balanced_partition_cuts_where_the_calibrated_blocks_balance():
 @pytest.mark.parametrize("m", [2, 4, 8])
 def test_unbalanced_gpipe_is_the_flow_shop_with_transfers(m):
     """Stages (f, b) = (0.02, 0.04) and (0.01, 0.02), a transfer of c each way: GPipe's
-    exact makespan sum(f+b) + (m-1)(max f + max b) + 2c (``measure.bound``)."""
+    exact makespan sum(f+b) + (m-1)(max f + max b) + 2c (``analysis.bound``)."""
     fwd, bwd, c = [0.02, 0.01], [0.04, 0.02], 0.003
     found = predict(Shape("gpipe", 4 * m, 2, 4), blocks_cal(fwd, bwd), pipeline=PipelineParts(
         _schedule_actions("gpipe", 2, m), fixed([1]), lambda cuts: [c]))

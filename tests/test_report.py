@@ -14,7 +14,7 @@ import pytest
 from matplotlib.container import BarContainer
 
 from bench_lib import commands
-from bench_lib.measure.stats import launch_interval, paired_ratio_interval
+from bench_lib.analysis.stats import launch_interval, paired_ratio_interval
 from bench_lib.report import build, device_figures, figures
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic

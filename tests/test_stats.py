@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from bench_lib.measure.stats import (
+from bench_lib.analysis.stats import (
     MIN_LAUNCHES_FOR_CI,
     Stats,
     bootstrap_median_ci,

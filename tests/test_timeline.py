@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench_lib import strategies
-from bench_lib.measure.bubble import theory, union_length
+from bench_lib.analysis.bubble import theory, union_length
 from bench_lib.measure.trace import align, trace_step
 from bench_lib.report.gantt import bubble
 from bench_lib.strategies import BuildContext

@@ -263,7 +263,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, flags: list[str],
 
 
 def test_several_workloads_name_the_flag_to_pick_one():
-    profile = load_profile(profile_path("default", RIG))
+    profile = load_profile(profile_path("default", RIG.kind))
     with pytest.raises(UsageError, match="--image-sizes one of 64, 96"):
         build_space(profile, RIG)
 
@@ -314,7 +314,7 @@ def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicte
     """Skipped only where even the predictor's worst error both ways leaves it slower than
     the predicted best (``PREDICTION_MARGIN``); single always races; each row keeps its
     prediction."""
-    from bench_lib.measure.bound import Bound
+    from bench_lib.analysis.bound import Bound
     from bench_lib.tune.run import PREDICTION_MARGIN, by_prediction, skipped_by_prediction
 
     args, rig, space, launched_ids, launch = _mlp_race(tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench_lib.measure.waterfall import PARTS, busiest_over_mean, waterfall
+from bench_lib.analysis.waterfall import PARTS, busiest_over_mean, waterfall
 
 CURVE = {16: 0.27, 8: 0.35, 4: 0.12, 2: 0.08}
 """single's median step (s) per batch: the full batch 16 and its batch curve."""

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from bench_lib.measure import waterfall
-from bench_lib.measure.stats import paired_ratio_interval
+from bench_lib.analysis import waterfall
+from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.report.answer import answer_lines
 from bench_lib.report.headlines import headline_groups, headline_lines
 from bench_lib.run.rows import SpeedupTable

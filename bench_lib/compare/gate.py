@@ -20,7 +20,7 @@ Each change has a 95% interval, by ``method``:
   interval holds each launch's step-to-step noise, correlated or not, and the spread
   between launches of one run both. The change is that of the geometric means and the
   interval Welch's t interval of the difference of the mean logs
-  (``bench_lib.measure.stats.welch_log_change``: unequal variances, Welch-Satterthwaite
+  (``bench_lib.analysis.stats.welch_log_change``: unequal variances, Welch-Satterthwaite
   degrees of freedom), mapped back.
 * ``bootstrap over steps`` (a side measured in 1 launch, e.g. ``--launches 1``): the
   percentile bootstrap of the same change, each launch's steps resampled independently
@@ -74,8 +74,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench_lib.measure.stats import geometric_mean, welch_log_change
-from bench_lib.measure.timing import slowest_per_step
+from bench_lib.analysis.stats import geometric_mean, slowest_per_step, welch_log_change
 from bench_lib.results.read import read_cases, read_env, read_steps
 from bench_lib.results.schema import ResultsError
 
@@ -155,7 +154,7 @@ def step_samples(run_dir: Path) -> dict[str, Launches]:
     """Per case and per launch, the time of each timed step from steps.csv: the slowest rank's.
 
     Launches are keyed by steps.csv's ``launch`` (the round they ran in), in round order.
-    The rule is ``bench_lib.measure.timing.slowest_per_step``, the one the runner applies,
+    The rule is ``bench_lib.analysis.stats.slowest_per_step``, the one the runner applies,
     within each launch; ranks that timed different numbers of steps in a launch, or a step
     row without its launch, make the run unusable (``CompareError``).
     """

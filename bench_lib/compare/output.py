@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from bench_lib.compare import gate as cmp
-from bench_lib.compare.baseline import resolve_baseline
-from bench_lib.measure.stats import (
+from bench_lib.analysis.stats import (
     MIN_LAUNCHES_FOR_CI,
     bootstrap_median_ci,
     launch_interval,
     paired_ratio_interval,
 )
+from bench_lib.compare import gate as cmp
+from bench_lib.compare.baseline import resolve_baseline
 
 HEADER = ["case", "base_ms", "cand_ms", "step_time_change_pct [95% CI]",
           "vs_single_change_pct [95% CI]", "verdict (metric)"]

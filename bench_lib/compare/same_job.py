@@ -69,10 +69,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.compare import gate as cmp
 from bench_lib.compare import output
 from bench_lib.measure.hooks import TEST_HOOK_VARIABLES
-from bench_lib.measure.stats import paired_ratio_interval
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
 

@@ -8,7 +8,7 @@ the runner's seeded shuffled order (``runner.round_order``), each launch fresh p
 are written once its last round ends, one line of progress per case.
 
 Each row has the case's step time (forward and backward of D: geometric mean of the
-launches' medians, t interval across launches: ``measure.stats.launch_interval``), its
+launches' medians, t interval across launches: ``analysis.stats.launch_interval``), its
 speedup over ``blocked`` paired by round, its peak memory per device net of the runtime,
 and the value and gradient it computed beside the reference, with ``agrees`` saying whether
 they are within the precision's tolerance (``AGREE_RTOL``). Exits 1 when a case failed
@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
+from bench_lib.analysis.stats import launch_interval, paired_ratio_interval
 from bench_lib.distance import methods
 from bench_lib.distance.launch import Computed, launch
 from bench_lib.distance.spec import DTYPES, METHODS, DistanceCase, DistanceSpec, Layer, new_case
-from bench_lib.measure.stats import launch_interval, paired_ratio_interval
 from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.run.forkserver import ForkServer

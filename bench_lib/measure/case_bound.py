@@ -1,4 +1,4 @@
-"""A case's bound from what its run recorded: which formula of ``measure.bound`` applies,
+"""A case's bound from what its run recorded: which formula of ``analysis.bound`` applies,
 the traced step's pass times, and the byte sizes the transfers and collectives move.
 
 ``run.rows.bound_columns`` calls ``case_bound`` for each ok case; ``cli`` asks
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from bench_lib.measure.bound import (
+from bench_lib.analysis.bound import (
     PIPELINED,
     Bound,
     PassTimes,
@@ -24,8 +24,8 @@ from bench_lib.measure.bound import (
     pipeline_bound,
     serial_bound,
 )
-from bench_lib.measure.bubble import span
-from bench_lib.measure.collectives import Collectives
+from bench_lib.analysis.bubble import span
+from bench_lib.analysis.collective_fits import Collectives
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
@@ -37,7 +37,7 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
                single_s: float | None = None,
                collectives: Collectives | None = None,
                ddp_compute_s: float | None = None) -> Bound | str | None:
-    """An ok case's bound (``measure.bound`` states each formula), why it has none, or None
+    """An ok case's bound (``analysis.bound`` states each formula), why it has none, or None
     for a strategy without one (single, dp, accum). ``median_s``: its median step;
     ``single_s``: the same workload's ``single`` median step; ``collectives``: the run's
     micro-benchmark; ``ddp_compute_s``: for fsdp, a ddp case's measured compute of the same

@@ -18,22 +18,22 @@ rule, the collective stop, and the slowest rank per step.
    median's 95% CI half-width is under the target, or the time cap is spent (at least 3
    steps), else go on to the ``timed_steps`` cap. In a multi-process case every rank judges
    the slowest rank's times and the decision is reduced, so all ranks stop after one step.
-5. A case's figure for each step is the slowest rank's (``slowest_per_step``), also when
-   ``compare`` re-reads steps.csv.
+5. A case's figure for each step is the slowest rank's (``analysis.stats.slowest_per_step``,
+   which ``compare`` applies too when it re-reads steps.csv).
 
-torch is imported only inside the functions that touch a device, so the file readers
-(compare) can apply rule 5 without importing it.
+torch is imported only inside the functions that touch a device: the sweep's planning
+(``sweep.estimate``) reads this module's counts without it.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bench_lib.measure.stats import MIN_SAMPLES_FOR_BOOTSTRAP, Stats
+from bench_lib.analysis.stats import MIN_SAMPLES_FOR_BOOTSTRAP, Stats
 
 if TYPE_CHECKING:
     import torch
@@ -274,11 +274,3 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                        warmup_times=warm)
     return TimedSteps(times, (window[0], window[1]), rule.final_reason(len(times), timed_steps),
                       cpu, warmup_steps=len(warm), warmup_time_s=sum(warm))
-
-
-def slowest_per_step(per_rank: Mapping[int, Sequence[float]]) -> list[float]:
-    """The case's time of each step: the slowest rank's. Ranks must have timed equal steps."""
-    counts = {len(times) for times in per_rank.values()}
-    if len(counts) > 1:
-        raise ValueError(f"ranks timed different numbers of steps: {sorted(counts)}")
-    return [max(step) for step in zip(*per_rank.values())]

@@ -31,7 +31,7 @@ Each interval is labelled with its device: ``slot_labels`` name the trainer's de
 Stamps are ``time.perf_counter`` on CPU and CUDA events on GPUs (resolved after a
 synchronize against an event recorded at the step's start), in seconds on the host's
 monotonic clock: one clock for every rank on a host, so the runner can put the ranks of a
-case on one time axis (``align``). ``measure.bubble`` reads the idle share per device off
+case on one time axis (``align``). ``analysis.bubble`` reads the idle share per device off
 the rows; the report draws them as a Gantt chart (``report.gantt``)::
 
     device 0 |F0|F1|F2|F3|          |B3|B2|B1|B0|
@@ -60,7 +60,7 @@ TimelineRow = dict[str, Any]
 
 Stamp = float | tuple[torch.device, torch.cuda.Event]
 
-# The pipelining stage's method per phase (``measure.bubble.PHASES``); each takes the
+# The pipelining stage's method per phase (``analysis.bubble.PHASES``); each takes the
 # micro-batch index first.
 PIPE_METHODS = {"fwd": "forward_one_chunk", "bwd": "backward_one_chunk",
                 "wgt": "backward_weight_one_chunk"}

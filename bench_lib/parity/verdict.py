@@ -179,7 +179,7 @@ def prediction_factor(samples: int, confidence: float = SEEDS_CONFIDENCE) -> flo
     (the normal quantile z x sqrt(2))."""
     if samples == 0:
         return statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(2)
-    from bench_lib.measure.stats import t_quantile
+    from bench_lib.analysis.stats import t_quantile
 
     return t_quantile(confidence, samples - 1) * math.sqrt(2)
 

@@ -9,7 +9,7 @@ behind, each sentence built from the run's own numbers (no number, no sentence).
 
 The winner and its interval are the headlines' (``headlines.rank``) under strong scaling
 (the batch split over the devices); the loss is the waterfall part
-(``bench_lib.measure.waterfall``) with the largest median share of the other ok cases'
+(``bench_lib.analysis.waterfall``) with the largest median share of the other ok cases'
 steps; the batch curve's point is the per-device batch of the fastest of them that cuts the
 batch. The weak-scaling sentence names the weak case with the largest speedup over single
 (a throughput ratio, paired by round) and says whether its interval clears 1.

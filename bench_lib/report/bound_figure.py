@@ -1,6 +1,6 @@
 """Measured step time against the bound of the case's own parts, and where the gap goes.
 
-The bound (``step_time_s_bound``, ``bench_lib.measure.bound``) is the step time the case's
+The bound (``step_time_s_bound``, ``bench_lib.analysis.bound``) is the step time the case's
 measured pieces allow: a pipeline's schedule run with its traced pass times and the measured
 p2p time; ddp/fsdp the local batch's compute overlapped with the gradient collectives at the
 run's measured bandwidth. Top: every case with a bound, measured beside bound, labelled with
@@ -34,7 +34,7 @@ PARTS = (("bound_compute_s", "compute (busiest device)", "#4c72b0"),
          ("bound_comm_s", "p2p / transfers", "#55a868"),
          ("bound_other_s", "rest of step (optimizer...)", "#8172b2"))
 GAP_COLOR = "#c44e52"
-EXPLAIN = ("bound = what the case's own measured parts allow (bench_lib/measure/bound.py); "
+EXPLAIN = ("bound = what the case's own measured parts allow (bench_lib/analysis/bound.py); "
            "efficiency = bound / measured")
 
 
@@ -157,5 +157,5 @@ def explain_html(cases: pd.DataFrame) -> str:
             "ddp and fsdp the local share of single's step overlapped with the gradient "
             "collectives at the bandwidth measured at the start of the run (env.json "
             "collectives). Efficiency is bound over measured: the rest is what the "
-            "implementation loses (bench_lib/measure/bound.py states every formula). Medians "
+            "implementation loses (bench_lib/analysis/bound.py states every formula). Medians "
             "over each strategy's cases.</p>")

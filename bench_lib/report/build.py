@@ -146,7 +146,7 @@ FIGURES: list[tuple[int, str, str, str]] = [
     (7, "scaling", "Scaling efficiency, strong and weak", "no case besides single"),
     (8, "memory_prediction", "Predicted against measured peak memory",
      "no ok case with both a predicted and a measured peak per device"),
-    # The step time each case's own measured parts allow (bench_lib/measure/bound.py), beside
+    # The step time each case's own measured parts allow (bench_lib/analysis/bound.py), beside
     # the measured one; for pipelines, the bound's parts and the gap over it.
     (9, "bound", "Measured step time against the bound of its own parts",
      "no ok case with a bound (step_time_s_bound: pipelines, mp, ddp, fsdp)"),

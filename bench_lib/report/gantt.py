@@ -4,7 +4,7 @@ The worker records the rows (``bench_lib.measure.trace``); this half only reads 
 chart row per device (the stages a device runs share its row, the second one hatched);
 bars are coloured by phase (forward, input gradient, weight gradient) and labelled by
 micro-batch. The measured idle share per device, averaged, is set beside the schedule's
-theory, both from ``bench_lib.measure.bubble`` (as are cases.csv's ``bubble_*_pct``)::
+theory, both from ``bench_lib.analysis.bubble`` (as are cases.csv's ``bubble_*_pct``)::
 
     cpu:0 |F0|F1|F2|F3|          |B3|B2|B1|B0|
     cpu:1    |F0|F1|F2|F3|B3|B2|B1|B0|
@@ -19,8 +19,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 
-from bench_lib.measure import bubble as bubble_math
-from bench_lib.measure.bubble import Theory
+from bench_lib.analysis import bubble as bubble_math
+from bench_lib.analysis.bubble import Theory
 
 PHASE_COLORS = {"fwd": "#4C72B0", "bwd": "#DD8452", "wgt": "#55A868"}
 PHASE_NAMES = {"fwd": "forward", "bwd": "backward (input gradient, or all of it)",

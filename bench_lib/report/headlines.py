@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from bench_lib.measure.stats import MIN_LAUNCHES_FOR_CI, LaunchInterval, paired_ratio_interval
+from bench_lib.analysis.stats import MIN_LAUNCHES_FOR_CI, LaunchInterval, paired_ratio_interval
 from bench_lib.results.schema import launch_medians as schema_launch_medians
 
 Interval = tuple[float, float]
@@ -171,7 +171,7 @@ def paired_ratio(numerator: Mapping[str, Any],
                  denominator: Mapping[str, Any]) -> LaunchInterval | None:
     """``numerator``'s time per image over ``denominator``'s, round by round (their launch
     medians paired by round, over the batch), with the 95% t interval across rounds
-    (``measure.stats.paired_ratio_interval``). Where one ran fewer launches, its rounds are
+    (``analysis.stats.paired_ratio_interval``). Where one ran fewer launches, its rounds are
     the first ones (the runner launches a case in rounds 0..L-1). None under 2 paired rounds,
     or for rows of different runs."""
     a, b = launch_medians(numerator.get("launch_medians_s")), \

@@ -175,7 +175,7 @@ def _bubble_table(table: pd.DataFrame) -> str:
     note = ("<p class=caption>A device idles whenever it runs no pass of any of its stages; "
             "its idle share is of the traced step's span (first start to last end over all "
             "devices). The theory assumes equal forward, input-gradient and weight-gradient "
-            "times and free communication (bench_lib/measure/bubble.py names the sources). "
+            "times and free communication (bench_lib/analysis/bubble.py names the sources). "
             "On a cpu rig, mp and pipeline run their two stages one after another in one "
             "process, so they cannot overlap there.</p>")
     return (f"<h3>Idle (bubble) share per pipelined case</h3><table>{head}{body}</table>"

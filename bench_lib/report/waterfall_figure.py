@@ -5,7 +5,7 @@ over the devices: an N-fold speedup) through the losses measured apart from the 
 device's smaller batch, the busiest device's extra work, the schedule's bubble, the
 communication not hidden) to what no part explains (the remainder, hatched; where the parts
 overstate the step it is drawn back from their end). The bar ends at the measured step; the
-label gives the speedup measured against the ideal one. ``bench_lib.measure.waterfall``
+label gives the speedup measured against the ideal one. ``bench_lib.analysis.waterfall``
 states each part. Reads cases.csv only; never imports torch.
 """
 

@@ -259,7 +259,7 @@ CASES = _cols(
                                     "end (the t interval over rounds, as speedup_ci_low)",
      N, True),
     ("per_image_efficiency_ci_high", "the same interval's high end", N, True),
-    # The waterfall (bench_lib.measure.waterfall): from the ideal N-fold speedup down to
+    # The waterfall (bench_lib.analysis.waterfall): from the ideal N-fold speedup down to
     # the measured step, each loss measured apart from the case; seconds and % of the
     # measured step (step_time_s_median).
     ("waterfall_ideal_s", "single's step at this batch_size over world_size: the step of "
@@ -313,7 +313,7 @@ CASES = _cols(
     ("ddp_comm_hook", "DDP communication hook: none, fp16, bf16 (gradients compressed to that "
                       "format for the all-reduce) or powersgd-r<rank> (rank-r PowerSGD); all "
                       "but none change the gradients, as the note says", False, True),
-    # The pipeline bubble per device and per schedule (bench_lib.measure.bubble), for the
+    # The pipeline bubble per device and per schedule (bench_lib.analysis.bubble), for the
     # pipelined strategies (mp, pipeline, gpipe, 1f1b, interleaved-1f1b, interleaved-zb, zbv);
     # the measured ones from the traced step after the timed ones, empty without a timeline.
     ("bubble_measured_pct", "idle share of the traced step's span per device (1 - its busy "
@@ -330,7 +330,7 @@ CASES = _cols(
                       "rank's), seconds", N),
     ("traced_vs_median_pct", "traced_step_s over step_time_s_median, minus 1, % (+ = the "
                              "traced step was slower)", N),
-    # The bound of each case from its own parts (bench_lib.measure.bound states each formula
+    # The bound of each case from its own parts (bench_lib.analysis.bound states each formula
     # and its sources): pipelines, mp, ddp, fsdp; empty for the others.
     ("step_time_s_bound", "the step time the case's own measured parts allow, seconds: a "
                           "pipeline's schedule run with its traced per-stage pass times and "

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench_lib.analysis.collective_fits import Collectives
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes, calibration_sizes
 
 if TYPE_CHECKING:
-    from bench_lib.measure.bound import Bound
-    from bench_lib.measure.collectives import Collectives
+    from bench_lib.analysis.bound import Bound
     from bench_lib.run.forkserver import ForkServer
     from bench_lib.sweep.cases import Case
 
@@ -342,11 +342,11 @@ def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServ
     from bench_lib.measure import case_bound, collectives
 
     if recorded is not None:
-        return collectives.Collectives.from_dict(recorded)
+        return Collectives.from_dict(recorded)
     largest = case_bound.largest_message(cases, rig)
     if largest is None:
-        return collectives.Collectives(skipped="no case of the sweep to run is priced with "
-                                               "collectives (ddp, fsdp, pipelines)")
+        return Collectives(skipped="no case of the sweep to run is priced with collectives "
+                                   "(ddp, fsdp, pipelines)")
     if not quiet:
         print("measuring collectives ...", file=sys.stderr, flush=True)
     found = collectives.measure(rig, collectives.sizes_for(largest), server=server)

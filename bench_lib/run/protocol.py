@@ -169,7 +169,7 @@ class CaseOutcome:
     status: str
     reason: str = ""
     step_times_s: list[float] = field(default_factory=list)
-    """Per timed step, the slowest rank's time (``timing.slowest_per_step``)."""
+    """Per timed step, the slowest rank's time (``analysis.stats.slowest_per_step``)."""
     rank_step_times_s: dict[int, list[float]] = field(default_factory=dict)
     rank_step_cpu_times_s: dict[int, list[float]] = field(default_factory=dict)
     """Per rank, its process CPU time in each timed step (``timing.TimedSteps``)."""

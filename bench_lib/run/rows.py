@@ -12,18 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import strategies
-from bench_lib.measure import bubble, case_bound, waterfall
-from bench_lib.measure.collectives import Collectives
-from bench_lib.measure.contention import contention, cpu_per_wall
-from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
-from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
-from bench_lib.measure.stats import (
+from bench_lib.analysis import bubble, waterfall
+from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.analysis.stats import (
     LaunchInterval,
     Stats,
     lag1_autocorr_within,
     launch_interval,
     paired_ratio_interval,
 )
+from bench_lib.measure import case_bound
+from bench_lib.measure.contention import contention, cpu_per_wall
+from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
+from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
 from bench_lib.results.schema import launch_medians
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome, SampleRow
@@ -226,7 +227,7 @@ def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | 
 def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
                       curve: Mapping[int, float], optimizer_s: float | None = None,
                       ddp_compute_s: float | None = None) -> Row:
-    """The case's waterfall (``measure.waterfall``) from single's median step per batch of
+    """The case's waterfall (``analysis.waterfall``) from single's median step per batch of
     the same model, image size and precision (``curve``: the full batch and the batch
     curve, ``SpeedupTable.single_steps``) and its optimizer step (``optimizer_s``), the
     devices' compute side by side (``shared_compute_s``), the traced step's busiest

@@ -12,7 +12,7 @@ Replication (``Measurement.launches`` = L): the cases of one workload (its ``sin
 every strategy compared with it) are launched in L rounds, each case once per round in a
 seeded shuffled order (the same in every run, so a baseline and its candidate match), each
 launch a fresh process. The launches' spread is what the case's interval and its speedup's
-interval are made of (``measure.stats.launch_interval``; the speedup pairs each round's
+interval are made of (``analysis.stats.launch_interval``; the speedup pairs each round's
 launches), so slow drift, a noisy launch and the position in the sweep count as noise, not
 as a difference between strategies. The group's rows are written once its last round ends.
 """
@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 import psutil
 
-from bench_lib.measure.collectives import Collectives
+from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.analysis.stats import slowest_per_step
 from bench_lib.measure.contention import CpuSnapshot, machine_load
 from bench_lib.measure.energy import IDLE_SECONDS, IdlePower, idle_power, rig_packages
 from bench_lib.measure.flops import AttainablePeak
@@ -48,7 +49,6 @@ from bench_lib.measure.sampler import (
     UnavailableSource,
     cuda_visible_gpus,
 )
-from bench_lib.measure.timing import slowest_per_step
 from bench_lib.measure.trace import align
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig

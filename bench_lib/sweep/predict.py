@@ -89,7 +89,7 @@ import torch
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 from torch.distributed.pipelining.schedules import _ComputationType
 
-from bench_lib.measure.bound import DDP_BUCKET_BYTES
+from bench_lib.analysis.bound import DDP_BUCKET_BYTES
 from bench_lib.rig import Rig
 from bench_lib.strategies.partition import (
     _block_flops,

@@ -7,9 +7,9 @@ seconds: on one device alone, and on every device at once with no communication
 size the sweep's cases compute on a device (``calibration_sizes``), the whole training
 step (forward, loss, backward, optimizer step) and, where a pipelining schedule cuts the
 model, each block's forward and backward; and the optimizer step alone. The collective
-micro-benchmark's fits (``measure.collectives``) price the communication.
+micro-benchmark's fits (``analysis.collective_fits``) price the communication.
 
-The prediction is the bound's arithmetic (``measure.bound``) fed with calibrated parts
+The prediction is the bound's arithmetic (``analysis.bound``) fed with calibrated parts
 instead of the case's own (B the batch, s the split size, N the devices, O the optimizer
 step, T_a(b) and T_t(b) the calibrated step alone and together)::
 
@@ -33,7 +33,7 @@ step, T_a(b) and T_t(b) the calibrated step alone and together)::
                           stages' parameters). Zero-bubble schedules split a backward into
                           its input and weight gradients: half each (said in the formula).
 
-Each prediction is a ``measure.bound.Bound`` (its parts say where the time goes) or the
+Each prediction is a ``analysis.bound.Bound`` (its parts say where the time goes) or the
 reason there is none (``dp``: no model of its scatter and gather; no calibration; a
 batch the calibration lacks). ``speedup`` turns two predictions into a speedup the way
 ``run.rows.SpeedupTable`` turns two measurements into one.
@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from bench_lib.measure.bound import (
+from bench_lib.analysis.bound import (
     PIPELINED,
     Action,
     Bound,
@@ -58,7 +58,7 @@ from bench_lib.measure.bound import (
     pipeline_bound,
     placement_of,
 )
-from bench_lib.measure.collectives import Collectives
+from bench_lib.analysis.collective_fits import Collectives
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from bench_lib.measure.stats import CI_CONFIDENCE, LaunchInterval
+from bench_lib.analysis.stats import CI_CONFIDENCE, LaunchInterval
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
@@ -35,7 +35,7 @@ from bench_lib.tune.space import (
 )
 
 if TYPE_CHECKING:
-    from bench_lib.measure.bound import Bound
+    from bench_lib.analysis.bound import Bound
 
 
 def halving_sizes(count: int, settings: RaceSettings) -> list[int]:

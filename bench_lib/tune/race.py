@@ -6,7 +6,7 @@ fresh launch of one candidate, ``race`` runs rungs:
 - rung 0: every candidate one launch (the caller makes every launch short, and alike, so
   that rungs pair);
 - after each rung the candidates still in are ranked by their step time so far (the
-  geometric mean of their launches' medians: ``measure.stats.launch_interval``'s point);
+  geometric mean of their launches' medians: ``analysis.stats.launch_interval``'s point);
 - if the best one's speedup over the runner-up, paired by rung (each rung is a round: every
   candidate in it is launched once, in a seeded shuffled order, so drift hits them alike),
   has an interval that excludes 1, the winner has separated: stop;
@@ -48,7 +48,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bench_lib.measure.stats import CI_CONFIDENCE, LaunchInterval, paired_ratio_interval
+from bench_lib.analysis.stats import CI_CONFIDENCE, LaunchInterval, paired_ratio_interval
 
 
 @dataclass(frozen=True)

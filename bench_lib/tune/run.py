@@ -39,7 +39,7 @@ from bench_lib.tune.race import LaunchRecord, LaunchResult, RaceResult, RaceSett
 from bench_lib.tune.space import Space, build_space, race_launch
 
 if TYPE_CHECKING:
-    from bench_lib.measure.bound import Bound
+    from bench_lib.analysis.bound import Bound
     from bench_lib.run.admission import Admission
     from bench_lib.run.forkserver import ForkServer
 

@@ -25,7 +25,7 @@ step)::
     imbalance  S x (k - 1)        k: the busiest device's busy time in the traced step over
                                   the mean (pipelines; 1 where every device does the same)
     bubble     S k x f / (1 - f)  f: the schedule's idle share of the span in theory for its
-                                  p, m, v (``measure.bubble.theory``); a serial case (one
+                                  p, m, v (``analysis.bubble.theory``); a serial case (one
                                   process runs every stage in turn: mp, and pipeline on a
                                   cpu rig) idles while the others compute: S N - S k
     comm       what the case's collectives or transfers add to its bound, at the run's
@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bench_lib.measure.bubble import theory
+from bench_lib.analysis.bubble import theory
 
 PARTS = ("ideal", "batch", "corun", "imbalance", "bubble", "comm", "remainder")
 """The waterfall's parts in order; ``waterfall_<part>_s`` and ``_pct`` in cases.csv."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -302,3 +302,11 @@ def welch_log_change(base: Sequence[float], cand: Sequence[float],
     df = se2**2 / (vb**2 / (lb.size - 1) + vc**2 / (lc.size - 1))
     half = t_quantile(confidence, df) * math.sqrt(se2)
     return point, math.expm1(diff - half), math.expm1(diff + half)
+
+
+def slowest_per_step(per_rank: Mapping[int, Sequence[float]]) -> list[float]:
+    """The case's time of each step: the slowest rank's. Ranks must have timed equal steps."""
+    counts = {len(times) for times in per_rank.values()}
+    if len(counts) > 1:
+        raise ValueError(f"ranks timed different numbers of steps: {sorted(counts)}")
+    return [max(step) for step in zip(*per_rank.values())]

@@ -16,7 +16,7 @@ shared memory bandwidth), and medians then put slow passes on the critical path 
 Replayed pass by pass, the bound is a schedule the traced step could have run: with free
 transfers, never over its span. Per stage boundary the transfer time of one micro-batch's
 activation (and, backward, its gradient, the same size) from the collective
-micro-benchmark's send/recv fit at the boundary tensor's bytes (``measure.collectives``),
+micro-benchmark's send/recv fit at the boundary tensor's bytes (``analysis.collective_fits``),
 counted only where the two stages sit on different ranks. Chosen over the timeline's gaps
 because a gap also holds the scheduler's own overhead and waits for the peer, which is what
 the bound is to be compared with. The bound is the makespan of torch's own action list per
@@ -43,7 +43,7 @@ pass times f, b, w of one stage, transfers free), which tests check the simulato
     zero bubble (3*v*m+p-1) f           Zero Bubble (Qi et al., arXiv 2023, ICLR 2024),
                 (f = b = w)             ZB-H1 (torch's interleaved-zb) and ZB-V: each
                                         device idles p-1 chunk passes; ZB-H1's bubble is
-                                        (p-1)(f+b-w) in general (measure.bubble derives both)
+                                        (p-1)(f+b-w) in general (analysis.bubble derives both)
 
     1f1b, p=2, m=3, f=(2,1), b=(4,2) per stage, two characters a unit of time:
         rank0  F0--F1--..B0------F2--B1------B2------   busy 18 + idle 1: makespan 19
@@ -79,7 +79,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench_lib.measure.collectives import CollectiveFit
+from bench_lib.analysis.collective_fits import CollectiveFit
 
 Action = tuple[str, int, int]
 """(kind, stage, micro-batch): F forward, B full backward, I input gradient, W weight

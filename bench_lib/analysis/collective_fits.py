@@ -1,0 +1,122 @@
+"""The collectives' latency-bandwidth fits and the run's record of them (env.json
+``collectives``): arithmetic on the times ``measure.collectives`` measured.
+
+Each collective is fitted as t(n) = alpha + n / beta over the sizes it was timed at (least
+squares, ``fit_alpha_beta``): alpha the latency, beta the algorithm bandwidth, n the size as
+nccl-tests counts it (its ``size`` column). ``busbw_gb_s`` is nccl-tests' bus bandwidth at
+the largest size, algbw times 2(w-1)/w for all_reduce, (w-1)/w for all_gather and
+reduce_scatter, 1 for send_recv. ``analysis.bound`` prices a case's gradient and activation
+traffic with the fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+"""The collectives measured and fitted, by the names the fits are kept under."""
+MIB = 2**20
+
+
+def bus_factor(op: str, world: int) -> float:
+    """nccl-tests' bus bandwidth over algorithm bandwidth for ``op`` on ``world`` ranks."""
+    if op == "all_reduce":
+        return 2 * (world - 1) / world
+    if op in ("all_gather", "reduce_scatter"):
+        return (world - 1) / world
+    return 1.0
+
+
+def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
+    """(alpha s, beta bytes/s) of t = alpha + n / beta, least squares; alpha is held at 0
+    where the free fit makes it negative (then the fit through the origin)."""
+    n = len(sizes)
+    if n == 0 or n != len(times):
+        raise ValueError(f"need as many times as sizes, got {n} and {len(times)}")
+    mx, my = sum(sizes) / n, sum(times) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, times)) / sxx if sxx else 0.0
+    alpha = my - slope * mx
+    if alpha < 0 or slope <= 0:
+        alpha = 0.0
+        slope = sum(x * y for x, y in zip(sizes, times)) / sum(x * x for x in sizes)
+    return alpha, (1.0 / slope if slope > 0 else float("inf"))
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """One collective's measured times and its fit t(n) = alpha + n / beta."""
+
+    sizes_bytes: tuple[int, ...]
+    """n per measurement, bytes, as nccl-tests' ``size`` (module docstring)."""
+    times_s: tuple[float, ...]
+    """Median time at each size (the slowest rank's per repetition), seconds."""
+    alpha_s: float
+    """Fitted latency per call, seconds."""
+    beta_bytes_s: float
+    """Fitted algorithm bandwidth, bytes per second."""
+    busbw_gb_s: float
+    """nccl-tests' bus bandwidth at the largest size, GB/s (1e9 bytes)."""
+
+    def time_s(self, nbytes: float, calls: int = 1) -> float:
+        """Predicted time of ``calls`` calls moving ``nbytes`` in all, seconds."""
+        return calls * self.alpha_s + nbytes / self.beta_bytes_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sizes_bytes": list(self.sizes_bytes), "times_s": list(self.times_s),
+                "alpha_s": self.alpha_s, "beta_bytes_s": self.beta_bytes_s,
+                "busbw_gb_s": self.busbw_gb_s}
+
+    @classmethod
+    def of(cls, op: str, world: int, sizes: Sequence[int], times: Sequence[float]
+           ) -> CollectiveFit:
+        """Fit ``times`` (seconds) at ``sizes`` (bytes)."""
+        alpha, beta = fit_alpha_beta([float(s) for s in sizes], times)
+        big = max(range(len(sizes)), key=lambda i: sizes[i])
+        busbw = sizes[big] / times[big] * bus_factor(op, world) / 1e9
+        return cls(tuple(sizes), tuple(times), alpha, beta, busbw)
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """The rig's measured collectives (env.json ``collectives``), or why there are none."""
+
+    fits: dict[str, CollectiveFit] = field(default_factory=dict)
+    """``OPS`` name -> its fit."""
+    backend: str = ""
+    world_size: int = 0
+    skipped: str = ""
+    """Why nothing was measured (then ``fits`` is empty)."""
+    wall_s: float = 0.0
+    """How long the micro-benchmark took, process start included, seconds."""
+
+    def fit(self, op: str) -> CollectiveFit | None:
+        return self.fits.get(op)
+
+    def summary(self) -> str:
+        """``all_reduce 0.81 GB/s, ... bus bandwidth at 100 MiB (8.6 s)``, or why skipped."""
+        if self.skipped:
+            return f"skipped: {self.skipped}"
+        rates = ", ".join(f"{op} {f.busbw_gb_s:.2f}" for op, f in self.fits.items())
+        big = max((max(f.sizes_bytes) for f in self.fits.values()), default=0) / MIB
+        return f"{rates} GB/s bus bandwidth at {big:.0f} MiB ({self.wall_s:.1f} s)"
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {"backend": self.backend, "world_size": self.world_size,
+                "wall_s": round(self.wall_s, 3), "model": "t(n) = alpha_s + n / beta_bytes_s",
+                "ops": {op: f.as_dict() for op, f in self.fits.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Collectives:
+        if not d:
+            return cls(skipped="not measured")
+        fits = {op: CollectiveFit(tuple(int(s) for s in f["sizes_bytes"]),
+                                  tuple(float(t) for t in f["times_s"]), float(f["alpha_s"]),
+                                  float(f["beta_bytes_s"]), float(f["busbw_gb_s"]))
+                for op, f in (d.get("ops") or {}).items()}
+        return cls(fits, str(d.get("backend") or ""), int(d.get("world_size") or 0),
+                   str(d.get("skipped") or ""), float(d.get("wall_s") or 0.0))
