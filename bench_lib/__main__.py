@@ -1,10 +1,10 @@
 import sys
 
-from bench_lib.run import forkserver  # torch-free: the server starts before our imports
+from bench_lib.processes import forkserver  # torch-free: the server starts before our imports
 
 forkserver.prestart(sys.argv[1:])
 
 from bench_lib.commands import main  # noqa: E402
-from bench_lib.run.lifeline import exit_lightly  # noqa: E402
+from bench_lib.processes.lifeline import exit_lightly  # noqa: E402
 
 exit_lightly(main())

@@ -75,7 +75,7 @@ def forks():
     their ranks start without seconds of imports each. Its environment is the session's at
     its start: a test that sets a fault variable runs its case without it (the fresh
     interpreters of ``server=None``)."""
-    from bench_lib.run.forkserver import ForkServer
+    from bench_lib.processes.forkserver import ForkServer
 
     with ForkServer() as server:
         yield server

@@ -27,7 +27,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench_lib.run import faults, forkserver, runner, worker
+from bench_lib.processes import forkserver, lifeline
+from bench_lib.run import faults, runner, worker
 from bench_lib.run.protocol import RankResult
 from bench_lib.run.runner import PEER_GRACE_S, _combine, run_case
 from bench_lib.sweep.cases import new_case
@@ -265,10 +266,10 @@ def test_die_with_parent_asks_for_sigkill_and_sees_a_dead_parent(monkeypatch):
         calls.append((option, sig))
         return 0
 
-    assert worker.die_with_parent(os.getppid(), prctl) is True
-    assert calls == [(worker.PR_SET_PDEATHSIG, signal.SIGKILL)]
+    assert lifeline.die_with_parent(os.getppid(), prctl) is True
+    assert calls == [(lifeline.PR_SET_PDEATHSIG, signal.SIGKILL)]
     # Re-parented (the runner died before prctl): never our own pid's parent.
-    assert worker.die_with_parent(os.getpid(), prctl) is False
+    assert lifeline.die_with_parent(os.getpid(), prctl) is False
 
 
 PARENT = """

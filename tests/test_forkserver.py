@@ -1,4 +1,4 @@
-"""The fork server (run/forkserver.py): ranks forked from one process that imported torch.
+"""The fork server (processes/forkserver.py): ranks forked from one process that imported torch.
 
 The premise (a server with no thread of its own to inherit half-alive), real cases through
 it, exit codes as ``Popen`` reads them, process groups, CPU accounting, and a server that
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bench_lib.run import forkserver
-from bench_lib.run.forkserver import ForkServer, start_module
-from bench_lib.run.lifeline import EXIT_ORPHANED, WORKER_MODULE
+from bench_lib.processes import forkserver
+from bench_lib.processes.forkserver import ForkServer, start_module
+from bench_lib.processes.lifeline import EXIT_ORPHANED
+from bench_lib.run.agent import WORKER_MODULE
 from bench_lib.run.runner import _kill_group, run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
@@ -91,7 +92,7 @@ def test_exit_code_and_log_of_a_rank_that_fails(server, tmp_path):
 def test_a_module_runs_as_python_m_runs_it(server, tmp_path):
     """``sys.argv``, ``__main__``, stdout and stderr apart, and ``sys.exit``'s code."""
     out, err = tmp_path / "out", tmp_path / "err"
-    proc = start_module(server, "bench_lib.run.lifeline", ["1", "spec.json"], out, err)
+    proc = start_module(server, "bench_lib.run.agent", ["1", "spec.json"], out, err)
     # lifeline's main with a runner pid that is not its parent: "the runner is gone".
     assert proc.wait(timeout=60) == EXIT_ORPHANED
     assert "the runner is gone" in err.read_text() and out.read_text() == ""
@@ -242,6 +243,6 @@ def test_a_forking_command_gets_the_server_started_before_its_imports(tmp_path, 
     with ForkServer.take() as server:
         assert server is early and forkserver._prestarted is None  # taken once
         assert ForkServer.take() is not early
-        rank = start_module(server, "bench_lib.run.lifeline", ["1", "spec.json"],
+        rank = start_module(server, "bench_lib.run.agent", ["1", "spec.json"],
                             tmp_path / "out")
         assert rank.wait(timeout=60) == EXIT_ORPHANED

@@ -65,10 +65,10 @@ def print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
     import tempfile
     import time
 
+    from bench_lib.processes.forkserver import ForkServer
     from bench_lib.rig import cuda_device_count
     from bench_lib.run.admission import Admission
     from bench_lib.run.calibrate import Predictor, describe_calibration, sweep_collectives
-    from bench_lib.run.forkserver import ForkServer
     from bench_lib.sweep.predict_time import speedup
 
     start = time.monotonic()

@@ -156,6 +156,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     """``cmd_run``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
     from bench_lib.measure import environment, flops
     from bench_lib.measure.energy import IdlePower
+    from bench_lib.processes.forkserver import ForkServer
     from bench_lib.report.answer import answer_lines
     from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
     from bench_lib.report.headlines import headline_lines, tutorial_lines
@@ -169,7 +170,6 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         sweep_collectives,
     )
     from bench_lib.run.duty import DutyMeter, write_duty
-    from bench_lib.run.forkserver import ForkServer
     from bench_lib.run.multinode import cluster_env, open_coordinator
     from bench_lib.run.multinode import plan as plan_nodes
     from bench_lib.run.progress import Progress
@@ -220,7 +220,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     # Node 0 of a multi-node run: the nodes admitted before anything is written.
     coordinator = open_coordinator(launcher, rig, cases) if launcher.multi_node else None
     # Every process the run starts from here on is forked by one server that imported
-    # torch once (run.forkserver): the FLOP probe, the collectives, every case's ranks.
+    # torch once (processes.forkserver): the FLOP probe, the collectives, every case's ranks.
     server = stack.enter_context(ForkServer.take())
 
     if args.resume:

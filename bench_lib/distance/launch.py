@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench_lib.distance.spec import DistanceSpec, result_file
-from bench_lib.run.forkserver import ForkServer
+from bench_lib.processes.forkserver import ForkServer
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.runner import _combine, _rss_over_cap, _supervise, launch_ranks
 

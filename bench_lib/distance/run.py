@@ -41,9 +41,9 @@ from bench_lib.analysis.stats import launch_interval, paired_ratio_interval
 from bench_lib.distance import methods
 from bench_lib.distance.launch import Computed, launch
 from bench_lib.distance.spec import DTYPES, METHODS, DistanceCase, DistanceSpec, Layer, new_case
+from bench_lib.processes.forkserver import ForkServer
 from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
-from bench_lib.run.forkserver import ForkServer
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import by_device
 from bench_lib.run.runner import memory_true_forks, round_order

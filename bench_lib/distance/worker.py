@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_lib.run.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
 
 if __name__ == "__main__" and not die_with_parent(int(sys.argv[3]) if len(sys.argv) > 3
                                                   else None):

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench_lib.analysis.collective_fits import MIB, OPS, CollectiveFit, Collectives
+from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.rig import Rig
-from bench_lib.run.forkserver import ForkServer, start_module
 
 SIZES_MIB = (1.0, 8.0, 32.0, 100.0)
 REPEATS = 5
@@ -167,6 +167,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bench_lib.run.lifeline import exit_lightly
+    from bench_lib.processes.lifeline import exit_lightly
 
     exit_lightly(main(sys.argv[1:]))

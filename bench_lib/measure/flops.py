@@ -40,8 +40,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench_lib.measure.environment import QUICK_PEAK_ENV
+from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.rig import Rig, math_mode, pin_worker, set_math_mode, synchronize
-from bench_lib.run.forkserver import ForkServer, start_module
 from bench_lib.workloads import LossFn, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -414,6 +414,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bench_lib.run.lifeline import exit_lightly
+    from bench_lib.processes.lifeline import exit_lightly
 
     exit_lightly(main(sys.argv[1:]))

@@ -164,7 +164,7 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
             with log_path.open("ab") as log:
                 for rank in range(world):
                     # The rank ties itself to this process as it starts (no preexec_fn: see
-                    # run.lifeline.die_with_parent), so no rank outlives an interrupted check.
+                    # processes.lifeline.die_with_parent), so no rank outlives an interrupted check.
                     args = [json.dumps(rig.as_dict()), str(rank), str(world),
                             str(folder / "rendezvous"), str(folder / f"rank{rank}.json"),
                             str(timeout_s), str(os.getpid())]
@@ -255,7 +255,7 @@ def _rank(argv: Sequence[str]) -> int:
     """One rank of ``all_reduce`` (``python -m bench_lib.measure.preflight RIG RANK WORLD
     INIT_FILE RESULT_FILE TIMEOUT_S [PARENT_PID]``): writes its result as JSON, exits 0 when
     right; with PARENT_PID, first asks to die with that process (exit 4 if it is gone)."""
-    from bench_lib.run.lifeline import EXIT_ORPHANED, die_with_parent
+    from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent
 
     if len(argv) > 6 and not die_with_parent(int(argv[6])):
         return EXIT_ORPHANED
@@ -293,6 +293,6 @@ def _rank(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bench_lib.run.lifeline import exit_lightly
+    from bench_lib.processes.lifeline import exit_lightly
 
     exit_lightly(_rank(sys.argv[1:]))

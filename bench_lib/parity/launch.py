@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_lib.parity.train import EpochResult, ParitySpec, result_path
+from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.rig import Rig
-from bench_lib.run.forkserver import ForkServer, start_module
 
 RUN_TIMEOUT_S = 600.0
 POLL_S = 0.1
@@ -70,7 +70,7 @@ def launch_all(jobs: list[Job], rig: Rig,
                ) -> list[Outcome]:
     """Every job's outcome, in the order of ``jobs``; ``on_done(finished, job, outcome,
     seconds)`` as each ends (its progress line; ``finished`` counts the jobs done so far).
-    Every rank is forked by one fork server (``run.forkserver``).
+    Every rank is forked by one fork server (``processes.forkserver``).
 
     On a cpu rig the one-process jobs go side by side, each pinned to a free worker (a
     model's ``single`` at its seeds, in float64, ``mp``, ``accum`` ...: half their time on

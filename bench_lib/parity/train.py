@@ -253,6 +253,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bench_lib.run.lifeline import exit_lightly
+    from bench_lib.processes.lifeline import exit_lightly
 
     exit_lightly(main(sys.argv[1:]))

@@ -28,7 +28,7 @@ from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes, calibra
 
 if TYPE_CHECKING:
     from bench_lib.analysis.bound import Bound
-    from bench_lib.run.forkserver import ForkServer
+    from bench_lib.processes.forkserver import ForkServer
     from bench_lib.sweep.cases import Case
 
 CALIBRATION_MODULE = "bench_lib.run.calibration_worker"

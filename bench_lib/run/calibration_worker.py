@@ -26,7 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench_lib.run.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
 
 if __name__ == "__main__" and not die_with_parent(int(sys.argv[3]) if len(sys.argv) > 3
                                                   else None):

@@ -3,7 +3,7 @@
 ``local`` (the default): the runner starts each rank itself (``runner._launch``), and the
 ranks meet through a ``file://`` rendezvous in the case's folder. ``torchrun``: the runner
 starts one torchrun agent per case launch on each node (``python -m torch.distributed.run``,
-through ``run.lifeline`` so that it dies with the runner), with ``--max-restarts 0`` (a
+through ``run.agent`` so that it dies with the runner), with ``--max-restarts 0`` (a
 failed launch is a result, not something to retry) and ``--nproc-per-node G``; the agent
 starts the ranks with RANK, LOCAL_RANK, WORLD_SIZE and the store's address in their
 environment, and they join through ``env://``.
@@ -187,9 +187,9 @@ def torchrun_args(launcher: Launcher, nproc: int, rdzv_id: str,
 
 def start_agent(spec_path: Path, args: list[str], log_path: Path,
                 env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a case's torchrun agent, tied to this runner (``run.lifeline``), in a process
+    """Start a case's torchrun agent, tied to this runner (``run.agent``), in a process
     group of its own (a terminal's Ctrl-C reaches the runner, which stops it)."""
-    cmd = [sys.executable, "-m", "bench_lib.run.lifeline", str(os.getpid()), str(spec_path),
+    cmd = [sys.executable, "-m", "bench_lib.run.agent", str(os.getpid()), str(spec_path),
            *args]
     with log_path.open("ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

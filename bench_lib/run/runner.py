@@ -50,11 +50,12 @@ from bench_lib.measure.sampler import (
     cuda_visible_gpus,
 )
 from bench_lib.measure.trace import align
+from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
+from bench_lib.run.agent import WORKER_MODULE
 from bench_lib.run.calibrate import Predictor, prediction_columns
-from bench_lib.run.forkserver import ForkServer, start_module
 from bench_lib.run.launch import (
     LOCAL,
     TORCHRUN_SUMMARY,
@@ -65,7 +66,6 @@ from bench_lib.run.launch import (
     start_agent,
     torchrun_args,
 )
-from bench_lib.run.lifeline import WORKER_MODULE
 from bench_lib.run.multinode import (
     Coordinator,
     Follower,
@@ -108,7 +108,7 @@ def launch_ranks(spec_path: Path, nproc: int, log_path: Path,
                  server: ForkServer | None = None, module: str = WORKER_MODULE) -> list[Rank]:
     """Start a launch's ranks, ``python -m MODULE SPEC_JSON RANK PARENT_PID`` (the case
     worker; the distance worker takes the same arguments), in one new process group (the
-    first rank leads it): forked by ``server`` (``run.forkserver``: no seconds of imports
+    first rank leads it): forked by ``server`` (``processes.forkserver``: no seconds of imports
     per rank), else each a fresh interpreter.
 
     Each rank is told its parent's pid (the runner's, or the server's) and asks, as it
@@ -745,7 +745,7 @@ def run_sweep(
     fit (``run.admission``; default: ``Admission.of`` the cases on ``rig``).
     ``collectives``: the rig's measured collectives, for the ddp/fsdp and p2p bounds.
     ``server``: the run's fork server, which forks the local launcher's ranks
-    (``run.forkserver``) where it can make their memory read as fresh interpreters'
+    (``processes.forkserver``) where it can make their memory read as fresh interpreters'
     (``ForkServer.mirrors_memory``); None, or a server that cannot: fresh interpreters.
     ``predictor``: predicts each case's step time before its workload's first round
     (``run.calibrate``; None: no prediction columns).

@@ -17,7 +17,7 @@ the runner turns a missing file into an ``error``.
 Around that:
 
 - First, before importing torch, the worker asks to be killed when its parent dies: the
-  runner, or torchrun's agent, itself tied to the runner (``run.lifeline``); the parent's pid
+  runner, or torchrun's agent, itself tied to the runner (``run.agent``); the parent's pid
   closes the race where it died before the worker asked.
 - A rank with a traced step to run writes its timed result before that step (with a
   ``trace_note`` that the step did not finish), so a rank killed in it keeps its timing;
@@ -52,17 +52,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_lib.run.lifeline import (  # torch-free: imported before torch, see above
-    EXIT_ORPHANED,
-    PR_SET_PDEATHSIG,
-    RANK_FROM_ENV,
-    die_with_parent,
-    exit_lightly,
-)
+# torch-free, imported before torch (see above)
+from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+from bench_lib.run.agent import RANK_FROM_ENV
 
-# The lifeline's names stay importable from here, where they lived first.
-__all__ = ["EXIT_FAILED", "EXIT_ORPHANED", "EXIT_TRACE_FAILED", "PR_SET_PDEATHSIG", "RankPlace",
-           "die_with_parent", "main", "run_rank"]
 EXIT_FAILED = 1
 EXIT_TRACE_FAILED = 3
 

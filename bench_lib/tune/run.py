@@ -40,8 +40,8 @@ from bench_lib.tune.space import Space, build_space, race_launch
 
 if TYPE_CHECKING:
     from bench_lib.analysis.bound import Bound
+    from bench_lib.processes.forkserver import ForkServer
     from bench_lib.run.admission import Admission
-    from bench_lib.run.forkserver import ForkServer
 
 EXIT_OK, EXIT_NONE_OK, EXIT_INTERRUPTED = 0, 1, 130
 BUDGET_FRACTION = 0.3
@@ -278,7 +278,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     work_root = run_dir / ".work"
     server = None
     if launch is None:  # every launch forked by one server that imported torch once
-        from bench_lib.run.forkserver import ForkServer
+        from bench_lib.processes.forkserver import ForkServer
         from bench_lib.run.runner import memory_true_forks
 
         server = stack.enter_context(ForkServer.take())

@@ -1,7 +1,7 @@
 """A fork server for the local launcher: one process per run imports torch and the worker's
-modules once, then forks every rank of every launch.
+modules once (``WARM_MODULE``), then forks every rank of every launch.
 
-    python -m bench_lib.run.forkserver RUNNER_PID
+    python -m bench_lib.processes.forkserver RUNNER_PID
 
 Why: a rank started as ``python -m bench_lib.run.worker`` spends about 2.8 s of CPU (2-core
 AMD EPYC) importing torch, torchvision and this library before it builds its model, once
@@ -38,6 +38,7 @@ through the server too: every process a run starts after its first is a fork.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import runpy
@@ -51,8 +52,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_lib.run.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
 
+WARM_MODULE = "bench_lib.run.worker"
+"""What the server imports before it forks anything: a case's worker, and with it torch,
+torchvision, the strategies and the workloads, which every process it forks then finds
+imported. Named, not imported by this module: only the server's own process imports it
+(``serve``), so that the runner's side of this module stays torch-free."""
 POLL_S = 0.02
 """How often the server reaps its ranks while no request comes."""
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -185,7 +191,7 @@ def serve(runner_pid: int) -> int:
     # Ctrl-C is the runner's to handle (it then closes our stdin); the server sits in a
     # process group of its own, but a signal sent to it by pid must not leave it half-done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import bench_lib.run.worker  # noqa: F401  torch, torchvision, strategies, workloads
+    importlib.import_module(WARM_MODULE)
 
     server_pid = os.getpid()
     children: set[int] = set()
@@ -221,7 +227,7 @@ def serve(runner_pid: int) -> int:
                 pass
 
 
-SERVER_MODULE = "bench_lib.run.forkserver"
+SERVER_MODULE = "bench_lib.processes.forkserver"
 START_TIMEOUT_S = 300.0
 """How long the runner waits for the server's imports (seconds of CPU on a loaded machine)."""
 

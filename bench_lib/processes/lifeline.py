@@ -1,17 +1,11 @@
-"""No process of a case outlives its runner: the parent-death signal, and torchrun's agent
-started tied to the runner.
+"""No process outlives the one that started it: the parent-death signal, and a light exit.
 
-    python -m bench_lib.run.lifeline RUNNER_PID SPEC_JSON TORCHRUN_ARG...
+Every process the suite starts (a case's ranks, torchrun's agent: ``run.agent``, the fork
+server and what it forks, the FLOP probe, the collective micro-benchmark, the pre-flight
+check, the calibration, parity's and distance's ranks) asks as it starts to be killed when
+its parent dies (``die_with_parent``), and leaves through ``exit_lightly``.
 
-starts a case's torchrun agent: it asks to be killed when the runner dies, then *becomes*
-``python -m torch.distributed.run TORCHRUN_ARG... -m bench_lib.run.worker SPEC_JSON env
-AGENT_PID`` (``os.execv``: the same process, so the runner's ``Popen`` is the agent, and the
-parent-death signal survives the exec). The workers the agent starts get the agent's pid,
-and ask in turn to die with it. So a runner killed with SIGKILL takes its agent with it, and
-the agent its workers; torchrun starts each worker in a session of its own, out of reach of
-a signal to the agent's process group, so this chain is what ends them.
-
-Torch-free on purpose: the agent must arm its signal before seconds of imports.
+Torch-free on purpose: a process must arm its signal before seconds of imports.
 """
 
 from __future__ import annotations
@@ -24,10 +18,8 @@ from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 EXIT_ORPHANED = 4
-"""The runner (or agent) was gone before this process could tie itself to it."""
-WORKER_MODULE = "bench_lib.run.worker"
-RANK_FROM_ENV = "env"
-"""The worker's RANK argument under torchrun: read RANK, LOCAL_RANK... from the environment."""
+"""The parent (the runner, torchrun's agent, the fork server) was gone before this process
+could tie itself to it."""
 
 
 def die_with_parent(parent_pid: int | None,
@@ -67,26 +59,3 @@ def exit_lightly(code: int | None) -> NoReturn:
 
     gc.freeze()
     sys.exit(code)
-
-
-def agent_argv(spec_path: str, torchrun_args: list[str], agent_pid: int) -> list[str]:
-    """The command line the agent execs: torchrun, then the worker as a module, told to
-    read its rank from torchrun's environment and to die with the agent (``agent_pid``)."""
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args,
-            "-m", WORKER_MODULE, spec_path, RANK_FROM_ENV, str(agent_pid)]
-
-
-def main(argv: list[str]) -> int:
-    """RUNNER_PID SPEC_JSON TORCHRUN_ARG...: tie to the runner, then exec torchrun."""
-    runner_pid, spec_path, torchrun_args = int(argv[0]), argv[1], argv[2:]
-    if not die_with_parent(runner_pid):
-        print("the runner is gone; not starting torchrun", file=sys.stderr)
-        return EXIT_ORPHANED
-    args = agent_argv(spec_path, torchrun_args, os.getpid())
-    sys.stdout.flush()
-    os.execv(args[0], args)
-    return 0  # not reached: execv replaces this process
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
