@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_lib.measure.environment import QUICK_PEAK_ENV
 from bench_lib.rig import Rig, available_cores
+from bench_lib.test_hooks import QUICK_PEAK_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

@@ -72,9 +72,9 @@ from typing import Any
 from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.compare import gate as cmp
 from bench_lib.compare import output
-from bench_lib.measure.hooks import TEST_HOOK_VARIABLES
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
+from bench_lib.test_hooks import TEST_HOOK_VARIABLES
 
 DEFAULT_ROUNDS = 5
 DEFAULT_STEPS = ("--warmup-steps", "2", "--timed-steps", "6")

@@ -15,11 +15,6 @@ from typing import Any
 import torch
 import torchvision
 
-# The test-only hooks' names, re-exported where the runner has always read them.
-from bench_lib.measure.hooks import INJECT_SLOWDOWN_ENV as INJECT_SLOWDOWN_ENV
-from bench_lib.measure.hooks import QUICK_PEAK_ENV as QUICK_PEAK_ENV
-from bench_lib.measure.hooks import TEST_FAULT_ENV as TEST_FAULT_ENV
-from bench_lib.measure.hooks import TEST_HOOK_VARIABLES
 from bench_lib.measure.sampler import cuda_visible_gpus, nvml_session, nvml_text
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.rig import (
@@ -30,6 +25,7 @@ from bench_lib.rig import (
     read_cpu_topology,
     set_math_mode,
 )
+from bench_lib.test_hooks import TEST_HOOK_VARIABLES
 
 
 def git_info(repo: Path | None = None) -> dict[str, Any]:

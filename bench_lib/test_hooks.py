@@ -1,5 +1,6 @@
 """The test-only hooks' variable names (``bench_lib.run.faults``): a run made with one set is
-not a real measurement. Torch-free, so that the readers (``compare``) can name them."""
+not a real measurement, and env.json's ``test_hooks`` says so (``measure.environment``).
+Torch-free and outside the instruments, so that the readers (``compare``) can name them."""
 
 TEST_FAULT_ENV = "PARABENCH_TEST_FAULT"
 INJECT_SLOWDOWN_ENV = "PARABENCH_INJECT_SLOWDOWN"
