@@ -18,16 +18,17 @@ from bench_lib.analysis.collective_fits import (
     bus_factor,
     fit_alpha_beta,
 )
-from bench_lib.measure import case_bound
 from bench_lib.measure.collectives import SIZES_MIB, measure, sizes_for
 from bench_lib.report import bound_figure, build
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
+from bench_lib.run import case_bound
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import bound_columns
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict import _schedule_actions
+from bench_lib.sweep.predict import schedule_actions
 from bench_lib.workloads import Workload
+from bench_lib.workloads.sizes import boundary_bytes, parameter_bytes
 from tests.test_report import env
 
 
@@ -42,7 +43,7 @@ def stage_times(f, b, w=None):
 
 
 def one_f_one_b(p, m):
-    return _schedule_actions("1f1b", p, m)
+    return schedule_actions("1f1b", p, m)
 
 
 # -- schedules: closed forms and hand computations --------------------------------------
@@ -54,7 +55,7 @@ def test_simulated_torch_schedules_match_the_closed_forms_for_balanced_stages(na
     """(m+p-1)(f+b) for GPipe and 1F1B; (v*m+p-1)(f+b) per chunk for interleaved 1F1B."""
     stages = p * (2 if name == "interleaved-1f1b" else 1)
     f, b = 0.3, 0.7
-    makespan, busy = bound.simulate(_schedule_actions(name, p, m),
+    makespan, busy = bound.simulate(schedule_actions(name, p, m),
                                     stage_times([f] * stages, [b] * stages))
     assert makespan == pytest.approx(bound.closed_form(name, p, m, f, b))
     assert max(busy) == pytest.approx(m * (f + b) * stages / p)
@@ -66,7 +67,7 @@ def test_simulated_zero_bubble_schedules_match_the_closed_form(name, p, m):
     """(3*v*m+p-1) t with f = b = w = t per chunk (Qi et al.; analysis.bubble's theory)."""
     t = 0.25
     times = stage_times([t] * 2 * p, [t] * 2 * p, [t] * 2 * p)
-    makespan, _ = bound.simulate(_schedule_actions(name, p, m), times)
+    makespan, _ = bound.simulate(schedule_actions(name, p, m), times)
     assert makespan == pytest.approx(bound.closed_form(name, p, m, t, t, t))
     assert makespan == pytest.approx((3 * 2 * m + p - 1) * t)
 
@@ -91,7 +92,7 @@ def test_gpipe_with_transfers_and_unbalanced_stages_is_a_flow_shop(p, m):
     f = [rng.uniform(0.1, 1.0) for _ in range(p)]
     b = [rng.uniform(0.2, 2.0) for _ in range(p)]
     c = 0.05
-    makespan, _ = bound.simulate(_schedule_actions("gpipe", p, m), stage_times(f, b),
+    makespan, _ = bound.simulate(schedule_actions("gpipe", p, m), stage_times(f, b),
                                  [c] * (p - 1))
     expected = sum(f) + sum(b) + (m - 1) * (max(f) + max(b)) + 2 * (p - 1) * c
     assert makespan == pytest.approx(expected)
@@ -101,7 +102,7 @@ def test_transfers_count_only_between_ranks_and_zbv_turns_on_one_rank():
     """ZB-V's middle stages (1 and 2 of 4 on 2 ranks) share rank 1: that edge is free."""
     t = 1.0
     times = stage_times([t] * 4, [t] * 4, [t] * 4)
-    orders = _schedule_actions("zbv", 2, 4)
+    orders = schedule_actions("zbv", 2, 4)
     free = bound.simulate(orders, times)[0]
     only_middle = bound.simulate(orders, times, [0.0, 5.0, 0.0])[0]
     assert only_middle == free  # stage 1 -> 2 stays on rank 1
@@ -183,7 +184,7 @@ def test_collective_prices_by_hand():
 
 def test_parameter_bytes_are_the_models_fp32_gradients():
     model = Workload("resnet-tiny", 32, 8).build_model()
-    total, units = case_bound.parameter_bytes("resnet-tiny", 32)
+    total, units = parameter_bytes("resnet-tiny", 32)
     assert total == 4 * sum(p.numel() for p in model.parameters())
     assert units and 0 < sum(units) < total  # the root keeps the stem and the head
 
@@ -236,7 +237,7 @@ def test_sizes_follow_the_sweeps_largest_message(cpu_rig):
     assert sizes_for(10 * 2**20) == pytest.approx(tuple(s / 10 for s in SIZES_MIB))
     assert sizes_for(1000)[-1] == 1.0  # at least 1 MiB
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8)
-    grads = case_bound.parameter_bytes("resnet-tiny", 32)[0]
+    grads = parameter_bytes("resnet-tiny", 32)[0]
     assert case_bound.largest_message([ddp], cpu_rig) == grads
     # Nothing priced with collectives: single, and mp on a cpu rig (one process).
     alone = [new_case(cpu_rig, "single", "resnet-tiny", 32, 8),
@@ -286,7 +287,7 @@ def test_bound_columns_of_a_pipelined_case(cpu_rig):
     send = CollectiveFit((1,), (1.0,), alpha_s=0.002, beta_bytes_s=1e9, busbw_gb_s=1.0)
     priced = bound_columns(case, cpu_rig, outcome, 0.5, collectives=Collectives(
         {"send_recv": send}, "gloo", 2))
-    (edge,) = case_bound.boundary_bytes("resnet-tiny", 32, 2, (3,))
+    (edge,) = boundary_bytes("resnet-tiny", 32, 2, (3,))
     assert priced["bound_comm_s"] > 0 and priced["bound_note"].startswith("1f1b: compute")
     assert priced["step_time_s_bound"] == pytest.approx(bound.pipeline_bound(
         "1f1b", one_f_one_b(2, 4), bound.phase_times(events), [send.time_s(edge)], 0.03).step_s)

@@ -80,7 +80,7 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_stages_minus_rank():
 
 
 def test_1f1b_order_is_torchs_warmup_then_one_backward_one_forward():
-    assert predict._schedule_actions("1f1b", 2, 3) == (
+    assert predict.schedule_actions("1f1b", 2, 3) == (
         (("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("F", 0, 2), ("B", 0, 1), ("B", 0, 2)),
         (("F", 1, 0), ("B", 1, 0), ("F", 1, 1), ("B", 1, 1), ("F", 1, 2), ("B", 1, 2)))
 

@@ -9,10 +9,9 @@ import pytest
 
 from bench_lib.analysis import bound
 from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
-from bench_lib.measure.case_bound import parameter_bytes
 from bench_lib.run.calibrate import CalibrationKey, CalibrationSpec, combine, sizes_for
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict import _schedule_actions
+from bench_lib.sweep.predict import schedule_actions
 from bench_lib.sweep.predict_time import (
     FRESH_COPY_BYTES,
     BatchCosts,
@@ -30,6 +29,7 @@ from bench_lib.sweep.predict_time import (
     speedup,
     stage_passes,
 )
+from bench_lib.workloads.sizes import parameter_bytes
 
 OPT = 0.01  # the optimizer step, seconds
 FIT = CollectiveFit((1,), (1.0,), alpha_s=0.002, beta_bytes_s=1e8, busbw_gb_s=1.0)
@@ -57,7 +57,7 @@ def test_balanced_pipelines_predict_the_closed_form(name, p, m):
     f, per_stage = 0.01, 3  # 3 blocks a stage
     fwd, bwd = [f] * (stages * per_stage), [2 * f] * (stages * per_stage)
     cuts = [per_stage * s for s in range(1, stages)]
-    orders = _schedule_actions(name, p, m)
+    orders = schedule_actions(name, p, m)
     found = predict(Shape(name, 4 * m, p, 4), blocks_cal(fwd, bwd), pipeline=PipelineParts(
         orders, fixed(cuts)))
     closed = bound.closed_form(name, p, m, per_stage * f, per_stage * 2 * f)
@@ -74,7 +74,7 @@ def test_the_balanced_partition_cuts_where_the_calibrated_blocks_balance():
     fwd = [0.01, 0.03, 0.02, 0.02]  # stage costs (x3 with backward) 0.12 | 0.12
     bwd = [2 * v for v in fwd]
     found = predict(Shape("1f1b", 16, 2, 4), blocks_cal(fwd, bwd), pipeline=PipelineParts(
-        _schedule_actions("1f1b", 2, 4), lambda costs, stages: min_max_cuts(list(costs), 2)))
+        schedule_actions("1f1b", 2, 4), lambda costs, stages: min_max_cuts(list(costs), 2)))
     assert isinstance(found, bound.Bound) and found.formula.endswith("cut 2")
     assert found.step_s == pytest.approx(bound.closed_form("1f1b", 2, 4, 0.04, 0.08) + OPT / 2)
 
@@ -85,7 +85,7 @@ def test_unbalanced_gpipe_is_the_flow_shop_with_transfers(m):
     exact makespan sum(f+b) + (m-1)(max f + max b) + 2c (``analysis.bound``)."""
     fwd, bwd, c = [0.02, 0.01], [0.04, 0.02], 0.003
     found = predict(Shape("gpipe", 4 * m, 2, 4), blocks_cal(fwd, bwd), pipeline=PipelineParts(
-        _schedule_actions("gpipe", 2, m), fixed([1]), lambda cuts: [c]))
+        schedule_actions("gpipe", 2, m), fixed([1]), lambda cuts: [c]))
     expected = 0.09 + (m - 1) * (0.02 + 0.04) + 2 * c
     assert isinstance(found, bound.Bound)
     assert found.step_s == pytest.approx(expected + OPT / 2)
@@ -221,8 +221,8 @@ def test_predict_case_prices_a_real_models_collectives_and_cut(cpu_rig):
     """A sweep's cases through ``predict_case``: ddp's gradient bytes are the model's; a
     balanced 1F1B is cut by partition's min-max over the calibrated blocks, its transfers
     at the send/recv fit of the boundary's bytes."""
-    from bench_lib.measure.case_bound import boundary_bytes
     from bench_lib.workloads import Workload, blocks
+    from bench_lib.workloads.sizes import boundary_bytes
 
     n = len(blocks(Workload("resnet-tiny", 32, 4).build_model()))
     fwd = tuple(0.001 * (i + 1) for i in range(n))
@@ -245,7 +245,7 @@ def test_predict_case_prices_a_real_models_collectives_and_cut(cpu_rig):
         min(max(sum(costs[:k]), sum(costs[k:])) for k in range(1, n)))
     (edge,) = boundary_bytes("resnet-tiny", 32, 4, (cut,))
     assert found.comm_s > 0 and found.step_s == pytest.approx(bound.pipeline_bound(
-        "1f1b", _schedule_actions("1f1b", 2, 4), stage_passes(cal.together[4], [cut], OPT),
+        "1f1b", schedule_actions("1f1b", 2, 4), stage_passes(cal.together[4], [cut], OPT),
         [FIT.time_s(edge)], OPT / 2).step_s)
     compiled = new_case(cpu_rig, "single", "resnet-tiny", 32, 16, compile=True)
     assert "torch.compile" in str(predict_case(compiled, cpu_rig, cal, coll))

@@ -339,7 +339,8 @@ def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServ
     (``measure.collectives``; skipped where no case is priced with them)."""
     import sys
 
-    from bench_lib.measure import case_bound, collectives
+    from bench_lib.measure import collectives
+    from bench_lib.run import case_bound
 
     if recorded is not None:
         return Collectives.from_dict(recorded)

@@ -21,12 +21,12 @@ from bench_lib.analysis.stats import (
     launch_interval,
     paired_ratio_interval,
 )
-from bench_lib.measure import case_bound
 from bench_lib.measure.contention import contention, cpu_per_wall
 from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
 from bench_lib.results.schema import launch_medians
 from bench_lib.rig import Rig
+from bench_lib.run import case_bound
 from bench_lib.run.protocol import CaseOutcome, SampleRow
 from bench_lib.sweep.cases import Case
 
@@ -201,7 +201,7 @@ def bubble_columns(case: Case, outcome: CaseOutcome, median_s: float) -> Row:
 def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | None,
                   single_s: float | None = None, collectives: Collectives | None = None,
                   ddp_compute_s: float | None = None) -> Row:
-    """The case's bound from its own parts beside its median step (``measure.case_bound``);
+    """The case's bound from its own parts beside its median step (``run.case_bound``);
     ``single_s``: the same workload's single median step (ddp, fsdp); ``collectives``: the
     run's micro-benchmark; ``ddp_compute_s``: for fsdp, a ddp case's measured compute of
     the same local batch. Empty for a case not ok or a strategy without a bound."""

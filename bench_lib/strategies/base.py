@@ -166,7 +166,7 @@ class Trainer:
         """A context in which ``step`` runs this process's compute and no collective (DDP's
         ``no_sync``), or None where the strategy has no such mode. The worker times a few
         steps in it after the timed ones: the compute part of a data-parallel case's bound
-        (``measure.case_bound``)."""
+        (``run.case_bound``)."""
         return None
 
     def timeline_stages(self) -> list[TimelineStage]:

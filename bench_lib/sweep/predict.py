@@ -39,7 +39,7 @@ Per strategy (B the batch, s the split size, W the world size):
 - ``pipeline``: every micro-batch's activations are held until the single backward (the
   tutorial concatenates the outputs before the loss), as GPipe does.
 - ``gpipe``, ``1f1b``, ``interleaved-*``, ``zbv`` (each rank): its stages, in the order in
-  which its torch schedule runs them (``_schedule_actions``: GPipe holds every
+  which its torch schedule runs them (``schedule_actions``: GPipe holds every
   micro-batch before the first backward, 1F1B at most stages - rank of them), plus the
   receive buffers a pipelining stage keeps per micro-batch (its input's, its output
   gradient's). Zero-bubble schedules hold a micro-batch's activations until its weight
@@ -167,7 +167,7 @@ def _cut_label(case: Case, w: Workload, stages: int, cut: str) -> str:
     name = case.partition or "tutorial"
     placement: tuple[int, ...] = ()
     if PIPELINING_STAGES_PER_RANK.get(case.strategy, 1) > 1:  # each rank's stages, as torch
-        ops = _schedule_actions(case.strategy, case.world_size, len(_splits(case)))
+        ops = schedule_actions(case.strategy, case.world_size, len(_splits(case)))
         placement = tuple(r for s in range(stages) for r, a in enumerate(ops)
                           if any(stage == s for _, stage, _ in a))
     method = "tutorial" if name == "tutorial" else "balanced-flops"
@@ -199,7 +199,7 @@ def _chosen_cut(w: Workload, stages: int, micro_batch: int, method: str,
 
 
 @functools.cache
-def _schedule_actions(strategy: str, world: int, microbatches: int
+def schedule_actions(strategy: str, world: int, microbatches: int
                       ) -> tuple[tuple[Action, ...], ...]:
     """Each rank's computations in the order its torch schedule runs them.
 
@@ -251,7 +251,7 @@ def _programs(case: Case, rig: Rig, base: Program, stages: int) -> dict[str, Pro
                                             actions=_fill_drain(d, len(mbs)))
                 for d in range(stages)}
     if case.strategy in SCHEDULE_CLASSES:
-        ranks = _schedule_actions(case.strategy, world, len(splits))
+        ranks = schedule_actions(case.strategy, world, len(splits))
         return {str(r): dataclasses.replace(
             base, stages=tuple(sorted({s for _, s, _ in actions})), micro_batches=splits,
             actions=actions, pipelining=True) for r, actions in enumerate(ranks)}

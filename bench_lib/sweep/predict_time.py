@@ -394,7 +394,7 @@ def predict_case(case: Case, rig: Rig, cal: Calibration | None,
                  collectives: Collectives | None = None) -> Bound | str:
     """``predict`` for a sweep's case: its shape, and the parts that need the model built
     on meta tensors (gradient and unit bytes, boundary bytes) or torch's schedules."""
-    from bench_lib.measure.case_bound import boundary_bytes, parameter_bytes
+    from bench_lib.workloads.sizes import boundary_bytes, parameter_bytes
 
     shape = shape_of(case, rig)
     if case.compile or case.sync_bn:
@@ -420,12 +420,12 @@ def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> Pip
     cut its partition picks from block costs (``balanced``; ``balanced-flops`` and
     ``tutorial``: the cut they choose without timing), and the send/recv fit's transfer
     time of one micro-batch at each boundary."""
-    from bench_lib.measure.case_bound import boundary_bytes
     from bench_lib.strategies.partition import min_max_cuts, min_max_rank_cuts
-    from bench_lib.sweep.predict import _schedule_actions
+    from bench_lib.sweep.predict import schedule_actions
+    from bench_lib.workloads.sizes import boundary_bytes
 
     name = "gpipe" if case.strategy == "pipeline" else case.strategy
-    orders = _schedule_actions(name, case.world_size, case.num_microbatches or 1)
+    orders = schedule_actions(name, case.world_size, case.num_microbatches or 1)
     method, _, given = (case.partition or "tutorial").partition(":")
 
     def cutter(costs: Sequence[float], stages: Sequence[int]) -> Sequence[int]:

@@ -1,14 +1,13 @@
 """A case's bound from what its run recorded: which formula of ``analysis.bound`` applies,
 the traced step's pass times, and the byte sizes the transfers and collectives move.
 
-``run.rows.bound_columns`` calls ``case_bound`` for each ok case; ``cli`` asks
+``run.rows.bound_columns`` calls ``case_bound`` for each ok case; ``run.calibrate`` asks
 ``largest_message`` how large the collective micro-benchmark's messages must be. Byte sizes
-come from the model built on meta tensors (shapes only: no memory, no compute), cached.
+come from the model built on meta tensors (``workloads.sizes``).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from bench_lib.analysis.bound import (
 )
 from bench_lib.analysis.bubble import span
 from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.workloads.sizes import boundary_bytes, parameter_bytes
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
@@ -63,9 +63,9 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
             moved = 2 * sum(edges) if rig.kind == "cuda" else 0.0
             found = serial_bound("mp" if name == "mp" else "serial", times, m, moved, other)
         else:
-            from bench_lib.sweep.predict import _schedule_actions
+            from bench_lib.sweep.predict import schedule_actions
 
-            found = pipeline_bound(name, _schedule_actions(
+            found = pipeline_bound(name, schedule_actions(
                 "gpipe" if name == "pipeline" else name, case.world_size, m), times, edges, other)
     except (KeyError, ValueError) as e:  # a pass the timeline lacks, a deadlock
         return f"no bound: {type(e).__name__}: {e}"
@@ -142,43 +142,3 @@ def largest_message(cases: Iterable[Case], rig: Rig) -> int | None:
     models = {(c.model, c.image_size) for c in cases
               if c.status is None and c.world_size > 1 and c.strategy in priced}
     return max((parameter_bytes(m, i)[0] for m, i in models), default=None)
-
-
-@functools.cache
-def boundary_bytes(model: str, image_size: int, micro_batch: int,
-                   cuts: tuple[int, ...]) -> tuple[int, ...]:
-    """Bytes of the activation crossing each cut for one micro-batch (fp32: a bf16 case's
-    boundary is counted at fp32 size, at most twice its own)."""
-    import torch
-
-    from bench_lib.workloads import Workload, blocks
-
-    w = Workload(model, image_size, max(micro_batch, 2))
-    meta = torch.device("meta")
-    with meta:
-        net = w.build_model()
-    x = w.make_batch(max(micro_batch, 2), meta)[0]
-    sizes = []
-    with torch.no_grad():
-        for i, block in enumerate(blocks(net)):
-            if i in cuts:
-                sizes.append(x.numel() * 4 * micro_batch // x.shape[0])
-            x = block(x)
-    return tuple(sizes)
-
-
-@functools.cache
-def parameter_bytes(model: str, image_size: int) -> tuple[int, tuple[int, ...]]:
-    """The model's gradient bytes (fp32), and each FSDP unit's (``workloads.shard_units``);
-    the root holds the rest."""
-    import torch
-
-    from bench_lib.workloads import Workload, shard_units
-
-    with torch.device("meta"):
-        net = Workload(model, image_size, 2).build_model()
-
-    def size(module: torch.nn.Module) -> int:
-        return sum(p.numel() * 4 for p in module.parameters() if p.requires_grad)
-
-    return size(net), tuple(size(u) for u in shard_units(net))
