@@ -28,9 +28,11 @@ import torch
 import torch.distributed as dist
 
 from bench_lib.processes import forkserver, lifeline
-from bench_lib.run import faults, runner, worker
+from bench_lib.run import faults, worker
 from bench_lib.run.protocol import RankResult
-from bench_lib.run.runner import PEER_GRACE_S, _combine, run_case
+from bench_lib.run.ranks import PEER_GRACE_S, launch_ranks
+from bench_lib.run.ranks import combine as combine_rank_files
+from bench_lib.run.runner import run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 from tests.conftest import PYTHON, REPO
@@ -59,7 +61,7 @@ def combine(tmp_path: Path, results: list[RankResult], codes: list[int | None],
             **kwargs: Any) -> Any:
     for res in results:
         res.write(tmp_path / f"rank{res.rank}.json")
-    return _combine(tmp_path, procs(*codes), tmp_path / "worker.log", **kwargs)
+    return combine_rank_files(tmp_path, procs(*codes), tmp_path / "worker.log", **kwargs)
 
 
 def test_an_oom_beside_a_rank_killed_waiting_is_that_ranks_oom(tmp_path):
@@ -240,7 +242,7 @@ def test_destroying_a_broken_group_never_raises(monkeypatch, solo_group):
         raise RuntimeError("NCCL communicator was aborted")
 
     monkeypatch.setattr(dist, "destroy_process_group", broken)
-    worker._destroy_process_group(worker.EXIT_FAILED)  # prints the traceback, goes on
+    worker.destroy_process_group(worker.EXIT_FAILED)  # prints the traceback, goes on
 
 
 def test_the_runner_passes_its_pid_and_no_preexec_fn(tmp_path, monkeypatch):
@@ -251,7 +253,7 @@ def test_the_runner_passes_its_pid_and_no_preexec_fn(tmp_path, monkeypatch):
         return SimpleNamespace(pid=1000 + len(started))
 
     monkeypatch.setattr(forkserver.subprocess, "Popen", popen)  # no fork server: fresh ones
-    runner.launch_ranks(tmp_path / "spec.json", 2, tmp_path / "worker.log")
+    launch_ranks(tmp_path / "spec.json", 2, tmp_path / "worker.log")
     assert [cmd[-3:] for cmd, _ in started] == [
         [str(tmp_path / "spec.json"), str(rank), str(os.getpid())] for rank in (0, 1)]
     assert all("preexec_fn" not in kwargs for _, kwargs in started)
@@ -282,7 +284,7 @@ time.sleep(120)
 """
 CHILD = """
 import sys, time
-from bench_lib.run.worker import die_with_parent
+from bench_lib.processes.lifeline import die_with_parent
 assert die_with_parent(int(sys.argv[1]))
 print("armed", flush=True)
 time.sleep(120)
@@ -326,5 +328,5 @@ def test_exit_codes_start_the_runners_grace_after_a_failed_traced_step():
     assert worker.exit_code(ok(0)) == 0
     assert worker.exit_code(ok(0, "out of memory in the traced step")) == worker.EXIT_TRACE_FAILED
     assert worker.exit_code(RankResult(0, "oom", "x")) == worker.EXIT_FAILED
-    assert worker.EXIT_TRACE_FAILED != 0  # runner._supervise: a nonzero exit starts the grace
+    assert worker.EXIT_TRACE_FAILED != 0  # ranks.supervise: a nonzero exit starts the grace
     assert PEER_GRACE_S < TIMEOUT_S

@@ -19,7 +19,8 @@ from bench_lib.processes import forkserver
 from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.processes.lifeline import EXIT_ORPHANED
 from bench_lib.run.agent import WORKER_MODULE
-from bench_lib.run.runner import _kill_group, run_case
+from bench_lib.run.ranks import kill_group
+from bench_lib.run.runner import run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 
@@ -111,7 +112,7 @@ def test_ranks_share_the_first_ranks_process_group(server, tmp_path):
     second = _hang(server, tmp_path, group=first.pid)
     assert os.getpgid(first.pid) == os.getpgid(second.pid) == first.pid
     assert first.poll() is None and second.poll() is None
-    _kill_group(first.pid)
+    kill_group(first.pid)
     assert first.wait(timeout=30) == second.wait(timeout=30) == -signal.SIGKILL
 
 

@@ -15,7 +15,7 @@ from bench_lib import strategies
 from bench_lib.measure import memory
 from bench_lib.measure.memory import PeakMemory, status_field_mib
 from bench_lib.measure.timing import time_steps
-from bench_lib.run import runner
+from bench_lib.run import ranks
 from bench_lib.run.protocol import CaseOutcome, baseline_path
 from bench_lib.run.rows import case_row
 from bench_lib.strategies import BuildContext
@@ -168,24 +168,24 @@ class _Proc:
 
 
 def test_cpu_cap_counts_what_a_process_adds_per_device_it_drives(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner.psutil, "Process", _FakeProcess)
+    monkeypatch.setattr(ranks.psutil, "Process", _FakeProcess)
     mib = memory.MIB
     procs = [_Proc(11)]
     _FakeProcess.RSS = {11: (400 + 1500) * mib}  # 400 MiB of runtime, 1500 MiB of case
     # Before the rank recorded its runtime it has built nothing: not checked.
-    assert runner._rss_over_cap(procs, 1000, tmp_path, 1) is None
+    assert ranks.rss_over_cap(procs, 1000, tmp_path, 1) is None
     baseline_path(tmp_path, 0).write_text(json.dumps({"rss_mib": 400.0}))
-    one = runner._rss_over_cap(procs, 1000, tmp_path, 1)
+    one = ranks.rss_over_cap(procs, 1000, tmp_path, 1)
     assert one is not None and "1500 MiB resident beyond its 400 MiB runtime" in one
     assert "over the 1000 MiB cap (--max-memory-per-device)" in one
     # mp / pipeline: one process drives 2 devices, so it gets 2 caps.
-    assert runner._rss_over_cap(procs, 1000, tmp_path, 2) is None
+    assert ranks.rss_over_cap(procs, 1000, tmp_path, 2) is None
     _FakeProcess.RSS = {11: (400 + 2500) * mib}
-    two = runner._rss_over_cap(procs, 1000, tmp_path, 2)
+    two = ranks.rss_over_cap(procs, 1000, tmp_path, 2)
     assert two is not None and "over the 2000 MiB cap (2 devices x 1000 MiB" in two
     # 1400 MiB of runtime alone is no longer over a 1000 MiB cap.
     baseline_path(tmp_path, 0).write_text(json.dumps({"rss_mib": 2000.0}))
-    assert runner._rss_over_cap(procs, 1000, tmp_path, 1) is None
+    assert ranks.rss_over_cap(procs, 1000, tmp_path, 1) is None
 
 
 def test_make_batch_leaves_unread_inputs_empty():

@@ -1,12 +1,12 @@
 """One launch of a distance case: fresh processes, supervised by the runner's own rules.
 
-The processes start as a training case's ranks do (``run.runner.launch_ranks``: one process
+The processes start as a training case's ranks do (``run.ranks.launch_ranks``: one process
 group of their own, each told its parent's pid; forked by the run's fork server), running
-``bench_lib.distance.worker``;
-then the runner's supervision (``_supervise``: the case timeout, the cpu memory cap through
-``_rss_over_cap``, a dead rank's peers killed after their grace) and its combination of the
-rank files (``_combine``: the first failure blamed, an ``oom`` first; else the slowest rank
-per step) decide the launch's ``CaseOutcome``. Rank 0's value and gradient come back
+``bench_lib.distance.worker``; then the runner's supervision (``ranks.supervise``: the case
+timeout, the cpu memory cap through ``ranks.rss_over_cap``, a dead rank's peers killed after
+their grace) and its combination of the rank files (``ranks.combine``: the first failure
+blamed, an ``oom`` first; else the slowest rank per step) decide the launch's
+``CaseOutcome``. Rank 0's value and gradient come back
 beside it (``Computed``).
 """
 
@@ -22,7 +22,7 @@ import torch
 from bench_lib.distance.spec import DistanceSpec, result_file
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.runner import _combine, _rss_over_cap, _supervise, launch_ranks
+from bench_lib.run.ranks import combine, launch_ranks, rss_over_cap, supervise
 
 WORKER_MODULE = "bench_lib.distance.worker"
 
@@ -55,12 +55,12 @@ def launch(spec: DistanceSpec, work_root: Path,
     baselines: dict[int, float] = {}
 
     def over_cap() -> str | None:
-        return _rss_over_cap(procs, cap, case_dir, 1, baselines)
+        return rss_over_cap(procs, cap, case_dir, 1, baselines)
 
     exited_at: dict[int, float] = {}
-    stopped = _supervise(procs, spec.measurement.case_timeout_s, over_cap if cap else None,
+    stopped = supervise(procs, spec.measurement.case_timeout_s, over_cap if cap else None,
                          exited_at)
-    outcome = _combine(case_dir, procs, log_path, stopped, exited_at)
+    outcome = combine(case_dir, procs, log_path, stopped, exited_at)
     outcome.wall_time_s = time.monotonic() - began
     computed = None
     if outcome.status == "ok":

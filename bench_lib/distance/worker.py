@@ -50,7 +50,7 @@ from bench_lib.run.worker import (
     EXIT_FAILED,
     NOTE_CHARS,
     PROCESS_GROUP_TIMEOUT_S,
-    _destroy_process_group,
+    destroy_process_group,
     result_path,
 )
 
@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
                             failed_at_unix_s=failed_at)
     result.write(result_path(spec_path.parent, rank))  # first, so the runner sees it early
     code = 0 if result.status == "ok" else EXIT_FAILED
-    _destroy_process_group(code)
+    destroy_process_group(code)
     return code
 
 

@@ -477,7 +477,7 @@ class Forked:
         """The exit code once the process has ended, as promptly as ``Popen.poll``: a rank
         that died is a zombie (or, reaped, gone) before the server's report of it arrives,
         so that state waits for the report. The runner blames the rank that ended first
-        by these polls (``runner._combine``); a late one would blame the peer whose
+        by these polls (``run.ranks.combine``); a late one would blame the peer whose
         collective failed because of it."""
         if self.returncode is None:
             self.returncode = self._server.exit_code(self.pid)

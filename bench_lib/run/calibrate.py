@@ -110,7 +110,7 @@ def calibrate(key: CalibrationKey, sizes: Sizes, rig: Rig, work_root: Path,
               timeout_s: float = TIMEOUT_S) -> Calibration | str:
     """One calibration launch (module docstring): its ``Calibration``, or why there is
     none (a rank failed, or it ran past ``timeout_s``; its log's last lines)."""
-    from bench_lib.run.runner import _kill_group, _log_tail, _supervise, launch_ranks
+    from bench_lib.run.ranks import kill_group, launch_ranks, log_tail, supervise
 
     workdir = work_root / (f"calibration_{key.model}_img{key.image_size}_{key.precision}_"
                            f"{key.loss}{'_cl' if key.channels_last else ''}")
@@ -123,12 +123,12 @@ def calibrate(key: CalibrationKey, sizes: Sizes, rig: Rig, work_root: Path,
     start = time.monotonic()
     procs = launch_ranks(spec_path, devices, log, server, module=CALIBRATION_MODULE)
     try:
-        stopped = _supervise(procs, timeout_s)
+        stopped = supervise(procs, timeout_s)
     finally:
-        _kill_group(procs[0].pid)
+        kill_group(procs[0].pid)
     files = [result_file(workdir, r) for r in range(devices)]
     if stopped is not None or not all(f.exists() for f in files):
-        why = stopped[1] if stopped else (_log_tail(log) or "a rank ended without a result")
+        why = stopped[1] if stopped else (log_tail(log) or "a rank ended without a result")
         return f"calibration of {key.describe()} failed: {why}"
     cal = combine([json.loads(f.read_text()) for f in files], time.monotonic() - start)
     shutil.rmtree(workdir, ignore_errors=True)

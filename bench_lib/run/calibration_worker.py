@@ -41,7 +41,7 @@ from bench_lib.measure.calibrate import block_times, fresh_copy_s, timed
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import init_process_group, pin_worker, set_math_mode
 from bench_lib.run.calibrate import CalibrationSpec, result_file
-from bench_lib.run.worker import EXIT_FAILED, PROCESS_GROUP_TIMEOUT_S, _destroy_process_group
+from bench_lib.run.worker import EXIT_FAILED, PROCESS_GROUP_TIMEOUT_S, destroy_process_group
 from bench_lib.strategies import BuildContext
 from bench_lib.sweep.predict_time import BatchCosts
 from bench_lib.workloads import Workload
@@ -117,11 +117,11 @@ def main(argv: list[str]) -> int:
         found = run_rank(spec, rank, spec_path.parent)
     except Exception:  # the runner reads the log's tail as the reason
         traceback.print_exc()
-        _destroy_process_group(EXIT_FAILED)
+        destroy_process_group(EXIT_FAILED)
         return EXIT_FAILED
     found["wall_s"] = time.monotonic() - t0
     write_json_atomic(result_file(spec_path.parent, rank), found)
-    _destroy_process_group(0)
+    destroy_process_group(0)
     return 0
 
 

@@ -309,7 +309,7 @@ def failure_codes(log_text: str) -> dict[int, int] | None:
 
 @dataclass(frozen=True)
 class AgentExits:
-    """What this node's agent and ranks showed as they ended: input to ``runner._combine``."""
+    """What this node's agent and ranks showed as they ended: input to ``ranks.combine``."""
 
     exit_codes: dict[int, int]
     """Global rank -> exit code, for the ranks torchrun names as failed."""

@@ -20,23 +20,18 @@ as a difference between strategies. The group's rows are written once its last r
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import shutil
-import signal
 import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import psutil
+from typing import Any
 
 from bench_lib.analysis.collective_fits import Collectives
-from bench_lib.analysis.stats import slowest_per_step
 from bench_lib.measure.contention import CpuSnapshot, machine_load
 from bench_lib.measure.energy import IDLE_SECONDS, IdlePower, idle_power, rig_packages
 from bench_lib.measure.flops import AttainablePeak
@@ -49,16 +44,13 @@ from bench_lib.measure.sampler import (
     UnavailableSource,
     cuda_visible_gpus,
 )
-from bench_lib.measure.trace import align
-from bench_lib.processes.forkserver import ForkServer, start_module
+from bench_lib.processes.forkserver import ForkServer
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
-from bench_lib.run.agent import WORKER_MODULE
 from bench_lib.run.calibrate import Predictor, prediction_columns
 from bench_lib.run.launch import (
     LOCAL,
-    TORCHRUN_SUMMARY,
     AgentExits,
     AgentRanks,
     Launcher,
@@ -80,8 +72,15 @@ from bench_lib.run.protocol import (
     CaseSpec,
     RankResult,
     SampleRow,
-    baseline_path,
     reused_warmup,
+)
+from bench_lib.run.ranks import (
+    PEER_GRACE_S,
+    combine,
+    launch_ranks,
+    log_tail,
+    rss_over_cap,
+    supervise,
 )
 from bench_lib.run.rows import (
     Row,
@@ -94,278 +93,9 @@ from bench_lib.run.rows import (
 from bench_lib.strategies.ddp import DdpKnobs
 from bench_lib.sweep.cases import Case
 
-POLL_S = 0.1
-MIB = 2**20
-# After one rank dies, its peers get this long to notice and exit before the group is killed.
-PEER_GRACE_S = 10.0
 REPORT_GRACE_S = 15.0
 """Multi-node: how long node 0 waits for the other nodes' reports beyond ``PEER_GRACE_S``
 (after which they stop their ranks) once its own have ended."""
-LOG_TAIL_CHARS = 400
-
-
-def launch_ranks(spec_path: Path, nproc: int, log_path: Path,
-                 server: ForkServer | None = None, module: str = WORKER_MODULE) -> list[Rank]:
-    """Start a launch's ranks, ``python -m MODULE SPEC_JSON RANK PARENT_PID`` (the case
-    worker; the distance worker takes the same arguments), in one new process group (the
-    first rank leads it): forked by ``server`` (``processes.forkserver``: no seconds of imports
-    per rank), else each a fresh interpreter.
-
-    Each rank is told its parent's pid (the runner's, or the server's) and asks, as it
-    starts, to be killed when that parent dies (``lifeline.die_with_parent``). Not in a
-    ``preexec_fn``: that runs between fork and exec, where a runner that already has threads
-    (progress, CUDA driver) can deadlock the child (Python's documented hazard);
-    ``process_group`` needs none.
-    """
-    parent = server.ensure() if server is not None else os.getpid()
-    procs: list[Rank] = []
-    for rank in range(nproc):
-        args = [str(spec_path), str(rank), str(parent)]
-        group = procs[0].pid if procs else 0  # 0: a new group led by rank 0
-        procs.append(start_module(server, module, args, log_path, group=group))
-    return procs
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _describe_exit(rank: int, code: int | None) -> str:
-    if code is None:  # under torchrun: a rank the agent's failure summary does not name
-        return f"rank {rank} ended"
-    if code < 0:
-        return f"rank {rank} was killed by {signal.Signals(-code).name}"
-    return f"rank {rank} exited with code {code}"
-
-
-def _log_tail(log_path: Path) -> str:
-    """The log's last lines, for a reason; under torchrun, those before the agent's own
-    traceback and failure summary (``launch.failure_codes`` reads that)."""
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return ""
-    if TORCHRUN_SUMMARY in text:
-        text = text[:text.rfind("Traceback (most recent call last)", 0,
-                                text.index(TORCHRUN_SUMMARY))]
-    text = text.strip()
-    return " | ".join(text[-LOG_TAIL_CHARS:].splitlines()[-3:])
-
-
-def _read_baseline_mib(case_dir: Path, rank: int) -> float | None:
-    """The resident memory (MiB) a rank recorded before building its model; None before."""
-    try:
-        return float(json.loads(baseline_path(case_dir, rank).read_text())["rss_mib"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-class _HasPid(Protocol):
-    @property
-    def pid(self) -> int: ...
-
-
-class Rank(Protocol):
-    """A rank the local launcher started: a ``Popen``, or a ``forkserver.Forked``."""
-
-    @property
-    def pid(self) -> int: ...
-    @property
-    def returncode(self) -> int | None: ...
-    def poll(self) -> int | None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
-
-
-class _Ended(Protocol):
-    @property
-    def returncode(self) -> int | None: ...
-
-
-def _rss_over_cap(procs: Sequence[_HasPid] | Mapping[int, _HasPid], cap_mib: float,
-                  case_dir: Path, devices_per_process: int = 1,
-                  baselines: dict[int, float] | None = None) -> str | None:
-    """Why a rank holds more resident memory than its devices' cap allows, or None.
-
-    The cap mimics a card of ``cap_mib``: what counts is what the case adds, a rank's
-    resident memory (its children's included) net of its footprint before the model was
-    built (``protocol.baseline_path``; a rank that has not recorded it yet has built nothing
-    and is not checked), and a process that drives k devices (mp, pipeline) gets k caps.
-    ``baselines`` caches the recorded footprints between polls. ``procs``: the ranks in
-    rank order, or by rank (under torchrun, those found on this node).
-    """
-    known = {} if baselines is None else baselines
-    cap = cap_mib * devices_per_process
-    for rank, proc in procs.items() if isinstance(procs, Mapping) else enumerate(procs):
-        if rank not in known:
-            base = _read_baseline_mib(case_dir, rank)
-            if base is None:
-                continue
-            known[rank] = base
-        try:
-            parent = psutil.Process(proc.pid)
-            rss = sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)])
-        except psutil.Error:  # exited between the poll and now
-            continue
-        added = rss / MIB - known[rank]
-        if added > cap:
-            per = (f" ({devices_per_process} devices x {cap_mib:.0f} MiB)"
-                   if devices_per_process > 1 else "")
-            return (f"rank {rank} held {added:.0f} MiB resident beyond its "
-                    f"{known[rank]:.0f} MiB runtime, over the {cap:.0f} MiB cap{per} "
-                    "(--max-memory-per-device); killed")
-    return None
-
-
-def _supervise(
-    procs: Sequence[Rank], timeout_s: float,
-    over_cap: Callable[[], str | None] | None = None,
-    exited_at: dict[int, float] | None = None,
-    watch: Callable[[], tuple[str, str] | None] | None = None,
-    kill: Callable[[], None] | None = None,
-) -> tuple[str, str] | None:
-    """Wait for the ranks; returns (status, reason) when the runner had to stop them.
-
-    ``over_cap`` says why the ranks hold more memory than allowed (they are then an oom).
-    ``exited_at`` gets, for each rank that exited on its own (not killed by the runner), the
-    wall-clock time (``time.time()``) of the last poll that still saw it running: a lower
-    bound of when it ended (0.0 if the first poll found it gone). ``watch``, called at each
-    poll, says why to stop them now (under torchrun: a memory cap, another node's state).
-    Kills the whole process group whatever happens, including on KeyboardInterrupt (or calls
-    ``kill`` instead: torchrun's ranks are not in the agent's group).
-    """
-    pgid = procs[0].pid
-    deadline = time.monotonic() + timeout_s
-    first_failure: float | None = None
-    seen_running = 0.0
-    try:
-        while True:
-            polled = time.time()
-            codes = [p.poll() for p in procs]
-            if exited_at is not None:
-                for rank, code in enumerate(codes):
-                    if code is not None and rank not in exited_at:
-                        exited_at[rank] = seen_running
-            seen_running = polled
-            if all(c is not None for c in codes):
-                return None
-            now = time.monotonic()
-            if now > deadline:
-                return "timeout", f"case still running after {timeout_s:g} s; killed"
-            if over_cap is not None and (reason := over_cap()):
-                return "oom", reason
-            if watch is not None and (stop := watch()):
-                return stop
-            if first_failure is None and any(c not in (None, 0) for c in codes):
-                first_failure = now
-            if first_failure is not None and now - first_failure > PEER_GRACE_S:
-                return None
-            time.sleep(POLL_S)
-    finally:
-        # Kill the whole group: stuck peers, and any children the ranks started.
-        if kill is None:
-            _kill_group(pgid)
-        else:
-            kill()
-        for p in procs:
-            p.wait()
-
-
-def _combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
-             stopped: tuple[str, str] | None = None,
-             exited_at: dict[int, float] | None = None) -> CaseOutcome:
-    """Merge the ranks' result files into one outcome.
-
-    Every rank file that exists is read, also when the runner stopped the case
-    (``stopped``: ``_supervise``'s status and reason; ``exited_at``: its record of the ranks
-    that exited on their own). The outcome, in this order:
-
-    1. A rank failed: the one that failed first is blamed, named in the reason. Failures are
-       the ranks that wrote ``oom``/``error`` and those that exited on their own without a
-       result (crashed, or killed by a signal that is not the runner's). An ``oom`` is blamed
-       before any other failure (a peer's failure makes collectives fail or hang; it never
-       allocates), then the earliest: a written failure at ``failed_at_unix_s``, an exit at
-       the last poll that saw the rank running (so a peer's error that follows a crash within
-       a poll reads as its consequence). Ranks the runner killed without a result were
-       waiting for the failed one, and are not blamed.
-    2. The runner stopped the case (timeout, or over the memory cap) before every rank had
-       written its timed result: that status and reason.
-    3. A rank has no result: ``error``.
-    4. ``ok``. A rank whose traced step failed, or did not finish (it was stopped in it),
-       leaves the case without a timeline, and ``trace_note`` says why.
-
-    ``procs``: one per rank, only their exit codes are read (None: not known).
-    """
-    exited = exited_at or {}
-    results: dict[int, RankResult] = {}
-    for rank in range(len(procs)):
-        path = case_dir / f"rank{rank}.json"
-        if path.exists():
-            results[rank] = RankResult.read(path)
-
-    def without_result(rank: int) -> str:
-        reason = _describe_exit(rank, procs[rank].returncode) + " without a result"
-        tail = _log_tail(log_path)
-        return f"{reason}: {tail}" if tail else reason
-
-    def killed(rank: int) -> str:
-        code = procs[rank].returncode
-        return f" (killed by {signal.Signals(-code).name})" if code is not None and code < 0 else ""
-
-    # (not an oom, when, rank, status, reason) of each failure: the smallest is blamed.
-    failures: list[tuple[bool, float, int, str, str]] = [
-        (res.status != "oom",
-         float("inf") if res.failed_at_unix_s is None else res.failed_at_unix_s,
-         rank, res.status, f"rank {rank}: {res.reason}")
-        for rank, res in results.items() if res.status != "ok"]
-    failures += [(True, exited[rank], rank, "error", without_result(rank))
-                 for rank in range(len(procs)) if rank not in results and rank in exited]
-    if failures:
-        _, _, _, status, reason = min(failures)
-        return CaseOutcome(status, reason)
-    missing = [rank for rank in range(len(procs)) if rank not in results]
-    if stopped is not None and missing:
-        return CaseOutcome(*stopped)
-    if missing:
-        return CaseOutcome("error", without_result(missing[0]))
-    notes = [f"rank {rank}: {res.trace_note}{killed(rank)}"
-             for rank, res in results.items() if res.trace_note]
-    if notes and stopped is not None:
-        notes.insert(0, stopped[1])
-    trace_note = "no timeline: " + "; ".join(notes) if notes else ""
-    per_rank = {r: list(res.step_times_s) for r, res in results.items()}
-    windows = [res.timed_window_unix_s for res in results.values() if res.timed_window_unix_s]
-    sources = {res.peak_mem_source for res in results.values()}
-    return CaseOutcome(
-        "ok", step_times_s=slowest_per_step(per_rank), rank_step_times_s=per_rank,
-        rank_step_cpu_times_s={r: list(res.step_cpu_times_s) for r, res in results.items()},
-        peak_mem_mib={k: v for res in results.values() for k, v in res.peak_mem_mib.items()},
-        peak_mem_net_mib={k: v for res in results.values()
-                          for k, v in res.peak_mem_net_mib.items()},
-        # ru_maxrss (a lifetime peak) if any rank could not reset its peak after warm-up.
-        peak_mem_source=("ru_maxrss" if "ru_maxrss" in sources else results[0].peak_mem_source),
-        peak_mem_reserved_mib={k: v for res in results.values()
-                               for k, v in res.peak_mem_reserved_mib.items()},
-        timed_window_unix_s=((min(w[0] for w in windows), max(w[1] for w in windows))
-                             if windows else None),
-        stop_reason=results[0].stop_reason, partition=results[0].partition,
-        warmup_steps=results[0].warmup_steps,
-        warmup_time_s=max(res.warmup_time_s for res in results.values()),
-        # One time axis for all ranks: stamps share the host's monotonic clock (across nodes,
-        # each rank's counts from the barrier that starts the step: worker._trace). Only a
-        # trace every rank finished: part of one would misstate the bubble.
-        timeline=[] if notes else align([{"rank": rank, **e} for rank, res in results.items()
-                                         for e in res.timeline]),
-        traced_step_s=None if notes else max((res.traced_step_s for res in results.values()
-                                              if res.traced_step_s is not None), default=None),
-        compute_step_s=max((res.compute_step_s for res in results.values()
-                            if res.compute_step_s is not None), default=None),
-        optimizer_step_s=max((res.optimizer_step_s for res in results.values()
-                              if res.optimizer_step_s is not None), default=None),
-        trace_note=trace_note,
-    )
 
 
 def case_sampler(case: Case, rig: Rig, pids: Sequence[int],
@@ -486,7 +216,7 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
                                 launch, trace, cut, warmup_steps)
     else:
         outcome = _run_local(case, rig, case_dir, log_path, server)
-    # Every rank has been reaped (_supervise waits for them; under torchrun the agent reaped
+    # Every rank has been reaped (supervise waits for them; under torchrun the agent reaped
     # its ranks and we the agent): their CPU is in our children's, or the server's count.
     outcome.machine_load = machine_load(cpu_start, snapshot())
     outcome.wall_time_s = time.monotonic() - start
@@ -506,14 +236,14 @@ def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path,
     baselines: dict[int, float] = {}
 
     def over_cap() -> str | None:
-        return _rss_over_cap(procs, cap, case_dir, per_process, baselines)
+        return rss_over_cap(procs, cap, case_dir, per_process, baselines)
 
     exited_at: dict[int, float] = {}
     with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
-        stopped = _supervise(procs, case.measurement.case_timeout_s,
+        stopped = supervise(procs, case.measurement.case_timeout_s,
                              over_cap if cap else None, exited_at)
     # The ranks' files, also when the runner stopped them: one may have failed first.
-    outcome = _combine(case_dir, procs, log_path, stopped, exited_at)
+    outcome = combine(case_dir, procs, log_path, stopped, exited_at)
     outcome.samples = sampler.samples
     outcome.sampler_note = sampler.note
     return outcome
@@ -524,7 +254,7 @@ class AgentRun:
     """This node's part of one torchrun launch, as its runner saw it."""
 
     stopped: tuple[str, str] | None
-    """Why the runner stopped the agent (``_supervise``), if it did."""
+    """Why the runner stopped the agent (``supervise``), if it did."""
     exits: AgentExits
     samples: list[SampleRow]
     sampler_note: str
@@ -551,11 +281,11 @@ def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: La
                 order = sorted(ranks.pids)
                 pids, slots = [ranks.pids[r] for r in order], {r: ranks.local[r] for r in order}
                 samplers.append(stack.enter_context(case_sampler(case, rig, pids, slots)))
-            if cap and (why := _rss_over_cap(ranks.procs, cap, case_dir, 1, baselines)):
+            if cap and (why := rss_over_cap(ranks.procs, cap, case_dir, 1, baselines)):
                 return "oom", why
             return watch() if watch is not None else None
 
-        stopped = _supervise([agent], case.measurement.case_timeout_s, watch=tick,
+        stopped = supervise([agent], case.measurement.case_timeout_s, watch=tick,
                              kill=ranks.kill)
     ended = time.time()
     try:
@@ -612,12 +342,12 @@ class _Exit:
 def _combine_launch(case_dir: Path, world_size: int, log_path: Path,
                     stopped: tuple[str, str] | None, exits: Sequence[AgentExits],
                     lost: Mapping[int, str] | None = None) -> CaseOutcome:
-    """``_combine`` for a torchrun launch: the nodes' exit codes and exit times, and the
+    """``combine`` for a torchrun launch: the nodes' exit codes and exit times, and the
     nodes lost meanwhile named first (unless a rank ran out of memory: that is blamed
     first, as always)."""
     codes = {r: c for e in exits for r, c in e.exit_codes.items()}
     exited_at = {r: t for e in exits for r, t in e.exited_at.items()}
-    outcome = _combine(case_dir, [_Exit(codes.get(r)) for r in range(world_size)], log_path,
+    outcome = combine(case_dir, [_Exit(codes.get(r)) for r in range(world_size)], log_path,
                        stopped, exited_at)
     if not lost or outcome.status == "oom":
         return outcome
@@ -685,7 +415,7 @@ def _follow_launch(case: Case, rig: Rig, launcher: Launcher, follower: Follower,
     report = NodeReport(launcher.node_rank, socket.gethostname(),
                         {rank: path.read_text() for rank, path in files.items()},
                         part.exits.exit_codes, part.exits.exited_at, part.stopped,
-                        _log_tail(log_path))
+                        log_tail(log_path))
     fine = (part.stopped is None and len(files) == case.world_size // launcher.nnodes
             and all(RankResult.read(p).status == "ok" for p in files.values()))
     if fine:

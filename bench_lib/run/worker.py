@@ -29,7 +29,7 @@ Around that:
 
 Exit codes: 0 ok; 1 (``EXIT_FAILED``) the rank failed (its result says why); 3
 (``EXIT_TRACE_FAILED``) timed fine but the traced step failed, so its peers may be stuck in
-that step: a nonzero code starts the runner's grace period for them (``runner.PEER_GRACE_S``);
+that step: a nonzero code starts the runner's grace period for them (``ranks.PEER_GRACE_S``);
 4 (``EXIT_ORPHANED``) the runner was gone before the worker started. (Under torchrun any
 nonzero code makes the agent stop the other ranks at once.)
 """
@@ -340,7 +340,7 @@ def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, stages: Sequence[
     return None, note
 
 
-def _destroy_process_group(code: int, timeout_s: float = PROCESS_GROUP_SHUTDOWN_S) -> None:
+def destroy_process_group(code: int, timeout_s: float = PROCESS_GROUP_SHUTDOWN_S) -> None:
     """Destroy this rank's process group if one is up, on every path (failures included: a
     rank that exits with an NCCL group up can block in its teardown), never raising.
 
@@ -402,7 +402,7 @@ def main(argv: list[str]) -> int:
     # The result first, so that the runner sees it early; then the process group.
     result.write(result_path(spec_path.parent, rank))
     code = exit_code(result)
-    _destroy_process_group(code)
+    destroy_process_group(code)
     return code
 
 
