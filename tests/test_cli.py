@@ -192,7 +192,7 @@ def test_baseline_command_stores_a_run_and_refuses_a_non_run(tmp_path, capsys):
 def test_compare_to_and_save_baseline_are_checked_before_the_sweep(tmp_path, capsys):
     """A baseline path that is not there, a store without this hardware's baseline, and a
     store that cannot be written: exit 2 before any case runs, dry run or not."""
-    from bench_lib.compare.baseline import fingerprint_id
+    from bench_lib.results.fingerprint import fingerprint_id
     from bench_lib.results.store import write_json_atomic
 
     def refused(*args: str) -> str:

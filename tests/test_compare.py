@@ -10,8 +10,9 @@ import pytest
 
 from bench_lib.commands import main
 from bench_lib.compare import gate as cmp
-from bench_lib.compare.baseline import fingerprint_id, resolve_baseline, save_baseline
+from bench_lib.compare.baseline import resolve_baseline, save_baseline
 from bench_lib.compare.output import gate
+from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
 

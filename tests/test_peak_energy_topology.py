@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench_lib.compare.baseline import fingerprint_id
 from bench_lib.measure import environment, flops
 from bench_lib.measure.energy import IdlePower, idle_power, rig_packages
 from bench_lib.measure.sampler import ProcessSource, RaplSource, Sampler
+from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import CASE_COLUMNS, SAMPLE_METRIC_NAMES
 from bench_lib.rig import (
     CpuTopology,

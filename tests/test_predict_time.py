@@ -286,7 +286,8 @@ def test_a_calibration_serves_the_sizes_it_measured():
 def _stored(tmp_path, cpu_rig, cal, hardware=None):
     """A run folder holding ``cal`` as resnet-tiny 32 px's calibration, stamped with
     ``hardware`` (default: this machine's)."""
-    from bench_lib.run.calibrate import CALIBRATION_FILE, hardware_id, write_calibrations
+    from bench_lib.results.schema import CALIBRATION_FILE
+    from bench_lib.run.calibrate import hardware_id, write_calibrations
 
     folder = tmp_path / "earlier"
     folder.mkdir()
@@ -298,8 +299,9 @@ def _stored(tmp_path, cpu_rig, cal, hardware=None):
 
 def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
         tmp_path, cpu_rig, monkeypatch):
+    from bench_lib.results.schema import CALIBRATION_FILE
     from bench_lib.run import calibrate as calibration
-    from bench_lib.run.calibrate import CALIBRATION_FILE, Predictor, given_calibrations
+    from bench_lib.run.calibrate import Predictor, given_calibrations
 
     single = new_case(cpu_rig, "single", "resnet-tiny", 32, 16)
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16)

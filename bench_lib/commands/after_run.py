@@ -31,9 +31,10 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
     if args.threshold_pct is not None and not args.threshold_pct >= 0:
         raise UsageError(f"--threshold-pct must be a percentage >= 0, got {args.threshold_pct}")
     if args.compare_to is not None:
-        from bench_lib.compare.baseline import fingerprint_id, resolve_baseline, stored_hardware
-        from bench_lib.compare.gate import CompareError, Run, hardware_of
+        from bench_lib.compare.baseline import resolve_baseline, stored_hardware
+        from bench_lib.compare.gate import CompareError, Run
         from bench_lib.measure.environment import hardware_fingerprint
+        from bench_lib.results.fingerprint import fingerprint_id, hardware_of
 
         path, advice = args.compare_to, ("record one on this machine with `make baseline`, or "
                                          "measure base and head in one job with `make gate`, "

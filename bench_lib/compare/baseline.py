@@ -1,31 +1,22 @@
 """The baseline store: ``results/baseline/<fingerprint id>/``, one baseline per hardware.
 
 A stored baseline is a copy of a run folder's env.json, cases.csv and steps.csv, filed under
-a short id of its hardware fingerprint (env.json's ``fingerprint``), so ``compare`` given the
-store picks the baseline measured on the candidate's hardware. Never imports torch.
+a short id of its hardware fingerprint (env.json's ``fingerprint``: ``results.fingerprint``),
+so ``compare`` given the store picks the baseline measured on the candidate's hardware.
+Never imports torch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
-from bench_lib.compare.gate import CompareError, Run, hardware_of, load_run, run_dir_of
+from bench_lib.compare.gate import CompareError, Run, load_run, run_dir_of
+from bench_lib.results.fingerprint import fingerprint_id, hardware_of
 
 STORED_FILES = ("env.json", "cases.csv", "steps.csv")
-
-
-def fingerprint_id(fingerprint: dict[str, Any]) -> str:
-    """A short stable id of a hardware fingerprint (the baseline's folder name).
-
-    Of its hardware keys only (``gate.hardware_of``): runs that differ in torch or driver
-    version share an id, so a torch upgrade is gated against the baseline of its hardware.
-    """
-    text = json.dumps(hardware_of(fingerprint), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def stored_hardware(folder: Path) -> dict[str, Any] | None:

@@ -75,6 +75,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench_lib.analysis.stats import geometric_mean, slowest_per_step, welch_log_change
+from bench_lib.results.fingerprint import SOFTWARE_KEYS, hardware_of
 from bench_lib.results.read import read_cases, read_env, read_steps
 from bench_lib.results.schema import ResultsError
 
@@ -87,9 +88,6 @@ METHOD_BOOTSTRAP = "bootstrap over steps (1 launch: launch-to-launch spread not 
 METRICS = ("auto", "step_time", "speedup")
 WORKLOAD_KEYS = ["model", "image_size", "batch_size", "precision", "loss"]
 EXIT_OK, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
-SOFTWARE_KEYS = ("torch", "torchvision", "cuda", "cudnn", "nccl", "driver", "python")
-"""env.json ``versions`` that differ between runs without making them different hardware:
-reported beside the verdict, never a reason to refuse one."""
 
 Samples = npt.NDArray[np.float64]
 """One launch's step times in seconds, a step's time being its slowest rank's."""
@@ -342,12 +340,6 @@ def judge(changes_: dict[str, Change], metric: str, threshold: float) -> tuple[s
     if metric not in changes_:
         return "n/a", "no speedup: single itself, or no single in both runs"
     return changes_[metric].verdict(threshold), metric
-
-
-def hardware_of(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """A fingerprint's hardware keys: without the software ones that env.json files written
-    before the fingerprint named hardware only still carry (torch, driver)."""
-    return {k: v for k, v in fingerprint.items() if k not in SOFTWARE_KEYS}
 
 
 def software_of(env: dict[str, Any]) -> dict[str, Any]:

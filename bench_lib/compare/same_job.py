@@ -73,7 +73,7 @@ from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.compare import gate as cmp
 from bench_lib.compare import output
 from bench_lib.results.read import run_dirs_in
-from bench_lib.results.schema import SCHEMA_VERSION
+from bench_lib.results.schema import CALIBRATION_FILE, SCHEMA_VERSION
 from bench_lib.test_hooks import TEST_HOOK_VARIABLES
 
 DEFAULT_ROUNDS = 5
@@ -530,8 +530,6 @@ def reusable_calibration(run_dir: Path) -> Path | None:
     the same calibration, so that the rounds' errors differ by the measurement alone. None
     where that side does not predict (its profile's ``predict_time`` off) or predates
     ``--calibration`` (its calibration.json names no hardware)."""
-    from bench_lib.run.calibrate import CALIBRATION_FILE
-
     path = run_dir / CALIBRATION_FILE
     try:
         return path if json.loads(path.read_text()).get("hardware") else None

@@ -55,6 +55,9 @@ from dataclasses import dataclass
 
 SCHEMA_VERSION = 5
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
+CALIBRATION_FILE = "calibration.json"
+"""A run folder's calibrations, one entry per workload: written by ``run.calibrate``, reused
+by a gate's later rounds (``compare.same_job``)."""
 
 
 class ResultsError(ValueError):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.results.schema import CALIBRATION_FILE
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes, calibration_sizes
@@ -154,10 +155,6 @@ def combine(ranks: list[Mapping[str, Any]], wall_s: float) -> Calibration:
                        together, len(ranks), wall_s, copies)
 
 
-CALIBRATION_FILE = "calibration.json"
-"""A run folder's calibrations, one entry per workload (``Predictor``)."""
-
-
 class Predictor:
     """A run's step-time predictions: each workload calibrated once, as its first case is
     about to be predicted, at the sizes every case of the sweep needs (``sizes_for``), and
@@ -253,10 +250,10 @@ def prediction_columns(case_batch: int, workload_batch: int, predicted: Bound | 
 
 
 def hardware_id(rig: Rig) -> str:
-    """This machine's hardware as ``compare.baseline.fingerprint_id`` names it: what a
+    """This machine's hardware as ``results.fingerprint.fingerprint_id`` names it: what a
     calibration must share with the run that reuses it (``given_calibrations``)."""
-    from bench_lib.compare.baseline import fingerprint_id
     from bench_lib.measure.environment import hardware_fingerprint
+    from bench_lib.results.fingerprint import fingerprint_id
 
     return fingerprint_id(hardware_fingerprint(rig))
 

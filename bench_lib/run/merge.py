@@ -4,7 +4,7 @@ other.
 
 Refused before anything is written (``MergeError``, exit 2), naming the folders at fault:
 a folder that is not a shard; shards of different sweeps (env.json ``sweep.id``) or of
-different hardware (the hardware fingerprint, ``compare.gate.hardware_of``: what compare
+different hardware (the hardware fingerprint, ``results.fingerprint.hardware_of``: what compare
 refuses to set side by side); shards of different N; a shard given twice; a missing shard;
 a shard that has not recorded every case of its part (interrupted: finish it with
 ``run --resume``); shards whose parts overlap or leave cases out (cut by different versions
@@ -43,8 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib.compare.baseline import fingerprint_id
-from bench_lib.compare.gate import hardware_of
+from bench_lib.results.fingerprint import fingerprint_id, hardware_of
 from bench_lib.results.read import read_cases, read_env, run_dirs_in
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
