@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from bench_lib.nvml import cuda_visible_gpus
+
 RIG_KINDS = ("cpu", "cuda")
 
 
@@ -302,12 +304,10 @@ def cuda_device_names(count: int, nvml: Any = None,
                       child: Callable[[int], list[str]] | None = None) -> list[str]:
     """Names of CUDA devices 0..count-1 in CUDA's numbering, without a CUDA context here.
 
-    NVML first (``sampler.cuda_visible_gpus``: CUDA_VISIBLE_DEVICES and bus order applied);
+    NVML first (``nvml.cuda_visible_gpus``: CUDA_VISIBLE_DEVICES and bus order applied);
     where NVML cannot be read, or sees fewer GPUs, a child process asks torch
     (``_names_from_child``) and exits, taking its context with it.
     """
-    from bench_lib.measure.sampler import cuda_visible_gpus
-
     try:
         gpus = cuda_visible_gpus(nvml)
     except Exception:  # no NVML library or driver: ask CUDA, in a child

@@ -19,7 +19,8 @@ from bench_lib import commands
 from bench_lib import rig as rig_module
 from bench_lib.commands import run as run_command
 from bench_lib.measure import environment, preflight
-from bench_lib.measure.sampler import NvmlSource, Sampler, UnavailableSource, cuda_visible_gpus
+from bench_lib.measure.sampler import NvmlSource, Sampler, UnavailableSource
+from bench_lib.nvml import cuda_visible_gpus
 from bench_lib.rig import Rig, RigError
 from bench_lib.run import runner
 from bench_lib.sweep.cases import new_case

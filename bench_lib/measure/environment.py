@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torchvision
 
-from bench_lib.measure.sampler import cuda_visible_gpus, nvml_session, nvml_text
+from bench_lib.nvml import cuda_visible_gpus, nvml_session, nvml_text
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.rig import (
     CpuTopology,

@@ -91,7 +91,7 @@ def shm_check(world_size: int, shm: Mapping[str, Any],
 
 def nvml_check(rig: Rig, nvml: Any = None, environ: Mapping[str, str] | None = None) -> Check:
     """Whether the runner's sampler can read the rig's GPUs through NVML (a warning if not)."""
-    from bench_lib.measure.sampler import cuda_visible_gpus
+    from bench_lib.nvml import cuda_visible_gpus
 
     env = os.environ if environ is None else environ
     try:

@@ -13,16 +13,14 @@ inside the processes it measures.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench_lib.nvml import load_nvml
 from bench_lib.results.schema import SAMPLE_METRIC_NAMES
 
 MIB = 2**20
@@ -168,96 +166,6 @@ class RaplSource:
 
     def close(self) -> None:
         pass
-
-
-def load_nvml(nvml: Any = None) -> Any:
-    """``nvml``, or the pynvml module (provided by nvidia-ml-py); raises ImportError without."""
-    if nvml is not None:
-        return nvml
-    import pynvml
-
-    return pynvml
-
-
-@contextmanager
-def nvml_session(nvml: Any = None) -> Iterator[Any]:
-    """NVML (``nvml``, default pynvml) initialised for the block and shut down after it, also
-    when the block raises (NVML counts its inits: sessions nest with an open NvmlSource)."""
-    nvml = load_nvml(nvml)
-    nvml.nvmlInit()
-    try:
-        yield nvml
-    finally:
-        nvml.nvmlShutdown()
-
-
-def nvml_text(value: Any) -> str:
-    """An NVML string (bytes in older pynvml, str in newer) as str."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@dataclass(frozen=True)
-class VisibleGpu:
-    """A GPU as CUDA numbers it in this process, and as NVML knows it."""
-
-    cuda_index: int
-    """Its index in this process's CUDA numbering (after CUDA_VISIBLE_DEVICES)."""
-    nvml_index: int
-    bus_id: str
-    """PCI bus id as NVML writes it, e.g. ``00000000:3B:00.0``: the key NvmlSource opens."""
-    uuid: str
-    name: str
-
-
-def _visible_entry(entry: str, gpus: Sequence[tuple[int, str, str]], nvml: Any) -> int | None:
-    """The position in ``gpus`` (NVML index, bus id, uuid; in PCI bus order) of one
-    CUDA_VISIBLE_DEVICES entry, or None where CUDA would take it as invalid."""
-    if entry.isdigit():
-        return int(entry) if int(entry) < len(gpus) else None
-    if entry.startswith("MIG-"):  # a MIG instance: its parent GPU's bus id
-        try:
-            parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
-                nvml.nvmlDeviceGetHandleByUUID(entry.encode()))
-            uuid = nvml_text(nvml.nvmlDeviceGetUUID(parent))
-        except Exception:  # unknown instance, or an NVML without MIG
-            return None
-        return next((k for k, g in enumerate(gpus) if g[2] == uuid), None)
-    # A GPU UUID, which CUDA takes by any unambiguous prefix (``GPU-5c1b``).
-    matches = [k for k, g in enumerate(gpus) if g[2].startswith(entry)] if entry else []
-    return matches[0] if len(matches) == 1 else None
-
-
-def cuda_visible_gpus(nvml: Any = None, environ: Mapping[str, str] | None = None
-                      ) -> list[VisibleGpu]:
-    """The GPUs this process's CUDA would see, in CUDA's numbering, through NVML alone: no
-    CUDA context (nor CUDA call) in the runner.
-
-    CUDA_VISIBLE_DEVICES is read as CUDA reads it: comma-separated indices, GPU UUIDs (or
-    unambiguous prefixes) or MIG UUIDs (mapped to their parent GPU), up to the first invalid
-    or repeated entry; unset means every GPU. Indices (and the order when unset) are taken
-    in PCI bus order, which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID. CUDA's
-    default (FASTEST_FIRST) puts the fastest GPU first and is PCI order only on a machine
-    of identical GPUs: on a mixed machine set CUDA_DEVICE_ORDER=PCI_BUS_ID, or the bus ids
-    (and so the sampled GPUs) may not be the ones the workers use.
-    """
-    env = os.environ if environ is None else environ
-    with nvml_session(nvml) as nv:
-        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-        gpus = sorted(((i, nvml_text(nv.nvmlDeviceGetPciInfo(h).busId),
-                        nvml_text(nv.nvmlDeviceGetUUID(h))) for i, h in enumerate(handles)),
-                      key=lambda g: g[1].upper())
-        order: list[int] = list(range(len(gpus)))
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            order = []
-            for entry in visible.split(","):
-                k = _visible_entry(entry.strip(), gpus, nv)
-                if k is None or k in order:  # CUDA stops at an invalid or repeated entry
-                    break
-                order.append(k)
-        return [VisibleGpu(c, gpus[k][0], gpus[k][1], gpus[k][2],
-                           nvml_text(nv.nvmlDeviceGetName(handles[gpus[k][0]])))
-                for c, k in enumerate(order)]
 
 
 class NvmlSource:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench_lib.measure.sampler import cuda_visible_gpus, nvml_session
+from bench_lib.nvml import cuda_visible_gpus, nvml_session
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import by_device

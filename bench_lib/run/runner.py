@@ -42,8 +42,8 @@ from bench_lib.measure.sampler import (
     Sampler,
     Source,
     UnavailableSource,
-    cuda_visible_gpus,
 )
+from bench_lib.nvml import cuda_visible_gpus
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
@@ -160,7 +160,7 @@ def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
     GPUs differently (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER).
 
     Read through NVML alone, so the runner never creates a CUDA context (one would hold
-    memory on a GPU the case measures): ``sampler.cuda_visible_gpus`` maps CUDA's visible
+    memory on a GPU the case measures): ``nvml.cuda_visible_gpus`` maps CUDA's visible
     indices to bus ids as CUDA_VISIBLE_DEVICES says, taking CUDA's order as PCI bus order,
     which holds under CUDA_DEVICE_ORDER=PCI_BUS_ID and on machines of identical GPUs (CUDA's
     default FASTEST_FIRST may reorder mixed ones). Raises where NVML cannot be read or sees
