@@ -22,9 +22,9 @@ venv: $(STAMP)   ## create .venv and install the project (reused when up to date
 bench: venv      ## run the default sweep for this machine's rig, then write its report (ARGS="..." adds CLI flags)
 	$(PY) -m bench_lib run --profile default --report $(ARGS)
 
-report: venv     ## write report.html (+ PNGs) for the latest run under results/, or RUNS="dir1 dir2"
-	@runs="$(RUNS)"; test -n "$$runs" || runs=$$(ls -d results/[0-9]*/ 2>/dev/null | sort | tail -n1); \
-	test -n "$$runs" || { echo "error: no run folder under results/; run make bench first" >&2; exit 2; }; \
+report: venv     ## write report.html (+ PNGs) for the newest `run` folder (results/latest-run), or RUNS="dir1 dir2"
+	@runs="$(RUNS)"; test -n "$$runs" || ! test -e results/latest-run || runs=results/$$(readlink results/latest-run); \
+	test -n "$$runs" || { echo "error: no run folder: results/latest-run (the newest folder of python -m bench_lib run) does not exist; run make bench first, or name folders: make report RUNS=results/DIR" >&2; exit 2; }; \
 	$(PY) -m bench_lib report $$runs
 
 parity: venv     ## train every strategy on real data from the same weights; exit 1 when one learns differently

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pandas as pd
@@ -40,6 +41,8 @@ def test_run_tiny_sweep_writes_one_row_per_case(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs_in(tmp_path / "out")
     assert proc.stdout.strip() == str(run_dir)  # the folder, for a person reading along
+    assert run_dir.name.endswith("_run-smoke")  # what made it, and from which profile
+    assert os.readlink(tmp_path / "out" / "latest-run") == run_dir.name
     # The post-sweep actions act on the run folder the sweep wrote.
     assert (run_dir / "report.html").is_file() and f"report: {run_dir}" in proc.stderr
     (stored,) = store.iterdir()

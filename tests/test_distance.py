@@ -6,6 +6,7 @@ distance.csv and its report."""
 from __future__ import annotations
 
 import math
+import os
 
 import pandas as pd
 import pytest
@@ -180,6 +181,8 @@ def _run(tmp_path, *flags: str) -> tuple[int, pd.DataFrame, object]:
     out = tmp_path / "out"
     code = commands.main(["distance", "--rig", "cpu", "--out", str(out), *flags])
     (run_dir,) = run_dirs_in(out)
+    assert run_dir.name.endswith("_distance")
+    assert os.readlink(out / "latest-distance") == run_dir.name
     return code, read_distance(run_dir).set_index("case_id"), run_dir
 
 

@@ -5,6 +5,7 @@ bench_lib parity`` end to end."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import threading
 
@@ -205,6 +206,8 @@ def test_a_strategy_that_ends_elsewhere_diverges_and_fails_the_command(
                                     out=tmp_path), cpu_rig)
     assert code == 1
     (run_dir,) = run_dirs_in(tmp_path)
+    assert run_dir.name.endswith("_parity")
+    assert os.readlink(tmp_path / "latest-parity") == run_dir.name
     table = pd.read_csv(run_dir / "parity_verdicts.csv")
     assert list(table.columns) == PARITY_VERDICT_COLUMNS
     verdicts = table.set_index("strategy")

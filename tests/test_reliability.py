@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from bench_lib import commands
+from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
 from bench_lib.rig import Rig
@@ -44,7 +45,7 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]
 
 
 def only_run_dir(out: Path) -> Path:
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    (run_dir,) = run_dirs_in(out)  # not its latest-run link
     return run_dir
 
 
@@ -119,7 +120,7 @@ def test_memory_cap_turns_a_runaway_case_into_an_oom_row(tmp_path):
 def _wait_for_rows(run_dir_parent: Path, rows: int, timeout: float = 200) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        dirs = [p for p in run_dir_parent.iterdir() if p.is_dir()]
+        dirs = [p for p in run_dir_parent.iterdir() if p.is_dir() and not p.is_symlink()]
         if dirs and (dirs[0] / "cases.csv").exists():
             lines = (dirs[0] / "cases.csv").read_text().splitlines()
             if len(lines) - 1 >= rows:
@@ -171,7 +172,7 @@ def test_two_concurrent_runs_do_not_collide(tmp_path):
     procs = [start(tmp_path, "--strategies", "ddp") for _ in range(2)]
     results = [finish(p) for p in procs]
     assert [r[0] for r in results] == [0, 0], [r[2] for r in results]
-    dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    dirs = run_dirs_in(tmp_path)
     assert len(dirs) == 2
     for d in dirs:
         assert statuses(d) == {"ddp": "ok"}
@@ -211,7 +212,7 @@ def test_single_node_ranks_listen_on_loopback_only(tmp_path):
     bound: list[str] = []  # local addresses of the ranks' listening and connected sockets
     while time.monotonic() < deadline and not bound:
         time.sleep(1)
-        dirs = [p for p in tmp_path.iterdir() if p.is_dir()]
+        dirs = [p for p in tmp_path.iterdir() if p.is_dir() and not p.is_symlink()]
         for worker in workers_of(dirs[0]) if dirs else []:
             try:
                 conns = worker.net_connections(kind="inet")

@@ -10,6 +10,7 @@ from bench_lib import strategies
 from bench_lib.analysis.bubble import theory, union_length
 from bench_lib.measure.trace import align, trace_step
 from bench_lib.report.gantt import bubble
+from bench_lib.results.read import run_dirs_in
 from bench_lib.strategies import BuildContext
 from bench_lib.workloads import Workload
 from tests.conftest import in_process
@@ -150,7 +151,7 @@ def test_run_writes_timeline_csv_and_bubble_columns_for_pipelined_cases_only(tmp
         "--batch-sizes", "4", "--split-sizes", "2", "--warmup-steps", "1", "--timed-steps", "2",
         "--quiet", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    run_dir = next(tmp_path.iterdir())
+    (run_dir,) = run_dirs_in(tmp_path)  # not its latest-run link
     timeline = pd.read_csv(run_dir / "timeline.csv")
     assert (timeline.run_id == run_dir.name).all()
     cases = {c.split("_")[0]: t for c, t in timeline.groupby("case_id")}

@@ -7,6 +7,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from bench_lib.commands import main
 from bench_lib.commands.parser import build_parser
 from bench_lib.commands.plan import plan_new
+from bench_lib.results.read import run_dirs_in
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission, DeviceMemory
 from bench_lib.run.protocol import CaseOutcome
@@ -214,7 +216,9 @@ def test_predicted_oom_is_never_launched_and_the_folder_is_complete(tmp_path: Pa
                    admission)
     assert code == 0
     assert not any(i.startswith("mp_") for i in launched)
-    (run_dir,) = (tmp_path / "r").iterdir()
+    (run_dir,) = run_dirs_in(tmp_path / "r")
+    assert run_dir.name.endswith("_tune-smoke")  # what made it, and from which profile
+    assert os.readlink(tmp_path / "r" / "latest-tune") == run_dir.name
     env = json.loads((run_dir / "env.json").read_text())
     assert any(k.startswith("mp_") for k in env["tune"]["predicted_oom"])
     rows = list(csv.DictReader((run_dir / "tune.csv").open()))
@@ -336,7 +340,7 @@ def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicte
     assert code == 0
     launched = {i.split("_")[0] for i in launched_ids}
     assert "pipeline" not in launched and {"single", "ddp", "mp"} <= launched
-    (run_dir,) = (tmp_path / "r").iterdir()
+    (run_dir,) = run_dirs_in(tmp_path / "r")
     env = json.loads((run_dir / "env.json").read_text())
     assert set(env["tune"]["predicted_slow"]) == pipelines
     cases = {r["case_id"]: r for r in csv.DictReader((run_dir / "cases.csv").open())}

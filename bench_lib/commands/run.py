@@ -40,7 +40,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     # One list: the profile overrides and --resume's refusals both come from it.
     run.set_defaults(sweep_flags=sweep_flags(shaping))
     run.add_argument("--out", type=Path, default=Path("results"),
-                     help="folder that receives the run folder (default: results)")
+                     help="folder that receives the run folder "
+                          "(<UTC time>_<host>_<git sha7>_run-<profile>) and its link latest-run "
+                          "(default: results)")
     run.add_argument("--quiet", action="store_true", help="print only the run folder")
     run.add_argument("--dry-run", action="store_true",
                      help="list the cases and an estimated duration; run nothing")
@@ -162,7 +164,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.report.headlines import headline_lines, tutorial_lines
     from bench_lib.report.time_prediction import score_lines
     from bench_lib.results.read import read_env
-    from bench_lib.results.store import RunWriter, create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.results.store import RunWriter, start_run_dir, write_json_atomic
     from bench_lib.run.calibrate import (
         CalibrationKey,
         Predictor,
@@ -234,7 +236,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             write_json_atomic(run_dir / "env.json",
                               recorded | {"collectives": collectives.as_dict()})
     else:
-        run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
+        run_dir = start_run_dir(args.out, environment.git_info()["sha"], "run", profile.name)
         # Measured once per run, before any case: idle power first, with nothing of ours
         # running (for net energy), then the FLOP peak (for the MFU columns).
         if profile.rig_figures:

@@ -34,7 +34,8 @@ def resolve_baseline(path: Path, cand: Run, allow_different: bool) -> Path:
     path = run_dir_of(path)
     if (path / "env.json").exists() or (path / "cases.csv").exists():
         return path
-    stored = sorted(p for p in path.iterdir() if (p / "env.json").is_file())
+    stored = sorted(p for p in path.iterdir()
+                    if not p.is_symlink() and (p / "env.json").is_file())
     if not stored:
         raise CompareError(f"{path} holds no run folder and no stored baseline (no env.json); "
                            "record a baseline with `make baseline`")
@@ -74,6 +75,7 @@ def save_baseline(run_dir: Path, store: Path) -> Path:
     for name in STORED_FILES:
         shutil.copy2(run.path / name, dest / name)
     for old in sorted(Path(store).iterdir()):
-        if old != dest and old.is_dir() and stored_hardware(old) == hardware:
+        if (old != dest and old.is_dir() and not old.is_symlink()
+                and stored_hardware(old) == hardware):
             shutil.rmtree(old)
     return dest

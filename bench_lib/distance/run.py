@@ -255,7 +255,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "memory beyond the runtime; on GPUs none)")
     p.add_argument("--seed", type=int, default=0, help="seeds the weights (default 0)")
     p.add_argument("--out", type=Path, default=Path("results"),
-                   help="folder that receives the run folder (default: results)")
+                   help="folder that receives the run folder "
+                        "(<UTC time>_<host>_<git sha7>_distance) and its link latest-distance "
+                        "(default: results)")
 
 
 def plan_of(args: argparse.Namespace, rig: Rig) -> DistancePlan:
@@ -277,11 +279,11 @@ def plan_of(args: argparse.Namespace, rig: Rig) -> DistancePlan:
 def command(args: argparse.Namespace, rig: Rig) -> int:
     """Run the plan on ``rig`` into a new run folder; 1 when a case failed or disagrees."""
     from bench_lib.measure import environment
-    from bench_lib.results.store import create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.results.store import start_run_dir, write_json_atomic
 
     plan = plan_of(args, rig)
     cases = plan.cases(rig)  # every check before the run folder exists
-    run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
+    run_dir = start_run_dir(args.out, environment.git_info()["sha"], "distance")
     write_json_atomic(run_dir / "env.json", environment.collect(
         rig, {"distance": plan.as_dict()}, sys.argv))
     print(f"distance {run_dir.name}: {len(cases)} cases x {plan.measurement.launches} "

@@ -270,7 +270,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "format under DIR (DIR/MNIST/raw/..., DIR/cifar-10-batches-py/); "
                         "nothing is downloaded (default: scikit-learn's digits)")
     p.add_argument("--out", type=Path, default=Path("results"),
-                   help="folder that receives the run folder (default: results)")
+                   help="folder that receives the run folder "
+                        "(<UTC time>_<host>_<git sha7>_parity) and its link latest-parity "
+                        "(default: results)")
 
 
 
@@ -302,10 +304,10 @@ def _summary(v: Row) -> str:
 def command(args: argparse.Namespace, rig: Rig) -> int:
     """Run the plan on ``rig`` into a new run folder; 1 when a strategy diverged or failed."""
     from bench_lib.measure import environment
-    from bench_lib.results.store import create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.results.store import start_run_dir, write_json_atomic
 
     plan = plan_of(args)
-    run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
+    run_dir = start_run_dir(args.out, environment.git_info()["sha"], "parity")
     write_json_atomic(run_dir / "env.json", environment.collect(
         rig, {"parity": dataclasses.asdict(plan)}, sys.argv))
     verdicts = [v for model in plan.models for v in run_model(plan, rig, model, run_dir)]

@@ -125,9 +125,12 @@ def done_case_ids(run_dir: Path) -> set[str]:
 
 
 def run_dirs_in(out: Path) -> list[Path]:
-    """The run folders directly under ``out`` (a ``run --out`` target), oldest name first.
+    """The run folders directly under ``out`` (a ``run --out`` target), oldest name first;
+    not the ``latest-<command>`` links beside them (each a second name of one of them).
 
     Scripts give each run a fresh ``--out`` and take the one folder found here, rather than
     reading the run folder off the command's output.
     """
-    return sorted(p for p in out.iterdir() if (p / "env.json").is_file()) if out.is_dir() else []
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir() if not p.is_symlink() and (p / "env.json").is_file())

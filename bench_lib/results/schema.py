@@ -5,8 +5,8 @@ A run folder ``results/<run_id>/`` holds::
     env.json     environment, rig, profile, command line, schema version; ``sweep``: the
                  sweep's id (``sweep.shard.sweep_id``) and the shard K/N a ``run --shard``
                  ran (with its case ids), or the shards a ``merge`` joined (``merged_from``);
-                 ``launcher``: local or torchrun, nodes, node rank, rendezvous endpoint; in
-                 a multi-node run ``nodes``, every node (host, devices, versions,
+                 ``launcher``: local or torchrun, nodes, node rank, rendezvous endpoint
+                 and timeout; in a multi-node run ``nodes``, every node (host, devices, versions,
                  fingerprint), and the fingerprint covers all of them (``fingerprint.nodes``)
     cases.csv    exactly one row per case, whatever happened to it
     steps.csv    every timed step of every rank
@@ -85,7 +85,8 @@ def _cols(*specs: tuple[str, str] | tuple[str, str, bool] | tuple[str, str, bool
 N = True  # marks numeric columns below
 
 CASES = _cols(
-    ("run_id", "the run folder's name: <UTC time>_<host>_<git sha7>"),
+    ("run_id", "the run folder's name: <UTC time>_<host>_<git sha7>_run-<profile> "
+               "(_merge-<profile> for merged shards)"),
     ("case_id", "strategy, model, image size, batch, split and options, e.g. "
                 "ddp_resnet50_img128_b32_s-_fp32"),
     ("strategy", "registry name of the strategy"),

@@ -1,4 +1,5 @@
-"""Writing a run folder: its name, the folder itself, whole CSV rows appended case by case.
+"""Writing a run folder: its name, the folder itself and its ``latest-<command>`` link,
+whole CSV rows appended case by case.
 
 Rows are appended whole, flushed and fsynced as each case ends, so a crash at any point
 leaves parseable files holding every finished case; a case's row in cases.csv is its commit
@@ -12,7 +13,9 @@ import csv
 import datetime
 import json
 import os
+import re
 import socket
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,11 +36,28 @@ from bench_lib.results.schema import (
 Row = Mapping[str, Any]
 
 
-def new_run_id(sha: str | None) -> str:
-    """``<UTC time>_<host>_<git sha7>``."""
+RUN_COMMANDS = ("run", "tune", "parity", "distance", "merge")
+"""The commands that write run folders; each names its folders after itself and keeps a
+``latest-<command>`` link to its newest one beside them."""
+LATEST_PREFIX = "latest-"
+
+
+def safe_name(text: str) -> str:
+    """``text`` as a file name part: letters, digits, ``.`` and ``-`` kept, runs of anything
+    else (``_``, the fields' separator, too) one ``-``; at most 40 characters."""
+    kept = re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip(".-")[:40].strip(".-")
+    return kept or "x"
+
+
+def new_run_id(sha: str | None, command: str, profile: str | None = None) -> str:
+    """``<UTC time>_<host>_<git sha7>_<command>[-<profile>]``, e.g.
+    ``20261124T190000Z_node1_abc1234_run-smoke``: a folder says what made it."""
+    if command not in RUN_COMMANDS:
+        raise ValueError(f"unknown command {command!r}; valid: {', '.join(RUN_COMMANDS)}")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    host = socket.gethostname().split(".")[0] or "host"
-    return f"{now}_{host}_{(sha or 'nogit')[:7]}"
+    host = safe_name(socket.gethostname().split(".")[0] or "host")
+    what = command + (f"-{safe_name(profile)}" if profile else "")
+    return f"{now}_{host}_{(sha or 'nogit')[:7]}_{what}"
 
 
 def create_run_dir(root: Path, run_id: str) -> Path:
@@ -59,6 +79,36 @@ def create_run_dir(root: Path, run_id: str) -> Path:
         except OSError as e:
             raise ResultsError(f"cannot create a run folder in {root}: {e.strerror or e}") from None
     raise ResultsError(f"could not create a run folder under {root}")
+
+
+def latest_link(root: Path, command: str) -> Path:
+    """Where ``command``'s newest run folder under ``root`` is linked: ``latest-<command>``."""
+    return root / f"{LATEST_PREFIX}{command}"
+
+
+def link_latest(run_dir: Path, command: str) -> None:
+    """Point ``latest-<command>`` beside ``run_dir`` at it (a relative link, replaced
+    atomically: a reader sees the old folder or the new one). A link that cannot be made
+    (a file system without links, a folder of that name) costs a warning, not the run."""
+    link = latest_link(run_dir.parent, command)
+    tmp = run_dir.parent / f".{link.name}.{os.getpid()}.tmp"
+    try:
+        tmp.unlink(missing_ok=True)
+        os.symlink(run_dir.name, tmp)
+        os.replace(tmp, link)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        print(f"warning: could not point {link} at {run_dir.name}: {e.strerror or e}",
+              file=sys.stderr)
+
+
+def start_run_dir(root: Path, sha: str | None, command: str, profile: str | None = None
+                  ) -> Path:
+    """A new run folder of ``command`` under ``root`` (``new_run_id``), linked as its
+    ``latest-<command>`` as soon as it exists."""
+    run_dir = create_run_dir(root, new_run_id(sha, command, profile))
+    link_latest(run_dir, command)
+    return run_dir
 
 
 def write_json_atomic(path: Path, data: object) -> None:

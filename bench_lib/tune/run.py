@@ -63,7 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """tune's own flags (the sweep and rig flags are ``run``'s: ``cli``)."""
     g = p.add_argument_group("tune")
     g.add_argument("--out", type=Path, default=Path("results"),
-                   help="folder that receives the run folder (default: results)")
+                   help="folder that receives the run folder "
+                        "(<UTC time>_<host>_<git sha7>_tune-<profile>) and its link latest-tune "
+                        "(default: results)")
     g.add_argument("--dry-run", action="store_true",
                    help="print the space and the plan; launch nothing")
     g.add_argument("--quiet", action="store_true", help="print only the run folder")
@@ -261,7 +263,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
              admission: Admission | None, predict: Predict | None = None) -> int:
     """``execute``'s body."""
     from bench_lib.measure import environment
-    from bench_lib.results.store import create_run_dir, new_run_id, write_json_atomic
+    from bench_lib.results.store import start_run_dir, write_json_atomic
     from bench_lib.run.admission import Admission
     from bench_lib.tune import output
 
@@ -274,7 +276,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     for case_id, why in refused.items():
         say(f"  {case_id}: oom ({why}): not launched")
     admitted = [c for c in space.candidates if c.case_id not in refused]
-    run_dir = create_run_dir(args.out, new_run_id(environment.git_info()["sha"]))
+    run_dir = start_run_dir(args.out, environment.git_info()["sha"], "tune", space.profile.name)
     work_root = run_dir / ".work"
     server = None
     if launch is None:  # every launch forked by one server that imported torch once
