@@ -12,6 +12,8 @@ import csv
 import dataclasses
 import json
 import math
+import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -220,17 +222,21 @@ def test_merged_shards_read_like_the_unsharded_run(tmp_path, cpu_rig, capsys):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    out = tmp_path / "merged" / "sweep-7"
-    assert commands.main(["merge", str(two), str(one), "--out", str(out)]) == commands.EXIT_OK
-    assert capsys.readouterr().out.strip() == str(out)
+    assert commands.main(["merge", str(two), str(one), "--out", str(tmp_path / "merged")]
+                         ) == commands.EXIT_OK
+    out = Path(capsys.readouterr().out.strip())  # a new run folder in --out, named so
+    assert out.parent == tmp_path / "merged"
+    assert re.fullmatch(r"\d{8}T\d{6}Z_[A-Za-z0-9.-]+_[0-9a-z]{5,7}_merge-shards", out.name)
+    assert os.readlink(tmp_path / "merged" / "latest-merge") == out.name
+    assert run_dirs_in(tmp_path / "merged") == [out]
     merged = read_rows(out / "cases.csv")
     assert _without_run_id(merged) == _without_run_id(read_rows(whole / "cases.csv"))
-    assert {r["run_id"] for r in merged} == {"sweep-7"}
+    assert {r["run_id"] for r in merged} == {out.name}
     assert any(r["speedup_vs_single"] for r in merged)
     for name in ("steps.csv", "timeline.csv", "samples.csv"):  # in case order, as in a run
         rows = read_rows(out / name)
         assert rows and _without_run_id(rows) == _without_run_id(read_rows(whole / name))
-        assert {r["run_id"] for r in rows} == {"sweep-7"}
+        assert {r["run_id"] for r in rows} == {out.name}
     assert (out / ".work" / failed / "worker.log").read_text() == "why it failed\n"
     assert (out / "shards" / "2" / "node-notes.txt").read_text() == "kept\n"
     assert not (out / "report.html").exists()  # made from the shard alone: not carried over
@@ -248,9 +254,9 @@ def test_merged_shards_read_like_the_unsharded_run(tmp_path, cpu_rig, capsys):
 def test_shards_of_a_multi_node_run_merge(tmp_path, cpu_rig, capsys):
     """Merge plans the sweep again as the multi-node run did (``run.multinode.plan``)."""
     one, two = (fake_run(tmp_path / f"s{k}", cpu_rig, Shard(k, 2), nodes=2) for k in (1, 2))
-    out = tmp_path / "merged"
-    assert commands.main(["merge", str(one), str(two), "--out", str(out)]) == commands.EXIT_OK
-    rows = read_rows(out / "cases.csv")
+    assert commands.main(["merge", str(one), str(two), "--out", str(tmp_path / "merged")]
+                         ) == commands.EXIT_OK
+    rows = read_rows(Path(capsys.readouterr().out.strip()) / "cases.csv")
     assert {r["rig"] for r in rows} == {"cpu:2x1t@2nodes"}
     assert {r["world_size"] for r in rows if r["strategy"] == "ddp"} == {"4"}
     assert {r["status"] for r in rows if r["strategy"] == "pipeline"} == {"unsupported"}
@@ -308,8 +314,9 @@ def test_merge_refuses_a_shard_twice_and_shards_of_another_n(tmp_path, cpu_rig, 
 def test_merge_names_the_missing_shards_and_can_merge_a_partial_set(tmp_path, cpu_rig, capsys):
     one = fake_run(tmp_path / "s1", cpu_rig, Shard(1, 3))
     _refused(tmp_path, capsys, [one], "shard(s) 2/3, 3/3 missing")
-    out = tmp_path / "partial"
-    assert commands.main(["merge", str(one), "--out", str(out), "--allow-partial"]) == 0
+    assert commands.main(["merge", str(one), "--out", str(tmp_path / "partial"),
+                          "--allow-partial"]) == 0
+    (out,) = run_dirs_in(tmp_path / "partial")
     env = json.loads((out / "env.json").read_text())
     assert env["sweep"]["partial"] == {"missing_shards": ["2/3", "3/3"], "missing_cases": []}
     assert [r["case_id"] for r in read_rows(out / "cases.csv")] == list(
@@ -333,10 +340,24 @@ def test_merge_refuses_a_sweep_this_suite_expands_otherwise(tmp_path, cpu_rig, c
     _refused(tmp_path, capsys, folders, "this version of the suite expands the shards' profile")
 
 
-def test_merge_refuses_an_existing_out_folder(tmp_path, cpu_rig, capsys):
+def test_merge_out_is_the_folder_that_receives_the_merged_run_folder(
+        tmp_path, cpu_rig, capsys, monkeypatch):
     one = fake_run(tmp_path / "s1", cpu_rig, Shard(1, 1))
+    before = sorted(tmp_path.iterdir())
+    # Given a run folder as --out (the old meaning: the merged folder itself), refused.
+    assert commands.main(["merge", str(one), "--out", str(one)]) == commands.EXIT_USAGE
+    assert "is a run folder: --out names the folder that receives" in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == before
+    # An existing --out receives one more; none given: results/, as run's --out.
     (tmp_path / "merged").mkdir()
-    _refused(tmp_path, capsys, [one], "--out")
+    for _ in range(2):
+        assert commands.main(["merge", str(one), "--out", str(tmp_path / "merged")]) == 0
+    first, second = run_dirs_in(tmp_path / "merged")  # distinct names in the same second
+    assert os.readlink(tmp_path / "merged" / "latest-merge") == second.name
+    monkeypatch.chdir(tmp_path)
+    assert commands.main(["merge", str(one)]) == 0
+    (default,) = run_dirs_in(tmp_path / "results")
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(Path("results") / default.name)
 
 
 def test_a_resumed_shard_stays_that_shard(tmp_path, cpu_rig, capsys):
@@ -393,10 +414,10 @@ def test_a_sweep_run_as_two_shards_merges_into_the_unsharded_rows(tmp_path, caps
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         (runs[name],) = run_dirs_in(tmp_path / name)
-    merged = tmp_path / "merged"
     proc = in_process(capsys, "merge", str(tmp_path / "s2"), str(tmp_path / "s1"), "--out",
-                      str(merged))
+                      str(tmp_path / "merged"))
     assert proc.returncode == 0, proc.stderr
+    (merged,) = run_dirs_in(tmp_path / "merged")
     whole, rows = read_rows(runs["whole"] / "cases.csv"), read_rows(merged / "cases.csv")
     keys = ("case_id", "strategy", "status", "reason", "world_size", "launches")
     assert [tuple(r[k] for k in keys) for r in rows] == [tuple(r[k] for k in keys)

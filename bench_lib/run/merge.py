@@ -1,6 +1,8 @@
-"""Joining shards: ``python -m bench_lib merge RUN_DIR... --out DIR`` turns the run folders of
-``run --shard K/N`` (``sweep.shard``) into one run folder that reports and compares like any
-other.
+"""Joining shards: ``python -m bench_lib merge RUN_DIR... [--out DIR]`` turns the run folders
+of ``run --shard K/N`` (``sweep.shard``) into one run folder that reports and compares like
+any other: ``<UTC time>_<host>_<git sha7>_merge-<profile>`` in ``DIR`` (default ``results``,
+the folder that receives a run folder, as ``run --out`` is), linked there as
+``latest-merge``.
 
 Refused before anything is written (``MergeError``, exit 2), naming the folders at fault:
 a folder that is not a shard; shards of different sweeps (env.json ``sweep.id``) or of
@@ -12,8 +14,8 @@ of the suite); and a sweep this version of the suite expands differently from th
 (its case order and ``single`` pairing would not be theirs). ``allow_partial`` merges an
 incomplete set anyway, recording what is missing in env.json.
 
-What the merged folder holds, written into a temporary sibling and renamed into place, so a
-failure leaves nothing half-written:
+What the merged folder holds, written into a temporary sibling and renamed into place (over
+the empty folder that claimed its name), so a failure leaves nothing half-written:
 
 * ``cases.csv``: every shard's rows in the sweep's case order, the speedup columns filled
   again by the runner's own ``SpeedupTable`` against the merged ``single`` rows (a shard
@@ -45,7 +47,13 @@ from typing import Any
 
 from bench_lib.results.fingerprint import fingerprint_id, hardware_of
 from bench_lib.results.read import read_cases, read_env, run_dirs_in
-from bench_lib.results.store import RunWriter, write_json_atomic
+from bench_lib.results.store import (
+    RunWriter,
+    create_run_dir,
+    link_latest,
+    new_run_id,
+    write_json_atomic,
+)
 from bench_lib.rig import Rig
 from bench_lib.run.rows import EFFICIENCY_COLUMNS, SPEEDUP_COLUMNS, Row, SpeedupTable
 from bench_lib.sweep.cases import Case, expand
@@ -275,7 +283,8 @@ def _software_note(shards: Sequence[ShardRun]) -> str:
 
 def write_merged(out: Path, shards: Sequence[ShardRun], rows: list[tuple[Case, Row]],
                  env: dict[str, Any]) -> None:
-    """Write the merged run folder into a temporary sibling, check it, rename it to ``out``."""
+    """Write the merged run folder into a temporary sibling, check it, rename it to ``out``
+    (absent, or the empty folder ``create_run_dir`` claimed)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.merging-{os.getpid()}"
     run_dir = staging / out.name  # the folder's name is every row's run_id
@@ -296,12 +305,14 @@ def write_merged(out: Path, shards: Sequence[ShardRun], rows: list[tuple[Case, R
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def merge(paths: Sequence[Path], out: Path, allow_partial: bool = False,
-          argv: list[str] | None = None) -> Path:
-    """Join the shards in ``paths`` into the new run folder ``out`` (module docstring);
-    returns ``out``. Progress and warnings go to stderr."""
-    if out.exists():
-        raise MergeError(f"--out {out} exists: give a new folder for the merged run")
+def merge(paths: Sequence[Path], root: Path, allow_partial: bool = False,
+          argv: list[str] | None = None, sha: str | None = None) -> Path:
+    """Join the shards in ``paths`` into a new run folder under ``root`` (module docstring;
+    ``sha``: this checkout's, for its name); returns the folder. Progress and warnings go to
+    stderr."""
+    if (root / "env.json").is_file():
+        raise MergeError(f"--out {root} is a run folder: --out names the folder that receives "
+                         "the merged run folder (default: results)")
     shards = sorted((read_shard(p) for p in run_folders(paths)), key=lambda s: s.shard.index)
     for s in shards:
         print(f"{s.name}: {len(s.rows)} of {len(s.sweep.shard_case_ids)} cases recorded",
@@ -314,7 +325,15 @@ def merge(paths: Sequence[Path], out: Path, allow_partial: bool = False,
     rows = merged_rows(shards, cases)
     env = merged_env(shards, missing_shards, missing_cases,
                      list(sys.argv if argv is None else argv))
-    write_merged(out, shards, rows, env)
+    name = new_run_id(sha, "merge", str((shards[0].env.get("profile") or {}).get("name", "")))
+    out = create_run_dir(root, name)  # claims the name: renamed over once written
+    try:
+        write_merged(out, shards, rows, env)
+    except BaseException:
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    link_latest(out, "merge")
     partial = (f" (partial: {len(missing_shards)} shard(s) and {len(missing_cases)} case(s) "
                "of the shards given missing)" if missing_shards or missing_cases else "")
     print(f"merged {len(rows)} of {len(cases)} cases from {len(shards)} shard(s) into "
