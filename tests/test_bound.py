@@ -20,6 +20,7 @@ from bench_lib.analysis.collective_fits import (
 )
 from bench_lib.measure.collectives import SIZES_MIB, measure, sizes_for
 from bench_lib.report import bound_figure, build
+from bench_lib.report.runs import load_runs
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.run import case_bound
@@ -416,7 +417,7 @@ def test_bound_figure_renders_from_a_small_cases_csv(tmp_path):
         writer.write_case(bound_row("single", 2.0, None))
         writer.write_case(bound_row("ddp", 1.25, 1.0, no_overlap=1.3))
         writer.write_case(bound_row("1f1b", 1.35, 0.95, 8, (0.7, 0.15, 0.05, 0.05)))
-    cases = build.load_runs([run_dir]).cases
+    cases = load_runs([run_dir]).cases
     fig = bound_figure.fig_bound(cases)
     top, bottom = fig.axes
     heights = sorted(round(p.get_height(), 6) for p in top.patches)

@@ -16,6 +16,7 @@ from matplotlib.container import BarContainer
 from bench_lib import commands
 from bench_lib.analysis.stats import launch_interval, paired_ratio_interval
 from bench_lib.report import build, device_figures, figures
+from bench_lib.report.runs import Runs, load_runs
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
 from tests.conftest import PYTHON, REPO
@@ -114,8 +115,8 @@ def synthetic_run(root: Path, name: str = "20260101T000000Z_host_abcdef0", scale
     return run_dir
 
 
-def load(*dirs: Path) -> build.Runs:
-    return build.load_runs(list(dirs))
+def load(*dirs: Path) -> Runs:
+    return load_runs(list(dirs))
 
 
 def test_speedup_and_efficiency_computed_from_the_files(tmp_path):

@@ -1,7 +1,8 @@
 """THE REPORT: figures, report.html and the end-of-run headlines, read from run folders only.
 
-``build`` (load_runs, write_report), ``figures`` and ``device_figures`` (one Figure each),
-``gantt`` (the pipeline timeline's bubble and Gantt chart), ``html`` (the page) and
-``headlines`` (the table the CLI prints after a run). Never imports torch, and never
+``runs`` (load_runs: the run folders read and checked), ``build`` (write_report),
+``figures`` and ``device_figures`` (one Figure each), ``gantt`` (the pipeline timeline's
+bubble and Gantt chart), ``html`` (the page) and ``headlines`` (the table the CLI prints
+after a run). Never imports torch, and never
 chooses a matplotlib backend or changes rcParams outside its own drawing.
 """

@@ -2,7 +2,7 @@
 winner grid, scaling.
 
 Every function takes the cases of all compared runs as one DataFrame (cases.csv rows with
-``run_label`` and ``case_key`` added by ``build.load_runs``) and returns a
+``run_label`` and ``case_key`` added by ``runs.load_runs``) and returns a
 ``matplotlib.figure.Figure``, or None when the runs hold nothing to draw. A case that did
 not run (``skipped``, ``unsupported``, ``oom``, ``timeout``, ``error``) is drawn as a hatched
 bar labelled with its status, never left out.

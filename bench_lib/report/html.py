@@ -24,7 +24,7 @@ from bench_lib.report.headlines import (
 )
 
 if TYPE_CHECKING:
-    from bench_lib.report.build import Runs
+    from bench_lib.report.runs import Runs
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1200px;
