@@ -1,4 +1,5 @@
-"""The DDP knobs (``strategies.ddp.DdpKnobs``): planning, rows, and what each does to gradients.
+"""The DDP knobs (``strategies.ddp_knobs.DdpKnobs``): planning, rows, and what each does to
+gradients.
 
 Transparency, as ``test_transparency.py`` (float64, BatchNorm in eval mode, 2 gloo ranks):
 
@@ -34,7 +35,7 @@ from bench_lib.run.protocol import CaseOutcome, CaseSpec
 from bench_lib.run.rows import case_row
 from bench_lib.run.runner import run_case
 from bench_lib.strategies import BuildContext
-from bench_lib.strategies.ddp import (
+from bench_lib.strategies.ddp_knobs import (
     COMM_HOOKS,
     KNOB_GRIDS,
     POWERSGD_GLOO_NOTE,

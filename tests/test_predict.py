@@ -400,7 +400,7 @@ def test_fsdp_prediction_is_near_the_live_tensors_of_a_real_fsdp2_step():
 
 
 def test_ddp_1_holds_buckets_and_bucket_views_are_not_counted_twice():
-    from bench_lib.strategies.ddp import DdpKnobs
+    from bench_lib.strategies.ddp_knobs import DdpKnobs
 
     single = predict.predict(new_case(CUDA2, "single", "toy", 0, 200), CUDA2).max_mib
     one = predict.predict(new_case(CUDA2, "ddp-1", "toy", 0, 200), CUDA2)
@@ -417,7 +417,7 @@ def test_ddp_1_holds_buckets_and_bucket_views_are_not_counted_twice():
 def test_powersgd_adds_its_error_feedback_and_two_copies_of_the_largest_bucket():
     """Measured on 2 cores at 64 px (ResNet50, batch 16): ddp-1 with PowerSGD 677 MiB where
     the hook's state was not counted (487 predicted): it is now."""
-    from bench_lib.strategies.ddp import DdpKnobs
+    from bench_lib.strategies.ddp_knobs import DdpKnobs
 
     def mib(rig, hook, cap=None):
         knobs = DdpKnobs(bucket_cap_mb=cap, comm_hook=hook)

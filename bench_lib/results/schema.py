@@ -307,7 +307,7 @@ CASES = _cols(
     ("channels_last", "1 when model and inputs were channels-last", N),
     ("compile", "1 when modules were torch.compiled", N),
     ("sync_bn", "1 when BatchNorm was synchronised across ranks", N),
-    # DistributedDataParallel's knobs (bench_lib.strategies.ddp.DdpKnobs), in the rows of the
+    # DistributedDataParallel's knobs (bench_lib.strategies.ddp_knobs.DdpKnobs), in the rows of the
     # strategies that wrap the model in it (ddp, ddp-1); empty in the others.
     ("ddp_bucket_cap_mb", "DDP bucket cap in MiB, or 'default' (torch's: 25 MiB after a "
                           "first bucket of 1 MiB)", False, True),

@@ -90,7 +90,7 @@ from bench_lib.run.rows import (
     step_rows,
     waterfall_columns,
 )
-from bench_lib.strategies.ddp import DdpKnobs
+from bench_lib.strategies.ddp_knobs import DdpKnobs
 from bench_lib.sweep.cases import Case
 
 REPORT_GRACE_S = 15.0

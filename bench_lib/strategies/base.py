@@ -14,8 +14,8 @@ from torch import nn
 from bench_lib.rig import Rig
 from bench_lib.workloads import Workload
 
-if TYPE_CHECKING:  # ddp imports this module
-    from bench_lib.strategies.ddp import DdpKnobs
+if TYPE_CHECKING:
+    from bench_lib.strategies.ddp_knobs import DdpKnobs
 
 LEARNING_RATE = 0.001  # the tutorial's plain SGD; the value does not change step time
 
@@ -212,7 +212,7 @@ class Strategy:
     """True when ranks train replicas (or shards) on parts of the batch: ``sync_bn`` applies."""
     ddp_knobs: bool = False
     """True when the model is wrapped in DistributedDataParallel: the case carries
-    ``ddp.DdpKnobs`` (the sweep's knob lists apply) and its row records them."""
+    ``ddp_knobs.DdpKnobs`` (the sweep's knob lists apply) and its row records them."""
     compile_unsupported: str = ""
     """Why ``--compile`` cannot work with this strategy (empty when it can)."""
     channels_last_unsupported: str = ""

@@ -36,12 +36,8 @@ from torch import nn
 from bench_lib import strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies.base import Microbatching
-from bench_lib.strategies.ddp import (
-    POWERSGD_GLOO_NOTE,
-    POWERSGD_WARMUP_STEPS,
-    DdpKnobs,
-    bf16_hook_refusal,
-)
+from bench_lib.strategies.ddp import bf16_hook_refusal
+from bench_lib.strategies.ddp_knobs import POWERSGD_GLOO_NOTE, POWERSGD_WARMUP_STEPS, DdpKnobs
 from bench_lib.sweep.profile import SCALINGS, Measurement, Profile, UsageError
 from bench_lib.workloads import blocks, get_model
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from bench_lib import strategies
 from bench_lib.rig import Rig
-from bench_lib.strategies.ddp import COMM_HOOKS, KNOB_GRIDS, DdpKnobs, knob_grid
+from bench_lib.strategies.ddp_knobs import COMM_HOOKS, KNOB_GRIDS, DdpKnobs, knob_grid
 from bench_lib.strategies.partition import PARTITIONS
 from bench_lib.workloads import CLASSIFIER_LOSSES, MODELS, PRECISIONS, get_model
 
@@ -127,11 +127,11 @@ class Profile:
     ddp_static_graph: tuple[bool, ...] = (False,)
     """DDP told the graph is static, off and/or on."""
     ddp_comm_hooks: tuple[str, ...] = ("none",)
-    """DDP communication hooks (``ddp.COMM_HOOKS``): none, fp16, bf16, powersgd."""
+    """DDP communication hooks (``ddp_knobs.COMM_HOOKS``): none, fp16, bf16, powersgd."""
     ddp_powersgd_rank: tuple[int, ...] = (1,)
     """PowerSGD approximation ranks (each a case where ``powersgd`` is swept)."""
     ddp_knob_grid: str = "product"
-    """How the DDP knob lists combine (``ddp.KNOB_GRIDS``): ``product``, or
+    """How the DDP knob lists combine (``ddp_knobs.KNOB_GRIDS``): ``product``, or
     ``one-at-a-time`` (each list's first value, then each other value alone)."""
     batch_curve: bool = False
     """Also measure ``single`` at every per-device batch the other cases compute (a data-
