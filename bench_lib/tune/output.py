@@ -24,6 +24,7 @@ from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.estimate import case_seconds, format_duration
+from bench_lib.sweep.profile import MEASUREMENT_KEYS
 from bench_lib.tune.race import RaceResult, RaceSettings
 from bench_lib.tune.space import (
     RACE_MAX_TIME_S,
@@ -133,11 +134,19 @@ def _interval(speedup: LaunchInterval | None, confidence: float) -> dict[str, An
             "rounds": speedup.n, "note": speedup.note}
 
 
+def measurement_flags(args: argparse.Namespace) -> list[str]:
+    """The measurement flags tune was given, to repeat in the reproducing command."""
+    out: list[str] = []
+    for f in args.sweep_flags:
+        value = getattr(args, f.dest)
+        if f.dest in MEASUREMENT_KEYS and value is not None:
+            out += [f.flag, str(value)] if f.takes_value else [f.flag]
+    return out
+
+
 def summary(result: RaceResult, admitted: list[Case], space: Space, rig: Rig,
             settings: RaceSettings, args: argparse.Namespace, wall_s: float) -> dict[str, Any]:
     """tune.json (module docstring)."""
-    from bench_lib.tune.run import measurement_flags
-
     ids = [c.case_id for c in admitted]
     win, second = result.winner, result.runner_up
     ref = next((i for i, c in enumerate(admitted) if c.strategy == "single"), None)

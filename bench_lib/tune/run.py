@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, TextIO
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.profile import MEASUREMENT_KEYS, Profile, UsageError
+from bench_lib.sweep.profile import Profile, UsageError
+from bench_lib.tune import output
 from bench_lib.tune.race import LaunchRecord, LaunchResult, RaceResult, RaceSettings, race
 from bench_lib.tune.space import Space, build_space, race_launch
 
@@ -102,16 +103,6 @@ def settings_of(args: argparse.Namespace, space: Space, rig: Rig) -> RaceSetting
                         budget_fraction=args.budget_fraction,
                         sweep_launches=space.profile.measurement.launches,
                         sweep_over_race=full / short if short else 1.0)
-
-
-def measurement_flags(args: argparse.Namespace) -> list[str]:
-    """The measurement flags tune was given, to repeat in the reproducing command."""
-    out: list[str] = []
-    for f in args.sweep_flags:
-        value = getattr(args, f.dest)
-        if f.dest in MEASUREMENT_KEYS and value is not None:
-            out += [f.flag, str(value)] if f.takes_value else [f.flag]
-    return out
 
 
 class TuneLog:
@@ -230,10 +221,8 @@ def run_race(space: Space, candidates: list[Case], reference: int | None,
 
 
 def command(args: argparse.Namespace, rig: Rig, profile: Profile) -> int:
-    """The whole ``tune`` command (``cli.cmd_tune`` resolves the rig and the profile)."""
+    """The whole ``tune`` command (``commands.tune`` resolves the rig and the profile)."""
     import psutil
-
-    from bench_lib.tune import output
 
     started = psutil.Process().create_time()  # the whole command, as its user waits for it
     space = build_space(profile, rig)
@@ -265,7 +254,6 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     from bench_lib.measure import environment
     from bench_lib.results.store import start_run_dir, write_json_atomic
     from bench_lib.run.admission import Admission
-    from bench_lib.tune import output
 
     def say(text: str) -> None:
         if not args.quiet:
