@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,10 @@ import pandas as pd
 import psutil
 import pytest
 
-from tests.conftest import PYTHON, REPO
+from bench_lib.run import launch, multinode
+from bench_lib.run.launch import Launcher
+from bench_lib.sweep.profile import UsageError
+from tests.conftest import PYTHON, REPO, in_process
 from tests.test_reliability import TINY, finish, only_run_dir, statuses
 
 NODE = [*TINY, "--devices", "1", "--threads-per-worker", "1", "--launcher", "torchrun",
@@ -117,7 +121,7 @@ def test_two_nodes_run_ddp_and_gpipe_into_node_0s_run_folder(tmp_path):
     assert env["launcher"] == {
         "kind": "torchrun", "nnodes": 2, "node_rank": 0,
         "rdzv_endpoint": f"127.0.0.1:{cluster.rdzv}", "coord_port": cluster.coord,
-        "source": "flags"}
+        "source": "flags", "rdzv_timeout_s": 600.0}
     # Node 1 wrote no run folder, and kept nothing of launches that went well.
     assert not list(cluster.out(1).rglob("cases.csv"))
     assert not list(cluster.out(1).rglob("worker.log")), err1
@@ -174,3 +178,94 @@ def test_nodes_that_expand_different_sweeps_exit_2_and_write_nothing(tmp_path):
     assert code1 == 2, err1
     assert "node 0 refused this node" in err1
     assert not list(tmp_path.rglob("env.json"))
+
+
+# ---- waiting for the other nodes: said every WAIT_NOTE_S, given up after --rdzv-timeout-s --
+
+
+def _alone(capsys, monkeypatch, tmp_path, node: int, timeout_s: float):
+    """One node of a 2-node run started without the other, in this process, with a waiting
+    line every half second; its finished process and how long it took."""
+    monkeypatch.setattr(launch, "WAIT_NOTE_S", 0.5)
+    rdzv, coord = free_ports(2)
+    started = time.monotonic()
+    proc = in_process(capsys, "run", *NODE, "--strategies", "ddp", "--node-rank", str(node),
+                      "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--coord-port", str(coord),
+                      "--rdzv-timeout-s", f"{timeout_s:g}", "--quiet",
+                      "--out", str(tmp_path / "out"))
+    return proc, time.monotonic() - started
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.integration
+def test_a_node_without_node_0_says_it_waits_and_gives_up_with_exit_2(
+        tmp_path, capsys, monkeypatch):
+    proc, seconds = _alone(capsys, monkeypatch, tmp_path, 1, 3)
+    assert proc.returncode == 2, proc.stderr
+    assert seconds < 3 + 15  # planning the sweep, then the 3 s, then a connection's second
+    waiting = [line for line in proc.stderr.splitlines()
+               if line.startswith("node 1: waiting for node 0's coordination store at ")]
+    assert len(waiting) >= 3, proc.stderr  # --quiet does not silence them
+    assert waiting[0].endswith("of 3 s (--rdzv-timeout-s)"), waiting[0]
+    assert "node 1 gave up after 3 s (--rdzv-timeout-s)" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.integration
+def test_node_0_without_the_others_says_it_waits_and_gives_up_with_exit_2(
+        tmp_path, capsys, monkeypatch):
+    proc, seconds = _alone(capsys, monkeypatch, tmp_path, 0, 3)
+    assert proc.returncode == 2, proc.stderr
+    # The 3 s, then BYE_WAIT_S for the (absent) nodes to read the refusal.
+    assert seconds < 3 + multinode.BYE_WAIT_S + 15
+    assert "node 0: waiting for node(s) 1 of 2 to join: " in proc.stderr
+    assert "did not join within 3 s (--rdzv-timeout-s" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _pair(timeout_s: float) -> tuple[Launcher, Launcher]:
+    rdzv, coord = free_ports(2)
+    return tuple(Launcher("torchrun", 2, node, f"127.0.0.1:{rdzv}", coord,
+                          rdzv_timeout_s=timeout_s) for node in (0, 1))
+
+
+INFO = {"rig": {"label": "cpu:1x1t"}, "sweep_digest": "d", "hostname": "here"}
+
+
+@pytest.mark.timeout(60)
+def test_a_node_that_gave_up_is_not_admitted_after_all(monkeypatch):
+    monkeypatch.setattr(multinode, "BYE_WAIT_S", 0.1)
+    zero, one = _pair(1)
+    coordinator = multinode.Coordinator(zero)  # its store is up, but it gathers late
+    follower = multinode.Follower(one, INFO | {"node_rank": 1})
+    with pytest.raises(multinode.CoordinationError, match="node 1 gave up after 1 s"):
+        follower.wait_welcome()
+    follower.close()
+    with pytest.raises(multinode.CoordinationError, match="did not join within 1 s"):
+        coordinator.gather(INFO | {"node_rank": 0})
+
+
+@pytest.mark.timeout(60)
+def test_a_node_admitted_before_its_time_is_up_waits_for_the_welcome():
+    zero, one = _pair(0.5)
+    coordinator = multinode.Coordinator(zero)
+    follower = multinode.Follower(one, INFO | {"node_rank": 1})
+    coordinator.gather(INFO | {"node_rank": 0})  # admits node 1 at once
+    # Node 0 measures its rig past node 1's 0.5 s; node 1, admitted, keeps waiting.
+    later = threading.Timer(1.5, coordinator.welcome, args=("the-run",))
+    later.start()
+    try:
+        assert follower.wait_welcome() == "the-run"
+    finally:
+        later.join()
+        follower.close()
+
+
+@pytest.mark.parametrize("seconds", [0, -5, float("inf"), float("nan")])
+def test_a_rendezvous_timeout_is_a_positive_number_of_seconds(seconds):
+    with pytest.raises(UsageError, match="--rdzv-timeout-s must be a number of seconds > 0"):
+        launch.resolve("torchrun", 2, 1, "127.0.0.1:29500", None, environ={},
+                       rdzv_timeout_s=seconds)
+    assert launch.resolve("torchrun", 2, 1, "127.0.0.1:29500", None, environ={},
+                          rdzv_timeout_s=5).rdzv_timeout_s == 5

@@ -87,7 +87,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 def add_launcher_args(run: argparse.ArgumentParser) -> None:
     """How each multi-process case starts its ranks, and the multi-node run (run.launch,
     run.multinode). Not sweep flags: the same sweep runs under either launcher."""
-    from bench_lib.run.launch import ENDPOINT_ENV, LAUNCHERS
+    from bench_lib.run.launch import ENDPOINT_ENV, LAUNCHERS, RDZV_TIMEOUT_S, WAIT_NOTE_S
 
     g = run.add_argument_group(
         "launcher (multi-node: every node runs the same command, with its own --node-rank; "
@@ -107,6 +107,11 @@ def add_launcher_args(run: argparse.ArgumentParser) -> None:
     g.add_argument("--coord-port", type=int, metavar="PORT",
                    help="node 0's coordination port for the runners (default: the "
                         "rendezvous port + 1)")
+    g.add_argument("--rdzv-timeout-s", type=float, default=RDZV_TIMEOUT_S, metavar="S",
+                   help="how long a node waits for the others to join (node 0 for every "
+                        "node, the others for node 0) before it gives up with exit 2, "
+                        f"saying on stderr every {WAIT_NOTE_S:g} s that it waits, even with "
+                        f"--quiet (default {RDZV_TIMEOUT_S:g})")
     g.add_argument("--nproc-per-node", type=int, metavar="G",
                    help="ranks per node, torchrun's word for --devices (must match it)")
 
@@ -116,7 +121,7 @@ def resolve_launcher(args: argparse.Namespace) -> Launcher:
     from bench_lib.run.launch import resolve
 
     launcher = resolve(args.launcher, args.nnodes, args.node_rank, args.rdzv_endpoint,
-                       args.coord_port)
+                       args.coord_port, rdzv_timeout_s=args.rdzv_timeout_s)
     if args.nproc_per_node is not None:
         if launcher.kind != "torchrun":
             raise UsageError("--nproc-per-node needs --launcher torchrun")

@@ -28,6 +28,7 @@ as opposed to those the agent stopped after a peer failed (SIGTERM), whom nothin
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -52,6 +53,11 @@ TORCHRUN_SUMMARY = "Root Cause (first observed failure)"
 """A line of the failure summary torchrun's agent prints as a launch fails."""
 AGENT_STOP_SIGNAL = -signal.SIGTERM
 """The exit code of a rank the agent stopped because a peer had failed: not a failure."""
+RDZV_TIMEOUT_S = 600.0
+"""How long a node of a multi-node run waits for the others to join (``--rdzv-timeout-s``)."""
+WAIT_NOTE_S = 30.0
+"""How often a node waiting for the others says so on stderr (even under ``--quiet``: a node
+that waits in silence looks hung)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,15 @@ class Launcher:
     """Port of node 0's coordination store (``run.multinode``; multi-node only)."""
     source: str = "flags"
     """Where ``nnodes``/``node_rank`` came from: ``flags``, ``SLURM`` or ``default``."""
+    rdzv_timeout_s: float = RDZV_TIMEOUT_S
+    """How long a node waits for the others to join before it gives up (exit 2): node 0
+    for every node's hello, the others for node 0's store and its admission
+    (``run.multinode``); a waiting node says so on stderr meanwhile."""
 
     def __post_init__(self) -> None:
+        if not (self.rdzv_timeout_s > 0 and math.isfinite(self.rdzv_timeout_s)):
+            raise UsageError(f"--rdzv-timeout-s must be a number of seconds > 0, got "
+                             f"{self.rdzv_timeout_s:g}")
         if self.kind not in LAUNCHERS:
             raise UsageError(f"unknown launcher {self.kind!r}; valid: {', '.join(LAUNCHERS)}")
         if self.nnodes < 1:
@@ -111,7 +124,8 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 def resolve(kind: str, nnodes: int | None, node_rank: int | None, endpoint: str | None,
-            coord_port: int | None, environ: Mapping[str, str] | None = None) -> Launcher:
+            coord_port: int | None, environ: Mapping[str, str] | None = None,
+            rdzv_timeout_s: float = RDZV_TIMEOUT_S) -> Launcher:
     """The run's launcher from the CLI's values, with SLURM's environment under torchrun.
 
     Precedence: flags > SLURM (``SLURM_NNODES``, ``SLURM_NODEID``: torchrun only, so a
@@ -127,7 +141,7 @@ def resolve(kind: str, nnodes: int | None, node_rank: int | None, endpoint: str 
                  if v is not None]
         if given and not (given == ["--nnodes"] and nnodes == 1):
             raise UsageError(f"{', '.join(given)} need --launcher torchrun")
-        return LOCAL
+        return Launcher(rdzv_timeout_s=rdzv_timeout_s)  # LOCAL, its timeout checked
     source = "flags"
     if nnodes is None and SLURM_NNODES in env:
         nnodes, source = _env_int(env, SLURM_NNODES), "SLURM"
@@ -147,7 +161,7 @@ def resolve(kind: str, nnodes: int | None, node_rank: int | None, endpoint: str 
         if endpoint is not None or coord_port is not None:
             raise UsageError("--rdzv-endpoint and --coord-port are for multi-node runs "
                              "(--nnodes > 1); one node uses torchrun --standalone")
-        return Launcher("torchrun", 1, node_rank, source=source)
+        return Launcher("torchrun", 1, node_rank, source=source, rdzv_timeout_s=rdzv_timeout_s)
     endpoint = endpoint or env.get(ENDPOINT_ENV, "")
     if not endpoint:
         raise UsageError(f"--nnodes {nnodes} needs the rendezvous endpoint of node 0: give "
@@ -158,7 +172,8 @@ def resolve(kind: str, nnodes: int | None, node_rank: int | None, endpoint: str 
     if not 0 < coord < 65536 or coord == port:
         raise UsageError(f"coordination port {coord} must be from 1 to 65535 and differ from "
                          f"the rendezvous port {port}; give --coord-port")
-    return Launcher("torchrun", nnodes, node_rank, endpoint.strip(), coord, source)
+    return Launcher("torchrun", nnodes, node_rank, endpoint.strip(), coord, source,
+                    rdzv_timeout_s)
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int:

@@ -15,7 +15,8 @@ the baseline of the speedups (the other nodes sit it out).
 ``TCPStore`` on the coordination port (the rendezvous port + 1 unless ``--coord-port``); the
 other nodes' runners follow it (``runner.follow_sweep``). Keys, under ``parabench/``::
 
-    hello/<i>       node i's NodeInfo: host, devices, versions, fingerprint, sweep digest
+    hello/<i>       node i's NodeInfo: host, devices, versions, fingerprint, sweep digest;
+                    then ADMITTED (node 0 took it) or WITHDRAWN (node i gave up first)
     welcome/<i>     node 0's answer: the run id, or why node i cannot take part
     launch/<n>      the n-th multi-node launch: case id, launch, rendezvous id, cut, trace;
                     or the end of the run (done, interrupted)
@@ -24,11 +25,15 @@ other nodes' runners follow it (``runner.follow_sweep``). Keys, under ``parabenc
     beat/<i>        a counter node i adds to every HEARTBEAT_S
 
 A node whose sweep or rig differs from node 0's is refused before anything is written
-(exit 2 on both sides). Nothing waits forever: node 0 waits ``JOIN_TIMEOUT_S`` for the
-nodes to come, and a node whose heartbeat stops for ``LOST_AFTER_S`` is lost (its case is an
-``error`` row naming it, well within the case timeout); the other nodes find node 0 gone
-when its store stops answering, stop their ranks and exit. Ctrl-C on node 0 sets the end of
-the run, and every node stops its ranks.
+(exit 2 on both sides). Nothing waits forever: node 0 waits ``--rdzv-timeout-s``
+(``Launcher.rdzv_timeout_s``) for the nodes to come, and each other node as long for node 0's
+store and its admission, each saying on stderr every ``launch.WAIT_NOTE_S`` that it waits,
+then giving up with exit 2 (a node gives up only by swapping its hello for WITHDRAWN, node 0
+admits it only by swapping it for ADMITTED: one of the two wins, so node 0 never starts a run
+with a node that left, nor a node leaves one that counts on it). A node whose heartbeat
+stops for ``LOST_AFTER_S`` is lost (its case is an ``error`` row naming it, well within the
+case timeout); the other nodes find node 0 gone when its store stops answering, stop their
+ranks and exit. Ctrl-C on node 0 sets the end of the run, and every node stops its ranks.
 
 **Gathering: over this store, not the process group, nor a shared folder.** Each node's
 ranks write their result files into that node's case folder, as on one node; each runner
@@ -47,6 +52,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import socket
 import sys
 import threading
 import time
@@ -56,12 +62,11 @@ from typing import Any
 
 from bench_lib import strategies
 from bench_lib.rig import Rig
+from bench_lib.run import launch
 from bench_lib.run.launch import Launcher
 from bench_lib.sweep.cases import Case, expand
 from bench_lib.sweep.profile import Profile, UsageError
 
-JOIN_TIMEOUT_S = 600.0
-"""How long node 0 waits for the other nodes to say hello, and they for its store to open."""
 HEARTBEAT_S = 1.0
 LOST_AFTER_S = 10.0
 """A node whose heartbeat has not moved for this long is lost."""
@@ -71,6 +76,8 @@ STORE_TIMEOUT_S = 30.0
 BYE_WAIT_S = 5.0
 """How long node 0 keeps its store open at the end for the others to read that it ended."""
 PREFIX = "parabench"
+ADMITTED, WITHDRAWN = "admitted", "withdrawn"
+"""What a node's hello is swapped for: node 0 took it, or the node gave up first."""
 NODE_KEYS = ("hostname", "platform", "versions", "rig", "device_names", "cpu_model",
              "cpu_cores", "git", "fingerprint")
 """The env.json keys each node reports about itself (env.json ``nodes``)."""
@@ -241,6 +248,40 @@ def _get(store: Any, key: str) -> str:
     return bytes(store.get(key)).decode()
 
 
+def _swap(store: Any, key: str, expected: str, desired: str) -> str:
+    """Set ``key`` to ``desired`` where it holds ``expected`` (absent: ""); what it holds
+    after (``desired`` where the swap happened)."""
+    return bytes(store.compare_set(key, expected, desired)).decode()
+
+
+class Waiting:
+    """Says on stderr, every ``launch.WAIT_NOTE_S``, what a node has been waiting for, and
+    for how long out of its ``--rdzv-timeout-s`` (``None``: no limit of its own)."""
+
+    def __init__(self, who: str, limit_s: float | None) -> None:
+        self.who, self.limit_s = who, limit_s
+        self.started = time.monotonic()
+        self._next = self.started + launch.WAIT_NOTE_S
+
+    @property
+    def waited_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def over(self) -> bool:
+        """Whether the limit has passed."""
+        return self.limit_s is not None and self.waited_s >= self.limit_s
+
+    def tick(self, what: str) -> None:
+        """Say what this node waits for, where ``WAIT_NOTE_S`` has passed since it last did."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + launch.WAIT_NOTE_S
+        limit = f" of {self.limit_s:g} s (--rdzv-timeout-s)" if self.limit_s is not None else " s"
+        print(f"{self.who}: waiting for {what}: {self.waited_s:.0f}{limit}", file=sys.stderr,
+              flush=True)
+
+
 # ---- node 0 -------------------------------------------------------------------------------
 
 
@@ -265,22 +306,34 @@ class Coordinator:
     def others(self) -> range:
         return range(1, self.launcher.nnodes)
 
-    def gather(self, me: dict[str, Any], timeout_s: float = JOIN_TIMEOUT_S) -> None:
-        """Wait for every node's hello; refuse (exit 2 everywhere) a node whose sweep or rig
-        differs from ours, or all of them when one does not come in ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        missing = list(self.others)
-        while missing and time.monotonic() < deadline:
-            missing = [i for i in missing if not self._store.check([f"hello/{i}"])]
-            if missing:
-                time.sleep(POLL_S)
+    def gather(self, me: dict[str, Any]) -> None:
+        """Wait for every node's hello, admitting each (``ADMITTED``); refuse (exit 2
+        everywhere) a node whose sweep or rig differs from ours, or all of them when one does
+        not come within ``--rdzv-timeout-s``, saying meanwhile whom it waits for."""
+        timeout_s = self.launcher.rdzv_timeout_s
+        waiting = Waiting("node 0", timeout_s)
+        came: dict[int, dict[str, Any]] = {}
+        while True:
+            for i in self.others:
+                if i not in came and self._store.check([f"hello/{i}"]):
+                    text = _get(self._store, f"hello/{i}")
+                    if text not in (ADMITTED, WITHDRAWN) and _swap(
+                            self._store, f"hello/{i}", text, ADMITTED) == ADMITTED:
+                        came[i] = json.loads(text)
+            missing = [i for i in self.others if i not in came]
+            if not missing or waiting.over():
+                break
+            waiting.tick(f"node(s) {', '.join(map(str, missing))} of {self.launcher.nnodes} "
+                         "to join")
+            time.sleep(POLL_S)
         if missing:
             why = (f"node(s) {', '.join(map(str, missing))} of {self.launcher.nnodes} did "
-                   f"not join within {timeout_s:g} s (each runs the same command with its "
-                   f"--node-rank, reaching {self.launcher.host}:{self.launcher.coord_port})")
+                   f"not join within {timeout_s:g} s (--rdzv-timeout-s; each runs the same "
+                   f"command with its --node-rank, reaching "
+                   f"{self.launcher.host}:{self.launcher.coord_port})")
             self._refuse(why)
             raise CoordinationError(why)
-        infos = [me] + [json.loads(_get(self._store, f"hello/{i}")) for i in self.others]
+        infos = [me] + [came[i] for i in self.others]
         problems = [_mismatch(me, info) for info in infos[1:]]
         if any(problems):
             why = "the nodes cannot run together: " + "; ".join(p for p in problems if p)
@@ -406,21 +459,25 @@ def _mismatch(me: dict[str, Any], other: dict[str, Any]) -> str:
 class Follower:
     """Node i's side (i > 0): says hello, beats, reads launches, reports its part."""
 
-    def __init__(self, launcher: Launcher, info: dict[str, Any],
-                 timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    def __init__(self, launcher: Launcher, info: dict[str, Any]) -> None:
         self.node = launcher.node_rank
         self._launcher = launcher
+        self._where = f"{launcher.host}:{launcher.coord_port}"
+        self._waiting = Waiting(f"node {self.node}", launcher.rdzv_timeout_s)
+        self._reach()
         try:
-            self._store, _ = _store(launcher.host, launcher.coord_port, False, timeout_s)
+            self._store, _ = _store(launcher.host, launcher.coord_port, False, STORE_TIMEOUT_S)
         except Exception as e:
-            raise CoordinationError(
-                f"node 0's coordination store at {launcher.host}:{launcher.coord_port} did "
-                f"not answer within {timeout_s:g} s ({type(e).__name__}: {e})") from None
-        mine = json.dumps(info)
-        held = bytes(self._store.compare_set(f"hello/{self.node}", "", mine)).decode()
-        if held != mine:
-            raise CoordinationError(f"node rank {self.node} is taken by "
-                                    f"{json.loads(held).get('hostname')}: give each node its own")
+            raise CoordinationError(f"node 0's coordination store at {self._where} did not "
+                                    f"answer ({type(e).__name__}: {e})") from None
+        self._mine = json.dumps(info)
+        held = _swap(self._store, f"hello/{self.node}", "", self._mine)
+        if held == WITHDRAWN:  # an earlier runner of this rank gave up: take its place
+            held = _swap(self._store, f"hello/{self.node}", WITHDRAWN, self._mine)
+        if held != self._mine:
+            who = json.loads(held).get("hostname") if held.startswith("{") else "another node"
+            raise CoordinationError(f"node rank {self.node} is taken by {who}: give each node "
+                                    "its own")
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, daemon=True)
         self._beat.start()
@@ -437,20 +494,62 @@ class Follower:
         except Exception:  # node 0 gone: the main thread finds out on its next look
             pass
 
-    def _wait_for(self, key: str) -> str:
-        """The value of ``key`` once node 0 sets it; ``NodeZeroGone`` when it cannot."""
+    def _reach(self) -> None:
+        """Wait until node 0's store listens, saying so (``Waiting``); a
+        ``CoordinationError`` past ``--rdzv-timeout-s``. Probed with a bare connection:
+        the store's client would log a stack trace at each of its own retries."""
+        host, port = self._launcher.host, self._launcher.coord_port
+        while True:
+            try:
+                with socket.create_connection((host, port), timeout=1.0):
+                    return
+            except OSError as e:
+                last = e
+            if self._waiting.over():
+                raise CoordinationError(
+                    f"node {self.node} gave up after {self._waiting.limit_s:g} s "
+                    f"(--rdzv-timeout-s): node 0's coordination store at {self._where} never "
+                    f"answered ({last.strerror or last}); is node 0 running the same "
+                    "command, and --rdzv-endpoint its address?")
+            self._waiting.tick(f"node 0's coordination store at {self._where}")
+            time.sleep(POLL_S)
+
+    def _wait_for(self, key: str, on_wait: Callable[[], None] | None = None) -> str:
+        """The value of ``key`` once node 0 sets it, calling ``on_wait`` meanwhile;
+        ``NodeZeroGone`` when the store cannot answer."""
         while True:
             try:
                 if self._store.check([key]):
                     return _get(self._store, key)
+                if on_wait is not None:
+                    on_wait()
+            except CoordinationError:
+                raise
             except Exception as e:
                 raise NodeZeroGone(f"node 0's store stopped answering ({type(e).__name__}: "
                                    f"{e})") from None
             time.sleep(POLL_S)
 
+    def _admission(self) -> None:
+        """While waiting for the welcome: say so; past ``--rdzv-timeout-s``, withdraw this
+        node's hello (``CoordinationError``), unless node 0 has admitted it already: then
+        node 0 answers, whatever comes (it measures its rig before it does)."""
+        if self._waiting.over():
+            hello = f"hello/{self.node}"
+            if _swap(self._store, hello, self._mine, WITHDRAWN) == WITHDRAWN:
+                raise CoordinationError(
+                    f"node {self.node} gave up after {self._waiting.limit_s:g} s "
+                    f"(--rdzv-timeout-s): node 0 at {self._where} did not admit every node "
+                    "in time")
+            self._waiting.limit_s = None
+        admitted = self._waiting.limit_s is None
+        self._waiting.tick("node 0 to start the run (it admitted this node)" if admitted
+                           else "node 0 to admit every node")
+
     def wait_welcome(self) -> str:
-        """The run id node 0 gives; a refusal is a ``CoordinationError``."""
-        answer = json.loads(self._wait_for(f"welcome/{self.node}"))
+        """The run id node 0 gives; a refusal, or no admission within ``--rdzv-timeout-s``,
+        is a ``CoordinationError``."""
+        answer = json.loads(self._wait_for(f"welcome/{self.node}", self._admission))
         if "refused" in answer:
             raise CoordinationError(f"node 0 refused this node: {answer['refused']}")
         return str(answer["run_id"])
