@@ -256,6 +256,9 @@ def test_version_and_the_profiles_command(capsys):
     (["run", "--strategy", "ddp"], "--strategies"),
     (["run", "--image-size", "64"], "--image-sizes"),  # no abbreviation taken silently
     (["gate", "--base", "HEAD", "--treshold-pct", "5"], "--threshold-pct"),
+    (["run", "--batch-size", "32"], "--batch-sizes"),  # the old singular names
+    (["tune", "--case-timeout", "60"], "--case-timeout-s"),
+    (["distance", "--dtype", "fp64"], "--precision"),
 ])
 def test_an_unknown_flag_gets_its_commands_usage_and_the_nearest_flag(argv, near, capsys):
     with pytest.raises(SystemExit) as e:
@@ -264,3 +267,57 @@ def test_an_unknown_flag_gets_its_commands_usage_and_the_nearest_flag(argv, near
     err = capsys.readouterr().err
     assert err.startswith(f"usage: python -m bench_lib {argv[0]} ")
     assert f"unrecognized arguments: {argv[-2]}" in err and f"(did you mean {near}?)" in err
+
+
+def test_run_help_shows_the_profile_in_force_examples_and_exit_codes(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # argparse folds help lines at the terminal's width
+    for argv, name, batches in ((["run", "--rig", "cpu", "--help"], "default-cpu", "16"),
+                                (["run", "--profile", "smoke", "--rig", "cpu", "--help"],
+                                 "smoke", "8")):
+        with pytest.raises(SystemExit) as e:
+            commands.main(argv)
+        assert e.value.code == 0
+        text = " ".join(capsys.readouterr().out.split())  # argparse folds lines anywhere
+        assert f"global batch sizes, comma-separated (profile {name}: {batches})" in text
+        assert "examples: python -m bench_lib run --profile smoke" in text
+        assert "exit codes: 0 success" in text and "2 bad input: nothing was run" in text
+    # The reference page names no machine's profile.
+    text = " ".join(commands.build_parser().format_help().split())
+    run_help = " ".join(commands.build_parser()._subparsers._group_actions[0]  # noqa: SLF001
+                        .choices["run"].format_help().split())
+    assert "examples:" in text and "(default: the profile's)" in run_help
+
+
+def test_every_help_example_parses():
+    """The examples in each command's --help are commands the parser takes as they stand."""
+    import shlex
+
+    from bench_lib.commands.parser import COMMANDS
+
+    parser = commands.build_parser()
+    for name, module in COMMANDS.items():
+        lines = [line.split("#")[0] for line in module.EXAMPLES.splitlines()]
+        assert lines, name
+        for line in lines:
+            words = shlex.split(line)
+            assert words[:3] == ["python", "-m", "bench_lib"] and words[3] == name, line
+            parser.parse_args(words[3:])  # exits 2 on an unknown flag or a bad value
+
+
+@pytest.mark.parametrize(("argv", "shows"), [
+    (["parity", "--dry-run", "--models", "mlp,resnet-tiny", "--strategies", "single,dp,ddp"],
+     ["mlp_single_fp64", "resnet-tiny_single_fp32_s3", "dp", "unsupported",
+      "9 training runs of 5 epochs on rig cpu:2x1t"]),
+    (["distance", "--dry-run", "--layers", "64x64x3x3,512x512x3x3", "--launches", "2"],
+     ["split_64x64x3x3_fp32", "loop_512x512x3x3_fp32", "skipped",
+      "6 cases (5 to run, 2 launches each) on rig cpu:2x1t"]),
+])
+def test_parity_and_distance_dry_runs_plan_and_write_nothing(argv, shows, tmp_path, capsys):
+    out = tmp_path / "results"
+    code = commands.main([*argv, "--rig", "cpu", "--devices", "2", "--threads-per-worker",
+                          "1", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == commands.EXIT_OK
+    for words in shows:
+        assert words in text, (words, text)
+    assert not out.exists()

@@ -50,7 +50,7 @@ def test_shipped_profiles_load_and_expand():
     names = profile_names()
     assert {"default", "smoke", "tutorial"} <= set(names)
     for name in names:
-        profile = load_profile(profile_path(name, RIG))
+        profile = load_profile(profile_path(name, RIG.kind))
         assert profile.description, f"profile {name} needs a description"
         assert expand(profile, RIG)
 

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_lib.sweep.profile import UsageError
     from bench_lib.workloads import WorkloadError
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         code: int = COMMANDS[args.command].command(args)
         return code

@@ -9,6 +9,9 @@ from bench_lib.commands.common import EXIT_OK
 from bench_lib.sweep.profile import UsageError
 
 HELP = "store a run folder as its hardware's baseline (for compare)"
+EXAMPLES = """\
+  python -m bench_lib baseline results/RUN_DIR
+  python -m bench_lib baseline results/RUN_DIR --store ci/baselines"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -110,8 +110,10 @@ def add_rig_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
     g = p.add_argument_group(RIG_GROUP)
     return [
         g.add_argument("--rig", choices=RIG_KINDS, help="device kind (default: cuda if available)"),
-        g.add_argument("--devices", type=int, help="number of devices (GPUs or CPU workers)"),
-        g.add_argument("--threads-per-worker", type=int, help="intra-op threads per CPU worker"),
+        g.add_argument("--devices", type=int, metavar="N",
+                       help="number of devices (GPUs or CPU workers)"),
+        g.add_argument("--threads-per-worker", type=int, metavar="N",
+                       help="intra-op threads per CPU worker"),
         g.add_argument("--gpu-slots", type=int, metavar="K",
                        help="validation only: K device slots per GPU, so that the multi-device "
                             "code paths run on fewer GPUs (e.g. --devices 2 --gpu-slots 2 on "
@@ -127,21 +129,22 @@ def add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
     return [
         add("--profile", dest="profile_flag", metavar="NAME|PATH",
             help=f"profile name ({', '.join(profile_names())}) or a .toml path (default: default)"),
-        add("--strategies", type=str_list,
+        add("--strategies", type=str_list, metavar="NAME,...",
             help=f"comma-separated, from: {', '.join(sorted(strategies.REGISTRY))}"),
-        add("--models", type=str_list,
+        add("--models", type=str_list, metavar="NAME,...",
             help=f"comma-separated, from: {', '.join(sorted(MODELS))}"),
-        add("--image-sizes", type=int_list, help="comma-separated pixel sizes"),
-        add("--batch-sizes", type=int_list, dest="batch_sizes",
-            help="global batch size(s), comma-separated"),
-        add("--split-sizes", type=int_list, help="micro-batch sizes, comma-separated"),
-        add("--microbatches", type=int_list,
+        add("--image-sizes", type=int_list, metavar="PX,...", help="comma-separated pixel sizes"),
+        add("--batch-sizes", type=int_list, metavar="N,...",
+            help="global batch sizes, comma-separated"),
+        add("--split-sizes", type=int_list, metavar="N,...",
+            help="micro-batch sizes, comma-separated"),
+        add("--microbatches", type=int_list, metavar="N,...",
             help="micro-batch counts, comma-separated (split = ceil(batch / count))"),
         add("--scaling", type=str_list, metavar="strong,weak",
             help="strong: each batch size split over a strategy's devices; weak: each "
                  "device gets the batch size (throughput compared with single at it)"),
-        add("--precisions", type=str_list, dest="precisions", help="fp32 and/or bf16"),
-        add("--partitions", type=str_list, dest="partitions",
+        add("--precisions", type=str_list, metavar="fp32,bf16", help="fp32 and/or bf16"),
+        add("--partitions", type=str_list, metavar="NAME,...",
             help="stage cuts, comma-separated: tutorial, balanced (profiled block times), "
                  "balanced-flops"),
         add("--channels-last", action="store_true", default=None,
@@ -150,8 +153,10 @@ def add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
             help="torch.compile each strategy's modules"),
         add("--sync-bn", action="store_true", default=None,
             help="SyncBatchNorm in ddp/fsdp (GPU rigs only)"),
-        add("--loss", help="ce or mse-onehot (toy always trains with mse)"),
-        add("--ddp-bucket-caps-mib", type=bucket_caps, dest="ddp_bucket_cap_mb", metavar="MIB,...",
+        add("--loss", metavar="ce|mse-onehot",
+            help="the classifiers' loss (toy always trains with mse)"),
+        add("--ddp-bucket-caps-mib", type=bucket_caps, dest="ddp_bucket_cap_mb",
+            metavar="MIB,...",
             help="DDP bucket caps in MiB, comma-separated; 'default' is torch's (25 MiB after "
                  "a 1 MiB first bucket)"),
         add("--ddp-gradient-as-bucket-view", type=bool_list, metavar="false,true",
@@ -162,22 +167,22 @@ def add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
             help="DDP communication hooks, comma-separated: none, fp16, bf16, powersgd "
                  "(fp16/bf16/powersgd change the gradients; the row's note says so)"),
         add("--ddp-powersgd-ranks", type=int_list, dest="ddp_powersgd_rank", metavar="R,...",
-            help="PowerSGD approximation ranks, comma-separated (default 1)"),
+            help="PowerSGD approximation ranks, comma-separated"),
         add("--ddp-knob-grid", metavar="product|one-at-a-time",
-            help="how the DDP knob lists combine: every combination (default), or each "
+            help="how the DDP knob lists combine: every combination (product), or each "
                  "list's first value and then each other value alone"),
-        add("--launches", type=int,
-            help="fresh launches per case, interleaved in rounds (default 3; intervals come "
-                 "from their spread, so 1 gives none)"),
-        add("--warmup-steps", type=int, help="warm-up steps per launch, at least"),
-        add("--timed-steps", type=int, help="most timed steps per launch"),
-        add("--case-timeout-s", type=float, dest="case_timeout_s",
+        add("--launches", type=int, metavar="N",
+            help="fresh launches per case, interleaved in rounds (intervals come from their "
+                 "spread, so 1 gives none)"),
+        add("--warmup-steps", type=int, metavar="N", help="warm-up steps per launch, at least"),
+        add("--timed-steps", type=int, metavar="N", help="most timed steps per launch"),
+        add("--case-timeout-s", type=float, metavar="S",
             help="seconds before a case is killed and recorded as timeout"),
-        add("--interval-target-pct", type=float,
-            help="stop timing a launch once its median's 95%% CI half-width over its own "
-                 "steps is under this %% of it (0: off; default 2)"),
-        add("--sample-interval-ms", type=float,
-            help="utilisation/memory/power sampling interval (default 100)"),
+        add("--interval-target-pct", type=float, metavar="PCT",
+            help="stop timing a launch once its median's 95%% confidence interval over its "
+                 "own steps is narrower than this %% of it on each side (0: off)"),
+        add("--sample-interval-ms", type=float, metavar="MS",
+            help="utilisation/memory/power sampling interval"),
         add("--max-memory-per-device", type=memory_mib, dest="max_memory_per_device_mib",
             metavar="SIZE",
             help="memory cap per device, e.g. 12GiB: a case above it is recorded as oom "

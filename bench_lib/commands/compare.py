@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 
 HELP = "gate a candidate run against a baseline (exit 1 on a regression)"
+EXAMPLES = """\
+  python -m bench_lib compare results/baseline results/RUN_DIR
+  python -m bench_lib compare BASE_RUN HEAD_RUN --threshold-pct 5 --markdown compare.md"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

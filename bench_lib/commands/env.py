@@ -10,6 +10,9 @@ from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
 from bench_lib.rig import detect_rig
 
 HELP = "print the environment a run would record (JSON)"
+EXAMPLES = """\
+  python -m bench_lib env
+  python -m bench_lib env --rig cpu --devices 2"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,6 +6,9 @@ import argparse
 
 HELP = ("measure a base commit and the head (the working tree) in this job, interleaved in "
         "rounds, and gate the head (exit 1 on a regression)")
+EXAMPLES = """\
+  python -m bench_lib gate --base origin/main            # this working tree against main
+  python -m bench_lib gate --base HEAD~1 --rounds 3 --markdown gate.md"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 from bench_lib.commands.common import EXIT_OK
 
 HELP = "join the shards of one sweep (run --shard K/N) into one run folder"
+EXAMPLES = """\
+  python -m bench_lib merge results/shards"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

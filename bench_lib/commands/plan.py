@@ -34,7 +34,7 @@ def plan_new(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     """
     rig = detect_rig(args.rig, args.devices, args.threads_per_worker,
                      plan_only=args.dry_run, gpu_slots=gpu_slots(args))
-    profile = load_profile(profile_path(args.profile_flag or "default", rig))
+    profile = load_profile(profile_path(args.profile_flag or "default", rig.kind))
     profile = profile.override(**profile_overrides(args))
     return rig, profile, expand(profile, rig)
 

@@ -10,6 +10,9 @@ from bench_lib.sweep.cases import expand
 from bench_lib.sweep.profile import load_profile, profile_names, profile_path
 
 HELP = "list the profiles: name, cases and estimated duration on this rig, description"
+EXAMPLES = """\
+  python -m bench_lib profiles
+  python -m bench_lib profiles --rig cuda --devices 2   # estimates for a 2-GPU box"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +31,7 @@ def command(args: argparse.Namespace) -> int:
     print(f"{'profile':<{width}}  cases  estimate  description (rig {rig.label}; `default` "
           f"is default-{rig.kind})")
     for name in names:
-        profile = load_profile(profile_path(name, rig))
+        profile = load_profile(profile_path(name, rig.kind))
         cases = expand(profile, rig)
         runs = [c for c in cases if c.status is None]
         seconds = sum(case_seconds(c, rig) for c in runs)

@@ -8,6 +8,9 @@ from pathlib import Path
 from bench_lib.commands.common import EXIT_OK
 
 HELP = "write figures and report.html into the first run folder"
+EXAMPLES = """\
+  python -m bench_lib report results/RUN_DIR
+  python -m bench_lib report results/RUN_A results/RUN_B   # two runs side by side"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

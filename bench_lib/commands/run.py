@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from bench_lib.run.protocol import CaseOutcome
 
 HELP = "run a sweep and write a run folder under results/"
+EXAMPLES = """\
+  python -m bench_lib run --profile smoke            # every seed strategy, a tiny grid (minutes)
+  python -m bench_lib run --dry-run --predict        # the plan, each case's predicted step time
+  python -m bench_lib run --strategies single,ddp --image-sizes 64 --batch-sizes 32
+  python -m bench_lib run --profile ci --compare-to results/baseline --threshold-pct 10
+  python -m bench_lib run --resume results/RUN_DIR   # finish an interrupted run"""
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:

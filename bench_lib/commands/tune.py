@@ -9,6 +9,9 @@ from bench_lib.commands.plan import plan_new
 
 HELP = ("race one workload's configurations (successive halving) and recommend one, with its "
         "interval against single and the runner-up")
+EXAMPLES = """\
+  python -m bench_lib tune --image-sizes 64
+  python -m bench_lib tune --image-sizes 96 --time-budget-s 120 --dry-run"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

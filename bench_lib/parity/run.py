@@ -145,15 +145,22 @@ def _spec(plan: ParityPlan, rig: Rig, run: Run) -> ParitySpec:
                       str(plan.data_root) if plan.data_root is not None else None)
 
 
-def run_model(plan: ParityPlan, rig: Rig, model: str, run_dir: Path) -> list[Row]:
-    """Every run of ``model``: its epochs into parity.csv; returns its verdict rows."""
+def model_runs(plan: ParityPlan, rig: Rig, model: str) -> tuple[list[Case], list[Run]]:
+    """``model``'s cases (single first; a strategy this rig cannot run has its status and
+    reason) and the training runs they make, in order."""
     batch_norm = model_facts(model).batch_norm
     cases = [new_case(rig, name, model, IMAGE_SIZE, plan.batch_size,
                       split_size=plan.split_size, sync_bn=plan.sync_bn and batch_norm)
              for name in sorted(plan.strategies, key=lambda s: s != "single")]
+    return cases, _runs(plan, cases, batch_norm)
+
+
+def run_model(plan: ParityPlan, rig: Rig, model: str, run_dir: Path) -> list[Row]:
+    """Every run of ``model``: its epochs into parity.csv; returns its verdict rows."""
+    batch_norm = model_facts(model).batch_norm
+    cases, runs = model_runs(plan, rig, model)
     curves: dict[Key, list[Final]] = {}
     errors: dict[Key, str] = {}
-    runs = _runs(plan, cases, batch_norm)
     jobs = [Job(_spec(plan, rig, run), run_dir / "parity" / run.label, run.case.processes)
             for run in runs]
     print(f"parity {model}: {len(jobs)} runs ({plan.epochs} epochs each) on rig {rig.label}",

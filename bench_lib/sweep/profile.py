@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import strategies
-from bench_lib.rig import Rig
 from bench_lib.strategies.ddp_knobs import COMM_HOOKS, KNOB_GRIDS, DdpKnobs, knob_grid
 from bench_lib.strategies.partition import PARTITIONS
 from bench_lib.workloads import CLASSIFIER_LOSSES, MODELS, PRECISIONS, get_model
@@ -302,14 +301,14 @@ _TUPLE_KEYS = {f.name for f in dataclasses.fields(Profile)
                if "tuple" in str(f.type)} - {"batch_sizes_by_image_size"}
 
 
-def profile_path(name_or_path: str, rig: Rig) -> Path:
+def profile_path(name_or_path: str, rig_kind: str) -> Path:
     """Resolve a profile name (``default`` picks ``default-<rig kind>``) or a file path."""
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise UsageError(f"profile file {path} does not exist")
         return path
-    name = f"default-{rig.kind}" if name_or_path == "default" else name_or_path
+    name = f"default-{rig_kind}" if name_or_path == "default" else name_or_path
     path = PROFILE_DIR / f"{name}.toml"
     if not path.is_file():
         raise UsageError(f"unknown profile {name_or_path!r}; valid: {', '.join(profile_names())}")
