@@ -1,0 +1,255 @@
+"""The house's layering, read from the source with ``ast`` (no module is imported).
+
+The rules (docs/architecture.md, "Layout"):
+
+- ``report/`` and ``compare/`` read files only: they import neither ``measure/`` (the
+  instruments) nor ``run/`` (the runner) nor torch, directly or through another module.
+- ``measure/`` touches a clock or a device and never imports ``run/``.
+- ``analysis/`` is arithmetic on figures: it imports no torch and no ``bench_lib`` package
+  but itself and ``results/``.
+- ``results/`` never imports torch, directly or through another module.
+- No two modules of ``bench_lib`` import each other, through any number of others; nor do
+  two of its packages (``KNOWN_PACKAGE_CIRCLES`` lists the one left, with why).
+
+Every import counts: at the top of a module, inside a function (a lazy import defers a
+dependency, it does not remove it), and under ``TYPE_CHECKING`` for the circles (a type
+that two modules both need belongs to a third). For torch reached through another module,
+imports under ``TYPE_CHECKING`` do not count (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROOT = "bench_lib"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported name: ``source`` imports ``target`` at ``line``."""
+
+    source: str
+    target: str
+    """A ``bench_lib`` module where the name resolves to one, else the module named."""
+    line: int
+    kind: str
+    """``top``, ``local`` (inside a function) or ``typing`` (under ``TYPE_CHECKING``)."""
+
+    def __str__(self) -> str:
+        how = "" if self.kind == "top" else f" ({self.kind})"
+        return f"{self.source}:{self.line} -> {self.target}{how}"
+
+
+def modules(package: Path) -> dict[str, tuple[Path, bool]]:
+    """Every module under ``package``: dotted name -> (file, whether it is a package)."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, name: str, is_package: bool,
+             known: Mapping[str, object]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from the module's package, one level up per extra dot
+        here = name.split(".") if is_package else name.split(".")[:-1]
+        here = here[:len(here) - node.level + 1]
+        base = ".".join(here + ([node.module] if node.module else []))
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return ast.unparse(test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
+def imports(package: Path) -> list[Import]:
+    """Every import statement of every module under ``package``."""
+    known = modules(package)
+    out: list[Import] = []
+    for name, (path, is_package) in known.items():
+
+        def walk(nodes: Iterable[ast.AST], kind: str, name: str = name,
+                 is_package: bool = is_package) -> None:
+            for node in nodes:
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    out.extend(Import(name, t, node.lineno, kind)
+                               for t in _targets(node, name, is_package, known))
+                    continue
+                inner = kind
+                if isinstance(node, ast.If) and _is_type_checking(node.test):
+                    walk(node.body, "typing")
+                    walk(node.orelse, kind)
+                    continue
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                    inner = "typing" if kind == "typing" else "local"
+                walk(ast.iter_child_nodes(node), inner)
+
+        walk([ast.parse(path.read_text(), str(path))], "top")
+    return list(dict.fromkeys(out))  # one per module imported, not per name
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def torch_paths(edges: Iterable[Import], sources: Iterable[str]) -> dict[str, list[Import]]:
+    """For each of ``sources`` that reaches torch through imports that run (not under
+    ``TYPE_CHECKING``), one chain of imports from it to torch."""
+    graph: dict[str, list[Import]] = {}
+    for e in edges:
+        if e.kind != "typing":
+            graph.setdefault(e.source, []).append(e)
+    found = {}
+    for start in sources:
+        seen, frontier = {start}, [(start, list[Import]())]
+        while frontier:
+            node, path = frontier.pop(0)
+            for e in graph.get(node, []):
+                if within(e.target, "torch"):
+                    found[start] = [*path, e]
+                    frontier = []
+                    break
+                if within(e.target, ROOT) and e.target not in seen:
+                    seen.add(e.target)
+                    frontier.append((e.target, [*path, e]))
+    return found
+
+
+def circles(edges: Iterable[Import]) -> list[list[str]]:
+    """The strongly connected groups of two or more modules (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        if within(e.target, ROOT) and e.target != e.source:
+            graph.setdefault(e.source, set()).add(e.target)
+            graph.setdefault(e.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:  # recursion depth: the longest import chain, a few dozen
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+EDGES = imports(REPO / ROOT)
+MODULES = modules(REPO / ROOT)
+
+
+def _broken(source: str, forbidden: tuple[str, ...], allowed: tuple[str, ...] = ()
+            ) -> list[str]:
+    return [str(e) for e in EDGES if within(e.source, source)
+            and any(within(e.target, f) for f in forbidden)
+            and not any(within(e.target, a) for a in allowed)]
+
+
+def _through_torch(package: str) -> list[str]:
+    sources = [m for m in MODULES if within(m, package)]
+    return [f"{m}: " + " -> ".join(str(e) for e in path)
+            for m, path in torch_paths(EDGES, sources).items()]
+
+
+def test_the_readers_import_neither_instruments_nor_runner_nor_torch():
+    for package in ("bench_lib.report", "bench_lib.compare"):
+        assert not _broken(package, ("bench_lib.measure", "bench_lib.run", "torch")), package
+        assert not _through_torch(package), package
+
+
+def test_the_instruments_never_import_the_runner():
+    assert not _broken("bench_lib.measure", ("bench_lib.run",))
+
+
+def test_analysis_is_arithmetic_on_figures():
+    assert MODULES.get("bench_lib.analysis"), "bench_lib/analysis/ is missing"
+    assert not _broken("bench_lib.analysis", (ROOT, "torch"),
+                       ("bench_lib.analysis", "bench_lib.results"))
+    assert not _through_torch("bench_lib.analysis")
+
+
+def test_results_never_import_torch():
+    assert not _broken("bench_lib.results", ("torch",))
+    assert not _through_torch("bench_lib.results")
+
+
+def test_no_import_circle_between_modules():
+    found = circles(EDGES)
+    described = [[str(e) for e in EDGES if e.source in group and e.target in group]
+                 for group in found]
+    assert not found, described
+
+
+def package_of(module: str) -> str:
+    """``bench_lib.run.ranks`` -> ``bench_lib.run``; a top-level module is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+KNOWN_PACKAGE_CIRCLES = {
+    ("bench_lib.commands", "bench_lib.distance"):
+        "distance.run parses its memory flag with commands.common.memory_mib, while "
+        "commands.distance runs distance.run: the command line's own split, under way",
+}
+"""Package circles still there, each with why; a circle that is gone must leave the list."""
+
+
+def test_no_import_circle_between_packages():
+    edges = [Import(package_of(e.source), package_of(e.target), e.line, e.kind) for e in EDGES
+             if within(e.target, ROOT) and package_of(e.source) != package_of(e.target)]
+    found = {tuple(group) for group in circles(edges)}
+    assert found <= set(KNOWN_PACKAGE_CIRCLES), [
+        [str(e) for e in EDGES if package_of(e.source) in group
+         and package_of(e.target) in group and package_of(e.source) != package_of(e.target)]
+        for group in found - set(KNOWN_PACKAGE_CIRCLES)]
+    gone = set(KNOWN_PACKAGE_CIRCLES) - found
+    assert not gone, f"no longer a circle, remove from KNOWN_PACKAGE_CIRCLES: {sorted(gone)}"
+
+
+def test_the_checks_see_lazy_and_typing_imports(tmp_path):
+    """The scanner itself: a circle closed by a function's import or a ``TYPE_CHECKING``
+    one is found, a relative import resolves, and torch reached through a module is."""
+    pkg = tmp_path / ROOT
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from bench_lib import b\n")
+    (pkg / "b.py").write_text("def f():\n    from bench_lib.a import x\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from bench_lib.sub.d import D\n")
+    (pkg / "sub" / "d.py").write_text("from .. import c\nimport torch\n")
+    edges = imports(pkg)
+    assert {(e.source, e.target, e.kind) for e in edges} >= {
+        ("bench_lib.a", "bench_lib.b", "top"), ("bench_lib.b", "bench_lib.a", "local"),
+        ("bench_lib.c", "bench_lib.sub.d", "typing"), ("bench_lib.sub.d", "bench_lib.c", "top")}
+    assert circles(edges) == [["bench_lib.a", "bench_lib.b"], ["bench_lib.c", "bench_lib.sub.d"]]
+    assert set(torch_paths(edges, ["bench_lib.a", "bench_lib.c", "bench_lib.sub.d"])) == {
+        "bench_lib.sub.d"}, "an import under TYPE_CHECKING never runs"
