@@ -1,4 +1,4 @@
-"""The waterfall (measure/waterfall.py) from hand-made parts: each part by its formula, parts
+"""The waterfall (analysis/waterfall.py) from hand-made parts: each part by its formula, parts
 that sum to the step, a large remainder said as such, and what is missing said why."""
 
 from __future__ import annotations
