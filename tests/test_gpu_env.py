@@ -448,7 +448,9 @@ def test_check_stops_on_a_failure_and_prints_warnings(cpu_rig, capsys):
 
 
 def _plan(rig):
-    return lambda args: (rig, None, [])
+    from bench_lib.sweep.profile import Profile
+
+    return lambda args: (rig, Profile(), [])
 
 
 def test_cli_runs_the_preflight_before_a_cuda_run_and_exits_2(monkeypatch, tmp_path, capsys):

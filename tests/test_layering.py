@@ -214,11 +214,7 @@ def package_of(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-KNOWN_PACKAGE_CIRCLES = {
-    ("bench_lib.commands", "bench_lib.distance"):
-        "distance.run parses its memory flag with commands.common.memory_mib, while "
-        "commands.distance runs distance.run: the command line's own split, under way",
-}
+KNOWN_PACKAGE_CIRCLES: dict[tuple[str, str], str] = {}
 """Package circles still there, each with why; a circle that is gone must leave the list."""
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from bench_lib import commands
+from bench_lib.commands.parser import build_parser
 from bench_lib.parity import launch as parity_launch
 from bench_lib.parity import run as parity_run
 from bench_lib.parity.data import DIGITS_TEST, digits, loader, parity_workload, teacher
@@ -167,9 +168,7 @@ def test_rank_zero_holds_the_evaluated_copy():
 
 
 def _args(**changes: object) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    parity_run.add_arguments(parser)
-    args = parser.parse_args([])
+    args = build_parser().parse_args(["parity"])
     for k, v in changes.items():
         setattr(args, k, v)
     return args

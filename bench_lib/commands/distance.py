@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
+from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots, memory_mib
 from bench_lib.rig import Rig, detect_rig
 
 HELP = ("time the pairwise distance of a conv weight's kernels (a loop, blocked cdist, split "
@@ -15,9 +16,32 @@ EXAMPLES = """\
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench_lib.distance import run
+    from bench_lib.distance import run, spec
 
-    run.add_arguments(p)
+    p.add_argument("--layers", default=",".join(run.DEFAULT_LAYERS),
+                   help="conv weight shapes OUTxINxKHxKW, comma-separated (default: "
+                        f"{','.join(run.DEFAULT_LAYERS)})")
+    p.add_argument("--methods", default=",".join(spec.METHODS),
+                   help=f"comma-separated, from: {', '.join(spec.METHODS)} (default: all)")
+    p.add_argument("--precision", default="fp32",
+                   help=f"one of {', '.join(spec.DTYPES)} (default fp32)")
+    p.add_argument("--block-rows", type=int, default=run.DEFAULT_BLOCK_ROWS,
+                   help=f"rows per torch.cdist block (default {run.DEFAULT_BLOCK_ROWS})")
+    p.add_argument("--loop-max-kernels", type=int, default=run.DEFAULT_LOOP_MAX_KERNELS,
+                   help="largest kernel count the Python loop runs at; above it the loop is "
+                        f"skipped (default {run.DEFAULT_LOOP_MAX_KERNELS})")
+    p.add_argument("--launches", type=int, default=run.MEASUREMENT.launches,
+                   help=f"fresh launches per case, in rounds (default {run.MEASUREMENT.launches})")
+    p.add_argument("--max-memory-per-device", type=memory_mib, metavar="SIZE",
+                   dest="max_memory_per_device_mib",
+                   help="memory cap per device, e.g. 1GiB: a case above it is an oom "
+                        f"(default on a cpu rig {run.DEFAULT_CPU_CAP_MIB:.0f}MiB of resident "
+                        "memory beyond the runtime; on GPUs none)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights (default 0)")
+    p.add_argument("--out", type=Path, default=Path("results"),
+                   help="folder that receives the run folder "
+                        "(<UTC time>_<host>_<git sha7>_distance) and its link latest-distance "
+                        "(default: results)")
     p.add_argument("--dry-run", action="store_true",
                    help="list the cases (layer x method) and what will happen to each; run "
                         "nothing, write nothing")

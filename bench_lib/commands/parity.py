@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
 from bench_lib.rig import Rig, detect_rig
@@ -17,7 +18,35 @@ EXAMPLES = """\
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bench_lib.parity import run
 
-    run.add_arguments(p)
+    p.add_argument("--models", default=",".join(run.DEFAULT_MODELS),
+                   help=f"comma-separated (default: {','.join(run.DEFAULT_MODELS)})")
+    p.add_argument("--strategies", default=",".join(run.DEFAULT_STRATEGIES),
+                   help="comma-separated, with single (default: "
+                        f"{','.join(run.DEFAULT_STRATEGIES)})")
+    p.add_argument("--epochs", type=int, default=run.DEFAULTS["epochs"],
+                   help=f"training epochs (default {run.DEFAULTS['epochs']})")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="the global batch size, one (default 32)")
+    p.add_argument("--split-size", type=int, default=8,
+                   help="the micro-batch size of the strategies that split the batch, one "
+                        "(default 8)")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the weights, the split and the shuffles (default 0)")
+    p.add_argument("--seed-runs", type=int, default=run.DEFAULTS["seed_runs"], metavar="K",
+                   help="further seeds single trains at on a BatchNorm model, for its looser "
+                        f"tolerance (default {run.DEFAULTS['seed_runs']})")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="SyncBatchNorm in ddp and fsdp (GPU rigs only; on a cpu rig they "
+                        "are then recorded unsupported)")
+    p.add_argument("--data-root", type=Path, metavar="DIR",
+                   help="train on your MNIST (mlp) or CIFAR-10 (ResNets) in torchvision's "
+                        "format under DIR (DIR/MNIST/raw/..., DIR/cifar-10-batches-py/); "
+                        "nothing is downloaded (default: scikit-learn's digits)")
+    p.add_argument("--out", type=Path, default=Path("results"),
+                   help="folder that receives the run folder "
+                        "(<UTC time>_<host>_<git sha7>_parity) and its link latest-parity "
+                        "(default: results)")
     p.add_argument("--dry-run", action="store_true",
                    help="list each model's training runs and the strategies this rig cannot "
                         "run, with why; train nothing, write nothing")

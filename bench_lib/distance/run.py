@@ -230,36 +230,6 @@ def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: 
     return rows
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``distance`` command's flags (the rig flags are the caller's)."""
-    from bench_lib.commands.common import memory_mib
-
-    p.add_argument("--layers", default=",".join(DEFAULT_LAYERS),
-                   help="conv weight shapes OUTxINxKHxKW, comma-separated (default: "
-                        f"{','.join(DEFAULT_LAYERS)})")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated, from: {', '.join(METHODS)} (default: all)")
-    p.add_argument("--precision", default="fp32",
-                   help=f"one of {', '.join(DTYPES)} (default fp32)")
-    p.add_argument("--block-rows", type=int, default=DEFAULT_BLOCK_ROWS,
-                   help=f"rows per torch.cdist block (default {DEFAULT_BLOCK_ROWS})")
-    p.add_argument("--loop-max-kernels", type=int, default=DEFAULT_LOOP_MAX_KERNELS,
-                   help="largest kernel count the Python loop runs at; above it the loop is "
-                        f"skipped (default {DEFAULT_LOOP_MAX_KERNELS})")
-    p.add_argument("--launches", type=int, default=MEASUREMENT.launches,
-                   help=f"fresh launches per case, in rounds (default {MEASUREMENT.launches})")
-    p.add_argument("--max-memory-per-device", type=memory_mib, metavar="SIZE",
-                   dest="max_memory_per_device_mib",
-                   help="memory cap per device, e.g. 1GiB: a case above it is an oom "
-                        f"(default on a cpu rig {DEFAULT_CPU_CAP_MIB:.0f}MiB of resident "
-                        "memory beyond the runtime; on GPUs none)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights (default 0)")
-    p.add_argument("--out", type=Path, default=Path("results"),
-                   help="folder that receives the run folder "
-                        "(<UTC time>_<host>_<git sha7>_distance) and its link latest-distance "
-                        "(default: results)")
-
-
 def plan_of(args: argparse.Namespace, rig: Rig) -> DistancePlan:
     """The validated plan of the command's flags (UsageError: exit 2, nothing written)."""
     cap = args.max_memory_per_device_mib

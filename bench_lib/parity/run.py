@@ -252,37 +252,6 @@ def _tolerance_columns(tol: Tolerance | None) -> Row:
             "accuracy_tolerance": tol.accuracy, "tolerance_note": tol.note}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``parity`` command's flags (the rig flags are the caller's)."""
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                   help=f"comma-separated (default: {','.join(DEFAULT_MODELS)})")
-    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                   help=f"comma-separated, with single (default: {','.join(DEFAULT_STRATEGIES)})")
-    p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"],
-                   help=f"training epochs (default {DEFAULTS['epochs']})")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch size (default 32)")
-    p.add_argument("--split-size", type=int, default=8,
-                   help="micro-batch size of the strategies that split the batch (default 8)")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seeds the weights, the split and the shuffles (default 0)")
-    p.add_argument("--seed-runs", type=int, default=DEFAULTS["seed_runs"], metavar="K",
-                   help="further seeds single trains at on a BatchNorm model, for its looser "
-                        f"tolerance (default {DEFAULTS['seed_runs']})")
-    p.add_argument("--sync-bn", action="store_true",
-                   help="SyncBatchNorm in ddp and fsdp (GPU rigs only; on a cpu rig they "
-                        "are then recorded unsupported)")
-    p.add_argument("--data-root", type=Path, metavar="DIR",
-                   help="train on your MNIST (mlp) or CIFAR-10 (ResNets) in torchvision's "
-                        "format under DIR (DIR/MNIST/raw/..., DIR/cifar-10-batches-py/); "
-                        "nothing is downloaded (default: scikit-learn's digits)")
-    p.add_argument("--out", type=Path, default=Path("results"),
-                   help="folder that receives the run folder "
-                        "(<UTC time>_<host>_<git sha7>_parity) and its link latest-parity "
-                        "(default: results)")
-
-
-
 def plan_of(args: argparse.Namespace) -> ParityPlan:
     """The validated plan of the command's flags (UsageError: exit 2, nothing written)."""
     names = [tuple(v.strip() for v in text.split(",") if v.strip())

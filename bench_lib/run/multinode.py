@@ -38,7 +38,7 @@ ranks and exit. Ctrl-C on node 0 sets the end of the run, and every node stops i
 **Gathering: over this store, not the process group, nor a shared folder.** Each node's
 ranks write their result files into that node's case folder, as on one node; each runner
 sends its files to node 0 in its report, and node 0 combines them as the local launcher's
-(``runner._combine``). Not over the case's process group: a gather there needs the group
+(``run.ranks.combine``). Not over the case's process group: a gather there needs the group
 to work, and the results that matter most, an out-of-memory or a crash on one rank, are
 exactly those that break it; it would also add a collective to the measured process after
 its timed steps. Not through a shared file system: clusters do not all have one, and a
