@@ -195,7 +195,10 @@ def test_a_forked_child_maps_the_file_pages_its_parent_had_resident(tmp_path, mo
         os.waitpid(pid, 0)
     half_kib = size // 2 // 1024
     assert parent - before >= half_kib  # the premise: fork left them out
-    assert abs(after - parent) < half_kib // 4  # mirrored: the parent's resident set
+    # Mirrored: the parent's resident set. Not to the page: the child also faults in what its
+    # own code runs (ctypes, the madvise call), more in a test worker that has imported much
+    # (4.8 MiB over the parent in a full suite); mapping the untouched half too would be 16.
+    assert -half_kib // 4 < after - parent < half_kib // 2
 
 
 class _LateReports:
