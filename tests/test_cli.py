@@ -250,6 +250,9 @@ def test_version_and_the_profiles_command(capsys):
     assert set(by_name) == {n for n in profile_names() if n != "default"}
     assert "the CI regression gates" in by_name["ci"]
     assert by_name["ci"].split()[1] == "4"  # single, ddp, mp, pipeline
+    # The GPU default is planned on GPUs, not estimated as hours of CPU workers.
+    assert "(planned on cuda:2) what `make bench` runs on GPUs" in by_name["default-cuda"]
+    assert "(planned" not in by_name["default-cpu"]
 
 
 @pytest.mark.parametrize(("argv", "near"), [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
-from bench_lib.rig import detect_rig
+from bench_lib.rig import RIG_KINDS, detect_rig
 from bench_lib.sweep.cases import expand
 from bench_lib.sweep.profile import load_profile, profile_names, profile_path
 
@@ -21,7 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Every shipped profile on this rig (``default``: the one it picks): its cases, the
-    estimated duration of a run, its description."""
+    estimated duration of a run, its description. The other kind's default profile is
+    planned on a rig of that kind with as many devices (a cuda sweep's hours on CPU workers
+    would answer no one's question), and says so."""
     from bench_lib.sweep.estimate import case_seconds, format_duration
 
     rig = detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=True,
@@ -32,9 +34,14 @@ def command(args: argparse.Namespace) -> int:
           f"is default-{rig.kind})")
     for name in names:
         profile = load_profile(profile_path(name, rig.kind))
-        cases = expand(profile, rig)
+        on = rig
+        for kind in RIG_KINDS:
+            if kind != rig.kind and name == f"default-{kind}":
+                on = detect_rig(kind, rig.num_devices, plan_only=True)
+        cases = expand(profile, on)
         runs = [c for c in cases if c.status is None]
-        seconds = sum(case_seconds(c, rig) for c in runs)
+        seconds = sum(case_seconds(c, on) for c in runs)
+        where = "" if on is rig else f"(planned on {on.label}) "
         print(f"{name:<{width}}  {len(runs):>5}  {format_duration(seconds):>8}  "
-              f"{profile.description}")
+              f"{where}{profile.description}")
     return EXIT_OK
