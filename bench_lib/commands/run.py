@@ -7,8 +7,9 @@ import contextlib
 import signal
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bench_lib.commands.after_run import after_run, check_after_run_targets
 from bench_lib.commands.common import (
@@ -24,11 +25,20 @@ from bench_lib.commands.dry_run import print_plan, print_predictions
 from bench_lib.commands.plan import plan_new, plan_resume, plan_shard
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.profile import UsageError
+from bench_lib.sweep.profile import Profile, UsageError
 
 if TYPE_CHECKING:
+    from bench_lib.analysis.collective_fits import Collectives
+    from bench_lib.measure.energy import IdlePower
+    from bench_lib.measure.flops import AttainablePeak
+    from bench_lib.processes.forkserver import ForkServer
+    from bench_lib.run.calibrate import GivenCalibrations
+    from bench_lib.run.duty import DutyCycle
     from bench_lib.run.launch import Launcher
+    from bench_lib.run.multinode import Coordinator
     from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.run.rows import Row
+    from bench_lib.sweep.shard import ShardPlan, SweepRecord
 
 HELP = "run a sweep and write a run folder under results/"
 EXAMPLES = """\
@@ -165,35 +175,27 @@ def command(args: argparse.Namespace) -> int:
         return _run(args, stack)
 
 
-def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
-    """``cmd_run``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
-    from bench_lib.measure import environment, flops
-    from bench_lib.measure.energy import IdlePower
-    from bench_lib.processes.forkserver import ForkServer
-    from bench_lib.report.answer import answer_lines
-    from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
-    from bench_lib.report.headlines import headline_lines, tutorial_lines
-    from bench_lib.report.time_prediction import score_lines
-    from bench_lib.results.read import read_env
-    from bench_lib.results.store import RunWriter, start_run_dir, write_json_atomic
-    from bench_lib.run.calibrate import (
-        CalibrationKey,
-        Predictor,
-        describe_calibration,
-        sweep_collectives,
-    )
-    from bench_lib.run.duty import DutyMeter, write_duty
-    from bench_lib.run.multinode import cluster_env, open_coordinator
-    from bench_lib.run.multinode import plan as plan_nodes
-    from bench_lib.run.progress import Progress
-    from bench_lib.run.runner import measure_idle_power, run_sweep
-    from bench_lib.sweep.estimate import case_seconds
-    from bench_lib.sweep.predict_time import Calibration
-    from bench_lib.sweep.shard import describe as describe_shard
-    from bench_lib.sweep.shard import record as sweep_record
+@dataclass(frozen=True)
+class Planned:
+    """A run's plan, every input checked (nothing written yet)."""
 
-    duty = DutyMeter()  # the run's wall clock starts with the command
-    # Everything is validated before the run folder exists: bad input writes nothing.
+    launcher: Launcher
+    rig: Rig
+    profile: Profile
+    cases: list[Case]
+    sweep: SweepRecord | None
+    """This shard's record (``--shard``, or a resumed shard's), else None."""
+    cut: ShardPlan | None
+    given: GivenCalibrations | None
+    """The calibrations ``--calibration`` named, else None."""
+
+
+def plan_run(args: argparse.Namespace) -> Planned:
+    """Every check before the run folder exists (UsageError and the like: exit 2, nothing
+    written): the flags that go together, the launcher, the sweep (new, resumed, a node's
+    share, a shard), a reused calibration, the post-sweep targets."""
+    from bench_lib.run.multinode import plan as plan_nodes
+
     if args.predict_memory and not args.dry_run:
         raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
                          "before launching it anyway: peak_mem_mib_predicted_by_device)")
@@ -216,13 +218,104 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         rig, cases = plan_nodes(profile, rig, launcher.nnodes)
     cases, sweep, cut = plan_shard(args, rig, profile, cases)
     check_after_run_targets(args, rig, launcher.multi_node)
+    return Planned(launcher, rig, profile, cases, sweep, cut, given)
+
+
+class RigFigures(NamedTuple):
+    """What a run measures once, before its cases (or reads back from a resumed folder)."""
+
+    peak: AttainablePeak
+    idle: IdlePower
+    collectives: Collectives
+
+
+def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
+                 coordinator: Coordinator | None) -> tuple[Path, RigFigures]:
+    """The run folder (new, with its env.json, or the resumed one) and its rig figures."""
+    from bench_lib.measure import environment, flops
+    from bench_lib.measure.energy import IdlePower
+    from bench_lib.results.read import read_env
+    from bench_lib.results.store import start_run_dir, write_json_atomic
+    from bench_lib.run.calibrate import sweep_collectives
+    from bench_lib.run.multinode import cluster_env
+    from bench_lib.run.runner import measure_idle_power
+    from bench_lib.sweep.shard import record as sweep_record
+
+    rig, profile, cases = plan.rig, plan.profile, plan.cases
+    if args.resume:
+        recorded = read_env(args.resume)
+        collectives = sweep_collectives(rig, args.quiet, cases, server,
+                                        recorded.get("collectives"))
+        if "collectives" not in recorded:  # a folder from before they were measured
+            write_json_atomic(args.resume / "env.json",
+                              recorded | {"collectives": collectives.as_dict()})
+        return args.resume, RigFigures(
+            flops.AttainablePeak.from_dict(recorded.get("attainable_peak")),
+            IdlePower.from_dict(recorded.get("idle_power")), collectives)
+    run_dir = start_run_dir(args.out, environment.git_info()["sha"], "run", profile.name)
+    # Measured once per run, before any case: idle power first, with nothing of ours
+    # running (for net energy), then the FLOP peak (for the MFU columns).
+    if profile.rig_figures:
+        idle = measure_idle_power(rig)
+        peak = flops.measure_peak(rig, list(profile.precisions), server=server)
+    else:
+        off = "not measured: the profile's rig_figures is off"
+        idle, peak = IdlePower(unsupported=off), flops.AttainablePeak(unsupported=off)
+    collectives = sweep_collectives(rig, args.quiet, cases, server)  # ddp/fsdp, p2p bounds
+    env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(), idle.as_dict())
+    env["sweep"] = (plan.sweep or sweep_record(profile, rig, cases)[0]).as_dict()
+    env["launcher"] = plan.launcher.as_dict()
+    env["collectives"] = collectives.as_dict()
+    if coordinator is not None:
+        env = cluster_env(env, coordinator.infos)
+    write_json_atomic(run_dir / "env.json", env)
+    if coordinator is not None:
+        coordinator.welcome(run_dir.name)
+    return run_dir, RigFigures(peak, idle, collectives)
+
+
+def print_answers(rows: list[Row], profile: Profile, cycle: DutyCycle, run_dir: Path) -> None:
+    """After the sweep, on stderr: the headlines, the answer in words, the prediction's
+    score, the duty cycle and where the results are."""
+    from bench_lib.report.answer import answer_lines
+    from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
+    from bench_lib.report.headlines import headline_lines, tutorial_lines
+    from bench_lib.report.time_prediction import score_lines
+
+    lines = headline_lines(rows)
+    if profile.name == "tutorial":
+        lines += tutorial_lines(rows)
+    lines += [line for answer in answer_lines(rows) + score_lines(rows)
+              for line in textwrap.wrap(answer, ANSWER_WIDTH)]
+    for line in lines:
+        print(line, file=sys.stderr)
+    print(cycle.summary(), file=sys.stderr)
+    print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
+    """``command``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
+    from bench_lib.processes.forkserver import ForkServer
+    from bench_lib.results.store import RunWriter
+    from bench_lib.run.calibrate import CalibrationKey, Predictor, describe_calibration
+    from bench_lib.run.duty import DutyMeter, write_duty
+    from bench_lib.run.multinode import open_coordinator
+    from bench_lib.run.progress import Progress
+    from bench_lib.run.runner import run_sweep
+    from bench_lib.sweep.estimate import case_seconds
+    from bench_lib.sweep.predict_time import Calibration
+    from bench_lib.sweep.shard import describe as describe_shard
+
+    duty = DutyMeter()  # the run's wall clock starts with the command
+    plan = plan_run(args)  # everything validated before the run folder exists
+    launcher, rig, cases, sweep = plan.launcher, plan.rig, plan.cases, plan.sweep
     estimates = [case_seconds(c, rig) for c in cases]
-    if args.dry_run and (args.predict or given is not None):
-        return print_predictions(cases, rig, stack, args.quiet, given)
+    if args.dry_run and (args.predict or plan.given is not None):
+        return print_predictions(cases, rig, stack, args.quiet, plan.given)
     if args.dry_run:
         print_plan(cases, rig, estimates, args.predict_memory)
         if sweep is not None and sweep.shard is not None:
-            print(describe_shard(sweep, cut))
+            print(describe_shard(sweep, plan.cut))
         return EXIT_OK
     if rig.kind == "cuda":  # NCCL, /dev/shm, NVML checked in seconds, not hours in (exit 2)
         from bench_lib.measure import preflight
@@ -235,39 +328,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     # Every process the run starts from here on is forked by one server that imported
     # torch once (processes.forkserver): the FLOP probe, the collectives, every case's ranks.
     server = stack.enter_context(ForkServer.take())
-
-    if args.resume:
-        run_dir = args.resume
-        recorded = read_env(run_dir)
-        peak = flops.AttainablePeak.from_dict(recorded.get("attainable_peak"))
-        idle = IdlePower.from_dict(recorded.get("idle_power"))
-        collectives = sweep_collectives(rig, args.quiet, cases, server,
-                                        recorded.get("collectives"))
-        if "collectives" not in recorded:  # a folder from before they were measured
-            write_json_atomic(run_dir / "env.json",
-                              recorded | {"collectives": collectives.as_dict()})
-    else:
-        run_dir = start_run_dir(args.out, environment.git_info()["sha"], "run", profile.name)
-        # Measured once per run, before any case: idle power first, with nothing of ours
-        # running (for net energy), then the FLOP peak (for the MFU columns).
-        if profile.rig_figures:
-            idle = measure_idle_power(rig)
-            peak = flops.measure_peak(rig, list(profile.precisions), server=server)
-        else:
-            off = "not measured: the profile's rig_figures is off"
-            idle, peak = IdlePower(unsupported=off), flops.AttainablePeak(unsupported=off)
-        # The ddp/fsdp and p2p bounds.
-        collectives = sweep_collectives(rig, args.quiet, cases, server)
-        env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
-                                  idle.as_dict())
-        env["sweep"] = (sweep or sweep_record(profile, rig, cases)[0]).as_dict()
-        env["launcher"] = launcher.as_dict()
-        env["collectives"] = collectives.as_dict()
-        if coordinator is not None:
-            env = cluster_env(env, coordinator.infos)
-        write_json_atomic(run_dir / "env.json", env)
-        if coordinator is not None:
-            coordinator.welcome(run_dir.name)
+    run_dir, figures = start_folder(args, plan, server, coordinator)
     # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # Ctrl-C too, even where the run was started with SIGINT ignored (a background job of a
@@ -288,17 +349,18 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         if not isinstance(cal, str):
             duty.add_calibration(cal.wall_s)
 
-    predictor = (Predictor(cases, rig, run_dir, collectives, server, calibrated, given)
-                 if profile.predict_time else None)
+    predictor = (Predictor(cases, rig, run_dir, figures.collectives, server, calibrated,
+                           plan.given) if plan.profile.predict_time else None)
     if predictor is not None and predictor.reused:
         progress.note(f"calibration: {len(predictor.reused)} workload(s) from "
                       f"{predictor.reused_from}")
     try:
         with RunWriter(run_dir) as writer:
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
-                             attainable_peak=peak, idle=idle, on_launch_done=launch_done,
-                             launcher=launcher, coordinator=coordinator,
-                             collectives=collectives, server=server, predictor=predictor)
+                             attainable_peak=figures.peak, idle=figures.idle,
+                             on_launch_done=launch_done, launcher=launcher,
+                             coordinator=coordinator, collectives=figures.collectives,
+                             server=server, predictor=predictor)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "
@@ -308,15 +370,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     progress.close()
     cycle = write_duty(run_dir, duty.finish())
     if not args.quiet:
-        lines = headline_lines(rows)
-        if profile.name == "tutorial":
-            lines += tutorial_lines(rows)
-        lines += [line for answer in answer_lines(rows) + score_lines(rows)
-                  for line in textwrap.wrap(answer, ANSWER_WIDTH)]
-        for line in lines:
-            print(line, file=sys.stderr)
-        print(cycle.summary(), file=sys.stderr)
-        print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
+        print_answers(rows, plan.profile, cycle, run_dir)
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") for r in rows)
     return after_run(args, run_dir) or (EXIT_FAILED_CASES if failed else EXIT_OK)
