@@ -26,6 +26,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch import nn
 
 from bench_lib import commands, strategies
 from bench_lib.commands.plan import profile_overrides
@@ -431,3 +432,16 @@ def test_compute_only_steps_time_a_quiet_step_and_give_way_on_failure():
     assert seconds is not None and seconds >= 0 and len(calls) == worker.COMPUTE_ONLY_STEPS
     assert worker._compute_only(trainer(False), x, y, process_group=False) is None
     assert worker._compute_only(trainer(True, fail=True), x, y, process_group=False) is None
+
+
+def test_sync_batch_norm_has_no_communication_free_steps():
+    """DDP's ``no_sync`` stops the gradient all-reduce, not SyncBatchNorm's all-gather of
+    statistics in the forward: the compute-only steps would still communicate (and a rank
+    failing in them would leave its peers blocked before their timed result is written), so
+    a DDP model with SyncBatchNorm says it has no such mode (#28 item 5)."""
+    import types
+
+    from bench_lib.strategies.ddp import DdpTrainer
+
+    synced = types.SimpleNamespace(module=nn.Sequential(nn.Conv2d(3, 4, 3), nn.SyncBatchNorm(4)))
+    assert DdpTrainer.without_communication(synced) is None  # type: ignore[arg-type]

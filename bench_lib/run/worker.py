@@ -239,7 +239,8 @@ COMPUTE_ONLY_STEPS = 3
 def _compute_only(trainer: Trainer, x: torch.Tensor, y: torch.Tensor,
                   process_group: bool) -> float | None:
     """The median of ``COMPUTE_ONLY_STEPS`` steps run in ``trainer.without_communication``
-    (DDP's ``no_sync``: forward, backward and optimizer step, no all-reduce), timed like a
+    (DDP's ``no_sync``: forward, backward and optimizer step, no all-reduce; none with
+    SyncBatchNorm, whose forward communicates anyway), timed like a
     timed step, after the timed steps and their memory peaks; None where the strategy has
     no such mode. Every rank starts them together (a barrier), so they share the machine as
     the timed steps did: what remains is this rank's compute, the bound's compute part."""

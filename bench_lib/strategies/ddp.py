@@ -122,9 +122,13 @@ class DdpTrainer(Trainer):
         super().__init__(module, devices, ctx, params=params)
         self.knobs = knobs
 
-    def without_communication(self) -> contextlib.AbstractContextManager[Any]:
+    def without_communication(self) -> contextlib.AbstractContextManager[Any] | None:
         """DDP's ``no_sync``: the reducer's hooks run but no bucket is all-reduced (nor
-        hooked); gradients stay local."""
+        hooked); gradients stay local. None with SyncBatchNorm: its forward all-gathers
+        every layer's statistics whatever ``no_sync`` says, so those steps would still
+        communicate (and a rank failing in them would block its peers)."""
+        if any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules()):
+            return None
         assert isinstance(self.module, DistributedDataParallel)
         return self.module.no_sync()
 
