@@ -440,3 +440,24 @@ def test_bound_figure_renders_from_a_small_cases_csv(tmp_path):
 def test_no_bound_figure_without_bounds():
     cases = pd.DataFrame([bound_row("single", 2.0, None)])
     assert bound_figure.fig_bound(cases) is None and bound_figure.explain_html(cases) == ""
+
+
+def test_a_case_across_nodes_is_not_priced_with_one_nodes_collectives(cpu_rig):
+    """The micro-benchmark runs on node 0's devices: its fit prices intra-node traffic, not
+    the network a case across nodes crosses (#28 item 11). Such a case gets no bound, and
+    says why, rather than one off by the network's cost."""
+    from bench_lib.run.multinode import plan as plan_nodes
+    from bench_lib.sweep.profile import Profile
+
+    fit = CollectiveFit((1,), (1.0,), alpha_s=0.01, beta_bytes_s=1e8, busbw_gb_s=1.0)
+    coll = Collectives({"all_reduce": fit, "all_gather": fit, "reduce_scatter": fit,
+                        "send_recv": fit}, "gloo", cpu_rig.num_devices)
+    profile = Profile(strategies=("single", "ddp", "fsdp", "gpipe"), models=("resnet-tiny",),
+                      image_sizes=(32,), batch_sizes=(8,), split_sizes=(2,))
+    rig, cases = plan_nodes(profile, cpu_rig, 2)
+    spanning = [c for c in cases if c.status is None and c.process_group]
+    assert {c.strategy for c in spanning} == {"ddp", "fsdp", "gpipe"}
+    for case in spanning:
+        cols = bound_columns(case, rig, CaseOutcome("ok", step_times_s=[0.8]), 0.8, 1.0, coll)
+        assert cols == {"bound_note": "no bound: the case's ranks span 2 nodes, and the "
+                        "collective micro-benchmark measured node 0's devices only"}, case

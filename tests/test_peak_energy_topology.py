@@ -356,3 +356,30 @@ def test_cpu_mp_mfu_is_of_the_one_worker_it_is_pinned_to(cpu_rig):
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8)
     row = case_row(ddp, cpu_rig, _ok([0.1] * 3, {"0": 300, "1": 300}), peak)
     assert row["mfu_pct"] == pytest.approx(100 * achieved / 1.0)
+
+
+def test_a_case_across_nodes_leaves_energy_empty(cpu_rig):
+    """Only node 0 samples: its joules over every node's images would read about 1/N of the
+    truth (#28 item 11). A case across nodes keeps node 0's utilisation; its power and
+    energy are empty, with the reason; node 0's own single case keeps them."""
+    from bench_lib.run.multinode import plan as plan_nodes
+    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.run.rows import case_row
+    from bench_lib.sweep.profile import Profile
+
+    profile = Profile(strategies=("single", "ddp"), models=("resnet-tiny",), image_sizes=(32,),
+                      batch_sizes=(8,))
+    rig, cases = plan_nodes(profile, cpu_rig, 2)
+    samples = [_sample(100 + t, d, energy=100.0 * t, cpu=90.0)
+               for t in (0.0, 0.5, 1.0, 1.5, 2.0) for d in ("0", "1", "host")]
+    rows = {}
+    for case in cases:
+        outcome = CaseOutcome("ok", step_times_s=[0.5] * 4, peak_mem_mib={"0": 1.0},
+                              timed_window_unix_s=(100.0, 102.0), samples=samples)
+        rows[case.strategy] = case_row(case, rig, outcome)
+    assert rows["single"]["energy_j_per_img"] is not None
+    across = rows["ddp"]
+    assert across["energy_j_per_img"] is None and across["power_w_mean"] is None
+    assert across["energy_j_per_img_net"] is None and across["util_pct_mean"] == 90.0
+    assert across["sampler_note"].endswith("only node 0 is sampled: power and energy of a "
+                                           "case across 2 nodes left empty")

@@ -113,7 +113,19 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         held = 1 if rig.kind == "cpu" and not case.process_group else case.world_size
         row |= derived_columns(case, outcome, row["throughput_img_s"], attainable_peak,
                                idle_power, held)
+        if rig.nodes > 1 and case.process_group and case.world_size > rig.num_devices:
+            row |= unsampled_nodes(row, rig.nodes)
     return row
+
+
+def unsampled_nodes(row: Row, nodes: int) -> Row:
+    """A case across ``nodes`` nodes: only node 0's devices are sampled, so its power and
+    energy cover part of the case's devices while the images are all of them: left empty,
+    with the reason (its utilisation, node 0's devices', stays)."""
+    note = (f"only node 0 is sampled: power and energy of a case across {nodes} nodes left "
+            "empty")
+    return {"power_w_mean": None, "energy_j_per_img": None, "energy_j_per_img_net": None,
+            "sampler_note": "; ".join(filter(None, [row.get("sampler_note"), note]))}
 
 
 def contention_columns(case: Case, rig: Rig, outcome: CaseOutcome) -> Row:
