@@ -23,6 +23,7 @@ from bench_lib.analysis.stats import (
 )
 from bench_lib.compare import gate as cmp
 from bench_lib.compare.baseline import resolve_baseline
+from bench_lib.results.read import number
 
 HEADER = ["case", "base_ms", "cand_ms", "step_time_change_pct [95% CI]",
           "vs_single_change_pct [95% CI]", "verdict (metric)"]
@@ -129,15 +130,6 @@ def prediction_note(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run
             f"{MODEL_REGRESSION_POINTS:g} points: {', '.join(grown)}): a regression of "
             "the model (sweep/predict_time.py, the calibration), not of the code "
             "measured; the verdicts above do not count it")
-
-
-def number(value: object) -> float | None:
-    """A cell read from a CSV as a float; None where it is empty, NaN or no number."""
-    try:
-        x = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return x if x == x else None  # NaN: missing
 
 
 def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[str]:

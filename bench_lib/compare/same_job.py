@@ -72,7 +72,7 @@ from typing import Any
 from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.compare import gate as cmp
 from bench_lib.compare import output
-from bench_lib.results.read import run_dirs_in
+from bench_lib.results.read import number, run_dirs_in
 from bench_lib.results.schema import CALIBRATION_FILE, SCHEMA_VERSION
 from bench_lib.test_hooks import TEST_HOOK_VARIABLES
 
@@ -318,7 +318,7 @@ def side_run(path: Path, rounds: Sequence[cmp.Run]) -> cmp.Run:
             reason = row.get("contention")
             if isinstance(reason, str) and reason.strip():
                 contention.setdefault(cid, []).append(f"round {r + 1}: {reason.strip()}")
-            if (error := output.number(row.get("prediction_error_pct"))) is not None:
+            if (error := number(row.get("prediction_error_pct"))) is not None:
                 errors.setdefault(cid, []).append(error)
         for cid, parts in run.launches.items():
             for samples in parts.values():
@@ -444,7 +444,7 @@ def verdicts_json(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run
     each side's step-time prediction error (the median over its rounds; None where that
     side made no prediction)."""
     def error(run: cmp.Run, cid: str) -> float | None:
-        return output.number(run.cases.get(cid, {}).get("prediction_error_pct"))
+        return number(run.cases.get(cid, {}).get("prediction_error_pct"))
 
     return [{"case_id": r.case_id, "strategy": r.strategy, "verdict": r.verdict, "by": r.by,
              "base_median_s": r.base_median_s, "head_median_s": r.cand_median_s,

@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench_lib.report.headlines import (
-    _number,
     case_name,
     group_order,
     headline_groups,
@@ -34,6 +33,7 @@ from bench_lib.report.headlines import (
     throughput,
     throughput_interval,
 )
+from bench_lib.results.read import number
 
 LOSSES = {"batch": "the smaller batch per device",
           "corun": "computing side by side (each device slower beside the others)",
@@ -62,42 +62,42 @@ def _winner(group: list[Mapping[str, Any]], image: Any, batch: Any) -> str | Non
     low, high = throughput_interval(best) or (None, None)
     speed = f"{throughput(best) or 0.0:.1f}{_range(low, high, '.1f')} img/s"
     versus = ""
-    if best.get("strategy") != "single" and _number(best.get("speedup_vs_single")):
+    if best.get("strategy") != "single" and number(best.get("speedup_vs_single")):
         low, high = speedup_interval(best) or (None, None)
         versus = f", {float(best['speedup_vs_single']):.2f}x{_range(low, high, '.2f')} single"
     return f"{head}{case_name(best)} is fastest ({speed}{versus})."
 
 
 def _curve_point(curve: list[Mapping[str, Any]], device_batch: int) -> Mapping[str, Any] | None:
-    return next((r for r in curve if _number(r.get("batch_size")) == device_batch
-                 and _number(r.get("per_image_efficiency")) is not None), None)
+    return next((r for r in curve if number(r.get("batch_size")) == device_batch
+                 and number(r.get("per_image_efficiency")) is not None), None)
 
 
 def _loss(group: list[Mapping[str, Any]], curve: list[Mapping[str, Any]],
           batch: Any) -> str | None:
     others = [r for r in group if r.get("status") == "ok" and r.get("strategy") != "single"
-              and _number(r.get("waterfall_ideal_pct")) is not None]
+              and number(r.get("waterfall_ideal_pct")) is not None]
     if not others:
         return None
-    medians = {part: statistics.median(_number(r.get(f"waterfall_{part}_pct")) or 0.0
+    medians = {part: statistics.median(number(r.get(f"waterfall_{part}_pct")) or 0.0
                                        for r in others) for part in LOSSES}
     part = max(medians, key=lambda p: medians[p])
     text = (f"The other strategies lose most to {LOSSES[part]} (a median {medians[part]:.0f}% "
             "of their step)")
     if part == "batch":  # the batch per device of the fastest case that cuts the batch
-        cutting = sorted((r for r in others if _number(r.get("device_batch_size"))
-                          not in (None, _number(batch))), key=lambda r: -(throughput(r) or 0))
-        point = (_curve_point(curve, int(_number(cutting[0]["device_batch_size"]) or 0))
+        cutting = sorted((r for r in others if number(r.get("device_batch_size"))
+                          not in (None, number(batch))), key=lambda r: -(throughput(r) or 0))
+        point = (_curve_point(curve, int(number(cutting[0]["device_batch_size"]) or 0))
                  if cutting else None)
         if point is not None:
             eff = float(point["per_image_efficiency"])
-            low = _number(point.get("per_image_efficiency_ci_low"))
-            high = _number(point.get("per_image_efficiency_ci_high"))
+            low = number(point.get("per_image_efficiency_ci_low"))
+            high = number(point.get("per_image_efficiency_ci_high"))
             text += (f": {int(float(point['batch_size']))} images per device run at "
                      f"{eff:.0%}{_range(low, high, '.0%')} of batch {batch}'s per-image speed "
                      "on this rig")
     text += "."
-    remainder = statistics.median(_number(r.get("waterfall_remainder_pct")) or 0.0
+    remainder = statistics.median(number(r.get("waterfall_remainder_pct")) or 0.0
                                   for r in others)
     if abs(remainder) > UNEXPLAINED_PCT:
         text += f" A median {remainder:.0f}% of their step is not explained by any part."
@@ -107,13 +107,13 @@ def _loss(group: list[Mapping[str, Any]], curve: list[Mapping[str, Any]],
 def _weak(group: list[Mapping[str, Any]], batch: Any) -> str | None:
     """The weak-scaling sentence: the weak case with the largest speedup over single."""
     weak = [r for r in group if is_weak(r) and r.get("status") == "ok"
-            and _number(r.get("speedup_vs_single")) is not None]
+            and number(r.get("speedup_vs_single")) is not None]
     if not weak:
         return None
     best = max(weak, key=lambda r: float(r["speedup_vs_single"]))
     value = float(best["speedup_vs_single"])
     interval = speedup_interval(best)
-    devices = int(_number(best.get("world_size")) or 1)
+    devices = int(number(best.get("world_size")) or 1)
     low, high = interval or (None, None)
     figures = (f"{value:.2f}x{_range(low, high, '.2f')} single's throughput "
                f"on {devices} devices ({value / devices:.0%} scaling efficiency)")

@@ -33,6 +33,7 @@ from functools import cached_property
 from typing import Any
 
 from bench_lib.analysis.stats import MIN_LAUNCHES_FOR_CI, LaunchInterval, paired_ratio_interval
+from bench_lib.results.read import number
 from bench_lib.results.schema import launch_medians as schema_launch_medians
 
 Interval = tuple[float, float]
@@ -82,18 +83,9 @@ INTERVAL_NOTE = interval_note()
 SPEEDUP_NOTE = speedup_note()
 
 
-def _number(value: Any) -> float | None:
-    """A finite float, or None for a missing value (None, "", NaN, a word)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _flag(value: Any) -> bool:
     """An option column set to 1 (cases.csv's 0/1; missing reads as not set)."""
-    return _number(value) == 1.0
+    return number(value) == 1.0
 
 
 def _label(row: Mapping[str, Any]) -> str:
@@ -123,21 +115,21 @@ def ddp_tags(row: Mapping[str, Any]) -> str:
 
 def case_name(row: Mapping[str, Any]) -> str:
     """The strategy-variant and its split: ``1f1b[balanced] s8``, ``ddp``."""
-    split = _number(row.get("split_size"))
+    split = number(row.get("split_size"))
     return _label(row) + (f" s{split:g}" if split is not None else "")
 
 
 def throughput(row: Mapping[str, Any]) -> float | None:
     """The row's throughput in img/s, None where it has none."""
-    return _number(row.get("throughput_img_s"))
+    return number(row.get("throughput_img_s"))
 
 
 def throughput_interval(row: Mapping[str, Any]) -> Interval | None:
     """The 95% interval of the row's throughput: the batch over the interval of the median
     step time (a t interval across launches; ``step_time_s_ci_high`` gives the low end);
     None where it has none (1 launch)."""
-    batch = _number(row.get("batch_size"))
-    low, high = _number(row.get("step_time_s_ci_low")), _number(row.get("step_time_s_ci_high"))
+    batch = number(row.get("batch_size"))
+    low, high = number(row.get("step_time_s_ci_low")), number(row.get("step_time_s_ci_high"))
     if batch is None or low is None or high is None or not 0 < low <= high or batch <= 0:
         return None
     return batch / high, batch / low
@@ -148,8 +140,8 @@ def launch_medians(value: Any) -> list[float]:
     where missing or unreadable. One launch's may come as a number (pandas reads ``0.451`` as
     a float). ``results.schema.launch_medians``, forgiving a number or an unreadable cell."""
     if isinstance(value, (int, float)):
-        number = _number(value)
-        return [] if number is None else [number]
+        x = number(value)
+        return [] if x is None else [x]
     try:
         return schema_launch_medians(value)
     except ValueError:
@@ -176,7 +168,7 @@ def paired_ratio(numerator: Mapping[str, Any],
     or for rows of different runs."""
     a, b = launch_medians(numerator.get("launch_medians_s")), \
         launch_medians(denominator.get("launch_medians_s"))
-    batch_a, batch_b = _number(numerator.get("batch_size")), _number(denominator.get("batch_size"))
+    batch_a, batch_b = number(numerator.get("batch_size")), number(denominator.get("batch_size"))
     rounds = min(len(a), len(b))
     if rounds < MIN_LAUNCHES_FOR_CI or not _same_run(numerator, denominator) \
             or batch_a is None or batch_b is None or batch_a <= 0 or batch_b <= 0:
@@ -283,7 +275,7 @@ def rank(rows: Iterable[Mapping[str, Any]]) -> Best | None:
 def is_curve_point(row: Mapping[str, Any]) -> bool:
     """Whether a row is a point of single's batch curve (``batch_curve_of`` set), not a
     case the sweep compares: it has its own figure, and no place among the strategies."""
-    return _number(row.get("batch_curve_of")) is not None
+    return number(row.get("batch_curve_of")) is not None
 
 
 def _is_single(row: Mapping[str, Any]) -> bool:
@@ -298,7 +290,7 @@ def is_weak(row: Mapping[str, Any]) -> bool:
 
 def workload_batch(row: Mapping[str, Any]) -> float | None:
     """The batch of the row's workload: its own, or under weak scaling each device's."""
-    batch, world = _number(row.get("batch_size")), _number(row.get("world_size"))
+    batch, world = number(row.get("batch_size")), number(row.get("world_size"))
     if is_weak(row) and batch is not None and world:
         return batch / world
     return batch
@@ -307,7 +299,7 @@ def workload_batch(row: Mapping[str, Any]) -> float | None:
 def group_order(key: tuple[Any, ...]) -> tuple[tuple[int, float, str], ...]:
     """A sort key for ``headline_groups``' keys: numbers as numbers (64 px before 128),
     then text; strong before weak."""
-    return tuple((0, n, "") if (n := _number(v)) is not None else (1, 0.0, str(v))
+    return tuple((0, n, "") if (n := number(v)) is not None else (1, 0.0, str(v))
                  for v in key)
 
 
@@ -335,7 +327,7 @@ def headline_groups(rows: Iterable[Mapping[str, Any]], by_run: bool = False
 def speedup(row: Mapping[str, Any], single: Mapping[str, Any] | None = None) -> float | None:
     """The row's speedup over single: its ``speedup_vs_single`` (paired by round), else its
     throughput over ``single``'s; None without either."""
-    value = _number(row.get("speedup_vs_single"))
+    value = number(row.get("speedup_vs_single"))
     if value is not None:
         return value
     if single is None:
@@ -347,7 +339,7 @@ def speedup(row: Mapping[str, Any], single: Mapping[str, Any] | None = None) -> 
 def speedup_interval(row: Mapping[str, Any]) -> Interval | None:
     """The 95% interval of the row's speedup over single (``speedup_ci_low``, ``_high``: a t
     interval across rounds); None where it has none (1 launch) or the row is single itself."""
-    low, high = _number(row.get("speedup_ci_low")), _number(row.get("speedup_ci_high"))
+    low, high = number(row.get("speedup_ci_low")), number(row.get("speedup_ci_high"))
     if _is_single(row) or low is None or high is None or not 0 < low <= high:
         return None
     return low, high
@@ -363,7 +355,7 @@ def speedup_text(value: float | None, interval: Interval | None) -> str:
 
 def _launches(row: Mapping[str, Any]) -> int:
     """The row's launch count: ``launches``, else its launch medians'."""
-    n = _number(row.get("launches"))
+    n = number(row.get("launches"))
     return int(n) if n is not None else len(launch_medians(row.get("launch_medians_s")))
 
 
@@ -371,12 +363,12 @@ def _best_splits(ok: list[Mapping[str, Any]]) -> str:
     """``pipeline 8, 1f1b 4``: the fastest split of each pipelined strategy."""
     best: dict[str, Mapping[str, Any]] = {}
     for r in ok:
-        if _number(r.get("split_size")) is None or throughput(r) is None:
+        if number(r.get("split_size")) is None or throughput(r) is None:
             continue
         key = _label(r)
         if key not in best or (throughput(r) or 0.0) > (throughput(best[key]) or 0.0):
             best[key] = r
-    return ", ".join(f"{k} {_number(r['split_size']):g}" for k, r in sorted(best.items())) or "-"
+    return ", ".join(f"{k} {number(r['split_size']):g}" for k, r in sorted(best.items())) or "-"
 
 
 def headline_lines(rows: list[dict[str, Any]]) -> list[str]:

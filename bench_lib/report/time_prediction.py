@@ -32,7 +32,6 @@ from bench_lib.report.figures import (
     styled,
 )
 from bench_lib.report.headlines import (
-    _number,
     case_name,
     headline_groups,
     is_curve_point,
@@ -40,6 +39,7 @@ from bench_lib.report.headlines import (
     rank,
     speedup,
 )
+from bench_lib.results.read import number
 
 GOAL_MEDIAN_PCT = 10.0
 GOAL_WORST_PCT = 25.0
@@ -47,7 +47,7 @@ GOAL_WORST_PCT = 25.0
 
 
 def _error(row: Mapping[str, Any]) -> float | None:
-    return _number(row.get("prediction_error_pct")) if row.get("status") == "ok" else None
+    return number(row.get("prediction_error_pct")) if row.get("status") == "ok" else None
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,11 @@ def matches(rows: Iterable[Mapping[str, Any]]) -> list[Match]:
     for key, group in headline_groups(rows).items():
         model, image, batch, _, scaling = key
         ok = [r for r in group if r.get("status") == "ok"
-              and _number(r.get("speedup_predicted")) is not None]
+              and number(r.get("speedup_predicted")) is not None]
         best = rank(group)
         if not ok or best is None:
             continue
-        predicted = max(ok, key=lambda r: _number(r.get("speedup_predicted")) or 0.0)
+        predicted = max(ok, key=lambda r: number(r.get("speedup_predicted")) or 0.0)
         measured = best.best
         tied = False
         if predicted is not measured:

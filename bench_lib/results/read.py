@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,16 @@ from bench_lib.results.schema import (
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+def number(value: object) -> float | None:
+    """A cell read from a CSV (or a row) as a finite float; None where it is empty, NaN,
+    infinite or no number."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
 
 
 def read_env(run_dir: Path) -> dict[str, Any]:
