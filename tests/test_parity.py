@@ -5,6 +5,8 @@ bench_lib parity`` end to end."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 import re
 import threading
@@ -17,7 +19,8 @@ from bench_lib import commands
 from bench_lib.commands.parser import build_parser
 from bench_lib.parity import launch as parity_launch
 from bench_lib.parity import run as parity_run
-from bench_lib.parity.data import DIGITS_TEST, digits, loader, parity_workload, teacher
+from bench_lib.parity import train as parity_train
+from bench_lib.parity.data import DIGITS_TEST, Split, digits, loader, parity_workload, teacher
 from bench_lib.parity.train import EpochResult, merged
 from bench_lib.parity.verdict import (
     BATCH,
@@ -165,6 +168,32 @@ def test_rank_zero_holds_the_evaluated_copy():
     a0, a1, b, c = (torch.full((1,), float(v)) for v in range(4))
     state = merged([{"a": a0, "b": b}, {"a": a1, "c": c}])
     assert state["a"] is a0 and state["b"] is b and state["c"] is c
+
+
+@pytest.mark.parametrize("strategy", ["single", "mp", "pipeline"])
+def test_state_survives_a_move_that_replaces_buffers(strategy, monkeypatch, cpu_rig):
+    """``Module.to("cuda")`` keeps the parameter objects but replaces every buffer; a dtype
+    round trip does the same on a CPU (docs/DESIGN: testing GPU paths without a GPU). The
+    rank's state must still map back to the model's names: BatchNorm's running statistics
+    included, or the strict ``load_state_dict`` of the evaluation raises."""
+    real = get_strategy(strategy)
+
+    def moving_build(model, devices, ctx):
+        bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+        before = bn.running_mean
+        model.to(torch.float64).to(torch.float32)  # the device move's stand-in
+        assert bn.running_mean is not before  # ... replaced the buffer, as .to(cuda) does
+        trainer = real.build(model, devices, ctx)
+        model.to(torch.float64).to(torch.float32)  # and once more after the build
+        return trainer
+
+    monkeypatch.setattr(parity_train.strategies, "get",
+                        lambda name: dataclasses.replace(real, build=moving_build))
+    x, y = torch.rand(16, 3, 32, 32), torch.arange(16) % 10
+    monkeypatch.setattr(parity_train, "dataset", lambda *a: Split(x, y, x[:4], y[:4]))
+    spec = parity_train.ParitySpec("resnet-tiny", strategy, cpu_rig, 1, 1, 8, 4, 0.01, 0, 0)
+    (epoch,) = parity_train.train(spec, 0)
+    assert math.isfinite(epoch.test_loss)
 
 
 def _args(**changes: object) -> argparse.Namespace:

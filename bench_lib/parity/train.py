@@ -11,13 +11,18 @@ evaluates the whole test set in eval mode: the same evaluation for every strateg
 it splits the model. Rank 0 writes the epochs (``EpochResult``) as ``epochs.json`` beside
 the spec, or why it failed.
 
-How a rank's tensors map back to the model's state dict: each is matched to its name in
-the unsplit model by identity, so a pipeline stage's blocks and a DDP replica alike map back
-(``convert_sync_batchnorm`` keeps the parameter and buffer objects, so SyncBatchNorm does
-too). FSDP2 replaces every parameter by a ``DTensor`` shard, which no identity finds: there
-every rank calls ``torch.distributed.checkpoint.state_dict.get_model_state_dict`` with
-``full_state_dict`` (each shard all-gathered into the full tensor, under the model's own
-names, which ``fully_shard`` leaves unchanged) and ``cpu_offload`` (only rank 0 keeps it).
+How a rank's tensors map back to the model's state dict: each is matched by the module that
+holds it and its attribute name there (``bn1`` and ``running_mean``) to its name in the
+unsplit model, read once the strategy has built its trainer, so a pipeline stage's blocks
+and a DDP replica alike map back. Not by the tensor's identity: ``Module.to("cuda")`` keeps
+the module and parameter objects but replaces every buffer, so BatchNorm's running
+statistics would drop out (and a freed buffer's ``id`` can be reused by another tensor);
+after the build because ``convert_sync_batchnorm`` puts new SyncBatchNorm modules into the
+model in place of its BatchNorm ones. FSDP2 replaces every parameter by a ``DTensor``
+shard, which no one rank holds whole: there every rank calls
+``torch.distributed.checkpoint.state_dict.get_model_state_dict`` with ``full_state_dict``
+(each shard all-gathered into the full tensor, under the model's own names, which
+``fully_shard`` leaves unchanged) and ``cpu_offload`` (only rank 0 keeps it).
 Where ranks hold copies of one tensor (DDP's replicas; BatchNorm's running statistics,
 which each data-parallel rank updates from its own share), rank 0's is the one evaluated:
 the copy a checkpoint of the run would save.
@@ -113,7 +118,26 @@ class EpochResult:
     """Standard deviation of the loss over the test images (``verdict.seeds_tolerance``)."""
 
 
-def _state(trainer: Trainer, names: dict[int, str]) -> dict[str, torch.Tensor]:
+Slot = tuple[int, str]
+"""Where a state tensor lives: its module's ``id`` and its attribute name there. A device
+or dtype move keeps it (module docstring)."""
+
+
+def _slots(module: nn.Module) -> dict[str, Slot]:
+    """Each state-dict key of ``module`` with the slot that holds its tensor."""
+    out: dict[str, Slot] = {}
+    for key in module.state_dict(keep_vars=True):
+        owner, _, attr = key.rpartition(".")
+        out[key] = (id(module.get_submodule(owner)), attr)
+    return out
+
+
+def state_names(model: nn.Module) -> dict[Slot, str]:
+    """The model's state-dict key of each slot (read after the strategy's build)."""
+    return {slot: key for key, slot in _slots(model).items()}
+
+
+def _state(trainer: Trainer, names: dict[Slot, str]) -> dict[str, torch.Tensor]:
     """The unsplit model's state this process holds, on the CPU, by the tensors' original
     names (FSDP2's shards gathered: a collective, so every rank calls this; module
     docstring)."""
@@ -122,8 +146,9 @@ def _state(trainer: Trainer, names: dict[int, str]) -> dict[str, torch.Tensor]:
         full = get_model_state_dict(
             module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v.detach().cpu() for k, v in full.items() if isinstance(v, torch.Tensor)}
-    held = module.state_dict(keep_vars=True).values()
-    return {names[id(t)]: t.detach().to("cpu", copy=True) for t in held if id(t) in names}
+    held = module.state_dict(keep_vars=True)
+    return {names[slot]: held[key].detach().to("cpu", copy=True)
+            for key, slot in _slots(module).items() if slot in names}
 
 
 def merged(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -183,12 +208,12 @@ def train(spec: ParitySpec, rank: int) -> list[EpochResult]:
                     Path(spec.data_root) if spec.data_root is not None else None)
     torch.manual_seed(spec.seed)
     model = workload.build_model().to(dtype)
-    names = {id(t): k for k, t in model.state_dict(keep_vars=True).items()}
     devices = ([spec.rig.device(rank)] if strat.per_device_processes
                else [spec.rig.device(i) for i in range(strat.num_devices(spec.rig))])
     micro = Microbatching.of(spec.batch_size, spec.split_size) if strat.uses_split else None
     ctx = BuildContext(workload, micro, rank, spec.world_size, sync_bn=spec.sync_bn)
     trainer = strat.build(model, devices, ctx)
+    names = state_names(model)  # after the build: its moves and SyncBatchNorm modules seen
     # Data-parallel ranks take a share of each batch; every other process reads it whole.
     replicas, share = (spec.world_size, rank) if strat.data_parallel else (1, 0)
     epochs, step, steps = [], 0, len(split.y_train) // spec.batch_size * spec.epochs
