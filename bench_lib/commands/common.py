@@ -175,7 +175,12 @@ def add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
             help="fresh launches per case, interleaved in rounds (intervals come from their "
                  "spread, so 1 gives none)"),
         add("--warmup-steps", type=int, metavar="N", help="warm-up steps per launch, at least"),
-        add("--timed-steps", type=int, metavar="N", help="most timed steps per launch"),
+        add("--timed-steps", type=int, metavar="N",
+            help="most timed steps per launch, unless --min-time-s needs more"),
+        add("--min-time-s", type=float, metavar="S",
+            help="time each launch for at least S seconds of steps, past its CI target and "
+                 "--timed-steps (the profile's max_time_s stays the cap); unset: 3 on cuda "
+                 "rigs, 0 on cpu (utilisation, power and energy need a 1 s window)"),
         add("--case-timeout-s", type=float, metavar="S",
             help="seconds before a case is killed and recorded as timeout"),
         add("--interval-target-pct", type=float, metavar="PCT",

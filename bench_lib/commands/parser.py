@@ -153,6 +153,8 @@ def show_profile_values(command: argparse.ArgumentParser, profile: Profile | Non
         value = values[action.dest]
         if isinstance(value, bool):
             value = "on" if value else "off"
+        elif value is None:  # resolved later: the flag's help says how (--min-time-s)
+            value = "unset"
         elif isinstance(value, (list, tuple)):
             value = ",".join(map(str, value)) or "none"
         elif isinstance(value, dict):

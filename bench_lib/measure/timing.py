@@ -16,8 +16,12 @@ rule, the collective stop, and the slowest rank per step.
    CPU time well under threads x wall time (``measure.contention``).
 4. After each step the stop rule is asked (outside the timed window): stop when the
    median's 95% CI half-width is under the target, or the time cap is spent (at least 3
-   steps), else go on to the ``timed_steps`` cap. In a multi-process case every rank judges
-   the slowest rank's times and the decision is reduced, so all ranks stop after one step.
+   steps), else go on to the ``timed_steps`` cap. A minimum timed duration
+   (``min_time_s``) holds the first two back: a launch that met its CI target or its step
+   cap before it goes on, past ``timed_steps``, until its steps add up to it; only the time
+   cap (``max_time_s``, never under the minimum) ends a launch sooner. In a multi-process
+   case every rank judges the slowest rank's times and the decision is reduced, so all
+   ranks stop after one step.
 5. A case's figure for each step is the slowest rank's (``analysis.stats.slowest_per_step``,
    which ``compare`` applies too when it re-reads steps.csv).
 
@@ -28,6 +32,7 @@ torch is imported only inside the functions that touch a device: the sweep's pla
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -52,7 +57,7 @@ WARMUP_TOLERANCE = 0.02
 # At most this many warm-up steps beyond the minimum: DDP's bucket rebuild (step 2),
 # cuDNN autotuning and torch.compile's recompiles end within the first 2-3 steps.
 WARMUP_EXTRA_MAX = 8
-STOP_REASONS = ("ci_target", "time_cap", "step_cap")
+STOP_REASONS = ("ci_target", "time_cap", "step_cap", "min_time")
 
 
 def time_budget(max_time_s: float, min_steps: int = MIN_STEPS_UNDER_TIME_CAP) -> StopRule:
@@ -66,30 +71,48 @@ def time_budget(max_time_s: float, min_steps: int = MIN_STEPS_UNDER_TIME_CAP) ->
 
 class AdaptiveStop:
     """Stop when the median's 95% CI half-width is under ``target_rel`` of the median, or
-    ``max_time_s`` of timed work is spent; ``reason`` says which fired (None: neither).
+    ``max_steps`` steps are timed (None: the caller's loop caps the steps), but not before
+    ``min_time_s`` of timed work; or once ``max_time_s`` of timed work is spent, whatever
+    the minimum. ``reason`` says which fired (None: none): ``ci_target``, ``step_cap``,
+    ``min_time`` (one of the first two fired earlier and the minimum held the launch on
+    until now) or ``time_cap``.
 
     ``target_rel`` 0 disables the CI target (fixed step count or time budget only). The
     bootstrap costs O(n) per check, so the CI is checked at geometrically spaced step counts
-    (every ~10% more steps): long runs of fast steps do not pay O(n^2) between steps.
+    (every ~10% more steps): long runs of fast steps do not pay O(n^2) between steps. Once
+    met, it is not checked again: more steps of the same launch only narrow it.
     """
 
     def __init__(self, target_rel: float, max_time_s: float,
-                 min_steps: int = MIN_STEPS_FOR_CI) -> None:
+                 min_steps: int = MIN_STEPS_FOR_CI, *, min_time_s: float = 0.0,
+                 max_steps: int | None = None) -> None:
         if target_rel < 0 or max_time_s <= 0:
             raise ValueError(f"bad stop rule: target {target_rel}, time cap {max_time_s} s")
+        if not 0 <= min_time_s <= max_time_s:
+            raise ValueError(f"bad stop rule: minimum {min_time_s} s is not within the time "
+                             f"cap {max_time_s} s")
         self.target_rel = target_rel
         self.min_steps = min_steps
+        self.min_time_s = min_time_s
+        self.max_steps = max_steps
         self._budget = time_budget(max_time_s)
         self._next_check = min_steps
+        self._ci_met = False
+        self._held = False  # a stop was due but the minimum held the launch on
         self.reason: str | None = None
 
     def __call__(self, times: list[float]) -> bool:
         n = len(times)
-        if self.target_rel > 0 and n >= self._next_check:
+        if not self._ci_met and self.target_rel > 0 and n >= self._next_check:
             self._next_check = max(n + 1, math.ceil(n * 1.1))
-            if Stats.of(times).ci_half_width_rel < self.target_rel:
-                self.reason = "ci_target"
+            self._ci_met = Stats.of(times).ci_half_width_rel < self.target_rel
+        due = "ci_target" if self._ci_met else (
+            "step_cap" if self.max_steps is not None and n >= self.max_steps else None)
+        if due is not None:
+            if not self.min_time_s or sum(times) >= self.min_time_s:
+                self.reason = "min_time" if self._held else due
                 return True
+            self._held = True
         if self._budget(times):
             self.reason = "time_cap"
             return True
@@ -244,18 +267,26 @@ class TimedSteps:
 
 def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                   warmup_steps: int, timed_steps: int, max_time_s: float,
-                  interval_target_pct: float, group_device: torch.device | None = None,
+                  interval_target_pct: float, min_time_s: float = 0.0,
+                  group_device: torch.device | None = None,
                   after_warmup: Callable[[], None] | None = None,
                   warmup_rule: bool = True) -> TimedSteps:
     """Warm up (at least ``warmup_steps``, under ``WarmupRule``; exactly ``warmup_steps``
     with ``warmup_rule`` False: a count an earlier launch found), then time ``step`` under
     the adaptive stop rule: rules 1 to 4 above.
 
+    ``min_time_s``: the launch times at least this many seconds of steps, past
+    ``timed_steps`` where it must (the stop rule then caps the steps, so that the ranks of
+    a multi-process case decide it together); ``max_time_s`` stays the hard cap.
     ``group_device``: in a multi-process case (a process group is up), the device its
     collectives run on; the ranks then start together and stop after the same step.
     ``after_warmup``: called between the warm-up and the timed steps (``time_steps``).
     """
-    rule = AdaptiveStop(interval_target_pct / 100, max_time_s)
+    rule = AdaptiveStop(interval_target_pct / 100, max_time_s, min_time_s=min_time_s,
+                        max_steps=timed_steps)
+    # Without a minimum the loop's cap is the step cap; with one, the rule's time cap ends
+    # the launch (every step takes time), so the loop itself needs no cap.
+    loop_steps = sys.maxsize if min_time_s > 0 else timed_steps
     stop: StopRule = rule
     warmed: StopRule | None = WarmupRule(warmup_steps) if warmup_rule else None
     barrier: Callable[[], object] | None = None
@@ -268,7 +299,7 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     warm: list[float] = []
     window: list[float] = []
     cpu: list[float] = []
-    times = time_steps(step, devices, warmup_steps, timed_steps, should_stop=stop,
+    times = time_steps(step, devices, warmup_steps, loop_steps, should_stop=stop,
                        barrier=barrier, on_window=lambda t0, t1: window.extend((t0, t1)),
                        after_warmup=after_warmup, cpu_times=cpu, warmup_done=warmed,
                        warmup_times=warm)

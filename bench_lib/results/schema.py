@@ -190,8 +190,10 @@ CASES = _cols(
                    "under 80% of its pinned cores x wall time (it waited for a core; "
                    "distributed ranks wait on peers by design and are not judged so)"),
     ("note", "how to read this strategy's numbers on this rig"),
-    ("stop_reason", "what ended timing: ci_target, time_cap or step_cap (each launch's, "
-                    "in round order, e.g. ci_target;time_cap;ci_target, where they differ)"),
+    ("stop_reason", "what ended timing: ci_target, time_cap, step_cap, or min_time (one of "
+                    "ci_target or step_cap came first and the minimum timed duration, "
+                    "min_time_s, held the launch on until it) (each launch's, in round "
+                    "order, e.g. ci_target;time_cap;ci_target, where they differ)"),
     ("util_pct_mean", "mean over devices of util_pct_mean_by_device, %; empty (reason in "
                       "sampler_note) for a timed window under 1 s or a device with under 3 "
                       "samples in it", N),

@@ -382,7 +382,7 @@ def window_columns(samples: list[SampleRow], windows: Sequence[tuple[float, floa
     if shortest < MIN_WINDOW_S:
         out["sampler_note"] = (f"timed window {shortest:.2f} s is under {MIN_WINDOW_S:g} s "
                                "(NVML averages over up to 1 s): utilisation and energy left "
-                               "empty")
+                               "empty (--min-time-s sets a launch's minimum)")
         return out
     notes = []
     few = {d: min(c) for d, c in counts.items() if min(c) < MIN_SAMPLES}

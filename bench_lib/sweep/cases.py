@@ -186,7 +186,8 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
     case is skipped) apply to strategies that use a split; others ignore them. ``ddp``
     (default: torch's) applies to strategies that wrap the model in DistributedDataParallel;
     a PowerSGD case warms up at least ``POWERSGD_WARMUP_STEPS`` steps, so that its timed
-    steps are compressed ones.
+    steps are compressed ones. The measurement's rig-kind defaults are resolved here
+    (``Measurement.for_rig``: the minimum timed seconds).
     """
     strat = strategies.get(strategy)
     spec = get_model(model)
@@ -209,7 +210,7 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
             raise UsageError(f"{strategy} needs a split size or a micro-batch count")
     batch_size *= devices_fed
     knobs = (ddp or DdpKnobs()) if strat.ddp_knobs else None
-    measurement = measurement or Measurement()
+    measurement = (measurement or Measurement()).for_rig(rig.kind)  # min_time_s resolved
     knob_notes = [knobs.arithmetic_note] if knobs else []
     if knobs is not None and knobs.comm_hook == "powersgd":
         measurement = dataclasses.replace(

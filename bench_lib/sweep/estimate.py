@@ -50,7 +50,9 @@ def case_seconds(case: Case, rig: Rig) -> float:
         return 0.0
     step = step_seconds(case, rig)
     m = case.measurement
-    timed = min(m.timed_steps * step, max(m.max_time_s, MIN_STEPS_UNDER_TIME_CAP * step))
+    # The step cap, or the minimum where it needs more; the time cap over both.
+    timed = min(max(m.timed_steps * step, m.min_time_s or 0.0),
+                max(m.max_time_s, MIN_STEPS_UNDER_TIME_CAP * step))
     launch = PROCESS_START_S + m.warmup_steps * step + timed
     return m.launches * min(launch, m.case_timeout_s)
 

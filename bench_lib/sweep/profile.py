@@ -29,6 +29,16 @@ class UsageError(ValueError):
     """Bad input from the user: reported with exit code 2 before anything is written."""
 
 
+MIN_TIME_S_BY_RIG = {"cuda": 3.0, "cpu": 0.0}
+"""A launch's minimum timed seconds per rig kind, where the profile gives no ``min_time_s``.
+cuda: GPU steps are steady, so the CI target ends a launch after 8 steps, in 0.3-0.6 s for
+ResNet50 at 128 px and batch 120 on an A100 or H100 and less for ddp's shares, and a timed
+window under 1 s leaves utilisation, power and energy empty (``measure.energy.MIN_WINDOW_S``:
+NVML averages over up to 1 s); 3 s gives about 30 samples at the default 100 ms. cpu: a
+ResNet50 step on a worker's core takes 0.3 s and more (64 px, batch 16), so the profiles'
+windows are seconds long already, and the 15-minute default-cpu budget has none to spare."""
+
+
 @dataclass(frozen=True)
 class Measurement:
     """How every case of a sweep is measured: counts, caps, limits, sampling."""
@@ -38,7 +48,14 @@ class Measurement:
     timed_steps: int = 10
     """Most steps timed per launch."""
     max_time_s: float = 60.0
-    """Timing of a launch stops after this many seconds of timed steps (at least 3 steps)."""
+    """Timing of a launch stops after this many seconds of timed steps (at least 3 steps):
+    the hard cap, which ``min_time_s`` never outlasts."""
+    min_time_s: float | None = None
+    """Timing of a launch goes on until this many seconds of timed steps, past the CI target
+    and past ``timed_steps`` (``max_time_s`` still caps it): the sampler's utilisation,
+    power and energy need a timed window of at least 1 s, which a GPU's few fast steps
+    miss. None (no such key in the file): the rig kind's, ``MIN_TIME_S_BY_RIG`` (3 s on
+    cuda, 0 on cpu), never over ``max_time_s``, resolved as a case is made (``for_rig``)."""
     launches: int = 3
     """Fresh process launches per case, interleaved in rounds across the cases of a
     workload (``run.runner``): the case's interval comes from the spread between them, so
@@ -67,6 +84,9 @@ class Measurement:
         if self.case_timeout_s <= 0 or self.max_time_s <= 0:
             raise UsageError(f"case_timeout_s (got {self.case_timeout_s}) and max_time_s "
                              f"(got {self.max_time_s}) must be positive")
+        if self.min_time_s is not None and not 0 <= self.min_time_s <= self.max_time_s:
+            raise UsageError(f"min_time_s must be between 0 and max_time_s ({self.max_time_s:g}"
+                             f", the hard cap), got {self.min_time_s}")
         if self.max_memory_per_device_mib < 0:
             raise UsageError("max_memory_per_device_mib must be >= 0 (0: no cap), got "
                              f"{self.max_memory_per_device_mib}")
@@ -75,6 +95,14 @@ class Measurement:
                 f"interval_target_pct must be >= 0 (got {self.interval_target_pct}) and "
                 f"sample_interval_ms > 0 (got {self.sample_interval_ms})"
             )
+
+    def for_rig(self, kind: str) -> Measurement:
+        """This measurement on a rig of ``kind``: ``min_time_s`` resolved (where None, the
+        kind's ``MIN_TIME_S_BY_RIG``, never over ``max_time_s``)."""
+        if self.min_time_s is not None:
+            return self
+        return dataclasses.replace(
+            self, min_time_s=min(MIN_TIME_S_BY_RIG.get(kind, 0.0), self.max_time_s))
 
 
 @dataclass(frozen=True)

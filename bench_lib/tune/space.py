@@ -94,13 +94,14 @@ def _varying(keys: Sequence[tuple[str, int, int, str, str]]) -> str:
 
 def race_launch(case: Case, profile: Measurement) -> Case:
     """``case`` as every launch of the race measures it: short (``RACE_*``), keeping any
-    warm-up its strategy adds beyond the profile's (PowerSGD's)."""
+    warm-up its strategy adds beyond the profile's (PowerSGD's). No minimum timed duration:
+    a race compares step times, not the sampler's columns that the minimum is for."""
     m = case.measurement
     warmup = m.warmup_steps - profile.warmup_steps + min(profile.warmup_steps,
                                                          RACE_WARMUP_STEPS)
     return dataclasses.replace(case, measurement=dataclasses.replace(
         m, warmup_steps=warmup, timed_steps=min(m.timed_steps, RACE_TIMED_STEPS),
-        max_time_s=min(m.max_time_s, RACE_MAX_TIME_S), launches=1))
+        max_time_s=min(m.max_time_s, RACE_MAX_TIME_S), min_time_s=0.0, launches=1))
 
 
 def rig_flags(rig: Rig) -> list[str]:
