@@ -362,16 +362,16 @@ def test_a_cpu_rank_joins_gloo_without_a_gpu_and_other_systems_keep_their_defaul
 
 def test_shm_check_fails_docker_default_with_the_hint():
     docker = {"path": "/dev/shm", "total_mib": 64.0, "free_mib": 64.0}
-    fail = preflight.shm_check(2, docker, environ={})
+    fail = preflight.shm_check(Rig("cuda", 2), docker, environ={})
     assert fail.status == "fail"
     assert "64 MiB" in fail.detail and "--shm-size" in fail.detail
     assert "NCCL_SHM_DISABLE=1" in fail.detail
-    assert preflight.shm_check(2, docker, {"NCCL_SHM_DISABLE": "1"}).status == "warn"
-    assert preflight.shm_check(1, docker, {}).status == "ok"  # one GPU: no shared memory
+    assert preflight.shm_check(Rig("cuda", 2), docker, {"NCCL_SHM_DISABLE": "1"}).status == "warn"
+    assert preflight.shm_check(Rig("cuda", 1), docker, {}).status == "ok"  # no shared memory
     big = {"path": "/dev/shm", "total_mib": 16384.0, "free_mib": 16000.0}
-    assert preflight.shm_check(8, big, {}).status == "ok"
+    assert preflight.shm_check(Rig("cuda", 8), big, {}).status == "ok"
     unreadable = {"path": "/dev/shm", "unsupported": "FileNotFoundError: no"}
-    assert preflight.shm_check(2, unreadable, {}).status == "warn"
+    assert preflight.shm_check(Rig("cuda", 2), unreadable, {}).status == "warn"
 
 
 def test_nvml_check(no_cuda_calls):
@@ -433,16 +433,24 @@ OK_RANK = ("import json, sys; open(sys.argv[5], 'w').write(json.dumps({'ok': Tru
            "'peer_access': {'0-1': True, '1-0': False} if sys.argv[2] == '0' else None}))")
 
 
-def test_check_stops_on_a_failure_and_prints_warnings(cpu_rig, capsys):
+OK_SMOKE = ("import json, sys; open(sys.argv[2], 'w').write(json.dumps({'ok': True, "
+            "'device': sys.argv[1]}))")
+
+
+def test_check_stops_on_a_failure_and_prints_warnings(capsys, monkeypatch):
+    monkeypatch.setattr(preflight, "SETTLE_S", 0.0)
     docker = {"path": "/dev/shm", "total_mib": 64.0}
-    ok_rank = [sys.executable, "-c", OK_RANK]
+    fakes = {"command": [sys.executable, "-c", OK_RANK], "nvml": topo_nvml(),
+             "smoke_command": [sys.executable, "-c", OK_SMOKE]}
+    two = Rig("cuda", 2)
     with pytest.raises(preflight.PreflightError, match="dev_shm: /dev/shm is 64 MiB") as e:
-        preflight.check(cpu_rig, shm=docker, environ={}, command=ok_rank)
+        preflight.check(two, shm=docker, environ={}, **fakes)
     assert isinstance(e.value, RigError)  # the command line's exit 2
-    checks = preflight.check(cpu_rig, shm={"path": "/dev/shm", "total_mib": 1024.0},
-                             environ={}, command=ok_rank)
+    checks = preflight.check(two, shm={"path": "/dev/shm", "total_mib": 1024.0}, environ={},
+                             **fakes)
     assert [(c.name, c.status) for c in checks] == [
-        ("dev_shm", "ok"), ("all_reduce", "ok"), ("peer_access", "warn")]
+        ("dev_shm", "ok"), ("nvml", "ok"), ("cuda_smoke", "ok"), ("all_reduce", "ok"),
+        ("peer_access", "warn")]
     err = capsys.readouterr().err
     assert "pre-flight warning: peer_access: no peer access between GPUs 1-0" in err
 

@@ -152,3 +152,38 @@ def test_a_preflight_rank_whose_runner_is_gone_does_not_start():
         [sys.executable, "-m", "bench_lib.measure.preflight", rig, "0", "2", "/nonexistent",
          "/nonexistent.json", "5", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stderr
+
+
+DOCKER_SHM = {"path": "/dev/shm", "total_mib": 64.0, "free_mib": 64.0}
+
+
+def test_slots_on_one_gpu_pass_the_preflight_in_a_default_docker_container(monkeypatch):
+    """#28 item 2: the slots talk gloo (no NCCL shared memory) and sit on one GPU, which
+    NVML sees: neither /dev/shm's 64 MiB nor NVML's one GPU is a reason to stop."""
+    from tests.test_gpu_env import GPUS, OK_RANK, topo_nvml
+
+    monkeypatch.setattr(preflight, "SETTLE_S", 0.0)
+    monkeypatch.setattr(preflight, "smoke_results", lambda rig, *a, **k: ok_smoke(rig),
+                        raising=False)  # the CUDA smoke child, faked (item 3)
+    slots = Rig("cuda", 2, gpu_slots=2)
+    checks = preflight.check(slots, quiet=True, shm=DOCKER_SHM, environ={},
+                             nvml=topo_nvml(gpus=GPUS[:1]),
+                             command=[sys.executable, "-c", OK_RANK])
+    found = {c.name: c for c in checks}
+    assert found["dev_shm"].status == "ok" and "gloo" in found["dev_shm"].detail
+    assert found["nvml"].status == "ok", found["nvml"].detail
+    # Two GPUs of two slots each: still gloo, still no shared memory; NVML must see 2 GPUs.
+    four = Rig("cuda", 4, gpu_slots=2)
+    assert preflight.shm_check(four, DOCKER_SHM, {}).status == "ok"
+    assert preflight.nvml_check(four, topo_nvml(), {}).status == "ok"
+    few = preflight.nvml_check(four, topo_nvml(gpus=GPUS[:1]), {})
+    assert few.status == "warn" and "NVML sees 1 of the rig's 2 GPUs" in few.detail
+    # Two GPUs without slots talk NCCL: the Docker default still fails there.
+    assert preflight.shm_check(Rig("cuda", 2), DOCKER_SHM, {}).status == "fail"
+
+
+def ok_smoke(rig: Rig) -> Any:
+    """A CUDA smoke run (``preflight.smoke_results``) in which every GPU passed."""
+    return preflight.SmokeRun(True, {g: {"ok": True, "device": f"cuda:{g}", "name": "Fake GPU",
+                                         "capability": "sm_90"}
+                                     for g in range(rig.num_gpus)}, [0] * rig.num_gpus, "", 1.0)

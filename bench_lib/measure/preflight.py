@@ -4,12 +4,20 @@ instead of hours into a sweep.
     preflight.check(rig)        # prints warnings; raises PreflightError (exit 2) on a failure
 
 - ``dev_shm``: NCCL's shared-memory transport lives in /dev/shm, and Docker gives a container
-  64 MiB unless run with ``--shm-size`` or ``--ipc=host``: with more than one GPU, under
-  ``SHM_MIN_MIB`` fails (a warning where ``NCCL_SHM_DISABLE=1`` keeps NCCL off it).
+  64 MiB unless run with ``--shm-size`` or ``--ipc=host``: where NCCL runs between more than
+  one GPU, under ``SHM_MIN_MIB`` fails (a warning where ``NCCL_SHM_DISABLE=1`` keeps NCCL off
+  it). The slots of ``--gpu-slots`` (and a cpu rig's workers) talk gloo: no NCCL, no check.
 - ``nvml``: the sampler's view of the GPUs (their bus ids, without a CUDA context): without
   NVML the GPU utilisation and energy columns would be empty; on a machine of mixed GPUs
   without ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` the sampler may read other GPUs than the workers'.
-- ``all_reduce``: one process per device, joined through the workers' own
+  It counts physical GPUs (``Rig.num_gpus``: two slots on one GPU need one).
+- ``cuda_smoke``: on any cuda rig (one GPU, slots included), one fresh process per physical
+  GPU starts CUDA there, runs a small matrix product and a convolution, synchronises and
+  checks them against the CPU (``measure.cuda_smoke``), under a timeout: a driver too old
+  for this torch's CUDA, a GPU the wheel has no kernels for, a container without its GPUs
+  stop the run here, with what to do, instead of making every case an error.
+- ``all_reduce`` (more than one device, after a passed smoke test): one process per device,
+  joined through the workers' own
   ``rig.init_process_group`` (NCCL on GPUs, gloo on a cpu rig), a short all-reduce checked
   against its expected sum, a barrier, under a timeout: a hang (P2P broken by ACS or an
   IOMMU, a blocked interface) or a crash stops the run before any case.
@@ -40,10 +48,15 @@ SHM_MIN_MIB = 512.0
 """/dev/shm smaller than this fails the pre-flight of a multi-GPU rig."""
 TIMEOUT_S = 120.0
 """How long the all-reduce's processes get, torch's import and NCCL's setup included."""
+SMOKE_TIMEOUT_S = 180.0
+"""How long the CUDA smoke test's processes get: torch's import, CUDA's start, and a driver
+that JIT-compiles the wheel's PTX for a GPU it has no binary for (slow once, then cached)."""
+SMOKE_MODULE = "bench_lib.measure.cuda_smoke"
 ELEMENTS = 2**22
 """fp32 elements all-reduced (16 MiB: past NCCL's small-message paths)."""
 SETTLE_S = 5.0
-"""Wait after the all-reduce, so that the idle power measured next sees idle GPUs."""
+"""Wait after the checks that ran on the GPUs, so that the idle power measured next sees
+idle GPUs."""
 POLL_S = 0.1
 GRACE_S = 10.0
 """After one rank fails, how long its peers get to exit on their own."""
@@ -64,12 +77,17 @@ class Check:
     detail: str
 
 
-def shm_check(world_size: int, shm: Mapping[str, Any],
+def shm_check(rig: Rig, shm: Mapping[str, Any],
               environ: Mapping[str, str] | None = None) -> Check:
     """Whether /dev/shm (``shm``: ``environment.shm_size``'s record) is big enough for NCCL
-    between ``world_size`` GPUs."""
+    between the rig's GPUs: physical GPUs, where NCCL runs (``Rig.backend``)."""
     env = os.environ if environ is None else environ
     path = shm.get("path", "/dev/shm")
+    if rig.backend != "nccl":
+        between = "GPU slots" if rig.kind == "cuda" else "workers"
+        return Check("dev_shm", "ok", f"the {between} talk {rig.backend}: NCCL's shared-memory "
+                     "transport is not used")
+    world_size = rig.num_gpus
     if world_size < 2:
         return Check("dev_shm", "ok", "one GPU: NCCL does not use shared memory")
     if "total_mib" not in shm:
@@ -99,10 +117,10 @@ def nvml_check(rig: Rig, nvml: Any = None, environ: Mapping[str, str] | None = N
     except Exception as e:
         return Check("nvml", "warn", f"NVML unavailable ({type(e).__name__}: {e}): GPU "
                      "utilisation, power and energy will be empty")
-    if len(gpus) < rig.num_devices:
-        return Check("nvml", "warn", f"NVML sees {len(gpus)} of the rig's {rig.num_devices} "
+    if len(gpus) < rig.num_gpus:  # GPUs, not slots: two slots on one GPU need one
+        return Check("nvml", "warn", f"NVML sees {len(gpus)} of the rig's {rig.num_gpus} "
                      "GPUs: the others' utilisation and energy will be empty")
-    mine = gpus[:rig.num_devices]
+    mine = gpus[:rig.num_gpus]
     buses = ", ".join(f"{g.cuda_index}: {g.bus_id}" for g in mine)
     if len({g.name for g in mine}) > 1 and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
         return Check("nvml", "warn", f"mixed GPUs ({', '.join(sorted({g.name for g in mine}))})"
@@ -119,9 +137,47 @@ def _tail(path: Path) -> str:
     return " | ".join(lines[-LOG_TAIL_LINES:])
 
 
-def _wait(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> bool:
-    """Wait for every process; False when the timeout came first. Kills the whole process
-    group whatever happens (hung peers, their children), and reaps every process."""
+def _start(commands: Sequence[Sequence[str]], log_path: Path) -> list[subprocess.Popen[bytes]]:
+    """Start ``commands`` in one new process group (the first leads it), output to
+    ``log_path``. Each child is given this process's pid and ties itself to it as it starts
+    (no preexec_fn: see processes.lifeline.die_with_parent), so none outlives an interrupted
+    check; where one cannot start, the started ones are killed."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with log_path.open("ab") as log:
+            for cmd in commands:
+                procs.append(subprocess.Popen(
+                    list(cmd), stdout=log, stderr=subprocess.STDOUT,
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                    process_group=procs[0].pid if procs else 0))
+    except BaseException:
+        if procs:
+            _wait(procs, 0.0)
+        raise
+    return procs
+
+
+def _read_results(paths: Sequence[Path]) -> dict[int, dict[str, Any]]:
+    """The JSON results the children wrote, by position (a missing or torn one left out)."""
+    results: dict[int, dict[str, Any]] = {}
+    for i, path in enumerate(paths):
+        try:
+            results[i] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+    return results
+
+
+def _exit_text(code: int | None) -> str:
+    return (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
+            else f"exited with code {code}")
+
+
+def _wait(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
+          grace_s: float = GRACE_S) -> bool:
+    """Wait for every process; False when the timeout came first. After one fails, the
+    others get ``grace_s``. Kills the whole process group whatever happens (hung peers,
+    their children), and reaps every process."""
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     try:
@@ -134,7 +190,7 @@ def _wait(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> bool:
                 return False
             if failed_at is None and any(c not in (None, 0) for c in codes):
                 failed_at = now
-            if failed_at is not None and now - failed_at > GRACE_S:
+            if failed_at is not None and now - failed_at > grace_s:
                 return True  # a rank failed and its peers hang on it: its error says why
             time.sleep(POLL_S)
     finally:
@@ -158,33 +214,15 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
     with tempfile.TemporaryDirectory(prefix="parabench-preflight-") as tmp:
         folder = Path(tmp)
         log_path = folder / "ranks.log"
-        procs: list[subprocess.Popen[bytes]] = []
+        paths = [folder / f"rank{rank}.json" for rank in range(world)]
         start = time.monotonic()
-        try:
-            with log_path.open("ab") as log:
-                for rank in range(world):
-                    # The rank ties itself to this process as it starts (no preexec_fn: see
-                    # processes.lifeline.die_with_parent), so no rank outlives an interrupted check.
-                    args = [json.dumps(rig.as_dict()), str(rank), str(world),
-                            str(folder / "rendezvous"), str(folder / f"rank{rank}.json"),
-                            str(timeout_s), str(os.getpid())]
-                    procs.append(subprocess.Popen(
-                        [*base, *args], stdout=log, stderr=subprocess.STDOUT,
-                        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                        process_group=procs[0].pid if procs else 0))
-        except BaseException:  # a rank could not start: the started ones go too
-            if procs:
-                _wait(procs, 0.0)
-            raise
+        procs = _start([[*base, json.dumps(rig.as_dict()), str(rank), str(world),
+                         str(folder / "rendezvous"), str(paths[rank]), str(timeout_s),
+                         str(os.getpid())] for rank in range(world)], log_path)
         finished = _wait(procs, timeout_s)
         seconds = time.monotonic() - start
         tail = _tail(log_path)
-        results: dict[int, dict[str, Any]] = {}
-        for rank in range(world):
-            try:
-                results[rank] = json.loads((folder / f"rank{rank}.json").read_text())
-            except (OSError, ValueError):
-                pass
+        results = _read_results(paths)
     hint = ("; rerun with NCCL_DEBUG=INFO to see where NCCL stops (NCCL_P2P_DISABLE=1 or "
             "NCCL_SHM_DISABLE=1 tell a broken transport)" if backend == "nccl" else "")
     if not finished:
@@ -195,10 +233,7 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
     for rank, proc in enumerate(procs):
         result = results.get(rank)
         if result is None:
-            code = proc.returncode
-            how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
-                   else f"exited with code {code}")
-            errors.append(f"rank {rank} {how} without a result")
+            errors.append(f"rank {rank} {_exit_text(proc.returncode)} without a result")
         elif not result.get("ok"):
             why = result.get("error") or (f"wrong sum {result.get('value')} (expected "
                                           f"{world * (world + 1) / 2:g})")
@@ -219,16 +254,86 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
     return checks
 
 
+@dataclass(frozen=True)
+class SmokeRun:
+    """What the CUDA smoke test's processes left (``smoke_results``)."""
+
+    finished: bool
+    """False: the timeout came first (every process was killed)."""
+    results: dict[int, dict[str, Any]]
+    """GPU index -> the result its process wrote (``cuda_smoke.smoke_device``)."""
+    codes: list[int | None]
+    """Each GPU's process's exit code (negative: killed by that signal)."""
+    tail: str
+    """The last lines of their log."""
+    seconds: float
+
+
+def smoke_results(rig: Rig, timeout_s: float = SMOKE_TIMEOUT_S,
+                  command: Sequence[str] | None = None) -> SmokeRun:
+    """Run ``measure.cuda_smoke`` on each physical GPU of ``rig`` (``Rig.num_gpus``: once
+    per GPU however many slots share it), one fresh process each, all at once."""
+    base = list(command or [sys.executable, "-m", SMOKE_MODULE])
+    gpus = range(rig.num_gpus)
+    with tempfile.TemporaryDirectory(prefix="parabench-smoke-") as tmp:
+        folder = Path(tmp)
+        log_path = folder / "smoke.log"
+        paths = [folder / f"gpu{g}.json" for g in gpus]
+        start = time.monotonic()
+        procs = _start([[*base, f"cuda:{g}", str(paths[g]), str(os.getpid())] for g in gpus],
+                       log_path)
+        finished = _wait(procs, timeout_s, grace_s=timeout_s)  # each GPU says its own
+        return SmokeRun(finished, _read_results(paths), [p.returncode for p in procs],
+                        _tail(log_path), time.monotonic() - start)
+
+
+def cuda_smoke(rig: Rig, timeout_s: float = SMOKE_TIMEOUT_S,
+               command: Sequence[str] | None = None) -> Check:
+    """``cuda_smoke``: whether CUDA works on every GPU of ``rig`` (``smoke_results``), and
+    where not, what failed and what to do about it (``cuda_smoke.advice``)."""
+    from bench_lib.measure.cuda_smoke import advice, describe
+
+    found = smoke_results(rig, timeout_s, command)
+    log = f" (log: {found.tail})" if found.tail else ""
+    if not found.finished:
+        return Check("cuda_smoke", "fail", f"CUDA's start on the {rig.num_gpus} GPU(s) did "
+                     f"not finish within {timeout_s:g} s: a hang in the driver, or the driver "
+                     "JIT-compiling this torch's PTX for a GPU it has no kernels for (slow "
+                     f"once, then cached), killed{log}")
+    errors, texts = [], [found.tail]
+    for g, code in enumerate(found.codes):
+        result = found.results.get(g)
+        if result is None:
+            errors.append(f"cuda:{g}: the process {_exit_text(code)} without a result")
+        elif not result.get("ok"):
+            errors.append(f"{describe(result)}: {result.get('error')}")
+            texts += [str(result.get("error")), *result.get("warnings", [])]
+    if errors:
+        what = advice(" ".join(texts))
+        torch_cuda = next((f" (torch {r['torch']}, CUDA {r['torch_cuda']}, kernels for "
+                           f"{' '.join(r['arch_list'])})" for r in found.results.values()
+                           if r.get("arch_list")), "")
+        return Check("cuda_smoke", "fail", f"CUDA does not work here{torch_cuda}: "
+                     f"{'; '.join(errors)}{f'. {what}' if what else ''}{log}")
+    gpus = ", ".join(describe(found.results[g]) for g in sorted(found.results))
+    return Check("cuda_smoke", "ok", f"a matrix product and a convolution on {gpus} in "
+                 f"{found.seconds:.1f} s, process start included")
+
+
 def run(rig: Rig, timeout_s: float = TIMEOUT_S, environ: Mapping[str, str] | None = None,
         shm: Mapping[str, Any] | None = None, nvml: Any = None,
-        command: Sequence[str] | None = None) -> list[Check]:
-    """Every check for ``rig`` (``shm``: /dev/shm's record, default measured)."""
+        command: Sequence[str] | None = None, smoke_timeout_s: float = SMOKE_TIMEOUT_S,
+        smoke_command: Sequence[str] | None = None) -> list[Check]:
+    """Every check for ``rig`` (``shm``: /dev/shm's record, default measured). The all-reduce
+    runs only where CUDA passed its smoke test (it would fail the same way, slower)."""
     from bench_lib.measure.environment import shm_size
 
-    checks = [shm_check(rig.num_devices, shm_size() if shm is None else shm, environ)]
+    checks = [shm_check(rig, shm_size() if shm is None else shm, environ)]
     if rig.kind == "cuda":
         checks.append(nvml_check(rig, nvml, environ))
-    if rig.num_devices > 1:
+        checks.append(cuda_smoke(rig, smoke_timeout_s, smoke_command))
+    cuda_broken = any(c.name == "cuda_smoke" and c.status == "fail" for c in checks)
+    if rig.num_devices > 1 and not cuda_broken:
         checks += all_reduce(rig, timeout_s, command)
     return checks
 
@@ -246,7 +351,7 @@ def check(rig: Rig, quiet: bool = False, **kwargs: Any) -> list[Check]:
     if failed:
         raise PreflightError(f"pre-flight of rig {rig.label} failed; no case was run: "
                              + "; ".join(f"{c.name}: {c.detail}" for c in failed))
-    if rig.kind == "cuda" and any(c.name == "all_reduce" for c in checks):
+    if rig.kind == "cuda" and any(c.name in ("cuda_smoke", "all_reduce") for c in checks):
         time.sleep(SETTLE_S)  # the GPUs' clocks and power back to idle before idle power
     return checks
 
