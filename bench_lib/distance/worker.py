@@ -48,7 +48,6 @@ from bench_lib.rig import init_process_group, pin_worker, set_math_mode
 from bench_lib.run.protocol import RankResult, baseline_path
 from bench_lib.run.worker import (
     EXIT_FAILED,
-    NOTE_CHARS,
     PROCESS_GROUP_TIMEOUT_S,
     destroy_process_group,
     result_path,
@@ -131,16 +130,9 @@ def main(argv: list[str]) -> int:
     spec = DistanceSpec.read(spec_path)
     try:
         result = run_rank(spec, rank, spec_path.parent)
-    except torch.OutOfMemoryError as e:
-        result = RankResult(rank, "oom", f"out of memory: {str(e)[:NOTE_CHARS]}",
-                            failed_at_unix_s=time.time())
-    except MemoryError as e:
-        result = RankResult(rank, "oom", f"host out of memory: {e}", failed_at_unix_s=time.time())
-    except Exception as e:  # the case's error row; the traceback goes to the log
-        failed_at = time.time()
+    except Exception as e:  # the case's oom or error row; the traceback goes to the log
+        result = RankResult.failed(rank, e)
         traceback.print_exc()
-        result = RankResult(rank, "error", f"{type(e).__name__}: {e}"[:500],
-                            failed_at_unix_s=failed_at)
     result.write(result_path(spec_path.parent, rank))  # first, so the runner sees it early
     code = 0 if result.status == "ok" else EXIT_FAILED
     destroy_process_group(code)

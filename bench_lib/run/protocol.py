@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,26 @@ TimelineRow = dict[str, Any]
 SampleRow = dict[str, Any]
 """One samples.csv row: time_unix_s, device and the sampler's metrics."""
 RANK_STATUSES = ("ok", "oom", "error")
+OOM_MARKS = ("out of memory", "outofmemoryerror", "_alloc_failed")
+"""What an out-of-memory error says (lower-cased), however it surfaced: torch's allocator
+(``torch.OutOfMemoryError: CUDA out of memory``), a CUDA call inside NCCL
+(``DistBackendError ... Cuda failure 2 'out of memory'``, ``CUDA error: out of memory``),
+cuDNN, cuBLAS, cuSOLVER or cuSPARSE (``CUDNN_STATUS_ALLOC_FAILED``,
+``CUBLAS_STATUS_ALLOC_FAILED``...), cuFFT (``CUFFT_ALLOC_FAILED``)."""
+REASON_CHARS = 500
+"""The longest reason a failed rank writes (the traceback goes to its log)."""
+
+
+def is_oom(failure: BaseException | str) -> bool:
+    """Whether ``failure`` (an exception, or a rank's error text read after the fact) says a
+    device or the host ran out of memory: by its message, not only its type (``OOM_MARKS``:
+    only torch's own allocator raises ``torch.OutOfMemoryError``). The one rule every
+    status is decided by."""
+    if isinstance(failure, MemoryError):
+        return True
+    text = (failure if isinstance(failure, str)
+            else f"{type(failure).__name__}: {failure}").lower()
+    return any(mark in text for mark in OOM_MARKS)
 
 
 def baseline_path(case_dir: Path, rank: int) -> Path:
@@ -154,6 +175,21 @@ class RankResult:
                            "step_cpu_times_s": tuple(d.get("step_cpu_times_s", ())),
                            "timed_window_unix_s": tuple(window) if window else None,
                            "timeline": tuple(d.get("timeline", ()))}))
+
+    @classmethod
+    def failed(cls, rank: int, e: BaseException) -> RankResult:
+        """The result of a rank whose run raised ``e``, failed now: ``oom`` where it ran
+        out of memory (``is_oom``), else ``error``; the reason names the exception."""
+        at = time.time()
+        if isinstance(e, MemoryError):
+            return cls(rank, "oom", f"host out of memory: {e}"[:REASON_CHARS],
+                       failed_at_unix_s=at)
+        text = f"{type(e).__name__}: {e}"
+        if is_oom(e):  # torch's own "CUDA out of memory. ..." says it without its type
+            said = str(e) if type(e).__name__ == "OutOfMemoryError" else text
+            return cls(rank, "oom", f"out of memory: {said}"[:REASON_CHARS],
+                       failed_at_unix_s=at)
+        return cls(rank, "error", text[:REASON_CHARS], failed_at_unix_s=at)
 
 
 def _median(values: list[float | None]) -> float | None:

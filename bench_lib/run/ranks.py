@@ -23,7 +23,7 @@ from bench_lib.measure.trace import align
 from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.run.agent import WORKER_MODULE
 from bench_lib.run.launch import TORCHRUN_SUMMARY
-from bench_lib.run.protocol import CaseOutcome, RankResult, baseline_path
+from bench_lib.run.protocol import CaseOutcome, RankResult, baseline_path, is_oom
 
 POLL_S = 0.1
 MIB = 2**20
@@ -213,7 +213,8 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
 
     1. A rank failed: the one that failed first is blamed, named in the reason. Failures are
        the ranks that wrote ``oom``/``error`` and those that exited on their own without a
-       result (crashed, or killed by a signal that is not the runner's). An ``oom`` is blamed
+       result (crashed, or killed by a signal that is not the runner's: an ``oom`` where the
+       log's tail says the memory ran out, ``protocol.is_oom``). An ``oom`` is blamed
        before any other failure (a peer's failure makes collectives fail or hang; it never
        allocates), then the earliest: a written failure at ``failed_at_unix_s``, an exit at
        the last poll that saw the rank running (so a peer's error that follows a crash within
@@ -221,7 +222,7 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
        waiting for the failed one, and are not blamed.
     2. The runner stopped the case (timeout, or over the memory cap) before every rank had
        written its timed result: that status and reason.
-    3. A rank has no result: ``error``.
+    3. A rank has no result: ``error`` (``oom`` where the log's tail says so).
     4. ``ok``. A rank whose traced step failed, or did not finish (it was stopped in it),
        leaves the case without a timeline, and ``trace_note`` says why.
 
@@ -234,10 +235,12 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
         if path.exists():
             results[rank] = RankResult.read(path)
 
-    def without_result(rank: int) -> str:
+    def without_result(rank: int) -> tuple[str, str]:
+        """Its status and reason: ``oom`` where the log's tail says so (NCCL's watchdog
+        aborts a rank on an asynchronous CUDA error, before it writes anything)."""
         reason = _describe_exit(rank, procs[rank].returncode) + " without a result"
         tail = log_tail(log_path)
-        return f"{reason}: {tail}" if tail else reason
+        return ("oom" if is_oom(tail) else "error"), (f"{reason}: {tail}" if tail else reason)
 
     def killed(rank: int) -> str:
         code = procs[rank].returncode
@@ -249,8 +252,9 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
          float("inf") if res.failed_at_unix_s is None else res.failed_at_unix_s,
          rank, res.status, f"rank {rank}: {res.reason}")
         for rank, res in results.items() if res.status != "ok"]
-    failures += [(True, exited[rank], rank, "error", without_result(rank))
-                 for rank in range(len(procs)) if rank not in results and rank in exited]
+    failures += [(status != "oom", exited[rank], rank, status, reason)
+                 for rank in range(len(procs)) if rank not in results and rank in exited
+                 for status, reason in [without_result(rank)]]
     if failures:
         _, _, _, status, reason = min(failures)
         return CaseOutcome(status, reason)
@@ -258,7 +262,7 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
     if stopped is not None and missing:
         return CaseOutcome(*stopped)
     if missing:
-        return CaseOutcome("error", without_result(missing[0]))
+        return CaseOutcome(*without_result(missing[0]))
     notes = [f"rank {rank}: {res.trace_note}{killed(rank)}"
              for rank, res in results.items() if res.trace_note]
     if notes and stopped is not None:

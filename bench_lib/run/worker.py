@@ -80,7 +80,7 @@ from bench_lib.measure.trace import TracedStep, trace_step
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig, init_process_group, pin_worker, set_math_mode, synchronize
 from bench_lib.run import faults
-from bench_lib.run.protocol import CaseSpec, RankResult, baseline_path
+from bench_lib.run.protocol import CaseSpec, RankResult, baseline_path, is_oom
 from bench_lib.strategies import BuildContext, Trainer
 from bench_lib.strategies.base import TimelineStage
 from bench_lib.sweep.cases import Case
@@ -152,7 +152,8 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     # A rank of a process group drives its own device; a lone process drives them all.
     indices = [place.local_rank] if case.process_group else list(range(case.world_size))
     pin_worker(rig, indices[0])  # a lone process driving several devices: like single
-    set_math_mode()  # before the model is built: the FLOP peak probe uses the same mode
+    # Before the model is built; the calibration and the FLOP peak probe use the same mode.
+    set_math_mode(case.measurement.math_mode)
     if case.process_group:
         if place.world_size not in (None, case.world_size):
             raise RuntimeError(f"torchrun started {place.world_size} ranks; the case needs "
@@ -329,12 +330,13 @@ def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, stages: Sequence[
                 e | {"start_s": e["start_s"] - origin, "end_s": e["end_s"] - origin}
                 for e in traced.events])
         return traced, ""
-    except torch.OutOfMemoryError as e:
-        note = f"out of memory in the traced step after the timed ones: {_first_line(e)}"
-        print(f"traced step: {note}", file=sys.stderr)
     except Exception as e:  # the traceback goes to the worker log
-        traceback.print_exc()
-        note = f"the traced step failed: {type(e).__name__}: {_first_line(e)}"
+        if is_oom(e):  # NCCL's, cuDNN's and cuBLAS's too: not only torch.OutOfMemoryError
+            note = f"out of memory in the traced step after the timed ones: {_first_line(e)}"
+            print(f"traced step: {note}", file=sys.stderr)
+        else:
+            traceback.print_exc()
+            note = f"the traced step failed: {type(e).__name__}: {_first_line(e)}"
     # Out of the handler, the failed step's frames (and the tensors they held) are gone.
     gc.collect()
     if any(d.type == "cuda" for d in trainer.devices):
@@ -391,16 +393,9 @@ def main(argv: list[str]) -> int:
     try:
         result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace, spec.cut,
                           place, spec.warmup_steps)
-    except torch.OutOfMemoryError as e:
-        result = RankResult(rank, "oom", f"out of memory: {str(e)[:NOTE_CHARS]}",
-                            failed_at_unix_s=time.time())
-    except MemoryError as e:
-        result = RankResult(rank, "oom", f"host out of memory: {e}", failed_at_unix_s=time.time())
-    except Exception as e:  # recorded as the case's error row, with the traceback in the log
-        failed_at = time.time()
+    except Exception as e:  # the case's oom or error row, with the traceback in the log
+        result = RankResult.failed(rank, e)
         traceback.print_exc()
-        result = RankResult(rank, "error", f"{type(e).__name__}: {e}"[:500],
-                            failed_at_unix_s=failed_at)
     # The result first, so that the runner sees it early; then the process group.
     result.write(result_path(spec_path.parent, rank))
     code = exit_code(result)
