@@ -1,7 +1,9 @@
 import sys
 
+from bench_lib.nvml import order_cuda_by_bus  # torch-free
 from bench_lib.processes import forkserver  # torch-free: the server starts before our imports
 
+order_cuda_by_bus()  # before the fork server copies this environment
 forkserver.prestart(sys.argv[1:])
 
 from bench_lib.commands import main  # noqa: E402

@@ -7,10 +7,40 @@ the admission reads their memory: all without CUDA, in the runner. Torch-free.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+
+BUS_ORDER = "PCI_BUS_ID"
+"""The CUDA_DEVICE_ORDER that numbers GPUs in PCI bus order, as ``cuda_visible_gpus`` does."""
+
+
+class CudaOrderUnknown(RuntimeError):
+    """CUDA numbers this machine's GPUs in an order NVML cannot reproduce."""
+
+
+def order_cuda_by_bus(environ: MutableMapping[str, str] | None = None) -> str:
+    """Set CUDA_DEVICE_ORDER=PCI_BUS_ID in ``environ`` (default: this process's) unless the
+    user set an order; returns the order in force. A command calls it as it starts, before
+    any child and before CUDA reads it: every child inherits it (the fork server and its
+    ranks, torchrun's agents, the pre-flight, the FLOP probe, the collectives, the
+    calibration), so CUDA numbers the GPUs as ``cuda_visible_gpus`` does."""
+    env = os.environ if environ is None else environ
+    return env.setdefault("CUDA_DEVICE_ORDER", BUS_ORDER)
+
+
+def _check_order(names: Sequence[str], env: Mapping[str, str]) -> None:
+    """Raise ``CudaOrderUnknown`` where CUDA's numbering need not be the bus order: an order
+    other than PCI_BUS_ID (unset is CUDA's FASTEST_FIRST: the fastest GPU first, the rest
+    unspecified) on a machine whose GPUs are not all alike (``names``: every GPU's)."""
+    order = env.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    if order != BUS_ORDER and len(set(names)) > 1:
+        raise CudaOrderUnknown(
+            f"mixed GPUs ({', '.join(sorted(set(names)))}) under CUDA_DEVICE_ORDER={order}: "
+            "CUDA may number them otherwise than NVML's bus order, so no GPU is placed; set "
+            f"CUDA_DEVICE_ORDER={BUS_ORDER} (a command sets it where it is unset)")
 
 
 def load_nvml(nvml: Any = None) -> Any:
@@ -78,10 +108,11 @@ def cuda_visible_gpus(nvml: Any = None, environ: Mapping[str, str] | None = None
     CUDA_VISIBLE_DEVICES is read as CUDA reads it: comma-separated indices, GPU UUIDs (or
     unambiguous prefixes) or MIG UUIDs (mapped to their parent GPU), up to the first invalid
     or repeated entry; unset means every GPU. Indices (and the order when unset) are taken
-    in PCI bus order, which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID. CUDA's
-    default (FASTEST_FIRST) puts the fastest GPU first and is PCI order only on a machine
-    of identical GPUs: on a mixed machine set CUDA_DEVICE_ORDER=PCI_BUS_ID, or the bus ids
-    (and so the sampled GPUs) may not be the ones the workers use.
+    in PCI bus order, which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID (which every
+    command sets unless the user set an order: ``order_cuda_by_bus``). CUDA's default
+    (FASTEST_FIRST) puts the fastest GPU first and is PCI order only on a machine of
+    identical GPUs: under any other order a machine of mixed GPUs raises
+    ``CudaOrderUnknown`` rather than name, sample or count another GPU than the workers'.
     """
     env = os.environ if environ is None else environ
     with nvml_session(nvml) as nv:
@@ -89,6 +120,7 @@ def cuda_visible_gpus(nvml: Any = None, environ: Mapping[str, str] | None = None
         gpus = sorted(((i, nvml_text(nv.nvmlDeviceGetPciInfo(h).busId),
                         nvml_text(nv.nvmlDeviceGetUUID(h))) for i, h in enumerate(handles)),
                       key=lambda g: g[1].upper())
+        _check_order([nvml_text(nv.nvmlDeviceGetName(h)) for h in handles], env)
         order: list[int] = list(range(len(gpus)))
         visible = env.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:

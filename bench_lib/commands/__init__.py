@@ -20,12 +20,15 @@ __all__ = ["COMMANDS", "EXIT_FAILED_CASES", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run its command; its exit code. Bad
     input the command finds (a usage, rig, workload or results error) is printed as
-    ``error: ...`` and exits 2."""
+    ``error: ...`` and exits 2. CUDA numbers GPUs in PCI bus order in this process and
+    every child it starts, unless the user chose an order (``nvml.order_cuda_by_bus``)."""
+    from bench_lib.nvml import order_cuda_by_bus
     from bench_lib.results.schema import ResultsError
     from bench_lib.rig import RigError
     from bench_lib.sweep.profile import UsageError
     from bench_lib.workloads import WorkloadError
 
+    order_cuda_by_bus()
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         code: int = COMMANDS[args.command].command(args)

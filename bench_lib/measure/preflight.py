@@ -8,8 +8,10 @@ instead of hours into a sweep.
   one GPU, under ``SHM_MIN_MIB`` fails (a warning where ``NCCL_SHM_DISABLE=1`` keeps NCCL off
   it). The slots of ``--gpu-slots`` (and a cpu rig's workers) talk gloo: no NCCL, no check.
 - ``nvml``: the sampler's view of the GPUs (their bus ids, without a CUDA context): without
-  NVML the GPU utilisation and energy columns would be empty; on a machine of mixed GPUs
-  without ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` the sampler may read other GPUs than the workers'.
+  NVML the GPU utilisation and energy columns would be empty; so would they on a machine
+  of mixed GPUs under a user's CUDA_DEVICE_ORDER other than ``PCI_BUS_ID`` (which a command
+  sets where it is unset: ``nvml.order_cuda_by_bus``), where NVML cannot tell which GPU
+  CUDA numbers i.
   It counts physical GPUs (``Rig.num_gpus``: two slots on one GPU need one).
 - ``cuda_smoke``: on any cuda rig (one GPU, slots included), one fresh process per physical
   GPU starts CUDA there, runs a small matrix product and a convolution, synchronises and
@@ -109,23 +111,20 @@ def shm_check(rig: Rig, shm: Mapping[str, Any],
 
 def nvml_check(rig: Rig, nvml: Any = None, environ: Mapping[str, str] | None = None) -> Check:
     """Whether the runner's sampler can read the rig's GPUs through NVML (a warning if not)."""
-    from bench_lib.nvml import cuda_visible_gpus
+    from bench_lib.nvml import CudaOrderUnknown, cuda_visible_gpus
 
     env = os.environ if environ is None else environ
     try:
         gpus = cuda_visible_gpus(nvml, env)
+    except CudaOrderUnknown as e:
+        return Check("nvml", "warn", f"{e}: GPU utilisation, power and energy will be empty")
     except Exception as e:
         return Check("nvml", "warn", f"NVML unavailable ({type(e).__name__}: {e}): GPU "
                      "utilisation, power and energy will be empty")
     if len(gpus) < rig.num_gpus:  # GPUs, not slots: two slots on one GPU need one
         return Check("nvml", "warn", f"NVML sees {len(gpus)} of the rig's {rig.num_gpus} "
                      "GPUs: the others' utilisation and energy will be empty")
-    mine = gpus[:rig.num_gpus]
-    buses = ", ".join(f"{g.cuda_index}: {g.bus_id}" for g in mine)
-    if len({g.name for g in mine}) > 1 and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-        return Check("nvml", "warn", f"mixed GPUs ({', '.join(sorted({g.name for g in mine}))})"
-                     " without CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA may number them otherwise "
-                     f"than the sampler assumes ({buses}); set it for a run")
+    buses = ", ".join(f"{g.cuda_index}: {g.bus_id}" for g in gpus[:rig.num_gpus])
     return Check("nvml", "ok", f"bus ids {buses}")
 
 

@@ -162,9 +162,10 @@ def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
     Read through NVML alone, so the runner never creates a CUDA context (one would hold
     memory on a GPU the case measures): ``nvml.cuda_visible_gpus`` maps CUDA's visible
     indices to bus ids as CUDA_VISIBLE_DEVICES says, taking CUDA's order as PCI bus order,
-    which holds under CUDA_DEVICE_ORDER=PCI_BUS_ID and on machines of identical GPUs (CUDA's
-    default FASTEST_FIRST may reorder mixed ones). Raises where NVML cannot be read or sees
-    fewer than ``count`` visible GPUs.
+    which holds under CUDA_DEVICE_ORDER=PCI_BUS_ID (the command sets it unless the user set
+    an order) and on machines of identical GPUs. Raises where NVML cannot be read, sees
+    fewer than ``count`` visible GPUs, or cannot tell CUDA's numbering of mixed GPUs
+    (``nvml.CudaOrderUnknown``).
     """
     gpus = cuda_visible_gpus(nvml)
     if len(gpus) < count:
