@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-
 BUS_ORDER = "PCI_BUS_ID"
 """The CUDA_DEVICE_ORDER that numbers GPUs in PCI bus order, as ``cuda_visible_gpus`` does."""
 
