@@ -79,6 +79,9 @@ class VisibleGpu:
     """PCI bus id as NVML writes it, e.g. ``00000000:3B:00.0``: the key NvmlSource opens."""
     uuid: str
     name: str
+    mig_uuid: str = ""
+    """The MIG instance CUDA_VISIBLE_DEVICES names on this GPU (``MIG-...``), or empty: the
+    process then has that instance, not the GPU (its memory, its share of the SMs)."""
 
 
 def _visible_entry(entry: str, gpus: Sequence[tuple[int, str, str]], nvml: Any) -> int | None:
@@ -121,14 +124,16 @@ def cuda_visible_gpus(nvml: Any = None, environ: Mapping[str, str] | None = None
                       key=lambda g: g[1].upper())
         _check_order([nvml_text(nv.nvmlDeviceGetName(h)) for h in handles], env)
         order: list[int] = list(range(len(gpus)))
+        migs: list[str] = [""] * len(gpus)
         visible = env.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
-            order = []
-            for entry in visible.split(","):
-                k = _visible_entry(entry.strip(), gpus, nv)
+            order, migs = [], []
+            for entry in (e.strip() for e in visible.split(",")):
+                k = _visible_entry(entry, gpus, nv)
                 if k is None or k in order:  # CUDA stops at an invalid or repeated entry
                     break
                 order.append(k)
+                migs.append(entry if entry.startswith("MIG-") else "")
         return [VisibleGpu(c, gpus[k][0], gpus[k][1], gpus[k][2],
-                           nvml_text(nv.nvmlDeviceGetName(handles[gpus[k][0]])))
-                for c, k in enumerate(order)]
+                           nvml_text(nv.nvmlDeviceGetName(handles[gpus[k][0]])), mig)
+                for c, (k, mig) in enumerate(zip(order, migs))]

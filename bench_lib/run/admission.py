@@ -12,6 +12,15 @@ context), shared by the device slots of ``--gpu-slots``; a cpu rig without a cap
 limit, and nothing is refused there. A process that drives several devices (``mp``,
 ``pipeline`` on a cpu rig: label "0+1") gets their memory summed, as the runner's memory
 cap gives it.
+
+Against a GPU's total, the prediction (the caching allocator's tensors) is not all a case
+takes there: each process's CUDA context (``CUDA_CONTEXT_MIB``) and, in a multi-process case
+on NCCL, NCCL's buffers (``NCCL_BUFFERS_MIB``) come on top, and are added before comparing.
+A cap is compared with the prediction alone: it bounds the allocator, as the workers apply
+it (``measure.memory.cap_cuda_memory``). Under MIG a process has an instance, not the GPU:
+the instance's memory is read where CUDA_VISIBLE_DEVICES names it (``MIG-...``); a GPU in
+MIG mode with none named is refused as a figure (which instance CUDA takes cannot be read
+without CUDA): nothing is refused then, and ``Admission.note`` says why.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench_lib.nvml import cuda_visible_gpus, nvml_session
+from bench_lib.nvml import VisibleGpu, cuda_visible_gpus, nvml_session
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import by_device
@@ -28,6 +37,21 @@ from bench_lib.sweep.cases import Case
 from bench_lib.sweep.predict import Prediction, predict
 
 MIB = 2**20
+CUDA_CONTEXT_MIB = 500.0
+"""What one process's CUDA context holds on a GPU it uses, outside the caching allocator and
+so outside every prediction: driver state, the kernels loaded, cuBLAS and cuDNN handles and
+workspaces. Commonly 300-500 MiB with CUDA 12/13's lazy module loading (more without it, and
+by GPU and driver); an estimate, the high end, not measured here (no GPU has been lent to
+this project). A case's process touches its own GPU(s) only (``rig.init_process_group``
+selects its GPU first), so each device counts one."""
+NCCL_BUFFERS_MIB = 512.0
+"""What NCCL holds on each GPU of a multi-process case (a process group on NCCL): per
+channel and peer its Simple protocol's buffer (``NCCL_BUFFSIZE``, 4 MiB) and the LL and
+LL128 ones, over up to 32 channels, per communicator: commonly 100-500 MiB a GPU on one
+node; an estimate, the high end. gloo (``--gpu-slots``) keeps its buffers in host memory."""
+MIG_ENABLED = 1
+"""``NVML_DEVICE_MIG_ENABLE``: the current mode ``nvmlDeviceGetMigMode`` gives a GPU in
+MIG mode."""
 Predictor = Callable[[Case, Rig, str], Prediction]
 """(case, rig, the cut it ran or '') -> its prediction: ``sweep.predict.predict``."""
 
@@ -39,7 +63,10 @@ class DeviceMemory:
     mib: tuple[float, ...]
     """Per device slot of a node, MiB."""
     source: str
-    """``--max-memory-per-device``, or the GPUs' total memory (NVML)."""
+    """``--max-memory-per-device``, or the GPUs' (or MIG instances') total memory (NVML)."""
+    whole_device: bool = False
+    """True: a device's whole memory (a GPU's, a MIG instance's), from which each process's
+    CUDA context and NCCL's buffers come too; False: a cap on the caching allocator."""
 
     def limit_mib(self, label: str) -> float:
         """The memory of the device(s) a peak label names ("1", or "0+1": summed); across
@@ -58,14 +85,36 @@ def device_memory(rig: Rig, cap_mib: float, nvml: Any = None) -> DeviceMemory | 
         return None
     gpus = cuda_visible_gpus(nvml)
     with nvml_session(nvml) as nv:
-        total = [nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(g.nvml_index)).total
-                 / MIB for g in gpus]
+        total = [_memory_mib(nv, g) for g in gpus]
     if len(total) < rig.num_gpus:
         raise RuntimeError(f"NVML sees {len(total)} GPU(s) visible to CUDA; the rig has "
                            f"{rig.num_gpus}")
     slots = tuple(total[rig.cuda_index(s)] / rig.gpu_slots for s in range(rig.num_devices))
-    return DeviceMemory(slots, "GPU total memory (NVML)" + (
-        f" over {rig.gpu_slots} slots" if rig.gpu_slots > 1 else ""))
+    what = ("MIG instance" if any(g.mig_uuid for g in gpus[:rig.num_gpus]) else "GPU")
+    return DeviceMemory(slots, f"{what} total memory (NVML)" + (
+        f" over {rig.gpu_slots} slots" if rig.gpu_slots > 1 else ""), whole_device=True)
+
+
+def _memory_mib(nv: Any, gpu: VisibleGpu) -> float:
+    """The memory CUDA gets of ``gpu``, MiB: the MIG instance CUDA_VISIBLE_DEVICES names on
+    it, else the whole GPU's; raises for a GPU in MIG mode with no instance named (its total
+    would overstate what a process gets)."""
+    if gpu.mig_uuid:
+        instance = nv.nvmlDeviceGetHandleByUUID(gpu.mig_uuid.encode())
+        return float(nv.nvmlDeviceGetMemoryInfo(instance).total) / MIB
+    handle = nv.nvmlDeviceGetHandleByIndex(gpu.nvml_index)
+    try:
+        mig_mode = nv.nvmlDeviceGetMigMode(handle)[0]
+    except Exception:  # a GPU without MIG ("not supported"), or an NVML without the call
+        mig_mode = None
+    if mig_mode == MIG_ENABLED:
+        raise RuntimeError(
+            f"GPU {gpu.cuda_index} ({gpu.name}) is in MIG mode and CUDA_VISIBLE_DEVICES names "
+            "none of its instances: which one CUDA takes, so its memory, cannot be read "
+            "without CUDA, and the GPU's total would overstate it; set "
+            "CUDA_VISIBLE_DEVICES=MIG-<uuid> (nvidia-smi -L lists them) or "
+            "--max-memory-per-device")
+    return float(nv.nvmlDeviceGetMemoryInfo(handle).total) / MIB
 
 
 class Admission:
@@ -113,10 +162,24 @@ class Admission:
             return None
         for label, mib in sorted(pred.mib_by_device.items()):
             limit = self.memory.limit_mib(label)
-            if mib > limit:
-                return (f"predicted: {mib:.0f} MiB > {limit:.0f} MiB (device {label}, "
+            beside = self.outside_allocator(case, label)
+            if mib + sum(beside.values()) > limit:
+                also = "".join(f" + {v:.0f} MiB {what}" for what, v in beside.items())
+                return (f"predicted: {mib:.0f} MiB{also} > {limit:.0f} MiB (device {label}, "
                         f"{self.memory.source}; --no-predict-skip launches it)")
         return None
+
+    def outside_allocator(self, case: Case, label: str) -> dict[str, float]:
+        """What ``case`` holds on the device(s) ``label`` names beside the prediction, MiB,
+        by what it is: against a whole device's memory, each process's CUDA context and,
+        with a process group on NCCL, NCCL's buffers; against a cap, nothing."""
+        if self.memory is None or not self.memory.whole_device:
+            return {}
+        devices = len(label.split("+"))
+        beside = {"CUDA context": CUDA_CONTEXT_MIB * devices}
+        if case.process_group and self.rig.backend == "nccl":
+            beside["NCCL buffers"] = NCCL_BUFFERS_MIB * devices
+        return beside
 
     def columns(self, case: Case, launches: list[CaseOutcome]) -> dict[str, Any]:
         """The row's prediction columns, made with the cut the case's first launch ran."""

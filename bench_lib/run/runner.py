@@ -481,11 +481,14 @@ def run_sweep(
     ``predictor``: predicts each case's step time before its workload's first round
     (``run.calibrate``; None: no prediction columns).
     """
+    admission = admission or Admission.of(rig, cases)
+    if admission.note:  # e.g. a GPU in MIG mode whose instance's memory NVML cannot name
+        print(f"memory admission: {admission.note}: no case is refused before its launch",
+              file=sys.stderr, flush=True)
     try:
         rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start,
                            attainable_peak, idle, on_launch_done, launcher, coordinator,
-                           admission or Admission.of(rig, cases), collectives,
-                           memory_true_forks(server), predictor)
+                           admission, collectives, memory_true_forks(server), predictor)
     except BaseException as e:
         if coordinator is not None:
             coordinator.finish("interrupted" if isinstance(e, KeyboardInterrupt)

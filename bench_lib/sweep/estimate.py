@@ -3,8 +3,9 @@ the memory one device needs to train a whole batch, for choosing a profile's bat
 
 The duration figures are deliberately simple: forward+backward seconds per image at 64 px on
 one CPU thread (from runs on a 2-core machine), scaled by pixel count and threads; a model
-that takes no image size (``toy``, ``mlp``) has a figure per sample, not scaled. The
-progress bar corrects them with the pace it measures as the sweep goes.
+that takes no image size (``toy``, ``mlp``) has a figure per sample, not scaled; each launch
+adds its start (``start_seconds``: on GPUs CUDA's, NCCL's and cuDNN's too). The progress
+bar corrects them with the pace it measures as the sweep goes.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import functools
 import torch
 
 from bench_lib.measure.timing import MIN_STEPS_UNDER_TIME_CAP
-from bench_lib.rig import Rig
-from bench_lib.sweep.cases import Case
+from bench_lib.rig import CUDNN_BENCHMARK, Rig
+from bench_lib.sweep.cases import Case, model_facts
 from bench_lib.workloads import get_model
 
 CPU_S_PER_IMAGE_64PX = {"resnet50": 0.035, "resnet18": 0.012, "resnet-tiny": 0.004,
@@ -29,6 +30,36 @@ PROCESS_START_S = 1.0
 """A launch's cost beyond its steps: its ranks forked by the run's fork server, model build,
 process group, teardown (default-cpu on 2 cores, AMD EPYC: 75 s over 72 launches; a fresh
 interpreter's imports alone are ~2.3 s)."""
+# What a launch on a cuda rig pays beyond PROCESS_START_S before its steps are steady: each
+# an estimate, from commonly reported figures (none measured here: no GPU has been lent to
+# this project), taken at the high end so that a GPU sweep's duration is not understated.
+CUDA_START_S = 1.0
+"""CUDA's start in every rank (driver, context, the first kernels loaded; the ranks start at
+once, so once per launch): commonly 0.3-1 s with CUDA 12/13's lazy module loading, more on
+a GPU without persistence mode (``nvidia-smi -pm 1``), whose driver state is set up anew."""
+NCCL_START_S = 3.0
+"""A multi-process case's NCCL communicator (topology detection, connections and buffers set
+up, mostly on the first collective): commonly 1-3 s for a few GPUs of one node. gloo (the
+slots of ``--gpu-slots``) is counted in PROCESS_START_S, as on a cpu rig."""
+CUDNN_AUTOTUNE_S = 3.0
+"""cuDNN autotuning (``rig.CUDNN_BENCHMARK``): on first use of each convolution shape it
+times the candidate algorithms of the forward and both backward passes (ResNet50: about 20
+shapes per input size, more with a pipeline's micro-batches), in the first warm-up step:
+commonly 1-5 s."""
+
+
+def start_seconds(case: Case, rig: Rig) -> float:
+    """Estimated seconds of one launch of ``case`` beyond its steps: the processes' start
+    (``PROCESS_START_S``), and on a cuda rig CUDA's, NCCL's and cuDNN's (each where it
+    applies)."""
+    seconds = PROCESS_START_S
+    if rig.kind == "cuda":
+        seconds += CUDA_START_S
+        if case.process_group and rig.backend == "nccl":
+            seconds += NCCL_START_S
+        if CUDNN_BENCHMARK and model_facts(case.model).conv:
+            seconds += CUDNN_AUTOTUNE_S
+    return seconds
 
 
 def step_seconds(case: Case, rig: Rig) -> float:
@@ -53,7 +84,7 @@ def case_seconds(case: Case, rig: Rig) -> float:
     # The step cap, or the minimum where it needs more; the time cap over both.
     timed = min(max(m.timed_steps * step, m.min_time_s or 0.0),
                 max(m.max_time_s, MIN_STEPS_UNDER_TIME_CAP * step))
-    launch = PROCESS_START_S + m.warmup_steps * step + timed
+    launch = start_seconds(case, rig) + m.warmup_steps * step + timed
     return m.launches * min(launch, m.case_timeout_s)
 
 
