@@ -161,12 +161,11 @@ def fake_probes(monkeypatch: pytest.MonkeyPatch, op_of: Any) -> None:
 
 
 def test_probe_computes_under_the_training_flags(monkeypatch, cpu_rig, restore_math_flags):
-    # Training's mode, changed from the default: TF32 on, no cuDNN autotuning...
-    monkeypatch.setattr(rig_module, "ALLOW_TF32", True)
+    # Training's mode: IEEE fp32 (the run's math mode), no cuDNN autotuning...
     monkeypatch.setattr(rig_module, "CUDNN_BENCHMARK", False)
     # ...and the probe process starting in the opposite one.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
     seen: list[tuple[str, tuple[bool, bool, bool]]] = []
 
@@ -178,16 +177,16 @@ def test_probe_computes_under_the_training_flags(monkeypatch, cpu_rig, restore_m
 
     fake_probes(monkeypatch, op_of)
     shape = flops.ConvShape(1, 4, 4)
-    result = flops.probe_device(cpu_rig, 0, ["fp32"], 8, shape, 0.0)
+    result = flops.probe_device(cpu_rig, 0, ["fp32"], 8, shape, 0.0, mode="ieee")
     assert {name for name, _ in seen} == set(flops.PROBES)
-    assert {flags for _, flags in seen} == {(True, True, False)}  # every call, every probe
-    worker_mode = rig_module.set_math_mode()  # what a worker sets before building its model
+    assert {flags for _, flags in seen} == {(False, False, False)}  # every call, every probe
+    worker_mode = rig_module.set_math_mode("ieee")  # a worker's, before it builds its model
     assert result["math_mode"] == worker_mode
     peak = flops.AttainablePeak.of_probes({"0": result, "1": result}, 8, shape)
     recorded = json.loads(json.dumps(peak.as_dict()))
-    assert recorded["math_mode"]["cudnn_allow_tf32"] is True
+    assert recorded["math_mode"]["cudnn_allow_tf32"] is False
     assert recorded["math"]["fp32"].startswith(
-        "TF32 (on in cuBLAS matmuls and cuDNN convolutions)")
+        "IEEE fp32 (TF32 off in cuBLAS matmuls and cuDNN convolutions)")
 
 
 def test_probe_refuses_a_peak_whose_flags_changed_under_it(monkeypatch, cpu_rig,
@@ -202,7 +201,8 @@ def test_probe_refuses_a_peak_whose_flags_changed_under_it(monkeypatch, cpu_rig,
     fake_probes(monkeypatch, op_of)
     with pytest.raises(RuntimeError, match="math flags changed while probing fp32 .*"
                                            "cudnn_allow_tf32"):
-        flops.probe_device(cpu_rig, 0, ["fp32"], 8, flops.ConvShape(1, 4, 4), 0.0)
+        flops.probe_device(cpu_rig, 0, ["fp32"], 8, flops.ConvShape(1, 4, 4), 0.0,
+                           mode="ieee")
 
 
 def test_math_mode_in_words():

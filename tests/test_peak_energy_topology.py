@@ -279,7 +279,7 @@ def test_conv_probe_flops_are_counted_exactly():
 @pytest.mark.integration
 def test_cpu_workers_are_probed_together_pinned(cpu_rig):
     peak = flops.measure_peak(cpu_rig, ["fp32"], n=96, min_time_s=0.3,
-                              conv=flops.ConvShape(1, 16, 16))
+                              conv=flops.ConvShape(1, 16, 16), math_mode="ieee")
     assert not peak.unsupported
     (s0, e0), (s1, e1) = peak.window_unix_s["0"], peak.window_unix_s["1"]
     assert max(s0, s1) < min(e0, e1)  # the two pinned processes probed at the same time
@@ -287,7 +287,7 @@ def test_cpu_workers_are_probed_together_pinned(cpu_rig):
         assert peak.probe["fp32"][dev] in flops.PROBES
     assert peak.math_mode["cudnn_benchmark"] is True
     assert peak.math_mode["cuda_matmul_allow_tf32"] is False
-    assert peak.math_mode["cudnn_allow_tf32"] is False
+    assert peak.math_mode["cudnn_allow_tf32"] is False  # the run's mode, given the probes
     recorded = peak.as_dict()
     assert recorded["conv_batch_channels_size_kernel"] == [1, 16, 16, 3]
     assert recorded["probed_together"] is True
@@ -298,10 +298,14 @@ def test_math_mode_is_set_explicitly_and_read_back():
               torch.backends.cudnn.benchmark)
     try:
         torch.backends.cudnn.allow_tf32 = True  # torch's own default for cuDNN
-        mode = set_math_mode()
+        mode = set_math_mode("ieee")
         assert mode == math_mode()
         assert mode["cudnn_allow_tf32"] is False and mode["cuda_matmul_allow_tf32"] is False
         assert mode["cudnn_benchmark"] is True
+        torch.backends.cudnn.allow_tf32 = False
+        mode = set_math_mode()  # the default: torch's own flags, set back explicitly
+        assert mode == math_mode()
+        assert mode["cudnn_allow_tf32"] is True and mode["cuda_matmul_allow_tf32"] is False
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.benchmark) = before
@@ -313,7 +317,7 @@ def test_env_command_records_math_mode_and_topology():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     env = json.loads(proc.stdout)
-    assert env["math_mode"]["cudnn_allow_tf32"] is False
+    assert env["math_mode"]["cudnn_allow_tf32"] is True  # torch's own mode, the default
     assert env["math_mode"]["cuda_matmul_allow_tf32"] is False
     assert env["math_mode"]["cudnn_benchmark"] is True
     if env["rig"]["kind"] == "cpu":

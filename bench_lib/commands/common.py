@@ -188,6 +188,10 @@ def add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
                  "own steps is narrower than this %% of it on each side (0: off)"),
         add("--sample-interval-ms", type=float, metavar="MS",
             help="utilisation/memory/power sampling interval"),
+        add("--math-mode", metavar="torch|ieee",
+            help="fp32 arithmetic of the cases, their calibration and the FLOP peak: torch "
+                 "(PyTorch's defaults: TF32 in cuDNN convolutions on Ampere and later, IEEE "
+                 "in cuBLAS matmuls) or ieee (TF32 off in both)"),
         add("--max-memory-per-device", type=memory_mib, dest="max_memory_per_device_mib",
             metavar="SIZE",
             help="memory cap per device, e.g. 12GiB: a case above it is recorded as oom "

@@ -53,7 +53,9 @@ def plan_resume(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
         raise UsageError("--resume takes the sweep from the run folder's env.json; drop "
                          + ", ".join(given))
     env = read_env(args.resume)
-    rig, profile = Rig.from_dict(env["rig"]), Profile.from_dict(env["profile"])
+    # A folder from before the math mode was recorded computed in IEEE fp32: it goes on so.
+    rig, profile = Rig.from_dict(env["rig"]), Profile.from_dict({"math_mode": "ieee"}
+                                                               | env["profile"])
     cases = expand(profile, rig)
     check_resumable(args.resume)
     done = done_case_ids(args.resume) if args.dry_run else prepare_resume(args.resume)

@@ -257,12 +257,14 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
     # running (for net energy), then the FLOP peak (for the MFU columns).
     if profile.rig_figures:
         idle = measure_idle_power(rig)
-        peak = flops.measure_peak(rig, list(profile.precisions), server=server)
+        peak = flops.measure_peak(rig, list(profile.precisions), server=server,
+                                  math_mode=profile.measurement.math_mode)
     else:
         off = "not measured: the profile's rig_figures is off"
         idle, peak = IdlePower(unsupported=off), flops.AttainablePeak(unsupported=off)
     collectives = sweep_collectives(rig, args.quiet, cases, server)  # ddp/fsdp, p2p bounds
-    env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(), idle.as_dict())
+    env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(), idle.as_dict(),
+                              profile.measurement.math_mode)
     env["sweep"] = (plan.sweep or sweep_record(profile, rig, cases)[0]).as_dict()
     env["launcher"] = plan.launcher.as_dict()
     env["collectives"] = collectives.as_dict()

@@ -18,6 +18,7 @@ import torchvision
 from bench_lib.nvml import cuda_visible_gpus, nvml_session, nvml_text
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.rig import (
+    DEFAULT_MATH_MODE,
     CpuTopology,
     Rig,
     available_cores,
@@ -282,9 +283,11 @@ def multi_gpu_environment(rig: Rig, nvml: Any = None, environ: Mapping[str, str]
 
 def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
             attainable_peak: dict[str, Any] | None = None,
-            idle_power: dict[str, Any] | None = None) -> dict[str, Any]:
+            idle_power: dict[str, Any] | None = None,
+            math_mode: str = DEFAULT_MATH_MODE) -> dict[str, Any]:
     """Everything env.json holds; ``attainable_peak`` is the measured FLOP peak (flops.py),
-    ``idle_power`` the rig's power with nothing of ours running (energy.py)."""
+    ``idle_power`` the rig's power with nothing of ours running (energy.py), ``math_mode``
+    the run's (``Measurement.math_mode``), whose flags are recorded."""
     env = {
         "schema_version": SCHEMA_VERSION,
         "hostname": socket.gethostname(),
@@ -300,7 +303,7 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         # /dev/shm, GPU ordering and NCCL variables; on GPUs links, P2P and bus ids (NVML).
         "multi_gpu": multi_gpu_environment(rig),
         # What every worker and the peak probe set (rig.set_math_mode), read back here.
-        "math_mode": set_math_mode(),
+        "math_mode": set_math_mode(math_mode),
         "profile": profile,
         "command_line": argv,
         "test_hooks": {k: v for k, v in os.environ.items() if k in TEST_HOOK_VARIABLES and v},

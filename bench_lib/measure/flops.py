@@ -8,18 +8,19 @@ mode the workers train in. On CPUs oneDNN's convolutions beat its GEMM by half a
 GPUs cuDNN's convolutions and cuBLAS's GEMMs differ too, so a GEMM alone is not the
 attainable peak of a convolutional network.
 
-The math mode: the probe process sets it with the workers' own ``rig.set_math_mode`` before
-it builds a probe, refuses to report a peak if the flags change while it probes, and records
-the flags (``math_mode``), the TF32 environment variables set (``math_env``) and, per
-precision, the mode in words (``math``). That matters on Ampere and later, where a TF32
-convolution runs several times faster than an IEEE fp32 GEMM: a peak taken in another mode
-than training's would put an fp32 MFU far over (or under) its truth.
+The math mode: the probe process sets the run's (``Measurement.math_mode``: ``torch`` or
+``ieee``) with the workers' own ``rig.set_math_mode`` before it builds a probe, refuses to
+report a peak if the flags change while it probes, and records the flags (``math_mode``),
+the TF32 environment variables set (``math_env``) and, per precision, the mode in words
+(``math``). That matters on Ampere and later, where a TF32 convolution runs several times
+faster than an IEEE fp32 GEMM: a peak taken in another mode than training's would put an
+fp32 MFU far over (or under) its truth.
 
 Every device is probed at once, one process per device, pinned as in a case (a cpu worker's
 cores and threads), each probe started together through a file barrier: a CPU worker's peak
 then carries the frequency, cache and memory-bandwidth sharing of a real ``ddp`` case.
 
-    python -m bench_lib.measure.flops RIG_JSON PRECISIONS N CONV MIN_TIME_S INDEX BARRIER_DIR
+    python -m bench_lib.measure.flops RIG_JSON PRECISIONS N CONV MIN_TIME_S INDEX BARRIER MODE
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench_lib.processes.forkserver import ForkServer, start_module
-from bench_lib.rig import Rig, math_mode, pin_worker, set_math_mode, synchronize
+from bench_lib.rig import (
+    DEFAULT_MATH_MODE,
+    Rig,
+    math_mode,
+    pin_worker,
+    set_math_mode,
+    synchronize,
+)
 from bench_lib.test_hooks import QUICK_PEAK_ENV
 from bench_lib.workloads import LossFn, Workload
 
@@ -228,19 +236,20 @@ def _check_math_mode(expected: Mapping[str, Any], when: str) -> None:
 
 
 def probe_device(rig: Rig, index: int, precisions: list[str], n: int, conv: ConvShape,
-                 min_time_s: float, barrier: FileBarrier | None = None) -> dict[str, Any]:
+                 min_time_s: float, barrier: FileBarrier | None = None,
+                 mode: str = DEFAULT_MATH_MODE) -> dict[str, Any]:
     """Every probe of device ``index`` in every precision, in this process, pinned and in
-    the workers' math mode; with a barrier, the devices' processes run each probe together.
-    Each probe gets ``min_time_s`` in all, over ``PEAK_ROUNDS`` rounds.
+    the workers' math mode ``mode``; with a barrier, the devices' processes run each probe
+    together. Each probe gets ``min_time_s`` in all, over ``PEAK_ROUNDS`` rounds.
 
-    The math mode is the workers' own ``set_math_mode`` (TF32 in cuBLAS and cuDNN, cuDNN
-    autotuning), set before any probe is built; the flags are global to the process, so
+    The math mode is set by the workers' own ``set_math_mode`` (TF32 in cuBLAS and cuDNN,
+    cuDNN autotuning) before any probe is built; the flags are global to the process, so
     every probe's matmul or convolution computes under them, and they are read back after
     each precision's probes: a change raises instead of giving a peak in another mode."""
     pin_worker(rig, index)  # on a cpu rig: this worker's cores and threads
     if rig.kind == "cuda":
         torch.cuda.set_device(rig.cuda_index(index))
-    mode = set_math_mode()
+    flags = set_math_mode(mode)
     device = rig.device(index)
     t0 = time.time()
     results: dict[str, dict[str, float]] = {}
@@ -255,22 +264,24 @@ def probe_device(rig: Rig, index: int, precisions: list[str], n: int, conv: Conv
                 best[name] = max(best[name], _best_tflop_s(
                     op, flop, device, min_time_s / PEAK_ROUNDS, barrier,
                     f"{precision}-{name}-{r}"))
-        _check_math_mode(mode, f"while probing {precision}")
+        _check_math_mode(flags, f"while probing {precision}")
         results[precision] = best
         del probes
-    return {"tflop_s": results, "window_unix_s": [t0, time.time()], "math_mode": mode,
+    return {"tflop_s": results, "window_unix_s": [t0, time.time()], "math_mode": flags,
             "math_env": tf32_env()}
 
 
 def measure_here(rig: Rig, precisions: list[str], n: int | None = None,
-                 min_time_s: float = PEAK_MIN_TIME_S,
-                 conv: ConvShape | None = None) -> dict[str, dict[str, float]]:
+                 min_time_s: float = PEAK_MIN_TIME_S, conv: ConvShape | None = None,
+                 math_mode: str = DEFAULT_MATH_MODE) -> dict[str, dict[str, float]]:
     """Best TFLOP/s per precision and device, each device probed in turn in this process
-    (it stays pinned to the last one): for a quick look, not for a run's peak."""
+    (it stays pinned to the last one, in ``math_mode``): for a quick look, not for a run's
+    peak."""
     n, conv = n or PEAK_MATMUL_N[rig.kind], conv or PEAK_CONV[rig.kind]
     peaks: dict[str, dict[str, float]] = {p: {} for p in precisions}
     for i in range(rig.num_devices):
-        found = probe_device(rig, i, precisions, n, conv, min_time_s)["tflop_s"]
+        found = probe_device(rig, i, precisions, n, conv, min_time_s,
+                             mode=math_mode)["tflop_s"]
         for p in precisions:
             peaks[p][str(i)] = max(found[p].values())
     return peaks
@@ -357,11 +368,12 @@ class AttainablePeak:
 def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
                  min_time_s: float | None = None,
                  conv: ConvShape | None = None, server: ForkServer | None = None,
-                 ) -> AttainablePeak:
+                 math_mode: str = DEFAULT_MATH_MODE) -> AttainablePeak:
     """The rig's attainable peak: one fresh process per device (so the caller stays
     unpinned; forked by the run's ``server`` where given), all started together and
-    meeting at a file barrier before each probe. ``min_time_s`` per probe: default
-    ``PEAK_MIN_TIME_S`` (the test suite's hook shortens it: ``QUICK_PEAK_MIN_TIME_S``)."""
+    meeting at a file barrier before each probe, in the run's ``math_mode`` (the cases').
+    ``min_time_s`` per probe: default ``PEAK_MIN_TIME_S`` (the test suite's hook shortens
+    it: ``QUICK_PEAK_MIN_TIME_S``)."""
     if min_time_s is None:
         quick = os.environ.get(QUICK_PEAK_ENV)
         min_time_s = QUICK_PEAK_MIN_TIME_S if quick else PEAK_MIN_TIME_S
@@ -373,7 +385,8 @@ def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
                 for i in range(rig.num_devices)]
         procs = [start_module(server, "bench_lib.measure.flops",
                               [json.dumps(rig.as_dict()), ",".join(precisions), str(n), spec,
-                               str(min_time_s), str(i), folder], out_path, err_path)
+                               str(min_time_s), str(i), folder, math_mode],
+                              out_path, err_path)
                  for i, (out_path, err_path) in enumerate(logs)]
         deadline = time.monotonic() + PEAK_TIMEOUT_S
         try:
@@ -408,7 +421,7 @@ def main(argv: list[str]) -> int:
     index, folder = int(argv[5]), Path(argv[6])
     barrier = FileBarrier(folder, rig.num_devices, index)
     result = probe_device(rig, index, argv[1].split(","), int(argv[2]), conv, float(argv[4]),
-                          barrier)
+                          barrier, mode=argv[7])
     print(json.dumps(result))
     return 0
 

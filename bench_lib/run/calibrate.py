@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from bench_lib.analysis.collective_fits import Collectives
 from bench_lib.results.schema import CALIBRATION_FILE
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import Rig
+from bench_lib.rig import DEFAULT_MATH_MODE, Rig
 from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes, calibration_sizes
 
 if TYPE_CHECKING:
@@ -46,10 +46,13 @@ class CalibrationKey:
     precision: str
     loss: str
     channels_last: bool = False
+    math_mode: str = DEFAULT_MATH_MODE
+    """The fp32 math mode its steps computed in (``Measurement.math_mode``)."""
 
     @classmethod
     def of(cls, case: Case) -> CalibrationKey:
-        return cls(case.model, case.image_size, case.precision, case.loss, case.channels_last)
+        return cls(case.model, case.image_size, case.precision, case.loss, case.channels_last,
+                   case.measurement.math_mode)
 
     def describe(self) -> str:
         cl = ", channels-last" if self.channels_last else ""
@@ -278,7 +281,8 @@ def _calibrations_of(data: Mapping[str, Any]) -> dict[CalibrationKey, Calibratio
     """The calibrations of a parsed calibration.json."""
     out: dict[CalibrationKey, Calibration | str] = {}
     for entry in data.get("calibrations", []):
-        key = CalibrationKey(**entry["key"])
+        # A calibration.json from before the mode was recorded was measured in IEEE fp32.
+        key = CalibrationKey(**({"math_mode": "ieee"} | entry["key"]))
         out[key] = entry["failed"] if "failed" in entry else Calibration.from_dict(entry)
     return out
 

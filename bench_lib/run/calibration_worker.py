@@ -51,7 +51,7 @@ def run_rank(spec: CalibrationSpec, rank: int, workdir: Path) -> dict[str, objec
     """This rank's calibration (module docstring), as its file's content."""
     key, rig = spec.key, spec.rig
     pin_worker(rig, rank)
-    set_math_mode()
+    set_math_mode(key.math_mode)  # its cases' mode
     group = spec.devices > 1
     if group:
         init_process_group(rig, rank, spec.devices, str(workdir / "rendezvous"),

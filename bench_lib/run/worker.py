@@ -152,7 +152,8 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     # A rank of a process group drives its own device; a lone process drives them all.
     indices = [place.local_rank] if case.process_group else list(range(case.world_size))
     pin_worker(rig, indices[0])  # a lone process driving several devices: like single
-    set_math_mode()  # before the model is built: the FLOP peak probe uses the same mode
+    # Before the model is built; the calibration and the FLOP peak probe use the same mode.
+    set_math_mode(case.measurement.math_mode)
     if case.process_group:
         if place.world_size not in (None, case.world_size):
             raise RuntimeError(f"torchrun started {place.world_size} ranks; the case needs "

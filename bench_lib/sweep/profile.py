@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import strategies
+from bench_lib.rig import DEFAULT_MATH_MODE, MATH_MODES
 from bench_lib.strategies.ddp_knobs import COMM_HOOKS, KNOB_GRIDS, DdpKnobs, knob_grid
 from bench_lib.strategies.partition import PARTITIONS
 from bench_lib.workloads import CLASSIFIER_LOSSES, MODELS, PRECISIONS, get_model
@@ -41,7 +42,7 @@ windows are seconds long already, and the 15-minute default-cpu budget has none 
 
 @dataclass(frozen=True)
 class Measurement:
-    """How every case of a sweep is measured: counts, caps, limits, sampling."""
+    """How every case of a sweep is measured: counts, caps, limits, sampling, math mode."""
 
     warmup_steps: int = 2
     """Steps run and discarded before timing, at least (per launch)."""
@@ -74,6 +75,11 @@ class Measurement:
     under this % of it (0: off); ``timed_steps`` and ``max_time_s`` stay caps."""
     sample_interval_ms: float = 100.0
     """Interval of the utilisation/memory/power sampler (NVML refreshes every 1/6 s to 1 s)."""
+    math_mode: str = DEFAULT_MATH_MODE
+    """The fp32 math every case, its calibration and the FLOP peak probe compute in
+    (``rig.MATH_MODES``): ``torch``, PyTorch's own TF32 flags (cuDNN convolutions in TF32 on
+    Ampere and later, cuBLAS matmuls in IEEE fp32), as users train; ``ieee``, TF32 off in
+    both. bf16 cases run under autocast either way."""
 
     def __post_init__(self) -> None:
         if self.launches < 1:
@@ -84,6 +90,7 @@ class Measurement:
         if self.case_timeout_s <= 0 or self.max_time_s <= 0:
             raise UsageError(f"case_timeout_s (got {self.case_timeout_s}) and max_time_s "
                              f"(got {self.max_time_s}) must be positive")
+        _check_names("math mode", (self.math_mode,), MATH_MODES)
         if self.min_time_s is not None and not 0 <= self.min_time_s <= self.max_time_s:
             raise UsageError(f"min_time_s must be between 0 and max_time_s ({self.max_time_s:g}"
                              f", the hard cap), got {self.min_time_s}")

@@ -281,7 +281,8 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
         say(f"  {case_id}: skipped ({why})")
     admitted = by_prediction([c for c in admitted if c.case_id not in slow], predicted)
     reference = next((i for i, c in enumerate(admitted) if c.strategy == "single"), None)
-    env = environment.collect(rig, space.profile.as_dict(), sys.argv)
+    env = environment.collect(rig, space.profile.as_dict(), sys.argv,
+                              math_mode=space.profile.measurement.math_mode)
     env["tune"] = output.settings_dict(settings, args.seed, space, refused) | {
         "predicted_slow": slow,
         "predicted_step_s": {k: p.step_s for k, p in predicted.items()
