@@ -99,6 +99,46 @@ def test_every_case_row_of_a_validation_rig_says_so():
     assert new_case(Rig("cuda", 2), "ddp", "resnet50", 64, 16).note == ""
 
 
+def _shared_gpu_row(strategy: str) -> dict[str, Any]:
+    """The row of a case on a one-GPU validation rig (2 slots), as the runner builds it: the
+    sampler read GPU 0 (200 W, 90% busy) once for each slot, the idle power is GPU 0's
+    (50 W), and the FLOP peak was probed by both slots at once (each got half the card)."""
+    from bench_lib.measure.energy import IdlePower
+    from bench_lib.measure.flops import AttainablePeak
+    from bench_lib.results.schema import SAMPLE_METRIC_NAMES
+    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.run.rows import case_row
+
+    shared = Rig("cuda", 2, gpu_slots=2)
+    case = new_case(shared, strategy, "resnet-tiny", 32, 8)
+    labels = [str(s) for s in range(case.world_size)]
+    samples = [{"time_unix_s": 100 + t, "device": d, **dict.fromkeys(SAMPLE_METRIC_NAMES),
+                "energy_j": 200.0 * t, "util_gpu_pct": 90.0}
+               for t in (0.0, 0.5, 1.0, 1.5, 2.0) for d in labels]
+    outcome = CaseOutcome("ok", step_times_s=[0.5] * 4,
+                          peak_mem_mib=dict.fromkeys(labels, 100.0),
+                          timed_window_unix_s=(100.0, 102.0), samples=samples)
+    half = AttainablePeak({"fp32": {"0": 50.0, "1": 50.0}})
+    return case_row(case, shared, outcome, half, IdlePower({"0": 50.0}))
+
+
+def test_slots_sharing_a_gpu_leave_energy_and_mfu_empty_and_say_why():
+    """Validation mode (#28 item 13): both slots read GPU 0's energy, so the gross figure
+    counted the card twice and the net one was empty for want of slot 1's idle power; each
+    slot's probed peak is a share of the card, so a case's MFU read about 2x."""
+    row = _shared_gpu_row("ddp")
+    assert row["energy_j_per_img"] is None and row["power_w_mean"] is None
+    assert row["energy_j_per_img_net"] is None and row["energy_source"] == ""
+    assert "2 slots share 1 GPU" in row["sampler_note"], row["sampler_note"]
+    assert row["util_pct_mean"] == 90.0  # the shared card's, read by each slot: kept
+    assert row["mfu_pct"] is None and "--gpu-slots 2" in row["mfu_note"], row["mfu_note"]
+    assert row["achieved_tflop_s"] > 0  # the case's own rate: kept
+    # One slot alone on its GPU: its energy is the card's, once; its MFU still has no peak.
+    alone = _shared_gpu_row("single")
+    assert alone["energy_j_per_img"] is not None and alone["energy_j_per_img_net"] is not None
+    assert alone["mfu_pct"] is None and "--gpu-slots 2" in alone["mfu_note"]
+
+
 @pytest.mark.integration
 def test_dry_run_of_the_default_gpu_sweep_on_one_gpu_with_two_slots(tmp_path):
     proc = subprocess.run(

@@ -215,7 +215,8 @@ CASES = _cols(
                       "or nvml-gpus (the case's GPUs)"),
     ("sampler_note", "why utilisation, power or energy are empty: a timed window under 1 s "
                      "(NVML averages over up to 1 s), under 3 samples of a device or counter "
-                     "in it, no readable energy counter, no idle power for the net figure"),
+                     "in it, no readable energy counter, no idle power for the net figure, "
+                     "a validation run's slots sharing a GPU (each sampled it)"),
     ("peak_mem_reserved_mib_max", "largest CUDA caching-allocator reservation after warm-up, "
                                   "MiB", N),
     ("peak_mem_reserved_mib_by_device", "CUDA caching-allocator peak per device after warm-up, "
@@ -227,9 +228,10 @@ CASES = _cols(
     ("mfu_pct", "achieved over the measured attainable peak of the devices whose compute "
                 "the case holds (a cpu rig's mp/pipeline: one worker's), %; the peak is the "
                 "best of a GEMM and a conv probe per device (env.json attainable_peak)", N),
-    ("mfu_note", "why mfu_pct is empty, or a flag where it is over 100%: the case beat the "
-                 "measured peak, so that probe is not the attainable peak here and the figure "
-                 "is not an efficiency"),
+    ("mfu_note", "why mfu_pct is empty (no peak; a validation run, whose slots shared each "
+                 "GPU while its peak was probed), or a flag where it is over 100%: the case "
+                 "beat the measured peak, so that probe is not the attainable peak here and "
+                 "the figure is not an efficiency"),
     ("speedup_vs_single", "throughput over the single case of the same workload and run: the "
                           "geometric mean over rounds of single's launch median over this "
                           "case's launch median of the same round", N),

@@ -115,7 +115,31 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
                                idle_power, held)
         if rig.nodes > 1 and case.process_group and case.world_size > rig.num_devices:
             row |= unsampled_nodes(row, rig.nodes)
+        if rig.gpu_slots > 1:
+            row |= shared_gpus(row, case, rig)
     return row
+
+
+def shared_gpus(row: Row, case: Case, rig: Rig) -> Row:
+    """The validation mode (``--gpu-slots``): the FLOP peak was probed by every slot at once,
+    several on each GPU, so a slot's peak is a share of its card: MFU is left empty (the
+    achieved TFLOP/s stays). A case whose slots share a GPU sampled that GPU once per slot:
+    its power and energy would count the card as often (and no idle power is known for a
+    second slot), so they are left empty; its utilisation, the shared card's, stays. Each
+    with the reason."""
+    flag = f"validation run (--gpu-slots {rig.gpu_slots})"
+    cols: Row = {"mfu_pct": None, "mfu_note": (
+        f"{flag}: the FLOP peak was probed by {rig.gpu_slots} slots sharing each GPU at "
+        "once, so a slot's peak is a share of the card's: no MFU")}
+    gpus = len({rig.cuda_index(s) for s in range(min(case.world_size, rig.num_devices))})
+    if gpus < case.world_size:
+        note = (f"{flag}: the case's {case.world_size} slots share {gpus} GPU"
+                f"{'s' if gpus > 1 else ''}, each sampled once per slot: power and energy "
+                "left empty (utilisation is the shared GPU's)")
+        cols |= {"power_w_mean": None, "energy_j_per_img": None, "energy_j_per_img_net": None,
+                 "energy_source": "",
+                 "sampler_note": "; ".join(filter(None, [row.get("sampler_note"), note]))}
+    return cols
 
 
 def unsampled_nodes(row: Row, nodes: int) -> Row:
