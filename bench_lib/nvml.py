@@ -68,6 +68,26 @@ def nvml_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+CLOCK_EVENT_REASONS = (
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"), (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"), (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"), (0x200, "board_limit"), (0x400, "reliability"),
+)
+"""NVML's clock event reasons (``nvmlClocksEventReason*``, ``nvmlClocksThrottleReason*``
+before NVML 12.535): the bits of ``nvmlDeviceGetCurrentClocksEventReasons``'s mask, named
+as nvml.h names them, in snake case."""
+
+
+def clock_event_names(mask: int) -> str:
+    """A clock event reasons mask in words: ``sw_power_cap+sync_boost``; ``none`` for 0; a
+    bit NVML added later keeps its value (``0x800``)."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
+    known = sum(bit for bit, _ in CLOCK_EVENT_REASONS)
+    names += [hex(1 << i) for i in range(mask.bit_length()) if mask & ~known & (1 << i)]
+    return "+".join(names) or "none"
+
+
 @dataclass(frozen=True)
 class VisibleGpu:
     """A GPU as CUDA numbers it in this process, and as NVML knows it."""

@@ -91,6 +91,13 @@ def contended_cases(run: cmp.Run) -> list[str]:
             if isinstance(reason := row.get("contention"), str) and reason.strip()]
 
 
+def throttled_cases(run: cmp.Run) -> list[str]:
+    """``case_id (reason)`` of each case whose row says its GPU clocks were held back (the
+    ``throttled`` column: power cap, thermal, sync boost... over 10% of its timed window)."""
+    return [f"{cid} ({reason.strip()})" for cid, row in run.cases.items()
+            if isinstance(reason := row.get("throttled"), str) and reason.strip()]
+
+
 def software_note(base: cmp.Run, cand: cmp.Run) -> str | None:
     """The software versions that differ between the runs, said beside the verdict."""
     diffs = cmp.software_differences(base, cand)
@@ -146,6 +153,10 @@ def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[s
             out.append(f"the {name} was measured under contention: {'; '.join(contended)}; "
                        "other work held CPU the case was timed on, so its step times may be "
                        "slower than this code on a quiet machine, however narrow the intervals")
+        if throttled := throttled_cases(run):
+            out.append(f"the {name} was measured with GPU clocks held back: "
+                       f"{'; '.join(throttled)}; its step times may be slower than this code "
+                       "on GPUs at their full clocks, however narrow the intervals")
     if any(ch.method == cmp.METHOD_BOOTSTRAP for r in results for ch in r.changes.values()):
         out.append("a run measured in 1 launch (--launches 1) gets intervals from its steps "
                    "alone: they leave out how much a fresh launch moves the figure, so they "

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench_lib.nvml import load_nvml
+from bench_lib.nvml import clock_event_names, load_nvml
 from bench_lib.results.schema import SAMPLE_METRIC_NAMES
 
 MIB = 2**20
@@ -169,7 +169,9 @@ class RaplSource:
 
 
 class NvmlSource:
-    """Per-GPU NVML counters; GPM SM utilisation and tensor activity where supported."""
+    """Per-GPU NVML counters, the SM clock, the temperature and why the clocks are where they
+    are (clock event reasons: power cap, thermal, sync boost...); GPM SM utilisation and
+    tensor activity where supported."""
 
     def __init__(self, devices: dict[str, str | int], nvml: Any = None,
                  gpm_min_span_s: float = 0.0) -> None:
@@ -206,6 +208,19 @@ class NvmlSource:
             return fn(*args)
         except self._nvml.NVMLError:
             return None
+
+    def _optional(self, name: str, *args: Any) -> Any:
+        """``_call`` of the NVML function ``name``, or None where this pynvml lacks it."""
+        fn = getattr(self._nvml, name, None)
+        return None if fn is None else self._call(fn, *args)
+
+    def _clock_events(self, handle: Any) -> str | None:
+        """Why the GPU's clocks are where they are (``nvml.clock_event_names``), or None
+        where NVML cannot say; through the older name where pynvml predates NVML 12.535's."""
+        mask = self._optional("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if mask is None:
+            mask = self._optional("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return None if mask is None else clock_event_names(int(mask))
 
     def _gpm_sample(self, handle: Any) -> Any:
         nvml = self._nvml
@@ -264,6 +279,9 @@ class NvmlSource:
                 "mem_used_mib": None if mem is None else mem.used / MIB,
                 "power_w": None if power_mw is None else power_mw / 1000,
                 "sm_clock_mhz": self._call(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
+                "gpu_temp_c": self._optional("nvmlDeviceGetTemperature", h,
+                                             getattr(nvml, "NVML_TEMPERATURE_GPU", 0)),
+                "clock_event_reasons": self._clock_events(h),
                 "energy_j": None if energy_mj is None else energy_mj / 1000,
                 **self._gpm_metrics(label, h),
             })

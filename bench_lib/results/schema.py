@@ -189,6 +189,12 @@ CASES = _cols(
                    "single-process case on a cpu rig whose median CPU time per step was "
                    "under 80% of its pinned cores x wall time (it waited for a core; "
                    "distributed ranks wait on peers by design and are not judged so)"),
+    ("throttled", "empty when none was seen (or no GPU said why its clocks were where they "
+                  "were: cpu rigs), else why the case was measured with its GPU clocks "
+                  "held back: on some GPU, clock event reasons other than gpu_idle and "
+                  "applications_clocks_setting (power cap, thermal, sync boost...) held in "
+                  "over 10% of its samples in the timed windows, e.g. 'GPU 1 25% "
+                  "(sw_power_cap 25%, sync_boost 10%)' (measure.throttling)", False, True),
     ("note", "how to read this strategy's numbers on this rig"),
     ("stop_reason", "what ended timing: ci_target, time_cap, step_cap, or min_time (one of "
                     "ci_target or step_cap came first and the minimum timed duration, "
@@ -395,6 +401,13 @@ SAMPLE_METRICS = _cols(
     ("mem_used_mib", "NVML memory used on the GPU, MiB", N),
     ("power_w", "NVML power draw, watts", N),
     ("sm_clock_mhz", "NVML SM clock, MHz", N),
+    ("gpu_temp_c", "NVML GPU temperature, degrees Celsius", N, True),
+    ("clock_event_reasons", "why NVML says the GPU's clocks are where they are, '+'-joined "
+                            "(nvml.CLOCK_EVENT_REASONS): gpu_idle, "
+                            "applications_clocks_setting, sw_power_cap, hw_slowdown, "
+                            "sync_boost, sw_thermal_slowdown, hw_thermal_slowdown, "
+                            "hw_power_brake_slowdown, ...; none when no reason held; empty "
+                            "where unread (cpu rigs, an NVML without it)", False, True),
     ("energy_j", "energy counter since the sampler started (NVML) or RAPL total, joules", N),
     ("sm_util_pct", "GPM SM utilisation, % (Hopper and later)", N),
     ("tensor_active_pct", "GPM tensor-core activity, % (Hopper and later)", N),
@@ -557,6 +570,7 @@ CASE_COLUMNS = names(CASES)
 STEP_COLUMNS = names(STEPS)
 SAMPLE_METRIC_NAMES = tuple(names(SAMPLE_METRICS))
 SAMPLE_COLUMNS = names(SAMPLES)
+ADDED_SAMPLE_COLUMNS = [c.name for c in SAMPLES if c.added]
 TIMELINE_COLUMNS = names(TIMELINE)
 PARITY_COLUMNS = names(PARITY)
 PARITY_VERDICT_COLUMNS = names(PARITY_VERDICTS)

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 from bench_lib.results.read import done_case_ids, read_cases
 from bench_lib.results.schema import (
     ADDED_CASE_COLUMNS,
+    ADDED_SAMPLE_COLUMNS,
     CASE_COLUMNS,
     SAMPLE_COLUMNS,
     STATUSES,
@@ -155,6 +156,7 @@ class RunWriter:
         self._cases = _Appender(run_dir / "cases.csv", self._case_columns)
         self._timeline: _Appender | None = None  # created by the first pipelined case
         self._samples: _Appender | None = None  # created by the first sampled case
+        self._sample_columns = SAMPLE_COLUMNS
 
     def write_case(self, row: Row, steps: Iterable[Row] = (), timeline: Iterable[Row] = (),
                    samples: Iterable[Row] = ()) -> None:
@@ -173,8 +175,13 @@ class RunWriter:
             self._timeline.write([ids | dict(e) for e in timeline])
         if samples:
             if self._samples is None:
-                self._samples = _Appender(self.run_dir / "samples.csv", SAMPLE_COLUMNS)
-            self._samples.write([ids | dict(s) for s in samples])
+                # As cases.csv: a resumed folder's samples.csv keeps its header.
+                path = self.run_dir / "samples.csv"
+                self._sample_columns = _header(path) or SAMPLE_COLUMNS
+                self._samples = _Appender(path, self._sample_columns)
+            self._samples.write([{k: v for k, v in (ids | dict(s)).items()
+                                  if k in self._sample_columns
+                                  or k not in ADDED_SAMPLE_COLUMNS} for s in samples])
         self._cases.write([full])
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from bench_lib.analysis.stats import (
 from bench_lib.measure.contention import contention, cpu_per_wall
 from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
+from bench_lib.measure.throttling import throttling
 from bench_lib.results.schema import launch_medians
 from bench_lib.rig import Rig
 from bench_lib.run import case_bound
@@ -198,6 +199,8 @@ def derived_columns(case: Case, outcome: CaseOutcome, throughput_img_s: float,
         if outcome.sampler_note:  # a source that gave nothing says why first
             cols["sampler_note"] = "; ".join(filter(None, [outcome.sampler_note,
                                                            cols["sampler_note"]]))
+        # GPU clocks held back in the windows (power cap, thermal...), as contention is said.
+        cols["throttled"] = throttling(outcome.samples, windows)
     if outcome.peak_mem_reserved_mib:
         cols["peak_mem_reserved_mib_max"] = max(outcome.peak_mem_reserved_mib.values())
         cols["peak_mem_reserved_mib_by_device"] = by_device(outcome.peak_mem_reserved_mib)
