@@ -21,9 +21,14 @@ Skipped (with a note in env.json ``collectives``) on a rig of one device, where 
 the sweep is priced with it, in ``--dry-run``, on a multi-node run's other nodes (node 0
 measures its own devices), and under ``--resume`` when env.json already holds it.
 
-    python -m bench_lib.measure.collectives RIG_JSON RANK FOLDER SIZES_MIB REPEATS
+    python -m bench_lib.measure.collectives RIG_JSON RANK FOLDER SIZES_MIB REPEATS PARENT_PID
+
+Each rank ties itself to PARENT_PID (the runner's, or the fork server's) before torch's
+imports (``lifeline.die_with_parent``): a runner killed with SIGKILL must not leave a rank
+holding its device, waiting at the rendezvous for up to ``TIMEOUT_S``.
 """
 
+# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in run.worker)
 from __future__ import annotations
 
 import json
@@ -34,8 +39,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+
+if __name__ == "__main__" and not die_with_parent(int(sys.argv[6]) if len(sys.argv) > 6
+                                                  else None):
+    print("the runner is gone; not starting", file=sys.stderr)
+    sys.exit(EXIT_ORPHANED)
+
 from bench_lib.analysis.collective_fits import MIB, OPS, CollectiveFit, Collectives
-from bench_lib.processes.forkserver import ForkServer, start_module
+from bench_lib.processes.forkserver import ForkServer, parent_pid, start_module
 from bench_lib.rig import Rig
 
 SIZES_MIB = (1.0, 8.0, 32.0, 100.0)
@@ -66,9 +78,10 @@ def measure(rig: Rig, sizes_mib: Sequence[float] = SIZES_MIB, repeats: int = REP
     sizes = ",".join(f"{s:g}" for s in sizes_mib)
     with tempfile.TemporaryDirectory(prefix="parabench-coll-") as folder:
         logs = [Path(folder) / f"rank{r}.log" for r in range(rig.num_devices)]
+        parent = str(parent_pid(server))
         procs = [start_module(server, "bench_lib.measure.collectives",
                               [json.dumps(rig.as_dict()), str(rank), folder, sizes,
-                               str(repeats)], log_path)
+                               str(repeats), parent], log_path)
                  for rank, log_path in enumerate(logs)]
         deadline = start + timeout_s
         try:
@@ -167,6 +180,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bench_lib.processes.lifeline import exit_lightly
-
     exit_lightly(main(sys.argv[1:]))

@@ -20,9 +20,15 @@ Every device is probed at once, one process per device, pinned as in a case (a c
 cores and threads), each probe started together through a file barrier: a CPU worker's peak
 then carries the frequency, cache and memory-bandwidth sharing of a real ``ddp`` case.
 
-    python -m bench_lib.measure.flops RIG_JSON PRECISIONS N CONV MIN_TIME_S INDEX BARRIER MODE
+    python -m bench_lib.measure.flops RIG_JSON PRECISIONS N CONV MIN_TIME_S INDEX BARRIER MODE \
+        PARENT_PID
+
+Each probe process ties itself to PARENT_PID (the runner's, or the fork server's) before
+torch's imports (``lifeline.die_with_parent``): a runner killed with SIGKILL must not leave
+a probe holding its device, waiting at the barrier for up to ``PEAK_TIMEOUT_S``.
 """
 
+# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in run.worker)
 from __future__ import annotations
 
 import functools
@@ -36,11 +42,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+
+if __name__ == "__main__" and not die_with_parent(int(sys.argv[9]) if len(sys.argv) > 9
+                                                  else None):
+    print("the runner is gone; not starting", file=sys.stderr)
+    sys.exit(EXIT_ORPHANED)
+
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench_lib.processes.forkserver import ForkServer, start_module
+from bench_lib.processes.forkserver import ForkServer, parent_pid, start_module
 from bench_lib.rig import (
     DEFAULT_MATH_MODE,
     Rig,
@@ -383,9 +396,10 @@ def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
         # Output to files, not pipes: a chatty probe cannot block on a full pipe.
         logs = [(Path(folder) / f"device{i}.out", Path(folder) / f"device{i}.err")
                 for i in range(rig.num_devices)]
+        parent = str(parent_pid(server))
         procs = [start_module(server, "bench_lib.measure.flops",
                               [json.dumps(rig.as_dict()), ",".join(precisions), str(n), spec,
-                               str(min_time_s), str(i), folder, math_mode],
+                               str(min_time_s), str(i), folder, math_mode, parent],
                               out_path, err_path)
                  for i, (out_path, err_path) in enumerate(logs)]
         deadline = time.monotonic() + PEAK_TIMEOUT_S
@@ -427,6 +441,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bench_lib.processes.lifeline import exit_lightly
-
     exit_lightly(main(sys.argv[1:]))

@@ -432,6 +432,14 @@ def prestart(argv: Sequence[str]) -> None:
         _prestarted.start()
 
 
+def parent_pid(server: ForkServer | None) -> int:
+    """The parent of a process ``start_module(server, ...)`` starts: the server (started if
+    none runs), else this process. A child told it ties itself to it as it starts
+    (``lifeline.die_with_parent``): through the server it dies with the server, which dies
+    with the runner; a fresh interpreter has no other lifeline."""
+    return server.ensure() if server is not None else os.getpid()
+
+
 def start_module(server: ForkServer | None, module: str, args: Sequence[str], stdout: Path,
                  stderr: Path | None = None, group: int = -1) -> Forked | subprocess.Popen[bytes]:
     """Start ``python -m MODULE ARGS...``: forked by ``server`` where one is given, else a

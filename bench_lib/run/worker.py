@@ -340,6 +340,9 @@ def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, stages: Sequence[
     # Out of the handler, the failed step's frames (and the tensors they held) are gone.
     gc.collect()
     if any(d.type == "cuda" for d in trainer.devices):
+        # One call empties every device this process allocated on, not only the current
+        # one: the caching allocator's emptyCache walks every device's allocator (and the
+        # cudaMallocAsync backend trims every initialised device's pool).
         torch.cuda.empty_cache()
     return None, note
 
