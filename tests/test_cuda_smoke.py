@@ -138,6 +138,7 @@ def test_one_process_per_physical_gpu_tied_to_the_runner():
     assert check.status == "ok" and "cuda:0 (Fake GPU), cuda:1 (Fake GPU)" in check.detail
 
 
+@pytest.mark.integration  # starts processes or waits on real time
 def test_a_child_that_dies_or_hangs_fails_the_check():
     died = preflight.cuda_smoke(Rig("cuda", 1), 60, [sys.executable, "-c",
                                                      "import sys; print('Segfault-ish'); "

@@ -233,6 +233,7 @@ def _pair(timeout_s: float) -> tuple[Launcher, Launcher]:
 INFO = {"rig": {"label": "cpu:1x1t"}, "sweep_digest": "d", "hostname": "here"}
 
 
+@pytest.mark.integration  # starts processes or waits on real time
 @pytest.mark.timeout(60)
 def test_a_node_that_gave_up_is_not_admitted_after_all(monkeypatch):
     monkeypatch.setattr(multinode, "BYE_WAIT_S", 0.1)
@@ -246,6 +247,7 @@ def test_a_node_that_gave_up_is_not_admitted_after_all(monkeypatch):
         coordinator.gather(INFO | {"node_rank": 0})
 
 
+@pytest.mark.integration  # starts processes or waits on real time
 @pytest.mark.timeout(60)
 def test_a_node_admitted_before_its_time_is_up_waits_for_the_welcome():
     zero, one = _pair(0.5)

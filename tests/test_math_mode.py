@@ -40,6 +40,7 @@ def tf32_now() -> dict[str, bool]:
             "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
 
 
+@pytest.mark.integration  # starts processes or waits on real time
 def test_torch_mode_is_what_a_fresh_torch_process_computes_in():
     fresh = subprocess.run(
         [sys.executable, "-c", "import json, torch; print(json.dumps(["
