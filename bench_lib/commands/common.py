@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from bench_lib import strategies
-from bench_lib.rig import RIG_KINDS
+from bench_lib.rig import RIG_KINDS, Rig, detect_rig
 from bench_lib.sweep.profile import UsageError, profile_names
 from bench_lib.workloads import MODELS
 
@@ -63,6 +64,22 @@ def memory_mib(text: str) -> float:
 def gpu_slots(args: argparse.Namespace) -> int:
     """``--gpu-slots``, 1 when not given (None, so that ``--resume`` can refuse it given)."""
     return 1 if args.gpu_slots is None else int(args.gpu_slots)
+
+
+def rig_of(args: argparse.Namespace, plan_only: bool = False) -> Rig:
+    """The rig the rig flags (``add_rig_args``) ask for, detected where they are silent;
+    ``plan_only``: a dry run's, which asks no GPU anything (``rig.detect_rig``)."""
+    return detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=plan_only,
+                      gpu_slots=gpu_slots(args))
+
+
+def add_out(p: argparse.ArgumentParser | argparse._ArgumentGroup, made: str) -> None:
+    """``--out``, the one meaning it has in every command: the folder that receives the new
+    run folder, ``<UTC time>_<host>_<git sha7>_<made>``, and its ``latest-`` link."""
+    link = made.split("-<", 1)[0]
+    p.add_argument("--out", type=Path, default=Path("results"), metavar="DIR",
+                   help=f"folder that receives the run folder (<UTC time>_<host>_<git sha7>_"
+                        f"{made}) and its link latest-{link} (default: results)")
 
 
 def str_list(text: str) -> tuple[str, ...]:

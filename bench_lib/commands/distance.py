@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots, memory_mib
-from bench_lib.rig import Rig, detect_rig
+from bench_lib.commands.common import EXIT_OK, add_out, add_rig_args, memory_mib, rig_of
+from bench_lib.rig import Rig
 
 HELP = ("time the pairwise distance of a conv weight's kernels (a loop, blocked cdist, split "
         "over devices); exit 1 when one disagrees")
@@ -38,10 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default on a cpu rig {run.DEFAULT_CPU_CAP_MIB:.0f}MiB of resident "
                         "memory beyond the runtime; on GPUs none)")
     p.add_argument("--seed", type=int, default=0, help="seeds the weights (default 0)")
-    p.add_argument("--out", type=Path, default=Path("results"),
-                   help="folder that receives the run folder "
-                        "(<UTC time>_<host>_<git sha7>_distance) and its link latest-distance "
-                        "(default: results)")
+    add_out(p, "distance")
     p.add_argument("--dry-run", action="store_true",
                    help="list the cases (layer x method) and what will happen to each; run "
                         "nothing, write nothing")
@@ -51,8 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args: argparse.Namespace) -> int:
     from bench_lib.distance import run
 
-    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=args.dry_run,
-                     gpu_slots=gpu_slots(args))
+    rig = rig_of(args, plan_only=args.dry_run)
     return dry_run(args, rig) if args.dry_run else run.command(args, rig)
 
 

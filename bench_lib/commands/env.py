@@ -6,8 +6,7 @@ import argparse
 import json
 import sys
 
-from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
-from bench_lib.rig import detect_rig
+from bench_lib.commands.common import EXIT_OK, add_rig_args, rig_of
 
 HELP = "print the environment a run would record (JSON)"
 EXAMPLES = """\
@@ -22,6 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args: argparse.Namespace) -> int:
     from bench_lib.measure import environment
 
-    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, gpu_slots=gpu_slots(args))
+    rig = rig_of(args)
     print(json.dumps(environment.collect(rig, {}, sys.argv), indent=2, default=str))
     return EXIT_OK

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
-from bench_lib.rig import Rig, detect_rig
+from bench_lib.commands.common import EXIT_OK, add_out, add_rig_args, rig_of
+from bench_lib.rig import Rig
 
 HELP = ("train every strategy on real data from the same weights; exit 1 when one learns "
         "differently from single")
@@ -43,10 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train on your MNIST (mlp) or CIFAR-10 (ResNets) in torchvision's "
                         "format under DIR (DIR/MNIST/raw/..., DIR/cifar-10-batches-py/); "
                         "nothing is downloaded (default: scikit-learn's digits)")
-    p.add_argument("--out", type=Path, default=Path("results"),
-                   help="folder that receives the run folder "
-                        "(<UTC time>_<host>_<git sha7>_parity) and its link latest-parity "
-                        "(default: results)")
+    add_out(p, "parity")
     p.add_argument("--dry-run", action="store_true",
                    help="list each model's training runs and the strategies this rig cannot "
                         "run, with why; train nothing, write nothing")
@@ -56,8 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args: argparse.Namespace) -> int:
     from bench_lib.parity import run
 
-    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=args.dry_run,
-                     gpu_slots=gpu_slots(args))
+    rig = rig_of(args, plan_only=args.dry_run)
     return dry_run(args, rig) if args.dry_run else run.command(args, rig)
 
 

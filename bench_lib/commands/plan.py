@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from bench_lib.commands.common import gpu_slots
-from bench_lib.rig import Rig, detect_rig
+from bench_lib.commands.common import rig_of
+from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case, expand
 from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_path
 
@@ -32,8 +32,7 @@ def plan_new(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     A dry run only plans: ``--rig cuda --devices N`` then plans for N GPUs without asking
     CUDA anything, so a sweep for another box can be planned (and timed) on any machine.
     """
-    rig = detect_rig(args.rig, args.devices, args.threads_per_worker,
-                     plan_only=args.dry_run, gpu_slots=gpu_slots(args))
+    rig = rig_of(args, plan_only=args.dry_run)
     profile = load_profile(profile_path(args.profile_flag or "default", rig.kind))
     profile = profile.override(**profile_overrides(args))
     return rig, profile, expand(profile, rig)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench_lib.commands.common import EXIT_OK, add_rig_args, gpu_slots
+from bench_lib.commands.common import EXIT_OK, add_rig_args, rig_of
 from bench_lib.rig import RIG_KINDS, detect_rig
 from bench_lib.sweep.cases import expand
 from bench_lib.sweep.profile import load_profile, profile_names, profile_path
@@ -26,8 +26,7 @@ def command(args: argparse.Namespace) -> int:
     would answer no one's question), and says so."""
     from bench_lib.sweep.estimate import case_seconds, format_duration
 
-    rig = detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=True,
-                     gpu_slots=gpu_slots(args))
+    rig = rig_of(args, plan_only=True)
     names = [n for n in profile_names() if n != "default"]
     width = max(len(n) for n in names)
     print(f"{'profile':<{width}}  cases  estimate  description (rig {rig.label}; `default` "

@@ -16,6 +16,7 @@ from bench_lib.commands.common import (
     EXIT_FAILED_CASES,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    add_out,
     add_rig_args,
     add_sweep_args,
     shard_part,
@@ -55,10 +56,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     shaping = add_sweep_args(run) + add_rig_args(run)
     # One list: the profile overrides and --resume's refusals both come from it.
     run.set_defaults(sweep_flags=sweep_flags(shaping))
-    run.add_argument("--out", type=Path, default=Path("results"),
-                     help="folder that receives the run folder "
-                          "(<UTC time>_<host>_<git sha7>_run-<profile>) and its link latest-run "
-                          "(default: results)")
+    add_out(run, "run-<profile>")
     run.add_argument("--quiet", action="store_true", help="print only the run folder")
     run.add_argument("--dry-run", action="store_true",
                      help="list the cases and an estimated duration; run nothing")

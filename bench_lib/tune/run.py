@@ -60,26 +60,6 @@ LaunchFn = Callable[[Case, int, str], CaseOutcome]
 Say = Callable[[str], None]
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """tune's own flags (the sweep and rig flags are ``run``'s: ``cli``)."""
-    g = p.add_argument_group("tune")
-    g.add_argument("--out", type=Path, default=Path("results"),
-                   help="folder that receives the run folder "
-                        "(<UTC time>_<host>_<git sha7>_tune-<profile>) and its link latest-tune "
-                        "(default: results)")
-    g.add_argument("--dry-run", action="store_true",
-                   help="print the space and the plan; launch nothing")
-    g.add_argument("--quiet", action="store_true", help="print only the run folder")
-    g.add_argument("--budget-fraction", type=float, default=BUDGET_FRACTION, metavar="F",
-                   help="launch time budget as a share of the exhaustive sweep's, predicted "
-                        f"from rung 0's measured launches (default {BUDGET_FRACTION:g})")
-    g.add_argument("--time-budget-s", type=float, metavar="SECONDS",
-                   help="launch time budget in seconds (with --budget-fraction: the smaller)")
-    g.add_argument("--max-rungs", type=int, default=MAX_RUNGS,
-                   help=f"rungs at most, rung 0 included (default {MAX_RUNGS})")
-    g.add_argument("--seed", type=int, default=0, help="seed of each rung's launch order")
-
-
 def one_launch(case: Case) -> Case:
     """``case`` with one launch (an estimate of one full launch)."""
     return dataclasses.replace(case, measurement=dataclasses.replace(case.measurement,
