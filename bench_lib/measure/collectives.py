@@ -39,12 +39,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+from bench_lib.processes.lifeline import argv_pid, exit_if_orphaned, exit_lightly
 
-if __name__ == "__main__" and not die_with_parent(int(sys.argv[6]) if len(sys.argv) > 6
-                                                  else None):
-    print("the runner is gone; not starting", file=sys.stderr)
-    sys.exit(EXIT_ORPHANED)
+if __name__ == "__main__":
+    exit_if_orphaned(argv_pid(sys.argv, 6))
 
 from bench_lib.analysis.collective_fits import MIB, OPS, CollectiveFit, Collectives
 from bench_lib.processes.forkserver import ForkServer, parent_pid, start_module

@@ -27,12 +27,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+from bench_lib.processes.lifeline import argv_pid, exit_if_orphaned, exit_lightly
 
-if __name__ == "__main__" and not die_with_parent(int(sys.argv[3]) if len(sys.argv) > 3
-                                                  else None):
-    print("the runner is gone; not starting", file=sys.stderr)
-    sys.exit(EXIT_ORPHANED)
+if __name__ == "__main__":
+    exit_if_orphaned(argv_pid(sys.argv, 3))
 
 MATMUL_N = 256
 TOLERANCE = 0.05

@@ -42,12 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+from bench_lib.processes.lifeline import argv_pid, exit_if_orphaned, exit_lightly
 
-if __name__ == "__main__" and not die_with_parent(int(sys.argv[9]) if len(sys.argv) > 9
-                                                  else None):
-    print("the runner is gone; not starting", file=sys.stderr)
-    sys.exit(EXIT_ORPHANED)
+if __name__ == "__main__":
+    exit_if_orphaned(argv_pid(sys.argv, 9))
 
 import torch
 from torch import nn

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -43,6 +43,19 @@ def die_with_parent(parent_pid: int | None,
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     return parent_pid is None or os.getppid() == parent_pid
+
+
+def argv_pid(argv: Sequence[str], index: int) -> int | None:
+    """The parent's pid a child was given at ``argv[index]``, or None where it was not."""
+    return int(argv[index]) if len(argv) > index else None
+
+
+def exit_if_orphaned(parent_pid: int | None) -> None:
+    """``die_with_parent``, and where the parent is already gone, exit at once
+    (``EXIT_ORPHANED``) saying so. A child's first call, before its heavy imports."""
+    if not die_with_parent(parent_pid):
+        print("the runner is gone; not starting", file=sys.stderr)
+        sys.exit(EXIT_ORPHANED)
 
 
 def exit_lightly(code: int | None) -> NoReturn:

@@ -53,7 +53,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # torch-free, imported before torch (see above)
-from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
+from bench_lib.processes.lifeline import (
+    EXIT_ORPHANED,
+    die_with_parent,
+    exit_if_orphaned,
+    exit_lightly,
+)
 from bench_lib.run.agent import RANK_FROM_ENV
 
 EXIT_FAILED = 1
@@ -66,9 +71,8 @@ def _runner_pid(argv: list[str]) -> int | None:
     return int(argv[2]) if len(argv) > 2 else None
 
 
-if __name__ == "__main__" and not die_with_parent(_runner_pid(sys.argv[1:])):
-    print("the runner is gone; not starting", file=sys.stderr)
-    sys.exit(EXIT_ORPHANED)
+if __name__ == "__main__":
+    exit_if_orphaned(_runner_pid(sys.argv[1:]))
 
 import torch
 import torch.distributed as dist
