@@ -19,7 +19,6 @@ Exit 0 when ok, 1 otherwise; 4 where PARENT_PID was gone before the child starte
 # ruff: noqa: E402  (the lifeline is armed before torch's imports, as in run.worker)
 from __future__ import annotations
 
-import json
 import sys
 import time
 import warnings
@@ -133,11 +132,10 @@ def describe(result: Mapping[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     """The child: smoke ``argv[0]``, write the result to ``argv[1]`` (atomically)."""
+    from bench_lib.results.store import write_json_atomic
+
     result = smoke_device(argv[0])
-    path = Path(argv[1])
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(path)
+    write_json_atomic(Path(argv[1]), result)
     return 0 if result["ok"] else 1
 
 

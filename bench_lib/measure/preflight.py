@@ -390,9 +390,9 @@ def _rank(argv: Sequence[str]) -> int:
         dist.destroy_process_group()
     except Exception as e:
         out |= {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(result_path)
+    from bench_lib.results.store import write_json_atomic
+
+    write_json_atomic(result_path, out)
     return 0 if out["ok"] else 1
 
 
