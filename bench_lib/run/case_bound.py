@@ -43,8 +43,7 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
     micro-benchmark; ``ddp_compute_s``: for fsdp, a ddp case's measured compute of the same
     local batch (``run.runner.ddp_compute_s``)."""
     name = case.strategy
-    if rig.nodes > 1 and case.process_group and case.world_size > rig.num_devices:
-        # The micro-benchmark's fits are node 0's intra-node traffic, not the network.
+    if case.spans_nodes(rig):  # the micro-benchmark's fits are node 0's, not the network's
         return (f"no bound: the case's ranks span {rig.nodes} nodes, and the collective "
                 "micro-benchmark measured node 0's devices only")
     if name in ("ddp", "ddp-1", "fsdp"):

@@ -114,7 +114,7 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         held = 1 if rig.kind == "cpu" and not case.process_group else case.world_size
         row |= derived_columns(case, outcome, row["throughput_img_s"], attainable_peak,
                                idle_power, held)
-        if rig.nodes > 1 and case.process_group and case.world_size > rig.num_devices:
+        if case.spans_nodes(rig):
             row |= unsampled_nodes(row, rig.nodes)
         if rig.gpu_slots > 1:
             row |= shared_gpus(row, case, rig)

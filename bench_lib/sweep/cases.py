@@ -152,6 +152,12 @@ class Case:
             return self.micro.split_size
         return self.batch_size
 
+    def spans_nodes(self, rig: Rig) -> bool:
+        """Whether its ranks run on more than one node of ``rig`` (a multi-node run's rig
+        holds one node's devices): then only node 0's share of them is sampled, and node 0's
+        collective micro-benchmark does not price its traffic."""
+        return rig.nodes > 1 and self.process_group and self.world_size > rig.num_devices
+
     def describe(self) -> str:
         split = "" if self.split_size is None else f" split={self.split_size}"
         curve = "" if self.curve_of is None else f" (batch curve of {self.curve_of})"
