@@ -137,9 +137,7 @@ def shared_gpus(row: Row, case: Case, rig: Rig) -> Row:
         note = (f"{flag}: the case's {case.world_size} slots share {gpus} GPU"
                 f"{'s' if gpus > 1 else ''}, each sampled once per slot: power and energy "
                 "left empty (utilisation is the shared GPU's)")
-        cols |= {"power_w_mean": None, "energy_j_per_img": None, "energy_j_per_img_net": None,
-                 "energy_source": "",
-                 "sampler_note": "; ".join(filter(None, [row.get("sampler_note"), note]))}
+        cols |= energy_left_empty(row, note) | {"energy_source": ""}
     return cols
 
 
@@ -149,6 +147,12 @@ def unsampled_nodes(row: Row, nodes: int) -> Row:
     with the reason (its utilisation, node 0's devices', stays)."""
     note = (f"only node 0 is sampled: power and energy of a case across {nodes} nodes left "
             "empty")
+    return energy_left_empty(row, note)
+
+
+def energy_left_empty(row: Row, note: str) -> Row:
+    """The columns that leave ``row``'s power and energy empty, ``note`` added to its
+    sampler note (after the sampler's own)."""
     return {"power_w_mean": None, "energy_j_per_img": None, "energy_j_per_img_net": None,
             "sampler_note": "; ".join(filter(None, [row.get("sampler_note"), note]))}
 
