@@ -55,6 +55,7 @@ from pathlib import Path
 # torch-free, imported before torch (see above)
 from bench_lib.processes.lifeline import (
     EXIT_ORPHANED,
+    argv_pid,
     die_with_parent,
     exit_if_orphaned,
     exit_lightly,
@@ -68,7 +69,7 @@ EXIT_TRACE_FAILED = 3
 def _runner_pid(argv: list[str]) -> int | None:
     """The parent's pid from the worker's arguments (SPEC_JSON RANK [PARENT_PID]): the
     runner's, or under torchrun the agent's."""
-    return int(argv[2]) if len(argv) > 2 else None
+    return argv_pid(argv, 2)
 
 
 if __name__ == "__main__":
