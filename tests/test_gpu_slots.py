@@ -139,6 +139,38 @@ def test_slots_sharing_a_gpu_leave_energy_and_mfu_empty_and_say_why():
     assert alone["mfu_pct"] is None and "--gpu-slots 2" in alone["mfu_note"]
 
 
+def test_the_peak_probed_by_slots_sharing_a_gpu_says_so_in_env_json(monkeypatch):
+    """Validation mode (#28): cases.csv leaves MFU empty because each slot's probed peak is
+    a share of its card, but env.json's attainable_peak gave no sign of it."""
+    from bench_lib.measure import flops
+
+    class Done:
+        returncode = 0
+
+        def poll(self) -> int:
+            return 0
+
+        def wait(self) -> int:
+            return 0
+
+    def start_module(server: Any, module: str, args: list[str], out: Any, err: Any) -> Done:
+        out.write_text(json.dumps({"tflop_s": {"fp32": dict.fromkeys(flops.PROBES, 50.0)},
+                                   "window_unix_s": [0.0, 1.0], "math_mode": {},
+                                   "math_env": {}}))
+        return Done()
+
+    monkeypatch.setattr(flops, "start_module", start_module)
+    shared = flops.measure_peak(Rig("cuda", 2, gpu_slots=2), ["fp32"], min_time_s=0.0)
+    record = json.loads(json.dumps(shared.as_dict()))  # as env.json holds it
+    assert record["tflop_s"] == {"fp32": {"0": 50.0, "1": 50.0}}  # the readers' figures
+    assert record["slots_per_gpu"] == 2
+    assert "2 slots sharing each GPU" in record["note"] and "not a card's peak" in record["note"]
+    assert flops.AttainablePeak.from_dict(record) == shared  # a resumed run keeps the label
+    alone = flops.measure_peak(Rig("cuda", 2), ["fp32"], min_time_s=0.0)
+    assert alone.note == "" and "note" not in alone.as_dict()
+    assert "slots_per_gpu" not in alone.as_dict()
+
+
 @pytest.mark.integration
 def test_dry_run_of_the_default_gpu_sweep_on_one_gpu_with_two_slots(tmp_path):
     proc = subprocess.run(

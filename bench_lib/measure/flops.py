@@ -320,6 +320,18 @@ class AttainablePeak:
     """device -> wall-clock start and end of its probing (they overlap: probed together)."""
     math_env: dict[str, str] = field(default_factory=dict)
     """The TF32 environment variables (``TF32_ENV``) set while probing: the workers' too."""
+    slots_per_gpu: int = 1
+    """Above 1 in the validation mode (``Rig.gpu_slots``): that many slots probed each GPU
+    at once, so a device's figure is a share of its card's peak, not the card's."""
+
+    @property
+    def note(self) -> str:
+        """Why the figures are not the cards' peaks, or "" where they are."""
+        if self.slots_per_gpu <= 1:
+            return ""
+        return (f"validation run (--gpu-slots {self.slots_per_gpu}): probed by "
+                f"{self.slots_per_gpu} slots sharing each GPU at once, so a device's figure "
+                "is a share of its card's peak, not a card's peak (cases.csv leaves MFU empty)")
 
     def math_of(self, precision: str) -> str:
         """In words, the math mode the peak of ``precision`` was measured in."""
@@ -339,13 +351,16 @@ class AttainablePeak:
     def as_dict(self) -> dict[str, Any]:
         if self.unsupported:
             return {"unsupported": self.unsupported}
-        return {"tflop_s": self.tflop_s, "probe": self.probe, "by_probe": self.by_probe,
-                "matmul_n": self.matmul_n, "conv_batch_channels_size_kernel": list(self.conv),
-                "dtype_of": DTYPE_NAMES, "math_mode": self.math_mode,
-                "math_env": self.math_env,
-                "math": {p: self.math_of(p) for p in self.tflop_s},
-                "probed_together": True,
-                "window_unix_s": {k: list(v) for k, v in self.window_unix_s.items()}}
+        record = {"tflop_s": self.tflop_s, "probe": self.probe, "by_probe": self.by_probe,
+                  "matmul_n": self.matmul_n, "conv_batch_channels_size_kernel": list(self.conv),
+                  "dtype_of": DTYPE_NAMES, "math_mode": self.math_mode,
+                  "math_env": self.math_env,
+                  "math": {p: self.math_of(p) for p in self.tflop_s},
+                  "probed_together": True,
+                  "window_unix_s": {k: list(v) for k, v in self.window_unix_s.items()}}
+        if self.slots_per_gpu > 1:  # the validation mode: not the cards' peaks, said so
+            record |= {"slots_per_gpu": self.slots_per_gpu, "note": self.note}
+        return record
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> AttainablePeak:
@@ -357,12 +372,13 @@ class AttainablePeak:
                    tuple(d.get("conv_batch_channels_size_kernel") or ()),
                    dict(d.get("math_mode") or {}),
                    {k: (v[0], v[1]) for k, v in (d.get("window_unix_s") or {}).items()},
-                   dict(d.get("math_env") or {}))
+                   dict(d.get("math_env") or {}), int(d.get("slots_per_gpu") or 1))
 
     @classmethod
-    def of_probes(cls, found: dict[str, dict[str, Any]], n: int, conv: ConvShape
-                  ) -> AttainablePeak:
-        """The peak from each device's ``probe_device`` result (device -> result)."""
+    def of_probes(cls, found: dict[str, dict[str, Any]], n: int, conv: ConvShape,
+                  slots_per_gpu: int = 1) -> AttainablePeak:
+        """The peak from each device's ``probe_device`` result (device -> result), probed by
+        ``slots_per_gpu`` slots on each GPU."""
         by_probe: dict[str, dict[str, dict[str, float]]] = {}
         for dev, result in sorted(found.items()):
             for precision, figures in result["tflop_s"].items():
@@ -373,7 +389,7 @@ class AttainablePeak:
         first = found[min(found)]
         return cls(best, n, "", won, by_probe, tuple(conv.as_list()), first["math_mode"],
                    {d: (r["window_unix_s"][0], r["window_unix_s"][1]) for d, r in found.items()},
-                   dict(first.get("math_env") or {}))
+                   dict(first.get("math_env") or {}), slots_per_gpu)
 
 
 def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
@@ -424,7 +440,7 @@ def measure_peak(rig: Rig, precisions: list[str], n: int | None = None,
                            else f"peak measurement failed on device {i}: {tail}")
     if failure:
         return AttainablePeak(unsupported=failure)
-    return AttainablePeak.of_probes(found, n, conv)
+    return AttainablePeak.of_probes(found, n, conv, rig.gpu_slots)
 
 
 def main(argv: list[str]) -> int:
