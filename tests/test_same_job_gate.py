@@ -116,6 +116,27 @@ def test_a_sides_rounds_make_one_run_and_a_failure_in_any_round_breaks_the_case(
     assert flipped["ddp_a"].verdict == "n/a"
 
 
+def test_the_gate_names_the_rounds_whose_gpu_clocks_were_held_back() -> None:
+    """#28: compare named throttled cases, the gate only contended ones."""
+    rounds = [run_of({"single_a": [0.2], "ddp_a": [0.3]}) for _ in range(3)]
+    rounds[0].cases["ddp_a"]["throttled"] = "power cap 40% of the window"
+    rounds[2].cases["ddp_a"]["throttled"] = "thermal 15% of the window"
+    rounds[1].cases["single_a"]["contention"] = "other processes held 30% of a core"
+    head = sj.side_run(Path("head"), rounds)
+    assert head.cases["ddp_a"]["throttled"] == ("round 1: power cap 40% of the window; "
+                                                "round 3: thermal 15% of the window")
+    assert head.cases["single_a"]["contention"] == "round 2: other processes held 30% of a core"
+    assert not head.cases["single_a"].get("throttled")
+    base = sj.side_run(Path("base"), [run_of({"single_a": [0.2], "ddp_a": [0.3]})
+                                      for _ in range(3)])
+    notes = sj.gate_notes(sj.judge_cases(base, head, 5.0, "step_time"), base, head)
+    (throttled,) = [n for n in notes if "GPU clocks" in n]
+    assert throttled.startswith("the head was measured with GPU clocks held back: ddp_a")
+    assert "round 1: power cap" in throttled and "round 3: thermal" in throttled
+    assert "single_a" not in throttled
+    assert not [n for n in sj.gate_notes([], base, base) if "GPU clocks" in n]
+
+
 def test_each_sides_prediction_error_is_its_rounds_median_and_a_grown_one_is_noted() -> None:
     def rounds(errors: list[float]) -> list[cmp.Run]:
         runs = [run_of({"single_a": [0.2], "ddp_a": [0.3]}) for _ in errors]

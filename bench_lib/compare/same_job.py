@@ -300,31 +300,37 @@ def run_side(worktree: Path, env: Mapping[str, str], python: str, out: Path, pro
 # ---- the verdict ------------------------------------------------------------------------
 
 
+SAID_PER_ROUND = ("contention", "throttled")
+"""cases.csv columns that say why a case's times may be slow (other work on its CPU, GPU
+clocks held back): a side's run says each with the rounds it happened in."""
+
+
 def side_run(path: Path, rounds: Sequence[cmp.Run]) -> cmp.Run:
     """A side's rounds as one ``compare`` run: launch r is round r's launch. A case's row
     is its first round's, with the status of the first round it did not end ``ok`` in,
-    every round's contention said with the round, and the median over rounds of its
-    step-time prediction error (where the side predicts); its launches are the rounds it
-    ran ok."""
+    every round's contention and throttling (``SAID_PER_ROUND``) said with the round, and
+    the median over rounds of its step-time prediction error (where the side predicts); its
+    launches are the rounds it ran ok."""
     cases: dict[str, dict[str, Any]] = {}
     launches: dict[str, cmp.Launches] = {}
-    contention: dict[str, list[str]] = {}
+    said: dict[tuple[str, str], list[str]] = {}  # (case, column) -> "round r: reason"
     errors: dict[str, list[float]] = {}
     for r, run in enumerate(rounds):
         for cid, row in run.cases.items():
             kept = cases.setdefault(cid, dict(row))
             if kept["status"] == "ok" and row["status"] != "ok":
                 kept["status"] = row["status"]
-            reason = row.get("contention")
-            if isinstance(reason, str) and reason.strip():
-                contention.setdefault(cid, []).append(f"round {r + 1}: {reason.strip()}")
+            for column in SAID_PER_ROUND:
+                reason = row.get(column)
+                if isinstance(reason, str) and reason.strip():
+                    said.setdefault((cid, column), []).append(f"round {r + 1}: {reason.strip()}")
             if (error := number(row.get("prediction_error_pct"))) is not None:
                 errors.setdefault(cid, []).append(error)
         for cid, parts in run.launches.items():
             for samples in parts.values():
                 launches.setdefault(cid, {})[r] = samples
-    for cid, said in contention.items():
-        cases[cid]["contention"] = "; ".join(said)
+    for (cid, column), reasons in said.items():
+        cases[cid][column] = "; ".join(reasons)
     for cid, values in errors.items():
         cases[cid]["prediction_error_pct"] = statistics.median(values)
     return cmp.Run(path, rounds[0].env if rounds else {}, cases, launches)
@@ -386,8 +392,8 @@ def judge_cases(base: cmp.Run, head: cmp.Run, threshold_pct: float,
 
 
 def gate_notes(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run) -> list[str]:
-    """What a reader needs beside the verdicts: busy or contended rounds, and a slowdown
-    that hit every strategy alike."""
+    """What a reader needs beside the verdicts: busy, contended or throttled rounds, and a
+    slowdown that hit every strategy alike."""
     out = []
     for name, run in (("base", base), ("head", head)):
         if busy := output.busy_cases(run):
@@ -395,6 +401,9 @@ def gate_notes(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run) -> l
                        f"{', '.join(busy)}): the machine was busy")
         if contended := output.contended_cases(run):
             out.append(f"the {name} was measured under contention: {'; '.join(contended)}")
+        if throttled := output.throttled_cases(run):
+            out.append(f"the {name} was measured with GPU clocks held back: "
+                       f"{'; '.join(throttled)}")
     judged = [r for r in results if r.by in r.changes]
     if len(judged) > 1 and all(r.verdict == "regression" for r in judged):
         out.append("every case regressed: the head slows what all strategies share (the "
