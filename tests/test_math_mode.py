@@ -176,3 +176,120 @@ def test_a_run_folder_from_before_the_choice_resumes_in_ieee(tmp_path, cpu_rig):
         _, resumed, cases = plan_resume(args)
         assert resumed.measurement.math_mode == expected
         assert {c.measurement.math_mode for c in cases} == {expected}
+
+
+def _flip_math_flags(mode: str) -> None:
+    """Set the TF32 flags opposite to ``mode``'s, so that a worker must set every one."""
+    flipped = {k: not v for k, v in rig_module.math_flags(mode).items()}
+    torch.backends.cuda.matmul.allow_tf32 = flipped["cuda_matmul_allow_tf32"]
+    torch.backends.cudnn.allow_tf32 = flipped["cudnn_allow_tf32"]
+
+
+@pytest.mark.parametrize("mode", ["torch", "ieee"])
+def test_parity_trains_and_records_in_the_math_mode_asked_for(
+        monkeypatch, tmp_path, cpu_rig, restore_math_flags, mode):
+    """#28: parity had no --math-mode and its ranks always set torch's own flags."""
+    from bench_lib.commands.parser import build_parser
+    from bench_lib.parity import launch as parity_launch
+    from bench_lib.parity import run as parity_run
+    from bench_lib.parity import train as parity_train
+    from bench_lib.results.read import run_dirs_in
+
+    specs: list[Any] = []
+
+    def fake_launch(spec: Any, workdir: Any, processes: int, server: Any = None) -> Any:
+        specs.append(spec)
+        return [parity_train.EpochResult(0, 1.0, 0.3, 0.9, 0.1)], ""
+
+    monkeypatch.setattr(parity_launch, "launch", fake_launch)
+    args = build_parser().parse_args(["parity", "--models", "mlp", "--strategies",
+                                      "single,ddp", "--math-mode", mode, "--out",
+                                      str(tmp_path)])
+    assert parity_run.command(args, cpu_rig) == 0
+    assert specs and {s.math_mode for s in specs} == {mode}  # every run's ranks are told
+    (run_dir,) = run_dirs_in(tmp_path)
+    env = json.loads((run_dir / "env.json").read_text())
+    assert {k: env["math_mode"][k] for k in IEEE} == rig_module.math_flags(mode)
+    assert env["profile"]["parity"]["math_mode"] == mode
+    # A rank sets the mode of its spec before it trains.
+    seen: list[dict[str, bool]] = []
+
+    def train(spec: Any, rank: int) -> list[Any]:
+        seen.append(tf32_now())
+        return []
+
+    monkeypatch.setattr(parity_train, "pin_worker", lambda rig, index: None)  # the test's
+    monkeypatch.setattr(parity_train, "train", train)
+    spec_path = tmp_path / "rank" / "spec.json"
+    spec_path.parent.mkdir()
+    specs[0].write(spec_path)
+    _flip_math_flags(mode)
+    assert parity_train.main([str(spec_path), "0"]) == 0
+    assert seen == [rig_module.math_flags(mode)]
+
+
+@pytest.mark.parametrize("mode", ["torch", "ieee"])
+def test_distance_computes_and_records_in_the_math_mode_asked_for(
+        monkeypatch, tmp_path, cpu_rig, restore_math_flags, mode):
+    """#28: distance had no --math-mode and its workers always set torch's own flags."""
+    import contextlib
+
+    from bench_lib.distance import run as distance_run
+    from bench_lib.distance import worker as distance_worker
+    from bench_lib.distance.spec import DistanceSpec
+    from bench_lib.results.read import run_dirs_in
+    from bench_lib.run.protocol import CaseOutcome
+
+    class NoServer:  # no fork server started: no launch forks anything here
+        @staticmethod
+        def take() -> Any:
+            return contextlib.nullcontext(None)
+
+    specs: list[DistanceSpec] = []
+
+    def fake_launch(spec: DistanceSpec, work_root: Any, server: Any = None) -> Any:
+        specs.append(spec)
+        return CaseOutcome("error", "not launched: a test"), None
+
+    monkeypatch.setattr(distance_run, "ForkServer", NoServer)
+    monkeypatch.setattr(distance_run, "launch", fake_launch)
+    out = tmp_path / "out"
+    code = commands.main(["distance", "--rig", "cpu", "--layers", "8x2x1x1", "--methods",
+                          "blocked", "--launches", "1", "--math-mode", mode, "--out", str(out)])
+    assert code == 1  # the fake's error row
+    assert [s.measurement.math_mode for s in specs] == [mode]
+    (run_dir,) = run_dirs_in(out)
+    env = json.loads((run_dir / "env.json").read_text())
+    assert {k: env["math_mode"][k] for k in IEEE} == rig_module.math_flags(mode)
+    assert env["profile"]["distance"]["measurement"]["math_mode"] == mode
+    # The spec a worker reads carries the mode, and the worker sets it before its steps.
+    spec_path = tmp_path / "spec.json"
+    specs[0].write(spec_path)
+    spec = DistanceSpec.read(spec_path)
+    assert spec.measurement.math_mode == mode
+
+    class Built(Exception):
+        pass
+
+    seen: list[dict[str, bool]] = []
+
+    def make_step(*args: Any) -> Any:
+        seen.append(tf32_now())  # the flags the timed steps would compute under
+        raise Built
+
+    monkeypatch.setattr(distance_worker, "pin_worker", lambda rig, index: None)
+    monkeypatch.setattr(distance_worker, "make_step", make_step)
+    _flip_math_flags(mode)
+    with pytest.raises(Built):
+        distance_worker.run_rank(spec, 0, tmp_path)
+    assert seen == [rig_module.math_flags(mode)]
+
+
+@pytest.mark.parametrize("command", ["parity", "distance"])
+def test_parity_and_distance_refuse_an_unknown_math_mode(tmp_path, capsys, command):
+    with pytest.raises(SystemExit) as exit_:
+        commands.main([command, "--rig", "cpu", "--math-mode", "tf32", "--out",
+                       str(tmp_path / "out")])
+    assert exit_.value.code == commands.EXIT_USAGE
+    assert "invalid choice: 'tf32'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

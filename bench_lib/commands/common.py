@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from bench_lib import strategies
-from bench_lib.rig import RIG_KINDS, Rig, detect_rig
+from bench_lib.rig import DEFAULT_MATH_MODE, MATH_MODES, RIG_KINDS, Rig, detect_rig
 from bench_lib.sweep.profile import UsageError, profile_names
 from bench_lib.workloads import MODELS
 
@@ -80,6 +80,20 @@ def add_out(p: argparse.ArgumentParser | argparse._ArgumentGroup, made: str) -> 
     p.add_argument("--out", type=Path, default=Path("results"), metavar="DIR",
                    help=f"folder that receives the run folder (<UTC time>_<host>_<git sha7>_"
                         f"{made}) and its link latest-{link} (default: results)")
+
+
+MATH_MODE_HELP = ("torch (PyTorch's defaults: TF32 in cuDNN convolutions on Ampere and later, "
+                  "IEEE in cuBLAS matmuls) or ieee (TF32 off in both)")
+"""What ``--math-mode``'s two values mean (``rig.MATH_MODES``), the same in every command."""
+
+
+def add_math_mode(p: argparse.ArgumentParser, what: str) -> None:
+    """``--math-mode`` of a command whose workers set it themselves (``rig.set_math_mode``)
+    and whose env.json records it; ``what``: what computes in it."""
+    p.add_argument("--math-mode", choices=MATH_MODES, default=DEFAULT_MATH_MODE,
+                   metavar="torch|ieee",
+                   help=f"fp32 arithmetic of {what}: {MATH_MODE_HELP} (default "
+                        f"{DEFAULT_MATH_MODE})")
 
 
 def str_list(text: str) -> tuple[str, ...]:
@@ -206,9 +220,8 @@ def add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
         add("--sample-interval-ms", type=float, metavar="MS",
             help="utilisation/memory/power sampling interval"),
         add("--math-mode", metavar="torch|ieee",
-            help="fp32 arithmetic of the cases, their calibration and the FLOP peak: torch "
-                 "(PyTorch's defaults: TF32 in cuDNN convolutions on Ampere and later, IEEE "
-                 "in cuBLAS matmuls) or ieee (TF32 off in both)"),
+            help=f"fp32 arithmetic of the cases, their calibration and the FLOP peak: "
+                 f"{MATH_MODE_HELP}"),
         add("--max-memory-per-device", type=memory_mib, dest="max_memory_per_device_mib",
             metavar="SIZE",
             help="memory cap per device, e.g. 12GiB: a case above it is recorded as oom "

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from bench_lib.commands.common import EXIT_OK, add_out, add_rig_args, memory_mib, rig_of
+from bench_lib.commands.common import (
+    EXIT_OK,
+    add_math_mode,
+    add_out,
+    add_rig_args,
+    memory_mib,
+    rig_of,
+)
 from bench_lib.rig import Rig
 
 HELP = ("time the pairwise distance of a conv weight's kernels (a loop, blocked cdist, split "
@@ -37,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default on a cpu rig {run.DEFAULT_CPU_CAP_MIB:.0f}MiB of resident "
                         "memory beyond the runtime; on GPUs none)")
     p.add_argument("--seed", type=int, default=0, help="seeds the weights (default 0)")
+    add_math_mode(p, "the fp32 cases")
     add_out(p, "distance")
     p.add_argument("--dry-run", action="store_true",
                    help="list the cases (layer x method) and what will happen to each; run "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench_lib.commands.common import EXIT_OK, add_out, add_rig_args, rig_of
+from bench_lib.commands.common import EXIT_OK, add_math_mode, add_out, add_rig_args, rig_of
 from bench_lib.rig import Rig
 
 HELP = ("train every strategy on real data from the same weights; exit 1 when one learns "
@@ -43,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train on your MNIST (mlp) or CIFAR-10 (ResNets) in torchvision's "
                         "format under DIR (DIR/MNIST/raw/..., DIR/cifar-10-batches-py/); "
                         "nothing is downloaded (default: scikit-learn's digits)")
+    add_math_mode(p, "every float32 training run")
     add_out(p, "parity")
     p.add_argument("--dry-run", action="store_true",
                    help="list each model's training runs and the strategies this rig cannot "

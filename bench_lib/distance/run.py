@@ -237,7 +237,8 @@ def plan_of(args: argparse.Namespace, rig: Rig) -> DistancePlan:
         cap = DEFAULT_CPU_CAP_MIB if rig.kind == "cpu" else 0.0
     try:
         measurement = dataclasses.replace(MEASUREMENT, launches=args.launches,
-                                          max_memory_per_device_mib=cap)
+                                          max_memory_per_device_mib=cap,
+                                          math_mode=args.math_mode)
     except ValueError as e:
         raise UsageError(str(e)) from None
     names = [tuple(v.strip() for v in text.split(",") if v.strip())
@@ -255,7 +256,7 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
     cases = plan.cases(rig)  # every check before the run folder exists
     run_dir = start_run_dir(args.out, environment.git_info()["sha"], "distance")
     write_json_atomic(run_dir / "env.json", environment.collect(
-        rig, {"distance": plan.as_dict()}, sys.argv))
+        rig, {"distance": plan.as_dict()}, sys.argv, math_mode=plan.measurement.math_mode))
     print(f"distance {run_dir.name}: {len(cases)} cases x {plan.measurement.launches} "
           f"launches on rig {rig.label}", file=sys.stderr, flush=True)
     rows: list[Row] = []

@@ -87,7 +87,7 @@ def run_rank(spec: DistanceSpec, rank: int, workdir: Path) -> RankResult:
     case, rig, m = spec.case, spec.rig, spec.measurement
     indices = [rank] if case.process_group else list(range(case.world_size))
     pin_worker(rig, indices[0])
-    set_math_mode()
+    set_math_mode(m.math_mode)
     if case.process_group:
         init_process_group(rig, rank, case.world_size, str(workdir / "rendezvous"),
                            PROCESS_GROUP_TIMEOUT_S)

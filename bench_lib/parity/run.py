@@ -43,7 +43,7 @@ from bench_lib.parity.verdict import (
     tolerance,
 )
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
-from bench_lib.rig import Rig
+from bench_lib.rig import DEFAULT_MATH_MODE, MATH_MODES, Rig
 from bench_lib.sweep.cases import Case, model_facts, new_case
 from bench_lib.sweep.profile import UsageError
 from bench_lib.workloads import MODELS
@@ -76,8 +76,14 @@ class ParityPlan:
     """SyncBatchNorm in ``ddp`` and ``fsdp`` (GPU rigs)."""
     data_root: Path | None = None
     """The user's MNIST / CIFAR-10 folder (``parity.data``); None: the digits."""
+    math_mode: str = DEFAULT_MATH_MODE
+    """The fp32 math every run computes in (``rig.MATH_MODES``; env.json records its
+    flags)."""
 
     def __post_init__(self) -> None:
+        if self.math_mode not in MATH_MODES:
+            raise UsageError(f"unknown math mode {self.math_mode!r}; valid: "
+                             f"{', '.join(MATH_MODES)}")
         for model in self.models:
             if model not in MODELS:
                 raise UsageError(f"unknown model {model!r}; valid: {', '.join(sorted(MODELS))}")
@@ -142,7 +148,8 @@ def _spec(plan: ParityPlan, rig: Rig, run: Run) -> ParitySpec:
     return ParitySpec(case.model, case.strategy, rig, case.processes, plan.epochs,
                       plan.batch_size, plan.split_size, plan.lr, run.seed, plan.seed,
                       run.precision, case.sync_bn,
-                      str(plan.data_root) if plan.data_root is not None else None)
+                      str(plan.data_root) if plan.data_root is not None else None,
+                      math_mode=plan.math_mode)
 
 
 def model_runs(plan: ParityPlan, rig: Rig, model: str) -> tuple[list[Case], list[Run]]:
@@ -258,7 +265,8 @@ def plan_of(args: argparse.Namespace) -> ParityPlan:
              for text in (args.models, args.strategies)]
     try:
         return ParityPlan(names[0], names[1], args.epochs, args.batch_size, args.split_size,
-                          args.lr, args.seed, args.seed_runs, args.sync_bn, args.data_root)
+                          args.lr, args.seed, args.seed_runs, args.sync_bn, args.data_root,
+                          args.math_mode)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -285,7 +293,7 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
     plan = plan_of(args)
     run_dir = start_run_dir(args.out, environment.git_info()["sha"], "parity")
     write_json_atomic(run_dir / "env.json", environment.collect(
-        rig, {"parity": dataclasses.asdict(plan)}, sys.argv))
+        rig, {"parity": dataclasses.asdict(plan)}, sys.argv, math_mode=plan.math_mode))
     verdicts = [v for model in plan.models for v in run_model(plan, rig, model, run_dir)]
     for v in verdicts:
         print(_summary(v), file=sys.stderr)

@@ -50,7 +50,7 @@ from torch.distributed.tensor import DTensor
 from bench_lib import strategies
 from bench_lib.parity.data import Split, dataset, loader, parity_workload
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import Rig, init_process_group, pin_worker, set_math_mode
+from bench_lib.rig import DEFAULT_MATH_MODE, Rig, init_process_group, pin_worker, set_math_mode
 from bench_lib.strategies import BuildContext, Microbatching, Trainer
 from bench_lib.workloads import Workload
 
@@ -92,6 +92,8 @@ class ParitySpec:
     worker: int = 0
     """The cpu rig's worker a one-process run is pinned to (``parity.run`` runs such runs
     side by side, one per worker)."""
+    math_mode: str = DEFAULT_MATH_MODE
+    """The fp32 math the ranks compute in (``rig.MATH_MODES``, ``parity --math-mode``)."""
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, dataclasses.asdict(self) | {"rig": self.rig.as_dict()})
@@ -258,7 +260,7 @@ def main(argv: list[str]) -> int:
     code = 0
     try:
         pin_worker(spec.rig, rank if strat.per_device_processes else spec.worker)
-        set_math_mode()
+        set_math_mode(spec.math_mode)
         if spec.world_size > 1:
             init_process_group(spec.rig, rank, spec.world_size,
                                str(spec_path.parent / "rendezvous"), GROUP_TIMEOUT_S)
