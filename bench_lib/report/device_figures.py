@@ -28,9 +28,13 @@ from bench_lib.report.figures import (
 )
 from bench_lib.report.gantt import bubble, case_theory, draw_gantt
 
-# samples.csv columns in order of preference: GPUs' own counters first, then the CPU rig's.
+# samples.csv columns in order of preference: GPUs' own counters first (GPM SM activity,
+# then NVML's kernel-active time: analysis.utilisation), then the CPU rig's.
 TIME_COLUMNS = ("t_s", "time_s", "elapsed_s", "time_unix_s")
-UTIL_COLUMNS = ("util_gpu_pct", "sm_util_pct", "cpu_pct")
+UTIL_COLUMNS = ("sm_util_pct", "util_gpu_pct", "cpu_pct")
+AXIS_LABELS = {"sm_util_pct": "GPM SM activity (%)", "util_gpu_pct": "kernel-active, NVML (%)",
+               "cpu_pct": "worker CPU (%)", "mem_used_mib": "GPU memory used (MiB)",
+               "rss_mib": "resident memory (MiB)"}
 MEM_COLUMNS = ("mem_used_mib", "rss_mib")
 MAX_CASES = 4
 DEVICE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3"]
@@ -139,7 +143,7 @@ def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | N
                 d = d[d[metric].notna()]
                 if not d.empty:
                     ax.plot(d._t, d[metric], color=PALETTE[k % 10], label=f"device {dev}")
-            ax.set_ylabel(metric.replace("_pct", " (%)").replace("_mib", " (MiB)"))
+            ax.set_ylabel(AXIS_LABELS.get(metric, metric))
             if i == 0:
                 ax.set_title(f"{bar_label(case)} · {case['image_size']} px", fontsize=10)
             ax.legend(fontsize=7)

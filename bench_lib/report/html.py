@@ -182,6 +182,29 @@ def _bubble_table(table: pd.DataFrame) -> str:
             f"{note}")
 
 
+def _utilisation_check(cases: pd.DataFrame) -> str:
+    """How many cases' utilisation was checked against their own compute, and those that
+    disagree by over 20 points, with why (cases.csv ``util_check``)."""
+    if "util_timeline_pct" not in cases or not cases.util_timeline_pct.notna().any():
+        return ""
+    checked = cases[cases.util_timeline_pct.notna()]
+    flagged = checked[checked.util_check.fillna("").astype(str).str.strip() != ""]
+    sources = sorted({str(s) for s in checked.util_source.dropna() if str(s)})
+    said = (f"<p>Utilisation of {len(checked)} case{'s' * (len(checked) != 1)} checked "
+            "against the share of the step its own compute takes (util_timeline_pct: ddp's "
+            "compute-only steps, a pipeline's passes per device); "
+            f"{len(flagged)} disagree{'s' * (len(flagged) == 1)} by over 20 points. Read from: "
+            f"{_e(', '.join(sources) or 'unknown')}.</p>")
+    if flagged.empty:
+        return said
+    body = "".join(
+        f"<tr><td>{_e(r['case_id'])}</td><td class=num>{_num(r['util_pct_mean'], '.0f')}</td>"
+        f"<td class=num>{_num(r['util_timeline_pct'], '.0f')}</td><td>{_e(r['util_check'])}"
+        "</td></tr>" for r in records(flagged))
+    return (f"{said}<table><tr><th>case</th><th>utilisation (%)</th><th>timeline busy (%)"
+            f"</th><th>why they disagree</th></tr>{body}</table>")
+
+
 def _section(s: dict[str, Any], extra: str) -> str:
     """One figure's heading and its image, or why it is absent."""
     title = f"<h2 id=fig{s['number']}>{s['number']}. {_e(s['title'])}</h2>"
@@ -212,7 +235,8 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
             "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>",
             *_answer(runs), "<h2>Headlines</h2>", _headlines(swept)]
     for s in sections:
-        extra = (_bubble_table(bubbles) if s["number"] == 6
+        extra = (_utilisation_check(swept) if s["number"] == 5
+                 else _bubble_table(bubbles) if s["number"] == 6
                  else prediction.error_html(swept) if s["number"] == 8
                  else bound_figure.explain_html(swept) if s["number"] == 9
                  else time_prediction.score_html(swept) if s["number"] == 12 else "")

@@ -204,10 +204,28 @@ CASES = _cols(
                       "sampler_note) for a timed window under 1 s or a device with under 3 "
                       "samples in it", N),
     ("util_pct_mean_by_device", "mean utilisation per device over the timed window, 0-100 of "
-                                "what the device holds, device:%;... (GPUs: NVML utilisation; "
-                                "cpu workers: the process's CPU time over its threads' cores, "
-                                "100 = all of them busy; a process driving several devices "
-                                "(mp, pipeline: '0+1') over the one worker's cores it holds)"),
+                                "what the device holds, device:%;... (GPUs: GPM SM activity "
+                                "where the GPU has it, Hopper and later, else NVML "
+                                "kernel-active time; cpu workers: the process's CPU time over "
+                                "its threads' cores, 100 = all of them busy; a process driving "
+                                "several devices (mp, pipeline: '0+1') over the one worker's "
+                                "cores it holds); util_source names which"),
+    ("util_source", "the counter utilisation was read from (analysis.utilisation): "
+                    "gpm-sm-activity (the share of SM time with work resident), "
+                    "nvml-kernel-active (the share of time any kernel ran: NCCL kernels "
+                    "waiting for a peer count as busy) or cpu-time; device:source;... where "
+                    "the devices differ", False, True),
+    ("util_timeline_pct", "the share of the median step one device's own compute takes, "
+                          "mean over devices, %: ddp its compute-only (no_sync) steps, fsdp "
+                          "a ddp case's of the same local batch, pipelines and mp the traced "
+                          "step's passes per device plus its optimizer share (as the "
+                          "waterfall's S); empty for single and dp (no such measure) and for "
+                          "one cpu worker driving several devices", N, True),
+    ("util_check", "empty when util_pct_mean and util_timeline_pct are within 20 points (or "
+                   "either is missing), else both and why the counter reads above (what it "
+                   "counts beside compute: NCCL kernels waiting, the collectives' CPU work) or "
+                   "below (the device waited inside the compute passes): read neither as the "
+                   "devices' compute share", False, True),
     ("power_w_mean", "mean power of the energy counters over the timed window (gross), watts",
      N),
     ("energy_j_per_img", "energy per image over the timed window, gross: everything the "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import strategies
-from bench_lib.analysis import bubble, waterfall
+from bench_lib.analysis import bubble, utilisation, waterfall
 from bench_lib.analysis.collective_fits import Collectives
 from bench_lib.analysis.stats import (
     LaunchInterval,
@@ -279,8 +279,7 @@ def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
     if outcome.status != "ok" or case.strategy == "single" or not row.get("step_time_s_median"):
         return {}
     median = float(row["step_time_s_median"])
-    share = (1 / case.world_size if strategies.get(case.strategy).uses_partition
-             or case.strategy == "fsdp" else 1.0)
+    share = optimizer_share(case)
     idle = bubble.idle_by_device(outcome.timeline)
     comm = _number(row.get("bound_comm_s"))
     if rig.kind == "cpu" and row.get("step_time_s_bound_no_overlap") not in (None, ""):
@@ -302,13 +301,21 @@ def shared_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
                      idle: Mapping[Any, float], optimizer_s: float, share: float,
                      ddp_compute_s: float | None = None) -> float | None:
     """S of the waterfall: one device's compute a step while every device of the case
-    computes, with no communication; None where the case has no such measure (one process,
-    no timeline, fsdp without a ddp case). ddp: its no_sync steps; fsdp: a ddp case's of the
-    same local batch, less the optimizer step on the parameters it does not own; the
-    pipelining schedules: the traced step's passes per device (mean; scaled as the bound
-    scales them, ``case_bound.traced_parts``) plus its optimizer share."""
+    computes, with no communication (``device_compute_s``); None where the case has no
+    such measure, and for one process driving several devices (its passes take turns)."""
     if not case.process_group or case.world_size < 2:
         return None
+    return device_compute_s(case, outcome, median_s, idle, optimizer_s, share, ddp_compute_s)
+
+
+def device_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
+                     idle: Mapping[Any, float], optimizer_s: float, share: float,
+                     ddp_compute_s: float | None = None) -> float | None:
+    """One device's compute a step, mean over devices; None where the case has no such
+    measure (no timeline, fsdp without a ddp case). ddp: its no_sync steps; fsdp: a ddp
+    case's of the same local batch, less the optimizer step on the parameters it does not
+    own; the pipelining schedules: the traced step's passes per device (mean; scaled as
+    the bound scales them, ``case_bound.traced_parts``) plus its optimizer share."""
     if case.strategy in ("ddp", "fsdp"):
         measured = outcome.compute_step_s if outcome.compute_step_s is not None \
             else ddp_compute_s if case.strategy == "fsdp" else None
@@ -318,6 +325,38 @@ def shared_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
     lo, hi = bubble.span(outcome.timeline)
     busy = statistics.fmean((1.0 - i) * (hi - lo) for i in idle.values())
     return busy * case_bound.traced_scale(outcome, median_s) + share * optimizer_s
+
+
+def optimizer_share(case: Case) -> float:
+    """The share of the model's optimizer step one device of the case runs: its own
+    stage's parameters (the partitioned strategies) or shard (fsdp), else all of them."""
+    return (1 / case.world_size if strategies.get(case.strategy).uses_partition
+            or case.strategy == "fsdp" else 1.0)
+
+
+def util_check_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
+                       optimizer_s: float | None = None,
+                       ddp_compute_s: float | None = None) -> Row:
+    """The utilisation read against the case's own compute (``analysis.utilisation``):
+    ``util_timeline_pct``, one device's compute a step over the median step
+    (``device_compute_s``), and ``util_check``, why they disagree where they do. Empty
+    where the case has no such measure (single, dp: no timeline), no utilisation, or one
+    cpu worker drives several devices (its utilisation is the one process's, not a
+    device's)."""
+    util, median = row.get("util_pct_mean"), row.get("step_time_s_median")
+    if outcome.status != "ok" or util in (None, "") or not median:
+        return {}
+    if rig.kind == "cpu" and not case.process_group:
+        return {}
+    compute = device_compute_s(case, outcome, float(median),
+                               bubble.idle_by_device(outcome.timeline), optimizer_s or 0.0,
+                               optimizer_share(case), ddp_compute_s)
+    if compute is None:
+        return {}
+    busy = min(100.0, 100 * compute / float(median))
+    return {"util_timeline_pct": busy,
+            "util_check": utilisation.disagreement(float(util), busy,
+                                                   str(row.get("util_source") or ""))}
 
 
 def _number(value: object) -> float:
@@ -374,35 +413,28 @@ def window_columns(samples: list[SampleRow], windows: Sequence[tuple[float, floa
     """Sampler columns over the timed windows [t0, t1] (unix seconds; one per launch) in
     which ``images`` ran in all.
 
-    Utilisation: the mean per device of its samples inside the windows (GPU utilisation
-    where NVML gives it, else worker CPU percent of what the worker holds: both 0-100).
+    Utilisation: the mean per device of its samples inside the windows, of the first
+    counter it has enough of (``analysis.utilisation.SOURCES``: GPM SM activity, NVML
+    kernel-active time, a cpu worker's CPU percent of what it holds; all 0-100), named in
+    ``util_source``.
     Energy: per window, each counter's mean power between its first and last sample inside
     it, summed over counters, times the window's length; summed over windows, per image;
     net of ``idle_w`` (idle watts per counter's device label) too. Left empty, with the
     reason in ``sampler_note``, where a window is shorter than ``MIN_WINDOW_S``, a device
     (counter) has fewer than ``MIN_SAMPLES`` samples in one, or no counter exists.
     """
-    util: dict[str, list[float]] = {}
     energy: dict[str, list[list[tuple[float, float]]]] = {}
-    for s in samples:  # every device that reports, so one with no sample inside counts as 0
-        if s["util_gpu_pct"] is not None or s["cpu_pct"] is not None:
-            util.setdefault(s["device"], [])
+    for s in samples:  # every counter that reports, so one with no sample inside counts as 0
         if s["energy_j"] is not None:
             energy.setdefault(s["device"], [[] for _ in windows])
-    counts: dict[str, list[int]] = {d: [0] * len(windows) for d in util}
     for w, (t0, t1) in enumerate(windows):
         for s in samples:
-            if not t0 <= s["time_unix_s"] <= t1:
-                continue
-            u = s["util_gpu_pct"] if s["util_gpu_pct"] is not None else s["cpu_pct"]
-            if u is not None:
-                util[s["device"]].append(u)
-                counts[s["device"]][w] += 1
-            if s["energy_j"] is not None:
+            if s["energy_j"] is not None and t0 <= s["time_unix_s"] <= t1:
                 energy[s["device"]][w].append((s["time_unix_s"], s["energy_j"]))
     out: Row = {
         "util_pct_mean_by_device": "",
         "util_pct_mean": None,
+        "util_source": "",
         "power_w_mean": None,
         "energy_j_per_img": None,
         "energy_j_per_img_net": None,
@@ -416,14 +448,14 @@ def window_columns(samples: list[SampleRow], windows: Sequence[tuple[float, floa
                                "empty (--min-time-s sets a launch's minimum)")
         return out
     notes = []
-    few = {d: min(c) for d, c in counts.items() if min(c) < MIN_SAMPLES}
+    means, sources, few = utilisation.device_means(samples, windows, MIN_SAMPLES)
     if few:
         notes.append(f"samples in the timed window per device ({_plural(few)}) under "
                      f"{MIN_SAMPLES}: utilisation left empty")
-    elif util:
-        means = {d: sum(v) / len(v) for d, v in util.items()}
+    elif means:
         out["util_pct_mean_by_device"] = by_device(means)
         out["util_pct_mean"] = sum(means.values()) / len(means)
+        out["util_source"] = utilisation.source_text(sources)
     short = {d: min(len(p) for p in per) for d, per in energy.items()
              if any(len(p) < MIN_SAMPLES or p[-1][0] <= p[0][0] for p in per)}
     if not energy:

@@ -88,6 +88,7 @@ from bench_lib.run.rows import (
     bound_columns,
     case_row,
     step_rows,
+    util_check_columns,
     waterfall_columns,
 )
 from bench_lib.strategies.ddp_knobs import DdpKnobs
@@ -580,6 +581,8 @@ def _run_groups(
                 optimizer_steps[case.group_key] = outcome.optimizer_step_s
             row |= waterfall_columns(case, rig, outcome, row, speedups.single_steps(case),
                                      optimizer_steps.get(case.group_key), ddp_compute)
+            row |= util_check_columns(case, rig, outcome, row,
+                                      optimizer_steps.get(case.group_key), ddp_compute)
             if i in predicted:
                 row |= prediction_columns(case.batch_size, case.workload_batch,
                                           *predicted[i], row.get("step_time_s_median"))
