@@ -69,9 +69,11 @@ def read_cases(run_dir: Path) -> pd.DataFrame:
         raise ResultsError(
             f"{path} lacks columns {', '.join(missing)}: not schema {SCHEMA_VERSION}"
         )
-    for col in ADDED_CASE_COLUMNS:  # written before the column was added: empty
-        if col not in df.columns:
-            df[col] = float("nan")
+    absent = [c for c in ADDED_CASE_COLUMNS if c not in df.columns]  # written before them
+    # One block per dtype: pandas reads a column a block, and warns of a frame that
+    # fragmented (over 100 blocks) on every later assign.
+    df = pd.concat([df, pd.DataFrame(float("nan"), index=df.index, columns=absent)],
+                   axis=1).copy()
     _check_cases(path, df)
     bad = sorted(set(df["status"].astype(str)) - set(STATUSES))
     if bad:
