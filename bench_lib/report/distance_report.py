@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from bench_lib.report.figures import PALETTE, new_figure, records, styled
-from bench_lib.report.html import CSS, _e, _num
+from bench_lib.report.html import CSS, cell_number, cell_text
 from bench_lib.results.read import read_table
 from bench_lib.results.schema import DISTANCE_COLUMNS, ResultsError
 
@@ -100,24 +100,26 @@ def _table(df: pd.DataFrame) -> str:
             "reason")
     body = []
     for r in records(df):
-        interval = (f"{_num(r['step_time_s_ci_low'], '.4g')} – "
-                    f"{_num(r['step_time_s_ci_high'], '.4g')}"
+        interval = (f"{cell_number(r['step_time_s_ci_low'], '.4g')} – "
+                    f"{cell_number(r['step_time_s_ci_high'], '.4g')}"
                     if pd.notna(r["step_time_s_ci_low"]) else "")
-        speedup = _num(r["speedup_vs_blocked"], ".2f")
+        speedup = cell_number(r["speedup_vs_blocked"], ".2f")
         if speedup and pd.notna(r["speedup_ci_low"]):
-            speedup += (f" [{_num(r['speedup_ci_low'], '.2f')}, "
-                        f"{_num(r['speedup_ci_high'], '.2f')}]")
+            speedup += (f" [{cell_number(r['speedup_ci_low'], '.2f')}, "
+                        f"{cell_number(r['speedup_ci_high'], '.2f')}]")
         agrees = "" if pd.isna(r["agrees"]) else ("yes" if r["agrees"] else "NO")
-        nums = [_num(r["kernels"], ".0f")]
-        cells = [f"<td>{_e(r['layer'])}</td>", *(f"<td class=num>{n}</td>" for n in nums),
-                 f"<td>{_e(r['method'])}</td>", f"<td class=num>{_num(r['world_size'], '.0f')}"
-                 "</td>", f"<td><span class=status>{_e(r['status'])}</span></td>"]
-        nums = [_num(r["step_time_s_median"], ".4g"), interval, speedup]
+        nums = [cell_number(r["kernels"], ".0f")]
+        cells = [f"<td>{cell_text(r['layer'])}</td>", *(f"<td class=num>{n}</td>" for n in nums),
+                 f"<td>{cell_text(r['method'])}</td>",
+                 f"<td class=num>{cell_number(r['world_size'], '.0f')}</td>",
+                 f"<td><span class=status>{cell_text(r['status'])}</span></td>"]
+        nums = [cell_number(r["step_time_s_median"], ".4g"), interval, speedup]
         cells += [f"<td class=num>{n}</td>" for n in nums]
-        cells.append(f"<td>{_e(r['peak_mem_net_mib_by_device'])}</td>")
-        nums = [_num(r["value_rel_diff"], ".1e"), _num(r["grad_rel_diff"], ".1e"), agrees]
+        cells.append(f"<td>{cell_text(r['peak_mem_net_mib_by_device'])}</td>")
+        nums = [cell_number(r["value_rel_diff"], ".1e"), cell_number(r["grad_rel_diff"], ".1e"),
+                agrees]
         cells += [f"<td class=num>{n}</td>" for n in nums]
-        cells.append(f"<td>{_e(r['reason'])}</td>")
+        cells.append(f"<td>{cell_text(r['reason'])}</td>")
         bad = r["status"] != "ok" and r["status"] not in ("skipped", "unsupported")
         body.append(f"<tr{' class=notok' if bad or agrees == 'NO' else ''}>{''.join(cells)}"
                     "</tr>")
@@ -144,11 +146,11 @@ def render(df: pd.DataFrame, name: str, captions: list[str], png_b64: str | None
     figure = (f"<figure><img src=\"data:image/png;base64,{png_b64}\" alt=\"step time and "
               f"memory per method\"><figcaption>{FIGURE_FILE}</figcaption></figure>" if png_b64
               else "<p class=missing>No case ended ok: nothing to draw.</p>")
-    body = [f"<h1>parabench distance report</h1><p class=sub>{_e(name)} · written {now}</p>",
-            "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>", HOW,
+    body = [f"<h1>parabench distance report</h1><p class=sub>{cell_text(name)} · written {now}</p>",
+            "<p class=caption>" + "<br>".join(cell_text(c) for c in captions) + "</p>", HOW,
             "<h2 id=figure>Step time and memory</h2>", figure,
             "<h2 id=cases>Cases</h2>", _table(df)]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><link rel=icon "
             "href=\"data:,\"><meta name=viewport content=\"width=device-width, "
-            f"initial-scale=1\"><title>parabench distance: {_e(name)}</title><style>{CSS}"
+            f"initial-scale=1\"><title>parabench distance: {cell_text(name)}</title><style>{CSS}"
             f"</style></head><body>{''.join(body)}</body></html>\n")

@@ -42,14 +42,14 @@ border-left:4px solid #e0c36c}.best{font-weight:600}
 """
 
 
-def _e(value: object) -> str:
+def cell_text(value: object) -> str:
     """Escaped text; nothing for a missing value."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return ""
     return html.escape(str(value))
 
 
-def _num(value: Any, fmt: str) -> str:
+def cell_number(value: Any, fmt: str) -> str:
     """A number formatted with ``fmt``; nothing for a missing value."""
     return "" if value is None or pd.isna(value) else format(value, fmt)
 
@@ -63,7 +63,7 @@ def _headlines(cases: pd.DataFrame) -> str:
     for key, g in sorted(groups.items(), key=lambda kv: group_order(kv[0])):
         run, model, image, batch, precision, scaling = key
         per = f"{batch} per device, weak scaling" if scaling == "weak" else f"batch {batch}"
-        head = f"{_e(run)} · {_e(model)} {image} px {per} {_e(precision)}: "
+        head = f"{cell_text(run)} · {cell_text(model)} {image} px {per} {cell_text(precision)}: "
         found = rank(g)
         if found is None:
             items.append(f"<li>{head}no case ran</li>")
@@ -74,14 +74,14 @@ def _headlines(cases: pd.DataFrame) -> str:
         value = speedup(found.best, single)
         failed = sum(r["status"] != "ok" for r in g)
         items.append(
-            f"<li>{head}<span class=best>{_e(lead)}</span> {_e(rest)}"
+            f"<li>{head}<span class=best>{cell_text(lead)}</span> {cell_text(rest)}"
             + (f"; {speedup_text(value, speedup_interval(found.best))} vs single"
                if value is not None else "; no single baseline")
             + f" ({failed} of {len(g)} cases did not run)</li>")
     launches = [int(n) for n in cases.loc[cases.status == "ok", "launches"].dropna()]
     weak = any(key[-1] == "weak" for key in groups)
-    return ("<ul>" + "".join(items) + "</ul><p class=caption>" + _e(interval_note(launches))
-            + " " + _e(speedup_note(launches, weak)) + "</p>")
+    return ("<ul>" + "".join(items) + "</ul><p class=caption>" + cell_text(interval_note(launches))
+            + " " + cell_text(speedup_note(launches, weak)) + "</p>")
 
 
 def _runs_table(envs: dict[str, dict[str, Any]], names: dict[str, str],
@@ -92,7 +92,7 @@ def _runs_table(envs: dict[str, dict[str, Any]], names: dict[str, str],
         c = cases[cases.run_label == label]
         tally = ", ".join(f"{n} {s}" for s, n in c.status.value_counts().sort_index().items())
         v = env.get("versions", {})
-        rows.append("<tr>" + "".join(f"<td>{_e(x)}</td>" for x in (
+        rows.append("<tr>" + "".join(f"<td>{cell_text(x)}</td>" for x in (
             label if label == names[label] else f"{label} = {names[label]}",
             env.get("rig", {}).get("label"), ", ".join(env.get("device_names") or []),
             env.get("cpu_model"), v.get("torch"), v.get("cuda") or "none",
@@ -113,23 +113,23 @@ def _cases_table(cases: pd.DataFrame) -> str:
     """Every case of every run, failures hatched with their reason, then the strategy notes."""
     # (heading, the cell of a row, is it a number)
     cols: list[tuple[str, Callable[[dict[str, Any]], str], bool]] = [
-        ("run", lambda r: _e(r["run_label"]), False),
-        ("strategy", lambda r: _e(r["strategy"]), False),
-        ("image (px)", lambda r: _e(r["image_size"]), False),
-        ("batch", lambda r: _e(r["batch_size"]) + (" (weak)" if r.get("scaling") == "weak"
+        ("run", lambda r: cell_text(r["run_label"]), False),
+        ("strategy", lambda r: cell_text(r["strategy"]), False),
+        ("image (px)", lambda r: cell_text(r["image_size"]), False),
+        ("batch", lambda r: cell_text(r["batch_size"]) + (" (weak)" if r.get("scaling") == "weak"
                                                      else ""), False),
-        ("split", lambda r: _num(r["split_size"], ".0f"), True),
-        ("status", lambda r: _e(r["status"]), False),
-        ("launches", lambda r: _num(r["launches"], ".0f"), True),
-        ("median step (s)", lambda r: _num(r["step_time_s_median"], ".4f"), True),
+        ("split", lambda r: cell_number(r["split_size"], ".0f"), True),
+        ("status", lambda r: cell_text(r["status"]), False),
+        ("launches", lambda r: cell_number(r["launches"], ".0f"), True),
+        ("median step (s)", lambda r: cell_number(r["step_time_s_median"], ".4f"), True),
         ("95% CI (s)", lambda r: _interval(r["step_time_s_ci_low"], r["step_time_s_ci_high"],
                                            ".4f"), True),
-        ("throughput (img/s)", lambda r: _num(r["throughput_img_s"], ".1f"), True),
-        ("speedup vs single", lambda r: _num(r["speedup_vs_single"], ".2f"), True),
+        ("throughput (img/s)", lambda r: cell_number(r["throughput_img_s"], ".1f"), True),
+        ("speedup vs single", lambda r: cell_number(r["speedup_vs_single"], ".2f"), True),
         ("speedup 95% CI", lambda r: "" if r["strategy"] == "single" else
          _interval(r["speedup_ci_low"], r["speedup_ci_high"], ".2f"), True),
-        ("peak mem net max (MiB)", lambda r: _num(r["peak_mem_net_mib_max"], ".0f"), True),
-        ("reason", lambda r: _e(r["reason"]), False)]
+        ("peak mem net max (MiB)", lambda r: cell_number(r["peak_mem_net_mib_max"], ".0f"), True),
+        ("reason", lambda r: cell_text(r["reason"]), False)]
     if cases.run_label.nunique() <= 1:
         cols = cols[1:]  # one run: no run column
     head = "".join(f"<th>{h}</th>" for h, _, _ in cols)
@@ -141,7 +141,8 @@ def _cases_table(cases: pd.DataFrame) -> str:
         cls = "" if r["status"] == "ok" else " class=notok"
         body.append(f"<tr{cls}>{cells}</tr>")
     notes = cases[cases.note.notna()].drop_duplicates(["strategy", "note"])
-    items = "".join(f"<li><b>{_e(n.strategy)}</b>: {_e(n.note)}</li>" for n in notes.itertuples())
+    items = "".join(f"<li><b>{cell_text(n.strategy)}</b>: {cell_text(n.note)}</li>"
+                    for n in notes.itertuples())
     reading = f"<h3>How to read each strategy here</h3><ul>{items}</ul>" if items else ""
     caption = ("<p class=caption>95% CI: the t interval across the case's launches of its "
                "median step time (the geometric mean of the launch medians); the speedup's, "
@@ -152,7 +153,7 @@ def _cases_table(cases: pd.DataFrame) -> str:
 
 def _signed_pct(value: Any) -> str:
     """``+4.2%``; nothing for a missing value."""
-    text = _num(value, "+.1f")
+    text = cell_number(value, "+.1f")
     return f"{text}%" if text else ""
 
 
@@ -165,13 +166,15 @@ def _bubble_table(table: pd.DataFrame) -> str:
             "<th>idle measured, mean of devices (min–max)</th><th>idle theoretical</th>"
             "<th>theory: formula, p devices, v stages each, m micro-batches</th></tr>")
     body = "".join(
-        f"<tr><td>{_e(r.run)}</td><td>{_e(r.case_id)}</td><td class=num>{r.devices}</td>"
+        f"<tr><td>{cell_text(r.run)}</td><td>{cell_text(r.case_id)}</td>"
+        f"<td class=num>{r.devices}</td>"
         f"<td class=num>{r.stages}</td><td class=num>{r.microbatches}</td>"
         f"<td class=num>{r.span_s:.4f}</td>"
         f"<td class=num>{_signed_pct(r.traced_vs_median_pct)}</td>"
         f"<td class=num>{r.bubble_measured:.1%} ({r.bubble_device_min:.1%}–"
-        f"{r.bubble_device_max:.1%})</td><td class=num>{_num(r.bubble_theoretical, '.1%')}</td>"
-        f"<td>{_e(r.theory)}</td></tr>" for r in table.itertuples())
+        f"{r.bubble_device_max:.1%})</td>"
+        f"<td class=num>{cell_number(r.bubble_theoretical, '.1%')}</td>"
+        f"<td>{cell_text(r.theory)}</td></tr>" for r in table.itertuples())
     note = ("<p class=caption>A device idles whenever it runs no pass of any of its stages; "
             "its idle share is of the traced step's span (first start to last end over all "
             "devices). The theory assumes equal forward, input-gradient and weight-gradient "
@@ -194,24 +197,26 @@ def _utilisation_check(cases: pd.DataFrame) -> str:
             "against the share of the step its own compute takes (util_timeline_pct: ddp's "
             "compute-only steps, a pipeline's passes per device); "
             f"{len(flagged)} disagree{'s' * (len(flagged) == 1)} by over 20 points. Read from: "
-            f"{_e(', '.join(sources) or 'unknown')}.</p>")
+            f"{cell_text(', '.join(sources) or 'unknown')}.</p>")
     if flagged.empty:
         return said
     body = "".join(
-        f"<tr><td>{_e(r['case_id'])}</td><td class=num>{_num(r['util_pct_mean'], '.0f')}</td>"
-        f"<td class=num>{_num(r['util_timeline_pct'], '.0f')}</td><td>{_e(r['util_check'])}"
-        "</td></tr>" for r in records(flagged))
+        f"<tr><td>{cell_text(r['case_id'])}</td>"
+        f"<td class=num>{cell_number(r['util_pct_mean'], '.0f')}</td>"
+        f"<td class=num>{cell_number(r['util_timeline_pct'], '.0f')}</td>"
+        f"<td>{cell_text(r['util_check'])}</td></tr>" for r in records(flagged))
     return (f"{said}<table><tr><th>case</th><th>utilisation (%)</th><th>timeline busy (%)"
             f"</th><th>why they disagree</th></tr>{body}</table>")
 
 
 def _section(s: dict[str, Any], extra: str) -> str:
     """One figure's heading and its image, or why it is absent."""
-    title = f"<h2 id=fig{s['number']}>{s['number']}. {_e(s['title'])}</h2>"
+    title = f"<h2 id=fig{s['number']}>{s['number']}. {cell_text(s['title'])}</h2>"
     if not s["png_b64"]:
-        return f"{title}<p class=missing>{_e(s['absent'])}.</p>{extra}"
+        return f"{title}<p class=missing>{cell_text(s['absent'])}.</p>{extra}"
     return (f"{title}<figure><img src=\"data:image/png;base64,{s['png_b64']}\" "
-            f"alt=\"figure {s['number']}: {_e(s['title'])}\"><figcaption>{_e(s['file'])} "
+            f"alt=\"figure {s['number']}: {cell_text(s['title'])}\">"
+            f"<figcaption>{cell_text(s['file'])} "
             f"(rig and versions under the figure and in the runs table)</figcaption></figure>"
             f"{extra}")
 
@@ -221,7 +226,7 @@ def _answer(runs: Runs) -> list[str]:
     lines = answer_lines(records(runs.every))
     if not lines:
         return []
-    return ["<h2>In short</h2>", *(f"<p>{_e(line)}</p>" for line in lines)]
+    return ["<h2>In short</h2>", *(f"<p>{cell_text(line)}</p>" for line in lines)]
 
 
 def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
@@ -230,9 +235,9 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
     labels = ", ".join(runs.names.values())
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     swept = runs.swept
-    body = [f"<h1>parabench report</h1><p class=sub>{_e(labels)} · written {now}</p>",
+    body = [f"<h1>parabench report</h1><p class=sub>{cell_text(labels)} · written {now}</p>",
             "<h2>Runs</h2>", _runs_table(runs.envs, runs.names, swept),
-            "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>",
+            "<p class=caption>" + "<br>".join(cell_text(c) for c in captions) + "</p>",
             *_answer(runs), "<h2>Headlines</h2>", _headlines(swept)]
     for s in sections:
         extra = (_utilisation_check(swept) if s["number"] == 5
@@ -245,5 +250,5 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
              "their reason is in the last column.</p>", _cases_table(swept)]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><link rel=icon href=\"data:,\">"
             "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
-            f"<title>parabench report: {_e(labels)}</title><style>{CSS}</style></head>"
+            f"<title>parabench report: {cell_text(labels)}</title><style>{CSS}</style></head>"
             f"<body>{''.join(body)}</body></html>\n")

@@ -28,7 +28,7 @@ from bench_lib.report.figures import (
     strategy_order,
     styled,
 )
-from bench_lib.report.html import CSS, _e, _num
+from bench_lib.report.html import CSS, cell_number, cell_text
 from bench_lib.results.read import read_table
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS, ResultsError
 
@@ -180,23 +180,24 @@ def _verdict_table(verdicts: pd.DataFrame) -> str:
             "accuracy tolerance", "tolerance", "reason")
     body = []
     for r in records(verdicts):
-        cells = [_e(r["model"]), _e(r["strategy"]), _e(r["bn_statistics"]) or "none",
-                 f"<span class=status>{_e(r['verdict'])}</span>"]
-        nums = [_num(r["test_loss"], ".5f"), _num(r["test_accuracy"], ".4f")]
+        cells = [cell_text(r["model"]), cell_text(r["strategy"]),
+                 cell_text(r["bn_statistics"]) or "none",
+                 f"<span class=status>{cell_text(r['verdict'])}</span>"]
+        nums = [cell_number(r["test_loss"], ".5f"), cell_number(r["test_accuracy"], ".4f")]
         cells += [f"<td class=num>{n}</td>" for n in nums]
-        cells.append(_e(r["compared_with"]))
-        nums = [_num(r[c], ".2e") for c in ("test_loss_diff", "loss_tolerance")]
-        nums += [_num(r[c], ".4f") for c in ("test_accuracy_diff", "accuracy_tolerance")]
+        cells.append(cell_text(r["compared_with"]))
+        nums = [cell_number(r[c], ".2e") for c in ("test_loss_diff", "loss_tolerance")]
+        nums += [cell_number(r[c], ".4f") for c in ("test_accuracy_diff", "accuracy_tolerance")]
         cells += [f"<td class=num>{n}</td>" for n in nums]
-        cells += [_e(r["tolerance_kind"]), _e(r["reason"])]
+        cells += [cell_text(r["tolerance_kind"]), cell_text(r["reason"])]
         html = "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in cells)
         cls = " class=notok" if r["verdict"] in FAILED else ""
         body.append(f"<tr{cls}>{html}</tr>")
     heads = "".join(f"<th>{h}</th>" for h in head)
     notes = verdicts.dropna(subset=["tolerance_note"]).drop_duplicates(
         ["model", "tolerance_kind"])
-    items = "".join(f"<li><b>{_e(n['model'])}</b>, {_e(n['tolerance_kind'])}: "
-                    f"{_e(n['tolerance_note'])}</li>" for n in records(notes))
+    items = "".join(f"<li><b>{cell_text(n['model'])}</b>, {cell_text(n['tolerance_kind'])}: "
+                    f"{cell_text(n['tolerance_note'])}</li>" for n in records(notes))
     return (f"<table><tr>{heads}</tr>{''.join(body)}</table>"
             f"<h3>The tolerances of this run</h3><ul>{items}</ul>")
 
@@ -225,7 +226,7 @@ def _summary(verdicts: pd.DataFrame) -> str:
     bad = [f"{r['model']} {r['strategy']} ({r['verdict']})" for r in records(judged)
            if r["verdict"] in FAILED]
     text = f"{(judged.verdict == 'match').sum()} of {len(judged)} judged strategies match"
-    return f"<p class=best>{_e(text)}{'; ' + _e(', '.join(bad)) if bad else '.'}</p>"
+    return f"<p class=best>{cell_text(text)}{'; ' + cell_text(', '.join(bad)) if bad else '.'}</p>"
 
 
 def render(run: ParityRun, name: str, captions: list[str], png_b64: str | None) -> str:
@@ -234,12 +235,12 @@ def render(run: ParityRun, name: str, captions: list[str], png_b64: str | None) 
     figure = (f"<figure><img src=\"data:image/png;base64,{png_b64}\" alt=\"learning curves "
               f"per strategy\"><figcaption>{FIGURE_FILE}</figcaption></figure>" if png_b64
               else "<p class=missing>No epoch finished: no curve to draw.</p>")
-    body = [f"<h1>parabench parity report</h1><p class=sub>{_e(name)} · written {now}</p>",
-            "<p class=caption>" + "<br>".join(_e(c) for c in captions) + "</p>",
+    body = [f"<h1>parabench parity report</h1><p class=sub>{cell_text(name)} · written {now}</p>",
+            "<p class=caption>" + "<br>".join(cell_text(c) for c in captions) + "</p>",
             "<h2>Verdict</h2>", _summary(run.verdicts), HOW,
             "<h2 id=curves>Learning curves</h2>", figure,
             "<h2 id=verdicts>Verdict per strategy</h2>", _verdict_table(run.verdicts)]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><link rel=icon "
             "href=\"data:,\"><meta name=viewport content=\"width=device-width, "
-            f"initial-scale=1\"><title>parabench parity: {_e(name)}</title><style>{CSS}"
+            f"initial-scale=1\"><title>parabench parity: {cell_text(name)}</title><style>{CSS}"
             f"</style></head><body>{''.join(body)}</body></html>\n")

@@ -170,7 +170,7 @@ def _time_block(block: nn.Module, x: torch.Tensor, workload: Workload,
     return min(times)
 
 
-def _block_flops(block: nn.Module, x: torch.Tensor, input_grad: bool = True) -> float:
+def block_flops(block: nn.Module, x: torch.Tensor, input_grad: bool = True) -> float:
     """Forward+backward FLOPs of ``block`` on input ``x`` (counted, not timed)."""
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -199,7 +199,7 @@ def block_costs(
         home = next(block.parameters(), x).device
         block.to(device)
         if method == "flops":
-            costs.append(_block_flops(block, x, input_grad=i > 0))
+            costs.append(block_flops(block, x, input_grad=i > 0))
         else:
             costs.append(_time_block(block, x, workload, input_grad=i > 0))
         if i + 1 < len(bs):

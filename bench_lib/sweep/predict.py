@@ -92,7 +92,7 @@ from torch.distributed.pipelining.schedules import _ComputationType
 from bench_lib.analysis.bound import DDP_BUCKET_BYTES
 from bench_lib.rig import Rig
 from bench_lib.strategies.partition import (
-    _block_flops,
+    block_flops,
     choose,
     min_max_cuts,
     min_max_rank_cuts,
@@ -138,8 +138,8 @@ def predict(case: Case, rig: Rig, cut: str = "") -> Prediction:
     """
     w = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
                  precision=case.precision)
-    stages = _num_stages(case)
-    label = _cut_label(case, w, stages, cut) if stages > 1 else ""
+    stages = num_stages(case)
+    label = cut_label(case, w, stages, cut) if stages > 1 else ""
     cuts = tuple(int(c) for c in label.partition(":")[2].split(",")) if label else ()
     base = Program(w, cuts, (0,), (case.batch_size,), (("F", 0, 0), ("B", 0, 0)),
                    channels_last=case.channels_last)
@@ -152,14 +152,14 @@ def predict(case: Case, rig: Rig, cut: str = "") -> Prediction:
     return Prediction(mib, label)
 
 
-def _num_stages(case: Case) -> int:
+def num_stages(case: Case) -> int:
     """Stages the case's strategy cuts the model into (1 where it does not cut it)."""
     if case.partition is None:
         return 1
     return case.world_size * PIPELINING_STAGES_PER_RANK.get(case.strategy, 1)
 
 
-def _cut_label(case: Case, w: Workload, stages: int, cut: str) -> str:
+def cut_label(case: Case, w: Workload, stages: int, cut: str) -> str:
     """The cut to predict with, as a ``Partition.label``: ``cut`` when given, else the
     case's partition, chosen without data (``balanced``: ``balanced-flops``'s)."""
     if cut:
@@ -190,7 +190,7 @@ def _chosen_cut(w: Workload, stages: int, micro_batch: int, method: str,
         x = torch.empty(micro_batch, *w.input_shape)
         costs = []
         for i, block in enumerate(blocks(model)):
-            costs.append(_block_flops(block, x, input_grad=i > 0))
+            costs.append(block_flops(block, x, input_grad=i > 0))
             with torch.no_grad():
                 x = block(x)
     if placement and len(set(placement)) < len(placement):

@@ -451,12 +451,12 @@ def _fixed_cuts(case: Case) -> Sequence[int]:
     """The cut a case runs where no block is timed to choose it: a given cut
     (``balanced:6,12``), ``tutorial``'s or ``balanced-flops``' (``sweep.predict``'s choice,
     the one the memory prediction uses; for ``balanced``, too, where only that is known)."""
-    from bench_lib.sweep.predict import _cut_label, _num_stages
+    from bench_lib.sweep.predict import cut_label, num_stages
     from bench_lib.workloads import Workload
 
     w = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
                  precision=case.precision)
-    label = _cut_label(case, w, _num_stages(case), "")
+    label = cut_label(case, w, num_stages(case), "")
     return tuple(int(c) for c in label.partition(":")[2].split(",") if c)
 
 
