@@ -4,6 +4,8 @@ against the busy share its own compute gives, flagged over 20 points apart."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from bench_lib.analysis import utilisation
@@ -168,3 +170,58 @@ def test_the_report_names_the_counter_and_lists_the_cases_that_disagree(tmp_path
     assert "Utilisation of 2 cases checked" in said and "1 disagrees by over 20" in said
     assert "ddp_a" in said and "1f1b_b" not in said and "nvml-kernel-active" in said
     assert _utilisation_check(cases.iloc[2:]) == ""  # nothing checked: nothing said
+
+
+def test_a_mig_instance_is_read_as_its_own_share_of_the_card(monkeypatch):
+    """Under MIG NVML's utilisation, power and energy are the card's, every instance's work:
+    the instance's utilisation is its own GPM SM activity, and the rest is said, not read."""
+    from bench_lib.measure.sampler import NvmlSource, Sampler
+    from bench_lib.run import runner
+    from tests.test_gpu_env import topo_nvml
+    from tests.test_monitor import MIB, fake_nvml
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-cccc-3333")
+    assert runner._cuda_bus_ids(1, topo_nvml()) == {"0": "MIG-cccc-3333"}
+
+    nvml = fake_nvml()
+    card_reads: list[str] = []
+    mig_samples: list[tuple[object, int]] = []
+    nvml.nvmlDeviceGetHandleByUUID = lambda uuid: ("mig", uuid)
+    nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle = lambda mig: 0  # card 0
+    nvml.nvmlDeviceGetGpuInstanceId = lambda mig: 3
+
+    def card_only(name, fn):
+        def read(h, *args):
+            card_reads.append(name)
+            return fn(h, *args)
+        return read
+
+    for name in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage",
+                 "nvmlDeviceGetTotalEnergyConsumption", "nvmlGpmSampleGet"):
+        setattr(nvml, name, card_only(name, getattr(nvml, name)))
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        used=(512 if isinstance(h, tuple) else 60_000) * MIB)  # the instance's, the card's
+
+    def mig_sample_get(h, gi, sample):
+        mig_samples.append((h, gi))
+        return sample
+
+    nvml.nvmlGpmMigSampleGet = mig_sample_get
+    source = NvmlSource({"0": "MIG-cccc-3333"}, nvml=nvml)
+    (row,) = source.read()
+    assert card_reads == []  # nothing of the card's work read as the instance's
+    assert mig_samples == [(0, 3), (0, 3)]  # on opening and at this read: its own GPM
+    assert row["util_gpu_pct"] is None and row["power_w"] is None and row["energy_j"] is None
+    assert row["mem_used_mib"] == 512.0 and row["sm_util_pct"] == 71.0
+    assert row["sm_clock_mhz"] == 1980  # the card's clocks are the instance's too
+    with Sampler([source], interval_s=0.05) as s:
+        pass
+    assert "device 0 is a MIG instance" in s.note and "not read" in s.note
+    samples = [{**r, "time_unix_s": 10.0 + i / 2} for i, r in enumerate(s.samples * 5)]
+    cols = window_columns(samples, [(10.0, 12.0)], images=64)
+    assert cols["util_source"] == "gpm-sm-activity" and cols["util_pct_mean"] == 71.0
+    assert cols["energy_j_per_img"] is None and "no readable energy counter" in cols["sampler_note"]
+    # A whole GPU beside it keeps every counter.
+    whole = NvmlSource({"0": 1}, nvml=nvml)
+    (row,) = whole.read()
+    assert row["util_gpu_pct"] == 91.0 and row["energy_j"] is not None and whole.note == ""

@@ -171,11 +171,18 @@ class RaplSource:
 class NvmlSource:
     """Per-GPU NVML counters, the SM clock, the temperature and why the clocks are where they
     are (clock event reasons: power cap, thermal, sync boost...); GPM SM utilisation and
-    tensor activity where supported."""
+    tensor activity where supported.
+
+    A MIG instance (a ``MIG-...`` key) is a share of its card, and NVML's utilisation,
+    power and energy are the card's (every instance's work): they are not read for it, and
+    ``note`` says so. Its memory is the instance's, its GPM metrics the instance's own
+    (``nvmlGpmMigSampleGet``), its clocks, temperature and clock event reasons the card's.
+    """
 
     def __init__(self, devices: dict[str, str | int], nvml: Any = None,
                  gpm_min_span_s: float = 0.0) -> None:
-        """``devices`` maps a device label to its PCI bus id (str) or NVML index (int).
+        """``devices`` maps a device label to its PCI bus id (str), MIG instance UUID
+        (``MIG-...``) or NVML index (int).
 
         GPM metrics compare two GPM samples no closer than ``gpm_min_span_s``: a tick that
         comes sooner (the sampler's first, right after opening) gets none and keeps the
@@ -186,21 +193,34 @@ class NvmlSource:
         self._nvml = nvml
         self._gpm_min_span_s = gpm_min_span_s
         self._handles: dict[str, Any] = {}
+        """label -> the GPU's handle (a MIG instance's card)."""
+        self._migs: dict[str, tuple[Any, int]] = {}
+        """label -> its MIG instance's device handle and GPU instance id."""
         self._gpm_prev: dict[str, tuple[Any, float] | None] = {}
         self._closed = False
+        self.note = ""
         nvml.nvmlInit()
         try:
             for label, key in devices.items():
-                if isinstance(key, str):
+                if isinstance(key, str) and key.startswith("MIG-"):
+                    mig = nvml.nvmlDeviceGetHandleByUUID(key)
+                    self._handles[label] = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+                    self._migs[label] = (mig, int(nvml.nvmlDeviceGetGpuInstanceId(mig)))
+                elif isinstance(key, str):
                     self._handles[label] = nvml.nvmlDeviceGetHandleByPciBusId(key)
                 else:
                     self._handles[label] = nvml.nvmlDeviceGetHandleByIndex(key)
-            for label, h in self._handles.items():
-                sample = self._gpm_sample(h)
+            for label in self._handles:
+                sample = self._gpm_sample(label)
                 self._gpm_prev[label] = None if sample is None else (sample, time.monotonic())
         except BaseException:  # a handle lookup failed: leak neither an init nor a sample
             self.close()
             raise
+        if self._migs:
+            self.note = (f"device {', '.join(sorted(self._migs))} is a MIG instance: NVML's "
+                         "utilisation, power and energy are its whole card's (every "
+                         "instance's work), so they are not read; its utilisation is its own "
+                         "GPM SM activity where the card has GPM")
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """An NVML reading, or None where this GPU or driver does not provide it."""
@@ -222,20 +242,24 @@ class NvmlSource:
             mask = self._optional("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
         return None if mask is None else clock_event_names(int(mask))
 
-    def _gpm_sample(self, handle: Any) -> Any:
-        nvml = self._nvml
+    def _gpm_sample(self, label: str) -> Any:
+        """A GPM sample of the device ``label`` (its MIG instance's own where it is one), or
+        None where its GPU has no GPM."""
+        nvml, handle = self._nvml, self._handles[label]
         support = self._call(nvml.nvmlGpmQueryDeviceSupport, handle)
         if support is None or not support.isSupportedDevice:
             return None
         sample = self._call(nvml.nvmlGpmSampleAlloc)
         if sample is None:
             return None
-        if self._call(nvml.nvmlGpmSampleGet, handle, sample) is None:
+        got = (self._call(nvml.nvmlGpmMigSampleGet, handle, self._migs[label][1], sample)
+               if label in self._migs else self._call(nvml.nvmlGpmSampleGet, handle, sample))
+        if got is None:
             self._call(nvml.nvmlGpmSampleFree, sample)
             return None
         return sample
 
-    def _gpm_metrics(self, label: str, handle: Any) -> Reading:
+    def _gpm_metrics(self, label: str) -> Reading:
         """SM utilisation and tensor activity between the previous GPM sample and this tick
         (none while the previous one is under ``gpm_min_span_s`` old)."""
         nvml, entry = self._nvml, self._gpm_prev[label]
@@ -244,7 +268,7 @@ class NvmlSource:
         prev, t_prev = entry
         if time.monotonic() - t_prev < self._gpm_min_span_s:
             return {}
-        cur = self._gpm_sample(handle)
+        cur = self._gpm_sample(label)
         if cur is None:
             return {}
         t_cur = time.monotonic()
@@ -268,10 +292,12 @@ class NvmlSource:
     def read(self) -> list[Reading]:
         nvml, rows = self._nvml, []
         for label, h in self._handles.items():
-            util = self._call(nvml.nvmlDeviceGetUtilizationRates, h)
-            mem = self._call(nvml.nvmlDeviceGetMemoryInfo, h)
-            power_mw = self._call(nvml.nvmlDeviceGetPowerUsage, h)
-            energy_mj = self._call(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+            mig = self._migs.get(label)
+            # A MIG instance: the card's utilisation, power and energy are not its own.
+            util = None if mig else self._call(nvml.nvmlDeviceGetUtilizationRates, h)
+            mem = self._call(nvml.nvmlDeviceGetMemoryInfo, mig[0] if mig else h)
+            power_mw = None if mig else self._call(nvml.nvmlDeviceGetPowerUsage, h)
+            energy_mj = None if mig else self._call(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
             rows.append({
                 "device": label,
                 "util_gpu_pct": None if util is None else float(util.gpu),
@@ -283,7 +309,7 @@ class NvmlSource:
                                              getattr(nvml, "NVML_TEMPERATURE_GPU", 0)),
                 "clock_event_reasons": self._clock_events(h),
                 "energy_j": None if energy_mj is None else energy_mj / 1000,
-                **self._gpm_metrics(label, h),
+                **self._gpm_metrics(label),
             })
         return rows
 

@@ -158,7 +158,9 @@ def measure_idle_power(rig: Rig, seconds: float = IDLE_SECONDS) -> IdlePower:
 
 def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
     """NVML keys of CUDA devices 0..count-1: PCI bus ids, since CUDA and NVML may order
-    GPUs differently (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER).
+    GPUs differently (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER); a MIG instance's UUID
+    where CUDA_VISIBLE_DEVICES names one (the process has that instance, not the card:
+    ``NvmlSource`` reads it as such).
 
     Read through NVML alone, so the runner never creates a CUDA context (one would hold
     memory on a GPU the case measures): ``nvml.cuda_visible_gpus`` maps CUDA's visible
@@ -173,7 +175,7 @@ def _cuda_bus_ids(count: int, nvml: Any = None) -> dict[str, str | int]:
         raise RuntimeError(f"NVML sees {len(gpus)} GPU(s) visible to CUDA "
                            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}), "
                            f"the case needs {count}")
-    return {str(g.cuda_index): g.bus_id for g in gpus[:count]}
+    return {str(g.cuda_index): g.mig_uuid or g.bus_id for g in gpus[:count]}
 
 
 def memory_true_forks(server: ForkServer | None) -> ForkServer | None:
