@@ -231,35 +231,33 @@ def run_seeing_agents(out: Path, *args: str, fault: str = "") -> tuple[int, str,
 
 @pytest.mark.timeout(300)
 @pytest.mark.integration
-def test_torchrun_runs_ddp_and_gpipe_on_one_node(tmp_path):
-    code, err, agents = run_seeing_agents(tmp_path, "--strategies", "ddp,gpipe",
-                                          "--devices", "2", "--launcher", "torchrun")
-    assert code == 0, err
-    assert len(agents) == 2, "one torchrun agent per case launch"
+def test_torchrun_runs_ddp_and_gpipe_on_one_node_and_blames_a_sigkilled_rank(tmp_path):
+    # One run for both (a runner's start is seconds of CPU): ddp and gpipe go well, and in
+    # 1f1b rank 1 is SIGKILLed; the run exits 1 for it (a torchrun run with every case ok
+    # exits 0: test_launcher_multinode's two nodes).
+    code, err, agents = run_seeing_agents(tmp_path, "--strategies", "ddp,gpipe,1f1b",
+                                          "--devices", "2", "--launcher", "torchrun",
+                                          fault="1f1b:1:sigkill")
+    assert code == 1, err
+    assert len(agents) == 3, "one torchrun agent per case launch"
     run_dir = only_run_dir(tmp_path)
-    assert statuses(run_dir) == {"ddp": "ok", "gpipe": "ok"}
+    assert statuses(run_dir) == {"ddp": "ok", "gpipe": "ok", "1f1b": "error"}
     cases = pd.read_csv(run_dir / "cases.csv").set_index("strategy")
-    assert (cases["world_size"] == 2).all() and (cases["timed_steps"] == 2).all()
+    assert (cases["world_size"] == 2).all()
+    assert (cases.loc[["ddp", "gpipe"], "timed_steps"] == 2).all()
+    # The killed rank is blamed.
+    reason = cases.loc["1f1b", "reason"]
+    assert reason.startswith("rank 1 was killed by SIGKILL without a result"), reason
     # Every rank's steps came back, and the gpipe timeline has both stages' devices.
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert set(steps.groupby("case_id")["rank"].nunique()) == {2}
+    ranks = steps.groupby("case_id")["rank"].nunique()
+    assert {s: ranks[cases.loc[s, "case_id"]] for s in ("ddp", "gpipe")} == {"ddp": 2,
+                                                                           "gpipe": 2}
     timeline = pd.read_csv(run_dir / "timeline.csv")
-    assert set(timeline["device"]) == {"cpu:0", "cpu:1"}
+    gpipe = timeline[timeline["case_id"] == cases.loc["gpipe", "case_id"]]
+    assert set(gpipe["device"]) == {"cpu:0", "cpu:1"}
     env = json.loads((run_dir / "env.json").read_text())
     assert env["launcher"]["kind"] == "torchrun" and env["launcher"]["nnodes"] == 1
     assert "nodes" not in env
-    assert not workers_of(run_dir) and not _agents_under(tmp_path)
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.integration
-def test_under_torchrun_a_sigkilled_rank_is_blamed_and_nothing_is_left(tmp_path):
-    code, err, agents = run_seeing_agents(tmp_path, "--strategies", "ddp", "--devices", "2",
-                                          "--launcher", "torchrun", fault="ddp:1:sigkill")
-    assert code == 1, err
-    assert agents, "the case ran through torchrun"
-    run_dir = only_run_dir(tmp_path)
-    assert statuses(run_dir) == {"ddp": "error"}
-    reason = pd.read_csv(run_dir / "cases.csv").loc[0, "reason"]
-    assert reason.startswith("rank 1 was killed by SIGKILL without a result"), reason
+    # Nothing is left: neither the killed case's peers and agent nor the others'.
     assert not workers_of(run_dir) and not _agents_under(tmp_path)
