@@ -93,11 +93,36 @@ def test_sigkilled_rank_is_an_error_row_and_the_sweep_goes_on(tmp_path):
     assert not workers_of(run_dir), "no process of the case may be left behind"
 
 
+def _loopback_sockets_while_running(proc: subprocess.Popen, out: Path) -> list[str]:
+    """The local addresses of the listening and connected inet sockets of the case workers of
+    the run ``proc`` writes under ``out``, from the first moment they have any (polled until
+    then, or until the run ends)."""
+    bound: list[str] = []
+    while proc.poll() is None and not bound:
+        time.sleep(0.2)
+        dirs = [p for p in out.iterdir() if p.is_dir() and not p.is_symlink()]
+        for worker in workers_of(dirs[0]) if dirs else []:
+            try:
+                conns = worker.net_connections(kind="inet")
+            except psutil.Error:
+                continue
+            bound += [c.laddr.ip for c in conns
+                      if c.status in (psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED)]
+    return bound
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.integration
-def test_hung_rank_times_out_and_its_whole_group_is_killed(tmp_path):
-    code, _, err = finish(start(tmp_path, "--strategies", "ddp,mp", "--case-timeout-s", "12",
-                                fault="ddp:1:hang"))
+def test_hung_rank_times_out_and_its_whole_group_is_killed_and_ranks_listen_on_loopback_only(
+        tmp_path):
+    proc = start(tmp_path, "--strategies", "ddp,mp", "--case-timeout-s", "12",
+                 fault="ddp:1:hang")
+    # While the ddp case is held open (rank 1 hangs after joining the group): a single-node
+    # run's ranks listen and connect on loopback only.
+    bound = _loopback_sockets_while_running(proc, tmp_path)
+    code, _, err = finish(proc)
+    assert bound, "the ranks never opened a socket"
+    assert set(bound) <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, bound
     run_dir = only_run_dir(tmp_path)
     assert code == 1, err
     assert statuses(run_dir) == {"ddp": "timeout", "mp": "ok"}
@@ -201,29 +226,6 @@ def test_dry_run_lists_cases_and_an_estimate_and_writes_nothing(tmp_path, capsys
     assert "dp needs CUDA" in out
     assert "estimated duration" in out
     assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.integration
-def test_single_node_ranks_listen_on_loopback_only(tmp_path):
-    # Hold a ddp case open (rank 1 hangs after joining the group), look at its sockets.
-    proc = start(tmp_path, "--strategies", "ddp", "--case-timeout-s", "12", fault="ddp:1:hang")
-    deadline = time.monotonic() + 60
-    bound: list[str] = []  # local addresses of the ranks' listening and connected sockets
-    while time.monotonic() < deadline and not bound:
-        time.sleep(1)
-        dirs = [p for p in tmp_path.iterdir() if p.is_dir() and not p.is_symlink()]
-        for worker in workers_of(dirs[0]) if dirs else []:
-            try:
-                conns = worker.net_connections(kind="inet")
-            except psutil.Error:
-                continue
-            bound += [c.laddr.ip for c in conns
-                      if c.status in (psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED)]
-    proc.send_signal(signal.SIGINT)  # seen: no need to wait out the case's timeout
-    finish(proc)
-    assert bound, "the ranks never opened a socket"
-    assert set(bound) <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, bound
 
 
 def _recorded_run(run_dir: Path) -> None:
