@@ -32,6 +32,16 @@ from tests.test_reliability import TINY, finish, only_run_dir, statuses
 
 NODE = [*TINY, "--devices", "1", "--threads-per-worker", "1", "--launcher", "torchrun",
         "--nnodes", "2"]
+QUICK_LOSS = """\
+import runpy, sys
+from bench_lib.run import multinode
+multinode.LOST_AFTER_S, multinode.BYE_WAIT_S = 4.0, 1.0
+sys.argv = ["bench_lib", *sys.argv[1:]]
+runpy.run_module("bench_lib", run_name="__main__", alter_sys=True)
+"""
+"""``python -m bench_lib`` whose node 0 counts a node lost after 4 s without a heartbeat
+instead of ``LOST_AFTER_S``, and waits 1 s for the others' goodbyes instead of ``BYE_WAIT_S``:
+the test of a lost node waits out both, in seconds that test nothing else."""
 
 
 def free_ports(count: int) -> list[int]:
@@ -56,8 +66,10 @@ class Cluster:
     def out(self, node: int) -> Path:
         return self.root / f"node{node}"
 
-    def start(self, node: int, *args: str, fault: str = "") -> subprocess.Popen:
-        cmd = [PYTHON, "-m", "bench_lib", "run", *NODE, *args, "--node-rank", str(node),
+    def start(self, node: int, *args: str, fault: str = "",
+              quick_loss: bool = False) -> subprocess.Popen:
+        entry = ["-c", QUICK_LOSS] if quick_loss else ["-m", "bench_lib"]
+        cmd = [PYTHON, *entry, "run", *NODE, *args, "--node-rank", str(node),
                "--rdzv-endpoint", f"127.0.0.1:{self.rdzv}", "--coord-port", str(self.coord),
                "--out", str(self.out(node))]
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -134,7 +146,7 @@ def test_a_node_killed_mid_case_is_an_error_row_on_node_0_within_the_timeout(tmp
     timeout_s = 120
     cluster = Cluster(tmp_path)
     args = ("--strategies", "ddp", "--case-timeout-s", str(timeout_s))
-    node0 = cluster.start(0, *args)
+    node0 = cluster.start(0, *args, quick_loss=True)
     node1 = cluster.start(1, *args, fault="ddp:*:hang")  # its rank hangs before timing
     _wait_for(lambda: list(cluster.out(1).rglob("rank*.baseline.json")))
     time.sleep(2)  # node 1's rank is in its hang, node 0's waits for it in a collective
@@ -215,6 +227,7 @@ def test_a_node_without_node_0_says_it_waits_and_gives_up_with_exit_2(
 @pytest.mark.integration
 def test_node_0_without_the_others_says_it_waits_and_gives_up_with_exit_2(
         tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(multinode, "BYE_WAIT_S", 0.5)  # no node will read the refusal
     proc, seconds = _alone(capsys, monkeypatch, tmp_path, 0, 3)
     assert proc.returncode == 2, proc.stderr
     # The 3 s, then BYE_WAIT_S for the (absent) nodes to read the refusal.
