@@ -414,10 +414,12 @@ SAMPLE_METRICS = _cols(
     ("cpu_pct", "worker process's CPU time since the last sample over its threads' cores, "
                 "% (100 = every core the worker holds busy: threads_per_worker cores)", N),
     ("rss_mib", "worker resident memory, MiB", N),
-    ("util_gpu_pct", "NVML GPU utilisation, %", N),
+    ("util_gpu_pct", "NVML utilization.gpu, kernel-active time: the share of time any kernel "
+                     "ran (NCCL's waiting for a peer too), %; not read for a MIG instance "
+                     "(its card's)", N),
     ("util_mem_pct", "NVML memory-controller utilisation, %", N),
     ("mem_used_mib", "NVML memory used on the GPU, MiB", N),
-    ("power_w", "NVML power draw, watts", N),
+    ("power_w", "NVML power draw, watts (the card's: not read for a MIG instance)", N),
     ("sm_clock_mhz", "NVML SM clock, MHz", N),
     ("gpu_temp_c", "NVML GPU temperature, degrees Celsius", N, True),
     ("clock_event_reasons", "why NVML says the GPU's clocks are where they are, '+'-joined "
@@ -427,7 +429,8 @@ SAMPLE_METRICS = _cols(
                             "hw_power_brake_slowdown, ...; none when no reason held; empty "
                             "where unread (cpu rigs, an NVML without it)", False, True),
     ("energy_j", "energy counter since the sampler started (NVML) or RAPL total, joules", N),
-    ("sm_util_pct", "GPM SM utilisation, % (Hopper and later)", N),
+    ("sm_util_pct", "GPM SM activity: the share of SM time with work resident, % (Hopper "
+                    "and later; a MIG instance's own)", N),
     ("tensor_active_pct", "GPM tensor-core activity, % (Hopper and later)", N),
 )
 SAMPLES = _cols(
