@@ -431,3 +431,23 @@ def test_notebook_runs_against_a_run_folder(tmp_path):
     assert not [o for o in outputs if o.output_type == "error"]
     pngs = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(pngs) == 7  # every figure, drawn inline
+
+
+def test_the_samples_figure_draws_a_cases_first_launch_not_a_line_across_the_others(tmp_path):
+    # Three launches 100 s apart (other cases ran between): the first one only is drawn.
+    ticks = [{"time_unix_s": 1e9 + start + t / 10, "device": d, "cpu_pct": 90.0,
+              "rss_mib": 10.0, "case_key": "k"}
+             for start in (0, 100, 200) for t in range(20) for d in ("0", "1")]
+    samples = pd.DataFrame(ticks)
+    first, launches = device_figures.first_launch(samples, "time_unix_s")
+    assert launches == 3 and len(first) == 40
+    assert first.time_unix_s.max() - first.time_unix_s.min() == pytest.approx(1.9)
+    assert device_figures.first_launch(samples.iloc[:0], "time_unix_s")[1] == 0
+    runs = load(synthetic_run(tmp_path))
+    keys = runs.samples.case_key.unique()
+    later = runs.samples.assign(time_unix_s=runs.samples.time_unix_s + 100)
+    fig = device_figures.fig_samples(runs.swept, pd.concat([runs.samples, later]))
+    assert all(ax.get_title().endswith("launch 1 of 2") for ax in fig.axes[:len(keys)]
+               if ax.get_title())
+    assert max(max(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()) < 1
+    plt.close(fig)

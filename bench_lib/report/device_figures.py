@@ -135,7 +135,7 @@ def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | N
     fig, axes = new_figure(len(metrics), len(chosen),
                            (4.6 * len(chosen), 2.9 * len(metrics) + 0.9), sharex="col")
     for j, case in enumerate(records(chosen)):
-        s = samples[samples.case_key == case["case_key"]]
+        s, launches = first_launch(samples[samples.case_key == case["case_key"]], t_col)
         t = s[t_col] - s[t_col].min()
         for i, metric in enumerate(metrics):
             ax = axes[i][j]
@@ -145,12 +145,31 @@ def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | N
                     ax.plot(d._t, d[metric], color=PALETTE[k % 10], label=f"device {dev}")
             ax.set_ylabel(AXIS_LABELS.get(metric, metric))
             if i == 0:
-                ax.set_title(f"{bar_label(case)} · {case['image_size']} px", fontsize=10)
+                weak = " (weak)" if case.get("scaling") == "weak" else ""
+                of = f" · launch 1 of {launches}" if launches > 1 else ""
+                ax.set_title(f"{bar_label(case)}{weak} · {case['image_size']} px{of}",
+                             fontsize=10)
             ax.legend(fontsize=7)
-        axes[-1][j].set_xlabel("time since case start (s)")
-    fig.suptitle("Utilisation and memory over time per device (whole case: build, warm-up, "
-                 "timed steps)", fontsize=11)
+        axes[-1][j].set_xlabel("time since the launch started (s)")
+    fig.suptitle("Utilisation and memory over time per device (a case's first launch: build, "
+                 "warm-up, timed steps)", fontsize=11)
     return fig
+
+
+LAUNCH_GAP_S = 2.0
+"""A pause in a case's samples longer than this is between two of its launches: the sampler
+ticks every 0.1 s (``--sample-interval-ms``) while a launch runs, and other cases' launches
+run between a case's own (rounds)."""
+
+
+def first_launch(samples: pd.DataFrame, t_col: str) -> tuple[pd.DataFrame, int]:
+    """A case's samples of its first launch, and how many launches its samples hold: drawn
+    whole, a line would run across the other cases' launches between its own."""
+    if samples.empty:
+        return samples, 0
+    ordered = samples.sort_values(t_col, kind="stable")
+    launch = (ordered[t_col].diff() > LAUNCH_GAP_S).cumsum()
+    return ordered[launch == 0], int(launch.iloc[-1]) + 1
 
 
 @styled
