@@ -443,6 +443,9 @@ def test_the_samples_figure_draws_a_cases_first_launch_not_a_line_across_the_oth
     assert launches == 3 and len(first) == 40
     assert first.time_unix_s.max() - first.time_unix_s.min() == pytest.approx(1.9)
     assert device_figures.first_launch(samples.iloc[:0], "time_unix_s")[1] == 0
+    # A sampler ticking every 5 s: its ticks are not launches.
+    slow = samples.assign(time_unix_s=1e9 + 5.0 * samples.index // 2)
+    assert device_figures.first_launch(slow, "time_unix_s")[1] == 1
     runs = load(synthetic_run(tmp_path))
     keys = runs.samples.case_key.unique()
     later = runs.samples.assign(time_unix_s=runs.samples.time_unix_s + 100)

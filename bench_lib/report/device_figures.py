@@ -157,9 +157,10 @@ def fig_samples(cases: pd.DataFrame, samples: pd.DataFrame | None) -> Figure | N
 
 
 LAUNCH_GAP_S = 2.0
-"""A pause in a case's samples longer than this is between two of its launches: the sampler
-ticks every 0.1 s (``--sample-interval-ms``) while a launch runs, and other cases' launches
-run between a case's own (rounds)."""
+"""A pause in a case's samples longer than this, and than 10 of its sampler's ticks, is
+between two of its launches: the sampler ticks every 0.1 s by default
+(``--sample-interval-ms``) while a launch runs, and other cases' launches run between a
+case's own (rounds)."""
 
 
 def first_launch(samples: pd.DataFrame, t_col: str) -> tuple[pd.DataFrame, int]:
@@ -168,7 +169,9 @@ def first_launch(samples: pd.DataFrame, t_col: str) -> tuple[pd.DataFrame, int]:
     if samples.empty:
         return samples, 0
     ordered = samples.sort_values(t_col, kind="stable")
-    launch = (ordered[t_col].diff() > LAUNCH_GAP_S).cumsum()
+    steps = ordered[t_col].diff()
+    tick = steps[steps > 0].median() if (steps > 0).any() else 0.0
+    launch = (steps > max(LAUNCH_GAP_S, 10 * tick)).cumsum()
     return ordered[launch == 0], int(launch.iloc[-1]) + 1
 
 
