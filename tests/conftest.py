@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,16 @@ def _restore_affinity_and_threads():
     if cores is not None:
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def restore_math_flags() -> Iterator[None]:
+    """Undo a test's change of the TF32 and cuDNN benchmark flags (``rig.set_math_mode``):
+    they are process-wide, and a later test would compute in that mode."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark)
+    yield
+    matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = before
 
 
 @pytest.fixture(scope="session")

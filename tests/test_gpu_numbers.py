@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -137,14 +136,6 @@ def test_dp_step_trains_the_model_parameters(no_cuda):
 
 
 # ---- 8. the peak probe computes in the workers' math mode ---------------------------------
-
-@pytest.fixture
-def restore_math_flags() -> Iterator[None]:
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    before = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark)
-    yield
-    matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = before
-
 
 def flags_now() -> tuple[bool, bool, bool]:
     return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,

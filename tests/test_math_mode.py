@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,14 +24,6 @@ from bench_lib.rig import Rig, available_cores
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
 
 IEEE = {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False}
-
-
-@pytest.fixture
-def restore_math_flags() -> Iterator[None]:
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    before = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark)
-    yield
-    matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = before
 
 
 def tf32_now() -> dict[str, bool]:
