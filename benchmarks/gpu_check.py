@@ -37,13 +37,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_lib.analysis.bubble import SCHEDULES  # noqa: E402
+from bench_lib.analysis.utilisation import LABELS, source_labels  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = {"smoke": ["--profile", "smoke"],
           "slots": ["--devices", "2", "--gpu-slots", "2", "--profile", "smoke"]}
 """Run folder name under --out -> the `run` flags that make it."""
 FINE = ("ok", "unsupported", "skipped")
-GPU_SOURCES = ("gpm-sm-activity", "nvml-kernel-active")
+GPU_SOURCES = {LABELS["sm_util_pct"], LABELS["util_gpu_pct"]}
+"""The utilisation sources that are a GPU's own counters."""
 Row = Mapping[str, Any]
 
 
@@ -57,10 +59,9 @@ def case_problems(row: Row, validation: bool, idle_measured: bool) -> list[str]:
     out = []
     note = str(row.get("sampler_note") or "")
     why = f" (sampler_note: {note})" if note else ""
-    sources = {part.rsplit(":", 1)[-1] for part in str(row.get("util_source") or "").split(";")}
     if _empty(row.get("util_pct_mean")):
         out.append(f"no utilisation{why}")
-    elif not sources <= set(GPU_SOURCES):
+    elif not source_labels(str(row.get("util_source") or "")) <= GPU_SOURCES:
         out.append(f"utilisation from {row.get('util_source')!r}, not a GPU counter")
     # Slots sharing a GPU, and a MIG instance (its card's counters), say why they have none.
     if "power and energy left empty" not in note and "MIG instance" not in note:

@@ -105,6 +105,12 @@ def source_text(sources: Mapping[str, str]) -> str:
     return ";".join(f"{d}:{label}" for d, label in sorted(sources.items()))
 
 
+def source_labels(text: str) -> set[str]:
+    """The labels of a ``util_source`` text (``source_text``): ``{"cpu-time"}``, or each
+    device's of ``0:gpm-sm-activity;1:nvml-kernel-active``; empty for empty text."""
+    return {part.rsplit(":", 1)[-1] for part in text.split(";") if part}
+
+
 def disagreement(util_pct: float, busy_pct: float, source: str) -> str:
     """cases.csv ``util_check``: empty where the utilisation read (``util_pct``, from
     ``source``, a ``util_source`` text) is within ``DISAGREE_POINTS`` of the timeline's busy
@@ -112,7 +118,7 @@ def disagreement(util_pct: float, busy_pct: float, source: str) -> str:
     gap = util_pct - busy_pct
     if abs(gap) <= DISAGREE_POINTS:
         return ""
-    labels = sorted({part.rsplit(":", 1)[-1] for part in source.split(";")} & set(MEANING))
+    labels = sorted(source_labels(source) & set(MEANING))
     why = "; ".join(MEANING[label][0 if gap > 0 else 1] for label in labels)
     direction = "above" if gap > 0 else "below"
     return (f"utilisation {util_pct:.0f}% is {abs(gap):.0f} points {direction} the "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from bench_lib.analysis.utilisation import DISAGREE_POINTS
 from bench_lib.report import bound_figure, prediction, time_prediction
 from bench_lib.report.answer import answer_lines
 from bench_lib.report.figures import records
@@ -187,7 +188,7 @@ def _bubble_table(table: pd.DataFrame) -> str:
 
 def _utilisation_check(cases: pd.DataFrame) -> str:
     """How many cases' utilisation was checked against their own compute, and those that
-    disagree by over 20 points, with why (cases.csv ``util_check``)."""
+    disagree by over ``DISAGREE_POINTS``, with why (cases.csv ``util_check``)."""
     if "util_timeline_pct" not in cases or not cases.util_timeline_pct.notna().any():
         return ""
     checked = cases[cases.util_timeline_pct.notna()]
@@ -196,7 +197,8 @@ def _utilisation_check(cases: pd.DataFrame) -> str:
     said = (f"<p>Utilisation of {len(checked)} case{'s' * (len(checked) != 1)} checked "
             "against the share of the step its own compute takes (util_timeline_pct: ddp's "
             "compute-only steps, a pipeline's passes per device); "
-            f"{len(flagged)} disagree{'s' * (len(flagged) == 1)} by over 20 points. Read from: "
+            f"{len(flagged)} disagree{'s' * (len(flagged) == 1)} by over {DISAGREE_POINTS:g} "
+            "points. Read from: "
             f"{cell_text(', '.join(sources) or 'unknown')}.</p>")
     if flagged.empty:
         return said
