@@ -198,7 +198,6 @@ class NvmlSource:
         """label -> its MIG instance's device handle and GPU instance id."""
         self._gpm_prev: dict[str, tuple[Any, float] | None] = {}
         self._closed = False
-        self.note = ""
         nvml.nvmlInit()
         try:
             for label, key in devices.items():
@@ -216,11 +215,17 @@ class NvmlSource:
         except BaseException:  # a handle lookup failed: leak neither an init nor a sample
             self.close()
             raise
-        if self._migs:
-            self.note = (f"device {', '.join(sorted(self._migs))} is a MIG instance: NVML's "
-                         "utilisation, power and energy are its whole card's (every "
-                         "instance's work), so they are not read; its utilisation is its own "
-                         "GPM SM activity where the card has GPM")
+
+    @property
+    def note(self) -> str:
+        """Why some of a device's columns are empty by design (``Sampler.note``): a MIG
+        instance's card counters; "" where none is."""
+        if not self._migs:
+            return ""
+        return (f"device {', '.join(sorted(self._migs))} is a MIG instance: NVML's "
+                "utilisation, power and energy are its whole card's (every instance's "
+                "work), so they are not read; its utilisation is its own GPM SM activity "
+                "where the card has GPM")
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """An NVML reading, or None where this GPU or driver does not provide it."""
