@@ -241,6 +241,12 @@ class Rig:
             return torch.device("cuda", self.cuda_index(index))
         return torch.device("cpu")
 
+    def moves_between(self, a: int, b: int) -> bool:
+        """Whether one process moving a tensor from device slot ``a`` to ``b`` (``.to()``)
+        copies it: between distinct GPUs; not between a cpu rig's workers (one memory) nor
+        between the slots of one GPU (``--gpu-slots``)."""
+        return self.device(a) != self.device(b)
+
     def devices(self, count: int | None = None) -> list[torch.device]:
         """The first ``count`` devices (all when None)."""
         return [self.device(i) for i in range(count or self.num_devices)]

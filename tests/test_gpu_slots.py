@@ -259,3 +259,115 @@ def ok_smoke(rig: Rig) -> Any:
     return preflight.SmokeRun(True, {g: {"ok": True, "device": f"cuda:{g}", "name": "Fake GPU",
                                          "capability": "sm_90"}
                                      for g in range(rig.num_gpus)}, [0] * rig.num_gpus, "", 1.0)
+
+
+def handed_to_collectives(monkeypatch, rig: Rig, rank: int) -> set[torch.device]:
+    """The devices of every tensor ``rank`` of ``rig``'s collective micro-benchmark hands to
+    torch.distributed (a recording fake of it), its CUDA buffers fake (FakeTensorMode)."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench_lib.measure import collectives
+
+    handed: set[torch.device] = set()
+
+    def record(*args: Any, **kwargs: Any) -> None:
+        handed.update(a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+
+    for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "send",
+                 "recv"):
+        monkeypatch.setattr(dist, name, record)
+    monkeypatch.setattr(dist, "barrier", lambda: None)
+    monkeypatch.setattr(dist, "get_world_size", lambda: rig.num_devices)
+    monkeypatch.setattr(rig_module, "synchronize", lambda devices: None)  # no CUDA here
+
+    def slowest(elapsed_s: float, device: torch.device) -> float:
+        handed.add(device)  # where the MAX of the ranks' times is all-reduced
+        return elapsed_s
+
+    monkeypatch.setattr(collectives, "slowest_s", slowest)
+    with FakeTensorMode():
+        times = collectives._time_ops(rig, rank, [4096, 8192], repeats=1)
+    assert set(times) == set(collectives.OPS)  # every op ran, at both sizes
+    assert all(len(t) == 2 for t in times.values())
+    return handed
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gloo_between_gpu_slots_is_handed_host_memory_and_nccl_device_memory(monkeypatch,
+                                                                             rank):
+    # The first GPU run's micro-benchmark died handing CUDA memory to gloo (writev: "Bad
+    # address", tests/data/h100-2026-11-26/smoke-2slots/env.json): gloo moves host memory.
+    shared = Rig("cuda", 2, gpu_slots=2)
+    assert handed_to_collectives(monkeypatch, shared, rank) == {torch.device("cpu")}
+    assert handed_to_collectives(monkeypatch, Rig("cuda", 2), rank) == {
+        torch.device("cuda", rank)}
+
+
+def test_the_slots_collectives_say_they_time_host_copies():
+    from bench_lib.analysis.collective_fits import Collectives
+    from bench_lib.measure.collectives import path_of, through_host
+
+    shared = Rig("cuda", 2, gpu_slots=2)
+    assert through_host(shared) and not through_host(Rig("cuda", 2))
+    assert not through_host(Rig("cpu", 2, 1, (0, 1)))  # host memory already: no copy
+    assert "copied to the host" in path_of(shared) and path_of(Rig("cuda", 2)) == (
+        "nccl on CUDA memory")
+    record = Collectives(backend="gloo", world_size=2, path=path_of(shared)).as_dict()
+    assert Collectives.from_dict(record).path == path_of(shared)
+
+
+def send_recv_fit():
+    from bench_lib.analysis.collective_fits import CollectiveFit
+
+    return CollectiveFit((1,), (1.0,), alpha_s=0.002, beta_bytes_s=1e9, busbw_gb_s=1.0)
+
+
+def test_one_process_moves_nothing_between_the_slots_of_one_gpu():
+    """mp's two stages on one GPU's two slots: .to() between them is no copy, so the
+    bound and the prediction charge no transfer, and no collective is measured for it;
+    on two GPUs each boundary costs the send/recv fit's time there and back."""
+    from bench_lib.analysis.collective_fits import Collectives
+    from bench_lib.run import case_bound
+    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.run.rows import bound_columns
+    from tests.test_bound import traced
+
+    shared, two = Rig("cuda", 2, gpu_slots=2), Rig("cuda", 2)
+    assert not shared.moves_between(0, 1) and two.moves_between(0, 1)
+    assert not Rig("cpu", 2, 1, (0, 1)).moves_between(0, 1)
+    coll = Collectives({"send_recv": send_recv_fit()}, "gloo", 2)
+    outcome = CaseOutcome("ok", step_times_s=[1.0], timeline=traced([(0, 0, 2, 4), (1, 0, 1, 2)],
+                                                                     1, 0.1),
+                          traced_step_s=1.0, partition="tutorial:3")
+    on_slots = bound_columns(new_case(shared, "mp", "resnet-tiny", 32, 8), shared, outcome,
+                             1.0, collectives=coll)
+    on_gpus = bound_columns(new_case(two, "mp", "resnet-tiny", 32, 8), two, outcome, 1.0,
+                            collectives=coll)
+    assert on_slots["bound_comm_s"] == 0.0 and on_gpus["bound_comm_s"] > 0.002 * 2
+    mp = [new_case(shared, "mp", "resnet-tiny", 32, 8)]
+    assert case_bound.largest_message(mp, shared) is None
+    assert case_bound.largest_message(mp, two) is not None
+
+
+def test_ddp_on_gpu_slots_gets_its_bound_and_communication_part():
+    """With the slots' all-reduce measured, a ddp case there is priced like any rig's: its
+    bound overlaps compute with the all-reduce, and the waterfall's comm part is what the
+    bound leaves exposed."""
+    from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
+    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.run.rows import bound_columns, waterfall_columns
+    from bench_lib.workloads.sizes import parameter_bytes
+
+    shared = Rig("cuda", 2, gpu_slots=2)
+    ddp = new_case(shared, "ddp", "resnet-tiny", 32, 16)
+    fit = CollectiveFit((1,), (1.0,), alpha_s=0.01, beta_bytes_s=1e7, busbw_gb_s=0.01)
+    comm = 2 * 0.01 + parameter_bytes("resnet-tiny", 32)[0] / 1e7  # 2 buckets, slow enough
+    outcome = CaseOutcome("ok", step_times_s=[0.5], compute_step_s=0.1)
+    cols = bound_columns(ddp, shared, outcome, 0.5, 0.15,
+                         Collectives({"all_reduce": fit}, "gloo", 2))
+    assert comm > 0.1 and cols["step_time_s_bound"] == pytest.approx(comm)
+    assert cols["bound_comm_s"] == pytest.approx(comm - 0.1)
+    row = {"step_time_s_median": 0.5, **cols}
+    water = waterfall_columns(ddp, shared, outcome, row, {16: 0.15, 8: 0.1})
+    assert water["waterfall_comm_s"] == pytest.approx(comm - 0.1)

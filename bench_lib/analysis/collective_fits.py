@@ -91,6 +91,9 @@ class Collectives:
     """Why nothing was measured (then ``fits`` is empty)."""
     wall_s: float = 0.0
     """How long the micro-benchmark took, process start included, seconds."""
+    path: str = ""
+    """What the times cover: the backend and the memory it was handed (``measure.collectives
+    .path_of``; between GPU slots, gloo on host copies of CUDA buffers, the copies timed)."""
 
     def fit(self, op: str) -> CollectiveFit | None:
         return self.fits.get(op)
@@ -107,7 +110,8 @@ class Collectives:
         if self.skipped:
             return {"skipped": self.skipped}
         return {"backend": self.backend, "world_size": self.world_size,
-                "wall_s": round(self.wall_s, 3), "model": "t(n) = alpha_s + n / beta_bytes_s",
+                "wall_s": round(self.wall_s, 3), "path": self.path,
+                "model": "t(n) = alpha_s + n / beta_bytes_s",
                 "ops": {op: f.as_dict() for op, f in self.fits.items()}}
 
     @classmethod
@@ -119,4 +123,5 @@ class Collectives:
                                   float(f["beta_bytes_s"]), float(f["busbw_gb_s"]))
                 for op, f in (d.get("ops") or {}).items()}
         return cls(fits, str(d.get("backend") or ""), int(d.get("world_size") or 0),
-                   str(d.get("skipped") or ""), float(d.get("wall_s") or 0.0))
+                   str(d.get("skipped") or ""), float(d.get("wall_s") or 0.0),
+                   str(d.get("path") or ""))

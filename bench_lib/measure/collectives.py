@@ -10,7 +10,11 @@ down to the sweep's largest message: ``sizes_for``)::
     reduce_scatter_tensor      n bytes in (n / world out, per rank)
     send_recv                  n bytes from rank 0 to rank 1: half a ping-pong
 
-n is the size as nccl-tests counts it (its ``size`` column). One warm-up, then up to
+n is the size as nccl-tests counts it (its ``size`` column). Between GPU slots (the
+validation mode, gloo on CUDA devices) gloo is handed pinned host copies of the device
+buffers, each op's input copied there before it and its output back after it, inside the
+clock (``through_host``): the path DDP's buckets take there, said in env.json
+``collectives.path``. One warm-up, then up to
 ``REPEATS`` repetitions (fewer for a slow size: ``BUDGET_S``), every one started together
 (a barrier), the slowest rank's time kept (``all_reduce`` MAX of the times, outside the
 clock); the median per size. Each collective is then fitted as t(n) = alpha + n / beta
@@ -37,12 +41,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench_lib.processes.lifeline import argv_pid, exit_if_orphaned, exit_lightly
 
 if __name__ == "__main__":
     exit_if_orphaned(argv_pid(sys.argv, 6))
+
+import torch
 
 from bench_lib.analysis.collective_fits import MIB, OPS, CollectiveFit, Collectives
 from bench_lib.processes.forkserver import ForkServer, parent_pid, start_module
@@ -104,52 +111,128 @@ def measure(rig: Rig, sizes_mib: Sequence[float] = SIZES_MIB, repeats: int = REP
     world = rig.num_devices
     fits = {op: CollectiveFit.of(op, world, found["sizes_bytes"], found["times_s"][op])
             for op in OPS}
-    return Collectives(fits, rig.backend, world, wall_s=time.monotonic() - start)
+    return Collectives(fits, rig.backend, world, wall_s=time.monotonic() - start,
+                       path=path_of(rig))
+
+
+def through_host(rig: Rig) -> bool:
+    """Whether the rig's collectives move host copies of device buffers: gloo between GPU
+    slots (the validation mode). gloo's TCP transport reads and writes host memory only
+    (handed CUDA memory, a send dies in ``writev``: "Bad address"), and ProcessGroupGloo
+    all-reduces DDP's CUDA buckets by copying them to pinned host memory and back
+    (``AsyncAllreduceCUDAHostWork``); the micro-benchmark makes those copies itself, for
+    every op, inside the clock."""
+    return rig.backend == "gloo" and rig.kind == "cuda"
+
+
+def path_of(rig: Rig) -> str:
+    """What the micro-benchmark's times cover on ``rig`` (env.json ``collectives.path``)."""
+    if through_host(rig):
+        return ("gloo on pinned host copies: each CUDA buffer copied to the host before the "
+                "collective and back after it, timed, as ProcessGroupGloo does with DDP's "
+                "CUDA buckets")
+    return f"{rig.backend} on {'CUDA' if rig.kind == 'cuda' else 'host'} memory"
+
+
+@dataclass(frozen=True)
+class Buffers:
+    """One size's buffers of a rank: ``buf`` (n bytes) and ``part`` (n / world), on its
+    device, and their pinned host copies where the collectives go ``through_host``."""
+
+    device: dict[str, torch.Tensor]
+    host: dict[str, torch.Tensor] | None = None
+
+    @classmethod
+    def make(cls, rig: Rig, rank: int, nbytes: int, world: int) -> Buffers:
+        device = rig.device(rank)
+        sizes = {"buf": nbytes // 4, "part": nbytes // 4 // world}
+        on_device = {k: torch.ones(n, dtype=torch.float32, device=device)
+                     for k, n in sizes.items()}
+        if not through_host(rig):
+            return cls(on_device)
+        return cls(on_device, {k: torch.empty(n, dtype=torch.float32, pin_memory=True)
+                               for k, n in sizes.items()})
+
+    def comm(self, name: str) -> torch.Tensor:
+        """The tensor a collective is handed: the host copy where there is one."""
+        return (self.host or self.device)[name]
+
+    def to_host(self, name: str) -> None:
+        if self.host is not None:
+            self.host[name].copy_(self.device[name])
+
+    def to_device(self, name: str) -> None:
+        if self.host is not None:
+            self.device[name].copy_(self.host[name])
+
+
+def run_op(op: str, rank: int, b: Buffers) -> None:
+    """One ``op`` on this rank's buffers: its input copied to the host first and its output
+    back after where the buffers have host copies (``through_host``).
+    send_recv is a ping-pong between ranks 0 and 1 (``_time_ops`` halves it)."""
+    import torch.distributed as dist
+
+    if op == "all_reduce":
+        b.to_host("buf")
+        dist.all_reduce(b.comm("buf"))
+        b.to_device("buf")
+    elif op == "all_gather":
+        b.to_host("part")
+        dist.all_gather_into_tensor(b.comm("buf"), b.comm("part"))
+        b.to_device("buf")
+    elif op == "reduce_scatter":
+        b.to_host("buf")
+        dist.reduce_scatter_tensor(b.comm("part"), b.comm("buf"))
+        b.to_device("part")
+    elif rank == 0:
+        b.to_host("buf")
+        dist.send(b.comm("buf"), 1)
+        dist.recv(b.comm("buf"), 1)
+        b.to_device("buf")
+    elif rank == 1:
+        dist.recv(b.comm("buf"), 0)
+        b.to_device("buf")
+        b.to_host("buf")
+        dist.send(b.comm("buf"), 0)
+
+
+def slowest_s(elapsed_s: float, device: torch.device) -> float:
+    """The slowest rank's ``elapsed_s`` (a MAX all-reduce, on ``device``, outside the clock)."""
+    import torch.distributed as dist
+
+    slowest = torch.tensor([elapsed_s], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest.item())
 
 
 def _time_ops(rig: Rig, rank: int, sizes_bytes: Sequence[int],
               repeats: int) -> dict[str, list[float]]:
     """This rank's part: the median (slowest rank's) time of each op at each size."""
-    import torch
     import torch.distributed as dist
 
     from bench_lib.rig import synchronize
 
     world = dist.get_world_size()
-    device = rig.device(rank)
-    sync = [device]
+    sync = [rig.device(rank)]
+    # The slowest rank's time is reduced where the collectives run: gloo takes host memory.
+    clock_device = torch.device("cpu") if rig.backend == "gloo" else rig.device(rank)
 
-    def once(op: str, buf: torch.Tensor, part: torch.Tensor) -> float:
+    def once(op: str, b: Buffers) -> float:
         dist.barrier()
         synchronize(sync)
         t0 = time.perf_counter()
-        if op == "all_reduce":
-            dist.all_reduce(buf)
-        elif op == "all_gather":
-            dist.all_gather_into_tensor(buf, part)
-        elif op == "reduce_scatter":
-            dist.reduce_scatter_tensor(part, buf)
-        elif rank == 0:  # send_recv: a ping-pong between ranks 0 and 1, halved
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        elif rank == 1:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
+        run_op(op, rank, b)
         synchronize(sync)
-        elapsed = time.perf_counter() - t0
-        slowest = torch.tensor([elapsed], dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        return float(slowest.item()) / (2 if op == "send_recv" else 1)
+        elapsed = slowest_s(time.perf_counter() - t0, clock_device)
+        return elapsed / (2 if op == "send_recv" else 1)
 
     out: dict[str, list[float]] = {op: [] for op in OPS}
     for op in OPS:
         for nbytes in sizes_bytes:
-            numel = nbytes // 4
-            buf = torch.ones(numel, dtype=torch.float32, device=device)
-            part = torch.ones(numel // world, dtype=torch.float32, device=device)
-            first = once(op, buf, part)  # warm-up; its time sets the repetitions
+            b = Buffers.make(rig, rank, nbytes, world)
+            first = once(op, b)  # warm-up; its time sets the repetitions
             reps = max(MIN_REPEATS, min(repeats, int(BUDGET_S / max(first, 1e-9))))
-            out[op].append(statistics.median(once(op, buf, part) for _ in range(reps)))
+            out[op].append(statistics.median(once(op, b) for _ in range(reps)))
     return out
 
 

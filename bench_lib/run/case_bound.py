@@ -57,14 +57,16 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
     micro = case.batch_size if name == "mp" else case.split_size or case.batch_size
     send = collectives.fit("send_recv") if collectives is not None else None
     cuts = tuple(int(c) for c in outcome.partition.partition(":")[2].split(",") if c)
-    edges = ([send.time_s(b) for b in boundary_bytes(case.model, case.image_size, micro, cuts)]
+    edges = ([send.time_s(b) if case.process_group or rig.moves_between(k, k + 1) else 0.0
+              for k, b in enumerate(boundary_bytes(case.model, case.image_size, micro, cuts))]
              if send is not None and cuts else [])
     serial = name == "mp" or (name == "pipeline" and rig.kind == "cpu")
     try:
         if serial:
-            # One process; on a cpu rig its devices share memory and .to() moves nothing.
-            moved = 2 * sum(edges) if rig.kind == "cuda" else 0.0
-            found = serial_bound("mp" if name == "mp" else "serial", times, m, moved, other)
+            # One process: each boundary's .to() costs a transfer there and back (none where
+            # both stages are in one memory: a cpu rig's workers, one GPU's slots).
+            found = serial_bound("mp" if name == "mp" else "serial", times, m, 2 * sum(edges),
+                                 other)
         else:
             from bench_lib.sweep.predict import schedule_actions
 
@@ -141,7 +143,8 @@ def largest_message(cases: Iterable[Case], rig: Rig) -> int | None:
     """The most bytes one collective of the sweep's bounds moves (the largest model's
     gradients: activations are smaller), or None where no case to run is priced with the
     collective micro-benchmark (then it is not run)."""
-    priced = {"ddp", "fsdp", *PIPELINED} | ({"mp", "pipeline"} if rig.kind == "cuda" else set())
+    moves = rig.num_devices > 1 and rig.moves_between(0, 1)  # mp's and pipeline's slots
+    priced = {"ddp", "fsdp", *PIPELINED} | ({"mp", "pipeline"} if moves else set())
     models = {(c.model, c.image_size) for c in cases
               if c.status is None and c.world_size > 1 and c.strategy in priced}
     return max((parameter_bytes(m, i)[0] for m, i in models), default=None)

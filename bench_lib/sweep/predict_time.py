@@ -406,7 +406,7 @@ def predict_case(case: Case, rig: Rig, cal: Calibration | None,
     if case.strategy in PIPELINED or (case.strategy == "pipeline" and not shape.serial):
         parts = pipeline_parts(case, rig, collectives)
     transfer = 0.0
-    if case.strategy == "mp" and rig.kind == "cuda" and collectives is not None:
+    if case.strategy == "mp" and rig.moves_between(0, 1) and collectives is not None:
         send = collectives.fit("send_recv")
         cut = tuple(_fixed_cuts(case))
         if send is not None:
@@ -437,12 +437,14 @@ def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> Pip
 
     send = collectives.fit("send_recv") if collectives is not None else None
     micro = case.split_size or case.batch_size
+    # ``pipeline``, one process: a boundary between two slots of one GPU moves nothing.
+    moves = case.process_group or rig.moves_between(0, 1)
 
     def edges(cuts: Sequence[int]) -> Sequence[float]:
         if send is None:
             return ()
-        return [send.time_s(b) for b in boundary_bytes(case.model, case.image_size, micro,
-                                                       tuple(cuts))]
+        return [send.time_s(b) if moves else 0.0
+                for b in boundary_bytes(case.model, case.image_size, micro, tuple(cuts))]
 
     return PipelineParts(orders, cutter, edges)
 
