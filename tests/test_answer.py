@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from bench_lib.report.answer import answer_lines
+from tests.conftest import REPO
+
+GPU_RUN = REPO / "tests" / "data" / "h100-2026-11-26"
+"""The first GPU run's folders (one H100): this project's own output, read as test data."""
 
 W = {"model": "resnet50", "image_size": 64, "batch_size": 16, "precision": "fp32",
      "status": "ok", "launches": 3}
@@ -58,3 +62,37 @@ def test_another_winner_and_another_loss_follow_the_numbers():
 def test_no_waterfall_no_loss_sentence():
     (line,) = answer_lines([_case("single", 0.32, 0.30, 0.34), _case("ddp", 0.48, 0.45, 0.51)])
     assert "lose most" not in line and line.startswith("64 px, batch 16: single is fastest")
+
+
+def test_the_remainder_is_named_where_it_is_the_largest_share():
+    # dp 6%, ddp 30% unexplained, batch 2% and 4%: naming the batch as the main loss would
+    # point at a part that costs a tenth of what nothing explains.
+    rows = [_case("single", 0.32, 0.30, 0.34),
+            _case("dp", 0.36, 0.35, 0.37, device_batch_size=8, **_parts(2, 0, 0, 6)),
+            _case("ddp", 0.48, 0.45, 0.51, device_batch_size=8, **_parts(4, 0, 0, 30))]
+    (line,) = answer_lines(rows)
+    assert line.endswith("The other strategies lose most to what no part explains (a median "
+                         "18% of their step); the largest part is the smaller batch per device "
+                         "(a median 3%).")
+    assert line.count("not explained") == 0  # said once, as the main loss
+
+
+def test_no_part_is_named_as_a_loss_at_zero():
+    rows = [_case("single", 0.32, 0.30, 0.34),
+            _case("ddp", 0.33, 0.31, 0.35, device_batch_size=16, **_parts(0, 0, 0.2, 0.3))]
+    (line,) = answer_lines(rows)
+    assert line.endswith("No part costs the other strategies a median 1% of their step or more.")
+
+
+def test_the_first_gpu_runs_words():
+    """The H100 smoke run (dp and ddp on one GPU): every part 0%, a median 18% unexplained;
+    its answer once read "lose most to the smaller batch per device (a median 0% ...)"."""
+    from bench_lib.report.figures import records
+    from bench_lib.report.runs import load_runs
+
+    (line,) = answer_lines(records(load_runs([GPU_RUN / "smoke-1gpu"]).every))
+    assert line == ("64 px, batch 8: single is fastest (392.7 img/s). The other strategies lose "
+                    "most to what no part explains (a median 18% of their step): each part's "
+                    "median is under 1%.")
+    (slots,) = answer_lines(records(load_runs([GPU_RUN / "smoke-2slots"]).every))
+    assert "lose most to the schedule's bubble (a median 54% of their step)" in slots

@@ -10,7 +10,8 @@ behind, each sentence built from the run's own numbers (no number, no sentence).
 The winner and its interval are the headlines' (``headlines.rank``) under strong scaling
 (the batch split over the devices); the loss is the waterfall part
 (``bench_lib.analysis.waterfall``) with the largest median share of the other ok cases'
-steps; the batch curve's point is the per-device batch of the fastest of them that cuts the
+steps, or the remainder (what no part explains) where that share is larger; the batch
+curve's point is the per-device batch of the fastest of them that cuts the
 batch. The weak-scaling sentence names the weak case with the largest speedup over single
 (a throughput ratio, paired by round) and says whether its interval clears 1.
 """
@@ -42,6 +43,8 @@ LOSSES = {"batch": "the smaller batch per device",
 """The waterfall's losses, in words (the ideal and the remainder are not losses of a kind)."""
 UNEXPLAINED_PCT = 10.0
 """A median remainder beyond this share of the step is said."""
+MEASURABLE_PCT = 0.5
+"""A median share below this rounds to 0%: never named as a loss."""
 
 
 def _range(low: float | None, high: float | None, fmt: str) -> str:
@@ -80,28 +83,43 @@ def _loss(group: list[Mapping[str, Any]], curve: list[Mapping[str, Any]],
     if not others:
         return None
     medians = {part: statistics.median(number(r.get(f"waterfall_{part}_pct")) or 0.0
-                                       for r in others) for part in LOSSES}
-    part = max(medians, key=lambda p: medians[p])
-    text = (f"The other strategies lose most to {LOSSES[part]} (a median {medians[part]:.0f}% "
-            "of their step)")
-    if part == "batch":  # the batch per device of the fastest case that cuts the batch
-        cutting = sorted((r for r in others if number(r.get("device_batch_size"))
-                          not in (None, number(batch))), key=lambda r: -(throughput(r) or 0))
-        point = (_curve_point(curve, int(number(cutting[0]["device_batch_size"]) or 0))
-                 if cutting else None)
-        if point is not None:
-            eff = float(point["per_image_efficiency"])
-            low = number(point.get("per_image_efficiency_ci_low"))
-            high = number(point.get("per_image_efficiency_ci_high"))
-            text += (f": {int(float(point['batch_size']))} images per device run at "
-                     f"{eff:.0%}{_range(low, high, '.0%')} of batch {batch}'s per-image speed "
-                     "on this rig")
-    text += "."
-    remainder = statistics.median(number(r.get("waterfall_remainder_pct")) or 0.0
-                                  for r in others)
+                                       for r in others) for part in (*LOSSES, "remainder")}
+    part = max(LOSSES, key=lambda p: medians[p])
+    remainder = medians["remainder"]
+    if remainder > medians[part] and remainder >= MEASURABLE_PCT:
+        # What nothing explains is the largest share: naming a smaller part as the main loss
+        # would send the reader to the wrong place.
+        named = (f"; the largest part is {LOSSES[part]} (a median {medians[part]:.0f}%)"
+                 if medians[part] >= MEASURABLE_PCT else ": each part's median is under 1%")
+        return (f"The other strategies lose most to what no part explains (a median "
+                f"{remainder:.0f}% of their step){named}.")
+    if medians[part] < MEASURABLE_PCT:
+        text = "No part costs the other strategies a median 1% of their step or more."
+    else:
+        text = (f"The other strategies lose most to {LOSSES[part]} (a median "
+                f"{medians[part]:.0f}% of their step){_batch_point(others, curve, batch, part)}.")
     if abs(remainder) > UNEXPLAINED_PCT:
         text += f" A median {remainder:.0f}% of their step is not explained by any part."
     return text
+
+
+def _batch_point(others: list[Mapping[str, Any]], curve: list[Mapping[str, Any]], batch: Any,
+                 part: str) -> str:
+    """Where the main loss is the batch: the batch curve's point at the per-device batch of
+    the fastest case that cuts the batch (empty otherwise, or without that point)."""
+    if part != "batch":
+        return ""
+    cutting = sorted((r for r in others if number(r.get("device_batch_size"))
+                      not in (None, number(batch))), key=lambda r: -(throughput(r) or 0))
+    point = (_curve_point(curve, int(number(cutting[0]["device_batch_size"]) or 0))
+             if cutting else None)
+    if point is None:
+        return ""
+    eff = float(point["per_image_efficiency"])
+    low = number(point.get("per_image_efficiency_ci_low"))
+    high = number(point.get("per_image_efficiency_ci_high"))
+    return (f": {int(float(point['batch_size']))} images per device run at "
+            f"{eff:.0%}{_range(low, high, '.0%')} of batch {batch}'s per-image speed on this rig")
 
 
 def _weak(group: list[Mapping[str, Any]], batch: Any) -> str | None:
