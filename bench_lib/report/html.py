@@ -23,6 +23,7 @@ from bench_lib.report.headlines import (
     speedup_note,
     speedup_text,
 )
+from bench_lib.results.read import devices_label
 
 if TYPE_CHECKING:
     from bench_lib.report.runs import Runs
@@ -95,7 +96,7 @@ def _runs_table(envs: dict[str, dict[str, Any]], names: dict[str, str],
         v = env.get("versions", {})
         rows.append("<tr>" + "".join(f"<td>{cell_text(x)}</td>" for x in (
             label if label == names[label] else f"{label} = {names[label]}",
-            env.get("rig", {}).get("label"), ", ".join(env.get("device_names") or []),
+            env.get("rig", {}).get("label"), devices_label(env),
             env.get("cpu_model"), v.get("torch"), v.get("cuda") or "none",
             (env.get("git", {}).get("sha") or "")[:7], tally)) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("run", "rig", "devices", "CPU", "torch", "CUDA",

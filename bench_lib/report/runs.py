@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench_lib.results.read import read_cases, read_env, read_table
+from bench_lib.results.read import devices_label, read_cases, read_env, read_table
 from bench_lib.results.schema import TIMELINE_COLUMNS, ResultsError
 
 
@@ -98,11 +98,9 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
 def caption(label: str, env: dict[str, Any], name: str | None = None) -> str:
     """One line naming the rig, devices and versions a run was measured with."""
     v, git = env.get("versions", {}), env.get("git", {})
-    devices = env.get("device_names") or []
-    names = ", ".join(sorted(set(devices))) if devices else "?"
     cuda = f"CUDA {v['cuda']}" if v.get("cuda") else "no CUDA"
     sha = (git.get("sha") or "nogit")[:7] + ("+dirty" if git.get("dirty") else "")
     head = label if name in (None, label) else f"{label} = {name}"
-    return (f"{head}: rig {env.get('rig', {}).get('label', '?')} ({len(devices)}x {names}); "
+    return (f"{head}: rig {env.get('rig', {}).get('label', '?')} on {devices_label(env)}; "
             f"CPU {env.get('cpu_model', '?')}; torch {v.get('torch')}, torchvision "
             f"{v.get('torchvision')}, {cuda}; git {sha}")

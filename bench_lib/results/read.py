@@ -54,6 +54,27 @@ def read_env(run_dir: Path) -> dict[str, Any]:
     return env
 
 
+def devices_label(env: dict[str, Any]) -> str:
+    """env.json's devices in words, the one summary every label takes (the report's captions
+    and runs table, gpu_check's header): ``2x NVIDIA H100 80GB HBM3``; a cpu rig's workers by
+    their cores; the validation mode's slots as the GPUs they share (env.json names a device
+    per slot, so counting names would count one card twice):
+    ``1x NVIDIA H100 80GB HBM3 shared by 2 slots (validation mode)``."""
+    names = [str(n) for n in env.get("device_names") or []]
+    rig = env.get("rig") or {}
+    if not names:
+        return "no device names"
+    if rig.get("kind") == "cpu":  # each worker is its own cores: named one by one
+        return ", ".join(names)
+    slots = int(rig.get("gpu_slots") or 1)
+    gpus = names[::slots]  # slot i is on GPU i // slots
+    counted = ", ".join(f"{gpus.count(n)}x {n}" for n in dict.fromkeys(gpus))
+    if slots == 1:
+        return counted
+    per_gpu = f"{slots} per GPU, " if len(gpus) > 1 else ""
+    return f"{counted} shared by {len(names)} slots ({per_gpu}validation mode)"
+
+
 def read_cases(run_dir: Path) -> pd.DataFrame:
     """cases.csv as a pandas DataFrame, checked against the schema."""
     import pandas as pd
