@@ -124,8 +124,6 @@ def test_the_validation_mode_may_leave_what_it_says_empty():
         "env.json: the validation mode's FLOP peak is not labelled as a share"]
     # Outside it, the same empty energy is a problem.
     assert len(folders.run_problems([shared | {"sampler_note": ""}], ENV)) == 4
-    assert folders.devices_label(slots) == "2 slots sharing 1 GPU: NVIDIA H100 80GB HBM3"
-    assert folders.devices_label(ENV) == "NVIDIA H100 80GB HBM3, NVIDIA H100 80GB HBM3"
 
 
 def _write_run(run: Path, rows: list[dict], env: dict) -> Path:
@@ -174,7 +172,8 @@ def test_the_evidence_folders_problems_are_the_true_ones_and_say_why(gpu_check, 
                                "micro-benchmark failed (rank 0 exited with -6")
     assert found[2].endswith("the bounds of ddp_resnet50_img64_b8_s-_fp32 are missing or "
                              "count no communication")
-    assert "(cuda:2slots-on-1gpu-validation, 2 slots sharing 1 GPU: NVIDIA H100 80GB HBM3)" in out
+    assert ("(cuda:2slots-on-1gpu-validation, 1x NVIDIA H100 80GB HBM3 shared by 2 slots "
+            "(validation mode))") in out
 
 
 def _as_measured(src: Path, dst: Path) -> Path:

@@ -25,6 +25,7 @@ from typing import Any
 from bench_lib.analysis.bound import PIPELINED
 from bench_lib.analysis.bubble import SCHEDULES
 from bench_lib.analysis.utilisation import LABELS, source_labels
+from bench_lib.results.read import devices_label
 
 FINE = ("ok", "unsupported", "skipped")
 GPU_SOURCES = {LABELS["sm_util_pct"], LABELS["util_gpu_pct"]}
@@ -144,21 +145,6 @@ def case_line(row: Row) -> str:
              f"stop {row.get('stop_reason') or '-'}"]
     flags = [str(row[c]) for c in ("util_check", "throttled") if not _empty(row.get(c))]
     return f"{head}: " + ", ".join(parts) + "".join(f"\n    ! {f}" for f in flags)
-
-
-def devices_label(env: Mapping[str, Any]) -> str:
-    """The run's devices in words: slots sharing a GPU are named as such, not as GPUs
-    (env.json lists a device name per slot)."""
-    rig = env.get("rig") or {}
-    names = list(env.get("device_names") or [])
-    slots = int(rig.get("gpu_slots") or 1)
-    if not names:
-        return "no device names"
-    if slots > 1:
-        gpus = max(1, int(rig.get("num_devices") or len(names)) // slots)
-        kinds = ", ".join(sorted(set(names)))
-        return f"{len(names)} slots sharing {gpus} GPU{'s' * (gpus != 1)}: {kinds}"
-    return ", ".join(names)
 
 
 def read_run(run_dir: Path) -> tuple[list[dict[str, str]], dict[str, Any]]:
