@@ -412,6 +412,10 @@ def test_the_verdict_trusts_only_where_nothing_stands_against_it():
         "    shard 1 (cores 2,3): stopped at its time limit after 420 s (log shard1.log)",
         "    3 GPU tests skipped: torch in the tests saw no GPU"]
     assert not Verdict((), 0, (), ("no test collected",)).trusted
+    tests_only = Verdict((), 0, (_shard_result(0),))  # --no-sweeps
+    assert tests_only.lines() == ["verdict: TRUST this box's figures (checked the test suite "
+                                  "with the GPU visible (20 passed, 0 failed, 1 skipped, in 1 "
+                                  "shard))"]
 
 
 def test_the_command_runs_sweeps_then_tests_and_prints_one_verdict(gpu_check, tmp_path,

@@ -42,13 +42,13 @@ class Verdict:
     def lines(self) -> list[str]:
         """The verdict as printed: its headline, then what stands against trust."""
         plural = "s" * (self.folders != 1)
-        checked = [f"{self.folders} run folder{plural}"]
+        checked = [f"{self.folders} run folder{plural}"] if self.folders or not self.tests else []
         if self.tests is not None:
             passed = sum(r.passed for r in self.tests)
             skipped = sum(r.skipped for r in self.tests)
             checked.append(f"the test suite with the GPU visible ({passed} passed, "
                            f"{len(self.failed_tests)} failed, {skipped} skipped, in "
-                           f"{len(self.tests)} shards)")
+                           f"{len(self.tests)} shard{'s' * (len(self.tests) != 1)})")
         else:
             checked.append("not the test suite")
         head = "TRUST" if self.trusted else "DO NOT TRUST"
