@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from bench_lib import rig as rig_module
 from bench_lib.rig import Rig, available_cores
 from bench_lib.test_hooks import QUICK_PEAK_ENV
 
@@ -97,3 +98,16 @@ def cpu_rig() -> Rig:
     """A 2-worker cpu rig that shares whatever cores exist (tests never need real cores)."""
     cores = available_cores()
     return Rig("cpu", 2, 1, tuple((cores * 2)[:2]))
+
+
+@pytest.fixture
+def visible_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """``visible_gpus(n)``: the rig's detection in this process (``rig.cuda_device_count``:
+    the default rig, ``--rig cuda``, a help page's default profile) sees ``n`` CUDA GPUs,
+    whatever this machine has. A test then says the machine it means: one that asks for
+    the cpu rig shows it still gets it on a GPU box, one about a machine without GPUs makes
+    that true itself. Processes the test starts see the machine's own GPUs."""
+    def see(n: int) -> None:
+        monkeypatch.setattr(rig_module, "cuda_device_count", lambda: n)
+
+    return see

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributed import pipelining as pp
-from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 from bench_lib import commands, strategies
 from bench_lib.rig import Rig
@@ -44,11 +43,12 @@ SCHEDULE_CLASSES = {
 @functools.cache
 def torch_refuses(strategy: str, ranks: int, microbatches: int) -> str | None:
     """What torch's own schedule constructor says to this schedule over ``ranks`` ranks and
-    ``microbatches`` micro-batches (mock stages, as torch's schedule visualizer builds them),
+    ``microbatches`` micro-batches (on stand-in stages: ``schedules.pipeline_order``),
     or None when it builds."""
     try:
-        get_schedule_ops(SCHEDULE_CLASSES[strategy], ranks, microbatches,
-                         PIPELINING_STAGES_PER_RANK[strategy])
+        schedules.pipeline_order(SCHEDULE_CLASSES[strategy], ranks, microbatches,
+                                 PIPELINING_STAGES_PER_RANK[strategy],
+                                 schedules.SCHEDULE_STYLES[strategy])
     except (ValueError, RuntimeError, AssertionError) as e:
         return str(e) or type(e).__name__
     return None
@@ -203,8 +203,8 @@ def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path,
 
 
 def test_a_real_cuda_run_without_gpus_exits_2_with_a_clear_message(tmp_path, capsys,
-                                                                   monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+                                                                   visible_gpus):
+    visible_gpus(0)  # a machine without GPUs, whatever this one has
     out = tmp_path / "out"
     code = commands.main(["run", "--rig", "cuda", "--devices", "2", "--profile", "smoke",
                      "--out", str(out)])

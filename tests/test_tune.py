@@ -10,6 +10,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -173,7 +174,8 @@ def test_the_reproducing_command_parses_and_yields_the_same_case():
 
 
 def test_rung_zero_is_short_and_keeps_a_strategy_s_own_warm_up():
-    _, rig, profile = _space("--profile", "default", "--image-sizes", "64")
+    # 64 px is a size of the cpu rig's default profile: the rig is asked for, not detected.
+    _, rig, profile = _space("--profile", "default", "--image-sizes", "64", "--rig", "cpu")
     case = build_space(profile, rig).candidates[1]
     short = race_launch(case, profile.measurement)
     assert short.case_id == case.case_id
@@ -190,11 +192,16 @@ def _fake_launch(step_s: dict[str, float]):
     return launch
 
 
-def _mlp_race(tmp_path: Path):
-    """mlp's single, ddp, mp and pipeline on the smoke profile, and a fake launch that
-    records each case id it launches."""
+def _mlp_race(tmp_path: Path, visible_gpus: Callable[[int], None]):
+    """mlp's single, ddp, mp and pipeline on the smoke profile on a 2-worker cpu rig, and a
+    fake launch that records each case id it launches. The machine seems to have a GPU:
+    the race asks for the cpu rig (a GPU box detects cuda:1 by default, where mp and
+    pipeline cannot run and the race would lose the candidates these tests are about)."""
+    visible_gpus(1)
     args, rig, profile = _space("--profile", "smoke", "--models", "mlp", "--strategies",
-                                "single,ddp,mp,pipeline", "--out", str(tmp_path / "r"))
+                                "single,ddp,mp,pipeline", "--rig", "cpu", "--devices", "2",
+                                "--out", str(tmp_path / "r"))
+    assert rig.kind == "cpu" and rig.num_devices == 2
     launched: list[str] = []
     base = _fake_launch({"single": 0.4, "ddp": 0.3, "mp": 0.5, "pipeline": 0.6})
 
@@ -205,8 +212,9 @@ def _mlp_race(tmp_path: Path):
     return args, rig, build_space(profile, rig), launched, launch
 
 
-def test_predicted_oom_is_never_launched_and_the_folder_is_complete(tmp_path: Path):
-    args, rig, space, launched, launch = _mlp_race(tmp_path)
+def test_predicted_oom_is_never_launched_and_the_folder_is_complete(
+        tmp_path: Path, visible_gpus: Callable[[int], None]):
+    args, rig, space, launched, launch = _mlp_race(tmp_path, visible_gpus)
 
     def predictor(case: Case, rig: Rig, cut: str) -> Prediction:
         return Prediction({"0": 900.0 if case.strategy == "mp" else 10.0})
@@ -314,14 +322,14 @@ def test_where_the_reference_does_not_fit_the_best_two_race_on_alone():
 
 
 def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicted_order(
-        tmp_path: Path):
+        tmp_path: Path, visible_gpus: Callable[[int], None]):
     """Skipped only where even the predictor's worst error both ways leaves it slower than
     the predicted best (``PREDICTION_MARGIN``); single always races; each row keeps its
     prediction."""
     from bench_lib.analysis.bound import Bound
     from bench_lib.tune.run import PREDICTION_MARGIN, by_prediction, skipped_by_prediction
 
-    args, rig, space, launched_ids, launch = _mlp_race(tmp_path)
+    args, rig, space, launched_ids, launch = _mlp_race(tmp_path, visible_gpus)
     limit = (1 + PREDICTION_MARGIN) / (1 - PREDICTION_MARGIN)  # 1.67x the best
     steps = {"single": 0.4, "ddp": 0.3, "mp": 0.3 * limit * 0.99, "pipeline": 0.3 * limit * 1.01}
 
