@@ -313,17 +313,18 @@ def test_math_mode_is_set_explicitly_and_read_back():
 
 @pytest.mark.integration
 def test_env_command_records_math_mode_and_topology():
-    proc = subprocess.run([PYTHON, "-m", "bench_lib", "env"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    # The cpu rig asked for: on a GPU box the detected rig is cuda, which has no workers.
+    proc = subprocess.run([PYTHON, "-m", "bench_lib", "env", "--rig", "cpu"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     env = json.loads(proc.stdout)
     assert env["math_mode"]["cudnn_allow_tf32"] is True  # torch's own mode, the default
     assert env["math_mode"]["cuda_matmul_allow_tf32"] is False
     assert env["math_mode"]["cudnn_benchmark"] is True
-    if env["rig"]["kind"] == "cpu":
-        assert env["cpu_topology"]["workers"][0]["cpus"] == env["rig"]["cores"][:len(
-            env["cpu_topology"]["workers"][0]["cpus"])]
-        assert env["fingerprint"]["cpu_topology"]["physical_cores"] >= 1
+    assert env["rig"]["kind"] == "cpu"
+    assert env["cpu_topology"]["workers"][0]["cpus"] == env["rig"]["cores"][:len(
+        env["cpu_topology"]["workers"][0]["cpus"])]
+    assert env["fingerprint"]["cpu_topology"]["physical_cores"] >= 1
 
 
 # ---- MFU over 100% is flagged ----------------------------------------------------------------

@@ -33,10 +33,13 @@ def test_too_many_devices_is_refused_with_the_count():
         Rig("tpu", 1)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-def test_cuda_rig_without_gpu_is_refused():
+def test_cuda_rig_without_gpu_is_refused(visible_gpus):
+    visible_gpus(0)  # the no-GPU message, on every machine (a GPU box skipped it)
     with pytest.raises(RigError, match="no CUDA GPU"):
         detect_rig("cuda")
+    assert detect_rig().kind == "cpu"  # and the default is the cpu rig
+    visible_gpus(1)
+    assert detect_rig().kind == "cuda" and detect_rig("cpu").kind == "cpu"
 
 
 def test_pin_worker_sets_affinity_and_threads():
