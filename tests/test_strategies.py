@@ -11,11 +11,12 @@ import pytest
 from bench_lib import strategies
 from bench_lib.measure.timing import WARMUP_EXTRA_MAX
 from bench_lib.rig import Rig
+from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
 from bench_lib.run.runner import run_case
 from bench_lib.strategies.base import Strategy
 from bench_lib.sweep.cases import Case, new_case
-from bench_lib.sweep.profile import Measurement
+from bench_lib.sweep.profile import MIN_TIME_S_BY_RIG, Measurement
 
 MEASUREMENT = Measurement(warmup_steps=1, timed_steps=2, max_time_s=30, case_timeout_s=120)
 
@@ -47,6 +48,20 @@ def test_strategy_runs_one_case(name, cpu_rig, tmp_path, forks):
     assert row["note"], "every strategy says how to read it on a cpu rig"
 
 
+def _assert_timed_to_the_cuda_minimum(case: Case, outcome: CaseOutcome) -> None:
+    """A cuda case's rule (``profile.MIN_TIME_S_BY_RIG``): its ``timed_steps`` (2 here) are a
+    floor, not the count; timing goes on until the steps cover the rig's minimum timed
+    seconds (3 s, for the sampler's utilisation and energy), judged on the slowest rank's
+    steps (``timing.collective_stop``). A tiny model's step takes milliseconds, so the
+    minimum, not the step cap, ends it: hundreds of steps on an H100."""
+    minimum = case.measurement.min_time_s
+    assert minimum == MIN_TIME_S_BY_RIG["cuda"] < MEASUREMENT.max_time_s  # resolved per rig
+    assert len(outcome.step_times_s) > MEASUREMENT.timed_steps
+    assert all(t > 0 for t in outcome.step_times_s)
+    assert sum(outcome.step_times_s) >= minimum, outcome.step_times_s
+    assert outcome.stop_reason == "min_time"
+
+
 def _cuda_rig(devices: int) -> Rig:
     from bench_lib.rig import detect_rig
 
@@ -54,8 +69,8 @@ def _cuda_rig(devices: int) -> Rig:
 
 
 def _run_on_cuda(name: str, rig: Rig, tmp_path) -> None:
-    """One tiny case of ``name`` on ``rig``: ok with 2 timed steps, or refused for a reason
-    the strategy states (never an error row)."""
+    """One tiny case of ``name`` on ``rig``: ok and timed as a cuda case is, or refused for
+    a reason the strategy states (never an error row)."""
     spec = strategies.get(name)
     reason = spec.unsupported_reason(rig)
     case = tiny_case(name, rig)
@@ -64,7 +79,7 @@ def _run_on_cuda(name: str, rig: Rig, tmp_path) -> None:
         return
     outcome = run_case(case, rig, tmp_path)
     assert outcome.status == "ok", outcome.reason
-    assert len(outcome.step_times_s) == 2 and all(t > 0 for t in outcome.step_times_s)
+    _assert_timed_to_the_cuda_minimum(case, outcome)
     row = case_row(case, rig, outcome)
     assert row["peak_mem_source"] == "cuda-allocator"
     assert row["world_size"] == spec.num_devices(rig)
