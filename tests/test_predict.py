@@ -65,7 +65,7 @@ def test_toy_training_step_is_a_hand_count():
     assert 0 <= fixed - (TOY_PARAM_BYTES + second_layer_grads) <= 64
 
 
-CUDA2 = Rig("cuda", 2)  # planned only (nothing asks CUDA): its prediction is the bare count
+CUDA2 = Rig("cuda", 2)  # planned only (nothing asks CUDA); predict.counted_mib: the bare count
 
 
 def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_stages_minus_rank():
@@ -74,8 +74,8 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_stages_minus_rank():
     after its first backward made the stage's weight gradients (Linear(10, 10): 110
     floats). Everything else (inputs, receive buffers, the transient) is the same."""
     split = 1000
-    rank0 = {s: predict.predict(new_case(CUDA2, s, "toy", 0, 4 * split, split_size=split),
-                                CUDA2).mib_by_device["0"] for s in ("gpipe", "1f1b")}
+    rank0 = {s: predict.counted_mib(new_case(CUDA2, s, "toy", 0, 4 * split, split_size=split),
+                                    CUDA2)["0"] for s in ("gpipe", "1f1b")}
     assert (rank0["gpipe"] - rank0["1f1b"]) * MIB == pytest.approx(2 * 40 * split - 4 * 110)
 
 
@@ -106,7 +106,7 @@ def test_device_labels_are_those_the_measurement_records():
 def test_a_cpu_rig_scales_the_count_by_the_heap_factor():
     cpu = Rig("cpu", 2, 1, (0, 1))
     on_cpu = predict.predict(new_case(cpu, "single", "toy", 0, 1000), cpu).max_mib
-    counted = predict.predict(new_case(CUDA2, "single", "toy", 0, 1000), CUDA2).max_mib
+    counted = predict.counted_mib(new_case(CUDA2, "single", "toy", 0, 1000), CUDA2)["0"]
     assert on_cpu == pytest.approx(predict.CPU_HEAP_FACTOR * counted)
     assert counted * MIB == 660 + 220 + 180 * 1000 + 8  # the hand count above
 
@@ -115,14 +115,14 @@ def test_a_cpu_rig_counts_ddps_buckets_once():
     """Allocated as DDP wraps the model, the buckets are not heap churn: unscaled."""
     cpu = Rig("cpu", 2, 1, (0, 1))
     on_cpu = predict.predict(new_case(cpu, "ddp", "toy", 0, 200), cpu).mib_by_device["0"]
-    counted = predict.predict(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2).mib_by_device["0"]
+    counted = predict.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
     buckets = TOY_GRAD_BYTES / MIB
     assert on_cpu == pytest.approx(predict.CPU_HEAP_FACTOR * (counted - buckets) + buckets)
 
 
 def test_ddp_adds_one_bucket_copy_of_the_gradients():
-    ddp = predict.predict(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2).mib_by_device["0"]
-    single = predict.predict(new_case(CUDA2, "single", "toy", 0, 100), CUDA2).max_mib
+    ddp = predict.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
+    single = predict.counted_mib(new_case(CUDA2, "single", "toy", 0, 100), CUDA2)["0"]
     assert (ddp - single) * MIB == pytest.approx(TOY_GRAD_BYTES)
 
 
@@ -395,21 +395,21 @@ def test_fsdp_prediction_is_near_the_live_tensors_of_a_real_fsdp2_step():
     from tests.dist_harness import run_ranks
 
     real = run_ranks(_real_fsdp_live_peak, 2, args=("resnet18", 32, 8))
-    predicted = predict.predict(new_case(CUDA2, "fsdp", "resnet18", 32, 8), CUDA2)
+    counted = predict.counted_mib(new_case(CUDA2, "fsdp", "resnet18", 32, 8), CUDA2)
     for rank, peak in enumerate(real):
-        assert predicted.mib_by_device[str(rank)] * MIB == pytest.approx(peak, rel=0.15)
+        assert counted[str(rank)] * MIB == pytest.approx(peak, rel=0.15)
 
 
 def test_ddp_1_holds_buckets_and_bucket_views_are_not_counted_twice():
     from bench_lib.strategies.ddp_knobs import DdpKnobs
 
-    single = predict.predict(new_case(CUDA2, "single", "toy", 0, 200), CUDA2).max_mib
-    one = predict.predict(new_case(CUDA2, "ddp-1", "toy", 0, 200), CUDA2)
-    assert list(one.mib_by_device) == ["0"]
-    assert (one.max_mib - single) * MIB == pytest.approx(TOY_GRAD_BYTES)
-    plain = predict.predict(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2).max_mib
-    view = predict.predict(new_case(CUDA2, "ddp", "toy", 0, 200,
-                                    ddp=DdpKnobs(gradient_as_bucket_view=True)), CUDA2).max_mib
+    single = predict.counted_mib(new_case(CUDA2, "single", "toy", 0, 200), CUDA2)["0"]
+    one = predict.counted_mib(new_case(CUDA2, "ddp-1", "toy", 0, 200), CUDA2)
+    assert list(one) == ["0"]
+    assert (one["0"] - single) * MIB == pytest.approx(TOY_GRAD_BYTES)
+    plain = predict.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
+    view = predict.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200,
+                                        ddp=DdpKnobs(gradient_as_bucket_view=True)), CUDA2)["0"]
     # The gradients live at the peak (the second Linear's, made first by backward) are
     # separate tensors without the views and bucket memory with them.
     assert (plain - view) * MIB == pytest.approx(4 * (10 * 5 + 5))
@@ -420,20 +420,23 @@ def test_powersgd_adds_its_error_feedback_and_two_copies_of_the_largest_bucket()
     the hook's state was not counted (487 predicted): it is now."""
     from bench_lib.strategies.ddp_knobs import DdpKnobs
 
-    def mib(rig, hook, cap=None):
+    def case(rig, hook, cap=None):
         knobs = DdpKnobs(bucket_cap_mb=cap, comm_hook=hook)
-        return predict.predict(new_case(rig, "ddp-1", "resnet18", 32, 8, ddp=knobs),
-                               rig).max_mib
+        return new_case(rig, "ddp-1", "resnet18", 32, 8, ddp=knobs)
+
+    def counted(hook, cap=None):
+        return predict.counted_mib(case(CUDA2, hook, cap), CUDA2)["0"]
 
     grads = 4 * sum(p.numel() for p in Workload("resnet18", 32, 8).build_model().parameters())
     assert grads > predict.DDP_BUCKET_BYTES  # several buckets: the largest is the cap
-    added = mib(CUDA2, "powersgd") - mib(CUDA2, "none")
+    added = counted("powersgd") - counted("none")
     assert added * MIB == pytest.approx(grads + 2 * predict.DDP_BUCKET_BYTES, rel=1e-6)
-    small = mib(CUDA2, "powersgd", cap=1.0) - mib(CUDA2, "none", cap=1.0)
+    small = counted("powersgd", cap=1.0) - counted("none", cap=1.0)
     assert small * MIB == pytest.approx(grads + 2 * 2**20, rel=1e-6)
-    assert mib(CUDA2, "fp16") == mib(CUDA2, "none")
+    assert counted("fp16") == counted("none")
     cpu = Rig("cpu", 2, 1, (0, 1))  # heap, scaled like the activations
-    assert (mib(cpu, "powersgd") - mib(cpu, "none")) == pytest.approx(
+    on_cpu = {h: predict.predict(case(cpu, h), cpu).max_mib for h in ("powersgd", "none")}
+    assert on_cpu["powersgd"] - on_cpu["none"] == pytest.approx(
         predict.CPU_HEAP_FACTOR * added, rel=1e-6)
 
 

@@ -29,12 +29,19 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+try:  # torch 2.11 has it here (2.6 does not)
+    from torch.distributed._tools.common_utils import get_untyped_storages
+except ImportError:  # torch 2.6: the same function, a static method of MemTracker's records
+    from torch.distributed._tools.mem_tracker import _WeakRefInfo
+
+    get_untyped_storages = _WeakRefInfo.get_untyped_storages  # type: ignore[attr-defined]
+
 from bench_lib.strategies.base import LEARNING_RATE
 from bench_lib.strategies.schedules import StageBoundary
+from bench_lib.sweep.allocator import Event
 from bench_lib.workloads import Workload, split_stages
 
 Action = tuple[str, int, int]
@@ -43,6 +50,12 @@ gradient and ``W`` weight gradient (zero-bubble schedules split the backward in 
 activations are counted held until ``W``, which runs the whole backward, an upper bound).
 ``stage`` is a global stage index, one of the program's ``stages``."""
 CPU = torch.device("cpu")
+aten = torch.ops.aten
+MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default,
+                     aten.baddbmm.default})
+"""Ops that run in cuBLAS on a GPU (a linear layer's forward and backward are these)."""
+CONVOLUTIONS = frozenset({aten.convolution.default, aten.convolution_backward.default})
+"""Ops that run in cuDNN on a GPU, each with a workspace of its own."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,15 @@ class Footprint:
     held: int
     """Bytes live as the step starts and after it: parameters, inputs, buffers, allocated
     once before the first step; the rest of ``peak`` is allocated and freed by each step."""
+    held_sizes: tuple[int, ...] = ()
+    """The bytes of each storage in ``held``."""
+    trace: tuple[Event, ...] = ()
+    """The step's allocations and frees in order, and where a convolution ran (what
+    ``sweep.allocator.replay`` runs through a GPU's caching allocator)."""
+    matmul_threads: int = 0
+    """Threads that run a matmul in the step, of two: the forward's and, on a GPU, the
+    autograd engine's device thread that runs the backward (cuBLAS keeps a workspace per
+    thread's handle)."""
 
 
 class LiveBytes(TorchDispatchMode):
@@ -97,9 +119,21 @@ class LiveBytes(TorchDispatchMode):
         super().__init__()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.params = params
         self.live = self.peak = self.grads_at_peak = 0
-        self._seen: set[int] = set()
+        self._seen: dict[int, int] = {}  # storage id -> its size
         # Kept: a weak reference that is itself collected never calls back.
         self._refs: list[weakref.ref[torch.UntypedStorage]] = []
+        self.trace: list[Event] = []
+        """From ``start_trace`` on: allocations, frees and convolutions, in order."""
+        self._index: dict[int, int] | None = None  # storage id -> its allocation's index
+        self._allocations = 0
+        self.phase = "F"
+        """The action running: "F" forward, else a backward (set by the step)."""
+        self.matmul_phases: set[str] = set()
+
+    def start_trace(self) -> tuple[int, ...]:
+        """Record the step's events from now on; returns the sizes of the storages live."""
+        self._index = {}
+        return tuple(self._seen.values())
 
     def hold(self, t: torch.Tensor) -> None:
         """Count ``t``'s storages (once each) until they are freed."""
@@ -108,8 +142,12 @@ class LiveBytes(TorchDispatchMode):
             if key in self._seen:
                 continue
             size = st.nbytes()
-            self._seen.add(key)
+            self._seen[key] = size
             self.live += size
+            if self._index is not None:
+                self._index[key] = self._allocations
+                self._allocations += 1
+                self.trace.append(("alloc", size))
             self._refs.append(weakref.ref(st, functools.partial(self._free, key, size)))
         if self.live > self.peak:
             self.peak = self.live
@@ -117,8 +155,10 @@ class LiveBytes(TorchDispatchMode):
                                      if p.grad is not None)
 
     def _free(self, key: int, size: int, ref: weakref.ref[torch.UntypedStorage]) -> None:
-        self._seen.discard(key)
+        self._seen.pop(key, None)
         self.live -= size
+        if self._index is not None and key in self._index:
+            self.trace.append(("free", self._index.pop(key)))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
@@ -126,6 +166,10 @@ class LiveBytes(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.hold(t)
+        if func in MATMULS:
+            self.matmul_phases.add("F" if self.phase == "F" else "B")
+        if func in CONVOLUTIONS and self._index is not None:
+            self.trace.append(("conv", 0))  # its workspace comes after its outputs
         return out
 
 
@@ -191,9 +235,10 @@ def _run(p: Program, modules: dict[int, nn.Module], shapes: list[torch.Size], n:
     tracker = LiveBytes(params)
     for t in [*params, *held]:
         tracker.hold(t)
-    start = tracker.live
+    start, held_sizes = tracker.live, tracker.start_trace()
     with tracker:
         for kind, s, i in p.actions:
+            tracker.phase = kind
             if kind == "F":
                 inp = xs[i] if s == 0 else recv.get((s, i))
                 if inp is None:  # sent by another device: held until its backward
@@ -213,5 +258,7 @@ def _run(p: Program, modules: dict[int, nn.Module], shapes: list[torch.Size], n:
                     inp.grad = None  # sent to the previous stage, then let go
                 del out, inp, grad
         optimizer.step()
+        trace = tuple(tracker.trace)  # before the locals' storages go at return
     return Footprint(tracker.peak, sum(q.numel() * q.element_size() for q in params),
-                     tracker.grads_at_peak, start)
+                     tracker.grads_at_peak, start, held_sizes, trace,
+                     len(tracker.matmul_phases))

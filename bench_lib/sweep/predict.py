@@ -47,10 +47,11 @@ Per strategy (B the batch, s the split size, W the world size):
 
 On a cpu rig a process that drives both "devices" (``mp``, ``pipeline``) is one process on
 one worker's memory: its prediction is the whole model's, under the joined label ("0+1"),
-as ``peak_mem_net_mib_by_device`` records it.
+as ``peak_mem_net_mib_by_device`` records it; so is one driving two slots of one GPU
+(``--gpu-slots``), whose one allocator serves both.
 
 Assumptions: eager mode (``--compile`` is predicted as eager); autocast's casts as the
-CPU's autocast makes them; tensors' bytes, not the allocator's blocks. ``balanced`` cuts
+CPU's autocast makes them. ``balanced`` cuts
 are chosen in the case's first launch from measured block times: before it, the
 prediction uses the ``balanced-flops`` cut, and after it the cut the case ran
 (``Prediction.cut`` says which).
@@ -73,20 +74,23 @@ at 128 px, eight micro-batches of two images, holds 402.3 MiB of live tensors (c
 405.5) at 455.7 MiB resident, 1.13x, so it is predicted 22% over (12% over with four
 micro-batches of four, 1.22x; 8% at 64 px, 1.31x); 1F1B's last stage at 64 px reads
 1.50-1.75x, 12-14% under (``benchmarks/heap_factor.py`` replays a stage on real tensors
-in its schedule's order and prints both figures). On GPUs
-the caching allocator's peak counts tensors (rounded to 512 B blocks) plus cuDNN's
-workspaces, which are not counted here: there the count is the prediction (not checked
-against a GPU yet).
+in its schedule's order and prints both figures).
+
+On a cuda rig the count is run through the caching allocator, with cuBLAS's and cuDNN's
+workspaces beside it (``sweep.cuda_memory``): the allocator's peak (``mib_by_device``) and
+the segments it reserves (``reserved_mib_by_device``), what a card must hold, and what
+admission compares with it. Checked against the first GPU run (an H100,
+``tests/test_predict_gpu_evidence.py``): -0.1% to +3.8% of the allocator's peak over 14
+cases, where the bare count was 0.8-39% under.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 from torch.distributed.pipelining.schedules import _ComputationType
 
 from bench_lib.analysis.bound import DDP_BUCKET_BYTES
@@ -97,8 +101,9 @@ from bench_lib.strategies.partition import (
     min_max_cuts,
     min_max_rank_cuts,
 )
-from bench_lib.strategies.schedules import SCHEDULE_CLASSES
+from bench_lib.strategies.schedules import SCHEDULE_CLASSES, SCHEDULE_STYLES, pipeline_order
 from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK, Case
+from bench_lib.sweep.cuda_memory import cublas_workspace_bytes, on_gpu
 from bench_lib.sweep.fake_step import Action, Footprint, Program, simulate
 from bench_lib.workloads import Workload, blocks, shard_units
 
@@ -116,14 +121,29 @@ class Prediction:
     """A case's predicted peak memory per device, MiB, and what it was made with."""
 
     mib_by_device: dict[str, float]
-    """Device label (as in ``peak_mem_mib_by_device``) -> predicted peak, MiB."""
+    """Device label (as in ``peak_mem_mib_by_device``) -> predicted peak, MiB: on a cuda
+    rig the caching allocator's (``max_memory_allocated``), on a cpu rig resident memory."""
     cut: str = ""
     """The stage cut it assumed (``Partition.label``), '' for strategies that do not cut."""
+    reserved_mib_by_device: dict[str, float] = field(default_factory=dict)
+    """Device label -> the predicted peak the device must hold, MiB: on a cuda rig the
+    caching allocator's segments (``max_memory_reserved``: its blocks' rounding, cache and
+    fragmentation), what a card runs out of; on a cpu rig, or left empty, ``mib_by_device``
+    (resident memory holds the heap's own)."""
+
+    def __post_init__(self) -> None:
+        if not self.reserved_mib_by_device:
+            object.__setattr__(self, "reserved_mib_by_device", dict(self.mib_by_device))
 
     @property
     def max_mib(self) -> float:
         """The largest per-device prediction, MiB."""
         return max(self.mib_by_device.values())
+
+    @property
+    def reserved_max_mib(self) -> float:
+        """The largest per-device reserved prediction, MiB."""
+        return max(self.reserved_mib_by_device.values())
 
     def per_device_text(self) -> str:
         """``0:390;1:426``: each device's predicted peak, MiB (the dry run's column)."""
@@ -136,6 +156,32 @@ def predict(case: Case, rig: Rig, cut: str = "") -> Prediction:
     ``cut``: the stage cut the case ran (``Partition.label``, e.g. ``balanced:6``); empty:
     the one its partition gives before any launch.
     """
+    label, counts = _counts(case, rig, cut)
+    mib, reserved = {}, {}
+    for device, (counted, once, f) in counts.items():
+        if rig.kind == "cpu":
+            mib[device] = (CPU_HEAP_FACTOR * (counted - once) + once) / MIB
+            continue
+        # The allocator's excess over the step's own count, added to the case's count
+        # (which shards or shares some of the step's bytes: fsdp, DDP's bucket views).
+        peaks = on_gpu(f, cublas_workspace_bytes())
+        mib[device] = (counted + peaks.allocated - f.peak) / MIB
+        reserved[device] = (counted + peaks.reserved - f.peak) / MIB
+    return Prediction(mib, label, reserved if rig.kind == "cuda" else {})
+
+
+def counted_mib(case: Case, rig: Rig, cut: str = "") -> dict[str, float]:
+    """The live tensor bytes each device's process holds at its peak, MiB: the count
+    ``predict`` starts from, before the rig's allocator (module docstring)."""
+    return {device: c[0] / MIB for device, c in _counts(case, rig, cut)[1].items()}
+
+
+Count = tuple[float, float, Footprint]
+"""A process's counted peak, the part of it held once, and its footprint (``_bytes``)."""
+
+
+def _counts(case: Case, rig: Rig, cut: str) -> tuple[str, dict[str, Count]]:
+    """The cut's label, and per device its process's ``Count``."""
     w = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
                  precision=case.precision)
     stages = num_stages(case)
@@ -144,12 +190,7 @@ def predict(case: Case, rig: Rig, cut: str = "") -> Prediction:
     base = Program(w, cuts, (0,), (case.batch_size,), (("F", 0, 0), ("B", 0, 0)),
                    channels_last=case.channels_last)
     programs = _programs(case, rig, base, stages)
-    factor = CPU_HEAP_FACTOR if rig.kind == "cpu" else 1.0
-    mib = {}
-    for device, p in programs.items():
-        counted, once = _bytes(case, p)
-        mib[device] = (factor * (counted - once) + once) / MIB
-    return Prediction(mib, label)
+    return label, {device: _bytes(case, p) for device, p in programs.items()}
 
 
 def num_stages(case: Case) -> int:
@@ -206,15 +247,15 @@ def schedule_actions(strategy: str, world: int, microbatches: int
     GPipe and 1F1B run one stage per rank from code (``_step_microbatches``), mirrored
     here: 1F1B's rank r runs min(m, stages - r) forwards, then alternates a backward and a
     forward, then the remaining backwards. The multi-stage schedules run their own
-    ``pipeline_order``, which torch's schedule visualizer returns (its order for 1F1B is
-    not the one that runs: it numbers rank 1's micro-batches from 1 in torch 2.14).
+    ``pipeline_order`` (``schedules.pipeline_order``; torch's order for 1F1B is not the one
+    that runs: it numbers rank 1's micro-batches from 1 in torch 2.14).
     """
     if strategy == "gpipe":
         return tuple(_fill_drain(r, microbatches) for r in range(world))
     if strategy == "1f1b":
         return tuple(_one_f_one_b(r, world, microbatches) for r in range(world))
-    ops = get_schedule_ops(SCHEDULE_CLASSES[strategy], world, microbatches,
-                           PIPELINING_STAGES_PER_RANK[strategy])
+    ops = pipeline_order(SCHEDULE_CLASSES[strategy], world, microbatches,
+                         PIPELINING_STAGES_PER_RANK[strategy], SCHEDULE_STYLES[strategy])
     return tuple(tuple((_KINDS[a.computation_type], a.stage_index, int(a.microbatch_index or 0))
                        for a in rank if a is not None and a.computation_type in _KINDS)
                  for rank in ops)
@@ -244,7 +285,9 @@ def _programs(case: Case, rig: Rig, base: Program, stages: int) -> dict[str, Pro
                                          actions=_sequential(0, len(splits)))}
     if case.strategy in ("mp", "pipeline"):
         mbs = splits if case.strategy == "pipeline" else (b,)
-        if rig.kind == "cpu":  # one process on one worker's memory: the whole model's
+        # One process on one worker's memory, or on one GPU's allocator (slots of
+        # --gpu-slots share their GPU): the whole model's, under the joined label.
+        if rig.kind == "cpu" or rig.gpu_slots >= world:
             return {"+".join(map(str, range(world))): dataclasses.replace(
                 whole, micro_batches=mbs, actions=_fill_drain(0, len(mbs)))}
         return {str(d): dataclasses.replace(base, stages=(d,), micro_batches=mbs,
@@ -278,21 +321,21 @@ def _fill_drain(stage: int, count: int) -> tuple[Action, ...]:
             + tuple(("B", stage, i) for i in range(count)))
 
 
-def _bytes(case: Case, p: Program) -> tuple[float, float]:
-    """The program's counted peak, with DDP's buckets and FSDP's sharding applied, and the
+def _bytes(case: Case, p: Program) -> Count:
+    """The program's counted peak, with DDP's buckets and FSDP's sharding applied; the
     part of it allocated once before the first step and never freed (DDP's buckets), which
-    the heap factor does not scale (module docstring)."""
+    the heap factor does not scale (module docstring); and the footprint counted."""
     if case.strategy in ("ddp", "ddp-1"):
         buckets = simulate(p).params
         hook = _powersgd_bytes(case, buckets)
         f = simulate(dataclasses.replace(p, extra_bytes=buckets + hook))
         if case.ddp is not None and case.ddp.gradient_as_bucket_view:
-            return f.peak - f.grads_at_peak, buckets  # the gradients live in the buckets
-        return f.peak, buckets
+            return f.peak - f.grads_at_peak, buckets, f  # the gradients live in the buckets
+        return f.peak, buckets, f
     f = simulate(p)
     if case.strategy != "fsdp":
-        return f.peak, 0
-    return _fsdp_bytes(f, case.world_size, _largest_unit_bytes(p.workload)), 0
+        return f.peak, 0, f
+    return _fsdp_bytes(f, case.world_size, _largest_unit_bytes(p.workload)), 0, f
 
 
 def _powersgd_bytes(case: Case, gradient_bytes: int) -> int:

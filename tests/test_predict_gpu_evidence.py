@@ -1,0 +1,75 @@
+"""The memory prediction against the first GPU run (tests/data/h100-2026-11-26: one H100
+80GB, torch 2.11.0+cu130, cuDNN 9.19): each ok case predicted again from its row, on the rig
+its env.json records, against the allocator's peaks it measured."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from bench_lib.rig import Rig
+from bench_lib.sweep import predict
+from bench_lib.sweep.cases import new_case
+
+EVIDENCE = Path(__file__).parent / "data" / "h100-2026-11-26"
+FOLDERS = ("resnet50-224-single-accum", "smoke-1gpu", "smoke-2slots")
+
+
+def _evidence() -> list[tuple[str, Rig, dict[str, str]]]:
+    found = []
+    for folder in FOLDERS:
+        env = json.loads((EVIDENCE / folder / "env.json").read_text())
+        with (EVIDENCE / folder / "cases.csv").open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+        found += [(folder, Rig.from_dict(env["rig"]), r) for r in rows]
+    return found
+
+
+CASES = _evidence()
+IDS = [f"{folder}:{row['case_id']}" for folder, _, row in CASES]
+
+
+def _predicted(rig: Rig, row: dict[str, str]) -> predict.Prediction:
+    split = int(row["split_size"]) if row["split_size"] else None
+    case = new_case(rig, row["strategy"], row["model"], int(row["image_size"]),
+                    int(row["batch_size"]), row["precision"], split_size=split)
+    return predict.predict(case, rig)
+
+
+def test_the_evidence_holds_every_kind_of_case():
+    """What the bounds below cover: 14 ok cases, at 64 and 224 px, fp32 and bf16, one
+    process and several (ddp on NCCL and on gloo), slots sharing the GPU."""
+    assert len(CASES) == 14
+    assert {r["strategy"] for _, _, r in CASES} == {"single", "accum", "dp", "ddp", "mp",
+                                                    "pipeline"}
+    assert {r["precision"] for _, _, r in CASES} == {"fp32", "bf16"}
+
+
+@pytest.mark.parametrize(("folder", "rig", "row"), CASES, ids=IDS)
+def test_the_allocators_peak_is_predicted_within_5_percent_and_never_2_under(folder, rig,
+                                                                              row):
+    """The allocator's peak (``max_memory_allocated`` after warm-up) against the
+    prediction: the bare count was 0.8-39% under it in every case. A one-process case
+    on two slots of one GPU reads its one allocator under each slot's label: its
+    prediction is the process's, under the joined label; the largest figures compare."""
+    error = _predicted(rig, row).max_mib / float(row["peak_mem_mib_max"]) - 1
+    assert -0.02 <= error <= 0.05, f"{error:+.1%}"
+
+
+NCCL_DDP = "smoke-1gpu:ddp_resnet50_img64_b8_s-_fp32"
+
+
+@pytest.mark.parametrize(("folder", "rig", "row"), [
+    pytest.param(*c, marks=pytest.mark.xfail(
+        strict=True, reason="DDP on NCCL reserved 498 MiB against 430 predicted (-14%): "
+                            "more segments than its allocations need, unexplained"))
+    if i == NCCL_DDP else c for c, i in zip(CASES, IDS)], ids=IDS)
+def test_the_reserved_peak_is_predicted_within_6_percent(folder, rig, row):
+    """What admission compares with a card's memory: ``max_memory_reserved``, 10-22% above
+    the allocated peak on the evidence; replayed through the allocator's segments it comes
+    within -4.5% and +5.6%, but for DDP on NCCL."""
+    error = _predicted(rig, row).reserved_max_mib / float(row["peak_mem_reserved_mib_max"]) - 1
+    assert abs(error) <= 0.06, f"{error:+.1%}"
