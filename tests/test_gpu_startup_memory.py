@@ -10,7 +10,7 @@ import pytest
 
 from bench_lib.measure.timing import MIN_STEPS_UNDER_TIME_CAP
 from bench_lib.rig import Rig
-from bench_lib.run.admission import Admission, device_memory
+from bench_lib.run.admission import CUDA_CONTEXT_MIB, Admission, device_memory
 from bench_lib.sweep import estimate
 from bench_lib.sweep.cases import Case, new_case
 from bench_lib.sweep.profile import Measurement
@@ -51,10 +51,11 @@ def test_a_gpus_total_must_hold_the_cuda_context_and_nccls_buffers(monkeypatch):
     assert memory is not None
     limit = 40 * 1024
     ddp = new_case(two, "ddp", "resnet50", 128, 32)
-    tight = Admission(two, memory, FakePredictor({"0": limit - 600, "1": limit - 600}))
+    room = limit - CUDA_CONTEXT_MIB - 10  # a case's tensors and its context fit, no more
+    tight = Admission(two, memory, FakePredictor({"0": room, "1": room}))
     reason = tight.refusal(ddp)  # the tensors alone fit; with the context and NCCL they don't
     assert reason is not None
-    assert reason.startswith(f"predicted: {limit - 600} MiB + ")
+    assert reason.startswith(f"predicted: {room:.0f} MiB reserved + ")
     assert "CUDA context" in reason and "NCCL buffers" in reason and f"> {limit} MiB" in reason
     # One process per GPU, no process group: the context alone comes on top.
     mp = new_case(two, "mp", "resnet50", 128, 32)
@@ -67,7 +68,7 @@ def test_a_gpus_total_must_hold_the_cuda_context_and_nccls_buffers(monkeypatch):
     slots = Rig("cuda", 2, gpu_slots=2)
     shared = device_memory(slots, 0.0, nvml=fake_nvml((80.0,)))
     assert shared is not None
-    gloo = Admission(slots, shared, FakePredictor({"0": limit - 600, "1": limit - 600}))
+    gloo = Admission(slots, shared, FakePredictor({"0": room, "1": room}))
     assert gloo.refusal(new_case(slots, "ddp", "resnet50", 128, 32)) is None
     # A cap bounds the caching allocator alone (the context and NCCL are outside it).
     capped = device_memory(two, 1024.0, nvml=fake_nvml((40.0, 40.0)))

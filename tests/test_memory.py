@@ -129,6 +129,19 @@ def test_cuda_peaks_are_allocator_peaks_reset_per_device(monkeypatch):
     assert peaks.source == "cuda-allocator"
 
 
+def test_slots_of_one_gpu_in_one_process_read_one_peak_under_their_joined_label(monkeypatch):
+    """mp on --gpu-slots 2: both slots are cuda:0, one allocator; its peak is read once, as
+    '0+1' (it read the same figure under '0' and '1', each the whole process's)."""
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 300 * memory.MIB)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: 332 * memory.MIB)
+    slots = [torch.device("cuda", 0), torch.device("cuda", 0)]
+    mem = PeakMemory(slots, ["0", "1"])
+    mem.reset()
+    assert mem.read().gross_mib == {"0+1": 300.0}
+    assert memory.peak_reserved_mib(slots, ["0", "1"]) == {"0+1": 332.0}
+
+
 def test_after_warmup_runs_between_the_warmup_and_the_timed_steps():
     events: list[str] = []
     times = time_steps(lambda: events.append("step"), [CPU], warmup_steps=2, timed_steps=3,

@@ -240,14 +240,60 @@ def test_cuda_device_memory_is_each_gpus_total_through_nvml(monkeypatch):
     admission = Admission(Rig("cuda", 2), memory, FakePredictor({"0": 50_000, "1": 50_000}))
     case = new_case(Rig("cuda", 2), "ddp", "resnet50", 128, 32)
     assert admission.refusal(case) == (
-        "predicted: 50000 MiB + 500 MiB CUDA context + 512 MiB NCCL buffers > 40960 MiB "
-        "(device 1, GPU total memory (NVML); --no-predict-skip launches it)")
+        "predicted: 50000 MiB reserved + 770 MiB CUDA context + 600 MiB NCCL buffers > "
+        "40960 MiB (device 1, GPU total memory (NVML); --no-predict-skip launches it)")
     # --gpu-slots 2: two slots share the first GPU's memory.
     slots = device_memory(Rig("cuda", 2, gpu_slots=2), 0.0, nvml=fake_nvml((80.0,)))
     assert slots is not None and slots.mib == (40 * 1024, 40 * 1024)
     # A cap wins over the card, on any rig.
     capped = device_memory(Rig("cuda", 2), 1024.0, nvml=fake_nvml((80.0, 80.0)))
     assert capped == DeviceMemory((1024.0, 1024.0), "--max-memory-per-device")
+
+
+class ReservedPredictor:
+    """A prediction whose allocator reserves 30% above its allocated peak."""
+
+    def __call__(self, case, rig, cut):
+        return predict.Prediction({"0": 1000.0}, cut, {"0": 1300.0})
+
+
+def test_a_cuda_case_is_admitted_by_its_reserved_peak_not_its_allocated_one():
+    """A GPU runs out of segments, not of tensors: 1000 MiB allocated fits a 1200 MiB cap,
+    the 1300 MiB the allocator reserves for them does not. The row keeps both."""
+    one = Rig("cuda", 1)
+    case = new_case(one, "single", "resnet50", 64, 8)
+    admission = Admission(one, DeviceMemory((1200.0,), "--max-memory-per-device"),
+                          ReservedPredictor())
+    assert admission.refusal(case) == (
+        "predicted: 1300 MiB reserved > 1200 MiB (device 0, --max-memory-per-device; "
+        "--no-predict-skip launches it)")
+    cols = admission.columns(case, [])
+    assert cols["peak_mem_mib_predicted_by_device"] == "0:1000.0"
+    assert cols["peak_mem_reserved_mib_predicted_by_device"] == "0:1300.0"
+    assert cols["peak_mem_reserved_mib_predicted_max"] == 1300.0
+    cpu = Rig("cpu", 2, 1, (0, 1))  # resident memory: one figure, no reserved column
+    assert "peak_mem_reserved_mib_predicted_max" not in Admission(
+        cpu, None, ReservedPredictor()).columns(new_case(cpu, "single", "toy", 0, 8), [])
+
+
+def test_one_process_on_two_slots_of_a_gpu_is_one_gpus_context_against_the_whole_gpu(
+        monkeypatch):
+    """mp on the validation mode's two slots of one 80 GiB GPU: one process, one allocator,
+    predicted under the joined label as its measurement reads it; its limit is the GPU (both
+    slots' halves) less one CUDA context, not two."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    slots = Rig("cuda", 2, gpu_slots=2)
+    case = new_case(slots, "mp", "resnet-tiny", 64, 8)
+    assert list(predict.predict(case, slots).mib_by_device) == ["0+1"]
+    memory = device_memory(slots, 0.0, nvml=fake_nvml((80.0,)))
+    assert memory is not None
+    admission = Admission(slots, memory)
+    assert admission.outside_allocator(case, "0+1") == {"CUDA context": 770.0}
+    fits = 80 * 1024 - 770.0 - 1
+    admission._predictor = FakePredictor({"0+1": fits})
+    assert admission.refusal(case) is None
+    admission._predictor, admission._made = FakePredictor({"0+1": fits + 2}), {}
+    assert admission.refusal(case) is not None
 
 
 def test_unreadable_nvml_predicts_but_refuses_nothing():

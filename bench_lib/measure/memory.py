@@ -5,7 +5,8 @@ timing calls its ``reset`` between the warm-up and the timed steps. Per device i
 
 * **gross**: on CPU the process's peak resident memory over the timed steps (``VmHWM``,
   runtime and libraries included); on CUDA the caching allocator's peak of allocated
-  memory since the reset.
+  memory since the reset, once per GPU (slots of one GPU that the process drives share
+  it: their labels joined, "0+1").
 * **net**: gross minus the process's footprint before the model was built (CPU: ``VmRSS``
   read after torch's import, core pinning and process-group init). The CUDA allocator
   holds only what the case allocated, so there net equals gross.
@@ -110,7 +111,7 @@ class PeakMemory:
         """The peaks since ``reset`` (since the process started where it could not reset)."""
         if self.cuda:
             peaks = {label: torch.cuda.max_memory_allocated(d) / MIB
-                     for label, d in zip(self.labels, self.devices)}
+                     for d, label in joined_labels(self.devices, self.labels)}
             return MemoryPeaks(peaks, dict(peaks), self.source)
         gross = proc_status_mib("VmHWM", self._proc) if self.source == "vmhwm" else None
         source = "vmhwm"
@@ -120,11 +121,23 @@ class PeakMemory:
         return MemoryPeaks({label: gross}, {label: gross - self.baseline_mib}, source)
 
 
+def joined_labels(devices: list[torch.device], labels: list[str]
+                  ) -> list[tuple[torch.device, str]]:
+    """Each distinct device with the labels it stands for joined ("0+1"): the slots of one
+    GPU that one process drives (``--gpu-slots``: mp, pipeline) share one caching
+    allocator, whose peak cannot be split between them, as on a cpu rig."""
+    by_device: dict[torch.device, list[str]] = {}
+    for d, label in zip(devices, labels):
+        by_device.setdefault(d, []).append(label)
+    return [(d, "+".join(names)) for d, names in by_device.items()]
+
+
 def peak_reserved_mib(devices: list[torch.device], labels: list[str]) -> dict[str, float]:
     """Peak memory the CUDA caching allocator reserved per device (empty on CPU)."""
     if devices[0].type != "cuda":
         return {}
-    return {label: torch.cuda.max_memory_reserved(d) / MIB for label, d in zip(labels, devices)}
+    return {label: torch.cuda.max_memory_reserved(d) / MIB
+            for d, label in joined_labels(devices, labels)}
 
 
 def cap_cuda_memory(devices: list[torch.device], cap_mib: float) -> None:

@@ -165,8 +165,11 @@ CASES = _cols(
                                          "training step of each process replayed on fake "
                                          "tensors, its live tensors counted (bench_lib.sweep."
                                          "predict: what is counted, assumed and calibrated); "
-                                         "empty for a case not run (skipped, unsupported) or "
-                                         "not predicted (why in note)", False, True),
+                                         "on a cuda rig the allocator's peak, the count run "
+                                         "through its blocks with cuBLAS's and cuDNN's "
+                                         "workspaces (bench_lib.sweep.cuda_memory); empty for "
+                                         "a case not run (skipped, unsupported) or not "
+                                         "predicted (why in note)", False, True),
     ("peak_mem_source", "how peaks were read: cuda-allocator, vmhwm (/proc VmHWM reset "
                         "after warm-up through clear_refs) or ru_maxrss (the process's "
                         "lifetime peak, build and warm-up included, where it could not "
@@ -245,6 +248,18 @@ CASES = _cols(
                                   "MiB", N),
     ("peak_mem_reserved_mib_by_device", "CUDA caching-allocator peak per device after warm-up, "
                                         "device:MiB;..."),
+    ("peak_mem_reserved_mib_predicted_max", "largest per-device predicted reservation of the "
+                                            "CUDA caching allocator, MiB (beside "
+                                            "peak_mem_reserved_mib_max; cuda rigs only)", N,
+     True),
+    ("peak_mem_reserved_mib_predicted_by_device", "the CUDA caching allocator's reservation "
+                                                  "per device predicted before the case ran "
+                                                  "(its segments, the predicted allocations "
+                                                  "replayed through them: bench_lib.sweep."
+                                                  "allocator), device:MiB;...: what admission "
+                                                  "compares with each GPU's memory; empty "
+                                                  "where peak_mem_mib_predicted_by_device is "
+                                                  "and on cpu rigs", False, True),
     ("mem_imbalance_ratio", "max over min net peak memory across the devices used", N),
     ("flops_per_img", "training FLOPs (forward + backward) per image (per sample for toy)",
      N),

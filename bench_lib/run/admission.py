@@ -13,14 +13,18 @@ limit, and nothing is refused there. A process that drives several devices (``mp
 ``pipeline`` on a cpu rig: label "0+1") gets their memory summed, as the runner's memory
 cap gives it.
 
-Against a GPU's total, the prediction (the caching allocator's tensors) is not all a case
+On a cuda rig what is compared is the predicted reserved peak (``Prediction.
+reserved_mib_by_device``: the caching allocator's segments, its blocks' rounding, cache and
+fragmentation, 10-22% above its allocated peak on the first GPU run), not the allocated
+one: the segments are what the device gives. Against a GPU's total that is not all a case
 takes there: each process's CUDA context (``CUDA_CONTEXT_MIB``) and, in a multi-process case
 on NCCL, NCCL's buffers (``NCCL_BUFFERS_MIB``) come on top, and are added before comparing.
-A cap is compared with the prediction alone: it bounds the allocator, as the workers apply
-it (``measure.memory.cap_cuda_memory``). Under MIG a process has an instance, not the GPU:
-the instance's memory is read where CUDA_VISIBLE_DEVICES names it (``MIG-...``); a GPU in
-MIG mode with none named is refused as a figure (which instance CUDA takes cannot be read
-without CUDA): nothing is refused then, and ``Admission.note`` says why.
+A cap is compared with the reserved prediction alone: it bounds the allocator's segments,
+as the workers apply it (``measure.memory.cap_cuda_memory``). Under MIG a process has an
+instance, not the GPU: the instance's memory is read where CUDA_VISIBLE_DEVICES names it
+(``MIG-...``); a GPU in MIG mode with none named is refused as a figure (which instance
+CUDA takes cannot be read without CUDA): nothing is refused then, and ``Admission.note``
+says why.
 """
 
 from __future__ import annotations
@@ -37,18 +41,21 @@ from bench_lib.sweep.cases import Case
 from bench_lib.sweep.predict import Prediction, predict
 
 MIB = 2**20
-CUDA_CONTEXT_MIB = 500.0
-"""What one process's CUDA context holds on a GPU it uses, outside the caching allocator and
-so outside every prediction: driver state, the kernels loaded, cuBLAS and cuDNN handles and
-workspaces. Commonly 300-500 MiB with CUDA 12/13's lazy module loading (more without it, and
-by GPU and driver); an estimate, the high end, not measured here (no GPU has been lent to
-this project). A case's process touches its own GPU(s) only (``rig.init_process_group``
-selects its GPU first), so each device counts one."""
-NCCL_BUFFERS_MIB = 512.0
+CUDA_CONTEXT_MIB = 770.0
+"""What one process holds on a GPU it uses outside the caching allocator, and so outside
+every prediction: the CUDA context (driver state, the kernels loaded), cuBLAS's and cuDNN's
+handles. Measured on the first GPU run (one H100 80GB, driver 580, torch 2.11.0+cu130,
+cuDNN 9.19; ``tests/data/h100-2026-11-26``): NVML's used memory over a case's timed steps,
+less the idle GPU's (483 MiB) and the allocator's reserved peak, was 742-770 MiB in each of
+its 9 one-process cases; the most is taken (it differs by GPU, driver and CUDA version). A
+case's process touches its own GPU(s) only (``rig.init_process_group`` selects its GPU
+first), so each GPU a process uses counts one."""
+NCCL_BUFFERS_MIB = 600.0
 """What NCCL holds on each GPU of a multi-process case (a process group on NCCL): per
-channel and peer its Simple protocol's buffer (``NCCL_BUFFSIZE``, 4 MiB) and the LL and
-LL128 ones, over up to 32 channels, per communicator: commonly 100-500 MiB a GPU on one
-node; an estimate, the high end. gloo (``--gpu-slots``) keeps its buffers in host memory."""
+channel and peer its protocols' buffers, per communicator. Measured on the first GPU run:
+564 MiB beside the context for DDP's one-rank communicator (NVML's used memory as for
+``CUDA_CONTEXT_MIB``); taken at 600, an estimate beyond one rank (more peers and channels
+may take more). gloo (``--gpu-slots``) keeps its buffers in host memory."""
 MIG_ENABLED = 1
 """``NVML_DEVICE_MIG_ENABLE``: the current mode ``nvmlDeviceGetMigMode`` gives a GPU in
 MIG mode."""
@@ -160,22 +167,24 @@ class Admission:
         pred = self.prediction(case)
         if isinstance(pred, str):
             return None
-        for label, mib in sorted(pred.mib_by_device.items()):
+        what = " reserved" if self.rig.kind == "cuda" else ""  # the allocator's segments
+        for label, mib in sorted(pred.reserved_mib_by_device.items()):
             limit = self.memory.limit_mib(label)
             beside = self.outside_allocator(case, label)
             if mib + sum(beside.values()) > limit:
-                also = "".join(f" + {v:.0f} MiB {what}" for what, v in beside.items())
-                return (f"predicted: {mib:.0f} MiB{also} > {limit:.0f} MiB (device {label}, "
-                        f"{self.memory.source}; --no-predict-skip launches it)")
+                also = "".join(f" + {v:.0f} MiB {name}" for name, v in beside.items())
+                return (f"predicted: {mib:.0f} MiB{what}{also} > {limit:.0f} MiB (device "
+                        f"{label}, {self.memory.source}; --no-predict-skip launches it)")
         return None
 
     def outside_allocator(self, case: Case, label: str) -> dict[str, float]:
         """What ``case`` holds on the device(s) ``label`` names beside the prediction, MiB,
         by what it is: against a whole device's memory, each process's CUDA context and,
-        with a process group on NCCL, NCCL's buffers; against a cap, nothing."""
+        with a process group on NCCL, NCCL's buffers; against a cap, nothing. Slots of
+        one GPU that one process drives (``--gpu-slots``: "0+1") are one GPU."""
         if self.memory is None or not self.memory.whole_device:
             return {}
-        devices = len(label.split("+"))
+        devices = len({int(i) // self.rig.gpu_slots for i in label.split("+")})
         beside = {"CUDA context": CUDA_CONTEXT_MIB * devices}
         if case.process_group and self.rig.backend == "nccl":
             beside["NCCL buffers"] = NCCL_BUFFERS_MIB * devices
@@ -187,8 +196,13 @@ class Admission:
         pred = self.prediction(case, ran if ran != self._cut_of(case) else "")
         if isinstance(pred, str):
             return {"note": "; ".join(filter(None, [case.note, pred]))}
-        return {"peak_mem_mib_predicted_max": round(pred.max_mib, 1),
+        cols = {"peak_mem_mib_predicted_max": round(pred.max_mib, 1),
                 "peak_mem_mib_predicted_by_device": by_device(pred.mib_by_device)}
+        if self.rig.kind == "cuda":  # the allocator's segments; on a cpu rig the same figure
+            cols |= {"peak_mem_reserved_mib_predicted_max": round(pred.reserved_max_mib, 1),
+                     "peak_mem_reserved_mib_predicted_by_device":
+                         by_device(pred.reserved_mib_by_device)}
+        return cols
 
     def _cut_of(self, case: Case) -> str:
         """The cut an earlier prediction of ``case`` assumed ('' where none was made)."""
