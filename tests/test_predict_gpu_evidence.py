@@ -28,6 +28,13 @@ def _evidence() -> list[tuple[str, Rig, dict[str, str]]]:
     return found
 
 
+@pytest.fixture(autouse=True)
+def _torchs_default_cublas_workspace(monkeypatch):
+    """As the evidence ran: a machine's own CUBLAS_WORKSPACE_CONFIG would change the
+    prediction (``sweep.cuda_memory.cublas_workspace_bytes``), not what was measured."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+
+
 CASES = _evidence()
 IDS = [f"{folder}:{row['case_id']}" for folder, _, row in CASES]
 
