@@ -8,14 +8,17 @@ device is touched) and runs the step under ``LiveBytes``, a dispatch mode that a
 bytes of every live tensor storage as autograd allocates and frees them: the method of
 ``torch.distributed._tools.MemTracker``, without its per-module bookkeeping, which refuses
 a module run twice in a step (as every micro-batch runs its stage). What it reports is the
-step's peak of live tensor bytes, with the parameters and gradients live at that moment.
+step's peak of live tensor bytes, with the parameters and gradients live at that moment,
+and the step's allocations and frees in order, where its convolutions ran and which of its
+threads ran a matmul (``Footprint.trace``, ``matmul_threads``): what ``sweep.cuda_memory``
+runs through a GPU's caching allocator and its libraries' workspaces.
 
 The step is the strategies' own: ``zero_grad(set_to_none=True)`` (so no gradient is live
 as it starts), forwards and backwards in the program's order (gradients accumulate),
 then ``torch.optim.SGD.step`` (plain SGD, as ``strategies.base.Trainer`` builds it:
 no optimizer state). Ops are dispatched as on the CPU (autocast included), so kernels
 that keep workspaces outside tensors (oneDNN's scratchpads, cuDNN's workspaces) are not
-seen; ``sweep.predict`` says how that is accounted for.
+seen; ``sweep.predict`` and ``sweep.cuda_memory`` say how that is accounted for.
 """
 
 from __future__ import annotations
