@@ -92,6 +92,32 @@ powersgd_in_order.__annotations__ = {
     "state": InOrder, "bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
 
 
+_CUDA_SYNCHRONIZE = torch.cuda.synchronize
+
+
+def _synchronize_cuda_only(device: torch.device | int | str | None = None) -> None:
+    """``torch.cuda.synchronize``, a no-op for a CPU device (``tolerate_powersgd_on_cpu``)."""
+    if isinstance(device, torch.device) and device.type == "cpu":
+        return
+    _CUDA_SYNCHRONIZE(device)
+
+
+def tolerate_powersgd_on_cpu(device: torch.device) -> None:
+    """Let torch's PowerSGD hook reduce CPU buckets in a process that sees a GPU.
+
+    Its ``decompress`` calls ``torch.cuda.synchronize(device)`` whenever
+    ``torch.cuda.is_available()``, whatever the bucket's device (torch 2.11 through 2.15.0,
+    the newest checked), so a cpu rig's PowerSGD case on a GPU box dies with "Expected a
+    cuda device, but got: cpu". The call runs in an all-reduce future's callback, after any
+    scope of ours has closed, so from here on this process's ``torch.cuda.synchronize``
+    skips CPU devices (and does the same as before for everything else). Only a rank that
+    reduces on the CPU while CUDA is visible installs it: a cpu rig's rank, which
+    synchronizes no GPU.
+    """
+    if device.type == "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize = _synchronize_cuda_only
+
+
 def register_hook(model: DistributedDataParallel, knobs: DdpKnobs) -> None:
     """Register ``knobs``' communication hook on the wrapped model (none: DDP's own).
 
@@ -102,6 +128,7 @@ def register_hook(model: DistributedDataParallel, knobs: DdpKnobs) -> None:
     elif knobs.comm_hook == "bf16":
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif knobs.comm_hook == "powersgd":
+        tolerate_powersgd_on_cpu(next(model.module.parameters()).device)
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=knobs.powersgd_rank,
             start_powerSGD_iter=POWERSGD_START_ITER,
