@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 WORKERS ?= 2
 
-.PHONY: venv bench test test-fast lint env smoke parity tune distance gate regress baseline report docs clean help
+.PHONY: venv bench test test-fast test-compat lint env smoke parity tune distance gate regress baseline report docs clean help
 
 help:            ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +44,21 @@ env: venv        ## print the environment a run would record
 
 test: venv       ## run the whole test suite on WORKERS=2 pytest workers (GPU tests skip without GPUs)
 	$(PY) -m pytest -n $(WORKERS) --dist worksteal $(ARGS)
+
+TORCH ?=
+COMPAT := .venv-torch-$(TORCH)
+
+$(COMPAT)/.installed: pyproject.toml
+	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip install --quiet --upgrade pip
+	PIP_CONSTRAINT=/dev/null $(COMPAT)/bin/python -m pip install --quiet "torch==$(TORCH)" torchvision -e '.[test]'
+	touch $@
+
+test-compat:     ## the compatibility subset (every strategy) on another torch in its own venv: make test-compat TORCH=2.11.0
+	@case "$(TORCH)" in [0-9]*.[0-9]*.[0-9]*) ;; *) echo "error: name a torch release: make test-compat TORCH=2.11.0 (CI runs 2.6.0, 2.11.0 and 2.15.0)" >&2; exit 2;; esac
+	@$(MAKE) --no-print-directory $(COMPAT)/.installed
+	$(COMPAT)/bin/python -c "import torch, torchvision; print('compatibility pass on torch', torch.__version__, 'torchvision', torchvision.__version__)"
+	$(COMPAT)/bin/python -m pytest -n $(WORKERS) --dist worksteal -m compat $(ARGS)
 
 test-fast: venv  ## the unit layer only (no process started, no real model trained): the edit-run loop
 	$(PY) -m pytest -m "not integration" $(ARGS)
