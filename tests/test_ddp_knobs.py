@@ -384,6 +384,30 @@ def test_powersgd_is_exact_before_it_starts_then_low_rank_and_still_trains():
         assert losses[-1] < losses[0], f"loss did not fall: {losses}"
 
 
+def _powersgd_where_cuda_is_visible(rank: int, world_size: int) -> dict[str, object]:
+    """A cpu rig's PowerSGD rank on a box that sees a GPU: ``torch.cuda.is_available`` is
+    all torch's hook asks (``ddp.tolerate_powersgd_on_cpu``), so it is faked here."""
+    torch.set_num_threads(1)
+    torch.cuda.is_available = lambda: True
+    trainer = _trainer(rank, world_size, DdpKnobs(comm_hook="powersgd", powersgd_rank=1))
+    x, y = reference_shard(TINY, rank, world_size)
+    for _ in range(POWERSGD_START_ITER + 1):  # the last step compresses, then decompresses
+        trainer.zero_grad()  # type: ignore[attr-defined]
+        trainer.forward_backward(x, y)
+    return {"grads": _grads(trainer)}
+
+
+@pytest.mark.compat
+@pytest.mark.timeout(300)
+@pytest.mark.integration
+def test_powersgd_reduces_cpu_buckets_on_a_box_that_sees_a_gpu():
+    # torch's hook synchronizes the bucket's device whenever CUDA is available, a CPU one
+    # too; on the H100 box the cpu rig's PowerSGD failed with "Expected a cuda device".
+    per_rank = run_ranks(_powersgd_where_cuda_is_visible, world_size=2)
+    for a, b in zip(per_rank[0]["grads"], per_rank[1]["grads"]):
+        assert torch.equal(a, b) and torch.isfinite(a).all()
+
+
 # --- through the runner ---------------------------------------------------------------------
 
 

@@ -332,6 +332,7 @@ def test_one_process_runs_go_side_by_side_on_a_cpu_rig(tmp_path, monkeypatch, cp
     assert seen[-1] == ("ddp", 0, 2)  # a process group: after them, on every worker
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.integration

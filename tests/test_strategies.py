@@ -25,6 +25,7 @@ def tiny_case(name: str, rig: Rig) -> Case:
     return new_case(rig, name, "resnet-tiny", 32, 4, split_size=2, measurement=MEASUREMENT)
 
 
+@pytest.mark.compat
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
 @pytest.mark.integration

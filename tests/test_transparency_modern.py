@@ -64,6 +64,7 @@ PIPELINING_CONFIGS = [
 ]
 
 
+@pytest.mark.compat
 @pytest.mark.timeout(300)
 @pytest.mark.integration
 def test_pipelining_schedules_match_single_device():
@@ -104,6 +105,7 @@ def _fsdp_rank_grads(rank, world_size):
     return local, {i: p.grad.full_tensor() for i, p in enumerate(params)}
 
 
+@pytest.mark.compat
 @pytest.mark.timeout(300)
 @pytest.mark.integration
 def test_fsdp_matches_single_device_and_shards():
