@@ -55,7 +55,7 @@ $(COMPAT)/.installed: pyproject.toml
 	touch $@
 
 test-compat:     ## the compatibility subset (every strategy) on another torch in its own venv: make test-compat TORCH=2.11.0
-	@case "$(TORCH)" in [0-9]*.[0-9]*.[0-9]*) ;; *) echo "error: name a torch release: make test-compat TORCH=2.11.0 (CI runs 2.6.0, 2.11.0 and 2.15.0)" >&2; exit 2;; esac
+	@case "$(TORCH)" in [0-9]*.[0-9]*.[0-9]*) ;; *) echo "error: name a torch release: make test-compat TORCH=2.11.0 (CI runs 2.10.0, 2.11.0 and 2.15.0)" >&2; exit 2;; esac
 	@$(MAKE) --no-print-directory $(COMPAT)/.installed
 	$(COMPAT)/bin/python -c "import torch, torchvision; print('compatibility pass on torch', torch.__version__, 'torchvision', torchvision.__version__)"
 	$(COMPAT)/bin/python -m pytest -n $(WORKERS) --dist worksteal -m compat $(ARGS)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributed import pipelining as pp
+from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 from bench_lib import commands, strategies
 from bench_lib.rig import Rig
@@ -43,12 +44,11 @@ SCHEDULE_CLASSES = {
 @functools.cache
 def torch_refuses(strategy: str, ranks: int, microbatches: int) -> str | None:
     """What torch's own schedule constructor says to this schedule over ``ranks`` ranks and
-    ``microbatches`` micro-batches (on stand-in stages: ``schedules.pipeline_order``),
+    ``microbatches`` micro-batches (mock stages, as torch's schedule visualizer builds them),
     or None when it builds."""
     try:
-        schedules.pipeline_order(SCHEDULE_CLASSES[strategy], ranks, microbatches,
-                                 PIPELINING_STAGES_PER_RANK[strategy],
-                                 schedules.SCHEDULE_STYLES[strategy])
+        get_schedule_ops(SCHEDULE_CLASSES[strategy], ranks, microbatches,
+                         PIPELINING_STAGES_PER_RANK[strategy])
     except (ValueError, RuntimeError, AssertionError) as e:
         return str(e) or type(e).__name__
     return None

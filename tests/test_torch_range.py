@@ -1,11 +1,11 @@
-"""The torch range pyproject.toml states, held where the API differs inside it.
+"""The torch range pyproject.toml states (2.10 to the newest), held where the API differs.
 
-The adapters (``strategies.schedules``: ``step``'s pre-split micro-batches, ``scale_grads``,
-the warm-up sends, the schedule order; ``strategies.ddp``: PowerSGD's CPU buckets) are
-checked here on the torch that runs the tests, each branch on stand-ins of the other
-signature; ``make test-compat TORCH=X.Y.Z`` runs the tests marked ``compat`` (these, and
-each strategy's one-case run, the schedules against one device, a tiny parity run) on the
-floor, on 2.11.0 and on the newest release, each in its own venv.
+The adapters (``strategies.schedules``: ``step``'s pre-split micro-batches, the warm-up
+sends to a stage's own rank; ``strategies.ddp``: PowerSGD's CPU buckets) are checked here
+on the torch that runs the tests, each branch on stand-ins of the other signature;
+``make test-compat TORCH=X.Y.Z`` runs the tests marked ``compat`` (these, and each
+strategy's one-case run, the schedules and fsdp against one device, a tiny parity run) on
+the floor, on 2.11.0 and on the newest release, each in its own venv.
 """
 
 from __future__ import annotations
@@ -19,15 +19,7 @@ from torch.distributed import pipelining as pp
 
 from bench_lib import strategies
 from bench_lib.results.read import read_cases, run_dirs_in
-from bench_lib.strategies.schedules import (
-    SCHEDULE_CLASSES,
-    SCHEDULE_STYLES,
-    pipeline_order,
-    skip_warmup_sends_to_self,
-    step_arguments,
-    summed_gradients,
-)
-from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK
+from bench_lib.strategies.schedules import skip_warmup_sends_to_self, step_arguments
 from tests.conftest import in_process
 
 pytestmark = pytest.mark.compat
@@ -38,8 +30,8 @@ def _new_step(*args, target=None, losses=None, return_outputs=True, arg_mbs=None
     """torch 2.14's signature."""
 
 
-def _old_step(*args, target=None, losses=None, **kwargs):
-    """torch 2.6's signature: no pre-split micro-batches, no return_outputs."""
+def _old_step(*args, target=None, losses=None, return_outputs=True, **kwargs):
+    """torch 2.10's signature: no pre-split micro-batches."""
 
 
 def test_pre_split_micro_batches_where_step_takes_them():
@@ -56,13 +48,13 @@ def test_pre_split_micro_batches_where_step_takes_them():
 def test_the_whole_batch_where_step_splits_it_itself_into_the_same_micro_batches():
     x, y = torch.arange(8.0).reshape(8, 1), torch.arange(8)
     args, kwargs = step_arguments(_old_step, x, y, 2)
-    assert kwargs == {"target": y} and len(args) == 1 and args[0] is x
+    assert kwargs == {"target": y, "return_outputs": False} and len(args) == 1 and args[0] is x
     # torch splits the whole batch with tensor_split into n_microbatches chunks: the very
     # micro-batches the pre-split path hands over, as the split divides the batch.
     pre_split = step_arguments(_new_step, x, y, 2)[1]["arg_mbs"]
     assert all(torch.equal(a, b[0]) for a, b in zip(torch.tensor_split(x, 4), pre_split))
-    assert step_arguments(_old_step, None, None, 2) == ((), {})
-    assert step_arguments(_old_step, x, None, 2) == ((x,), {})
+    assert step_arguments(_old_step, None, None, 2) == ((), {"return_outputs": False})
+    assert step_arguments(_old_step, x, None, 2) == ((x,), {"return_outputs": False})
 
 
 def test_the_real_steps_signature_takes_one_of_the_two_paths():
@@ -71,13 +63,6 @@ def test_the_real_steps_signature_takes_one_of_the_two_paths():
     args, kwargs = step_arguments(pp.ScheduleGPipe.step, torch.zeros(4, 1), torch.zeros(4), 2)
     assert ("arg_mbs" in kwargs) == ("arg_mbs" in params) and ("target" in kwargs) != (
         "arg_mbs" in params)
-
-
-def test_gradients_stay_summed_on_every_schedule():
-    for cls in SCHEDULE_CLASSES.values():
-        options = summed_gradients(cls)
-        takes = "scale_grads" in inspect.signature(cls).parameters
-        assert options == ({"scale_grads": False} if takes else {})
 
 
 class _Stage:
@@ -95,25 +80,6 @@ def test_warm_up_messages_to_the_stages_own_rank_are_dropped():
     stage = _Stage()
     skip_warmup_sends_to_self(stage)  # type: ignore[arg-type]
     assert [op.group_peer for op in stage._get_init_p2p_neighbors_ops()] == [0]
-    # A torch that sends no warm-up messages (2.6) has no such method: nothing to change.
-    bare = object()
-    skip_warmup_sends_to_self(bare)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("strategy", ["interleaved-1f1b", "interleaved-zb", "zbv"])
-def test_the_schedule_order_is_torchs_and_every_micro_batch_passes_every_stage(strategy):
-    spr = PIPELINING_STAGES_PER_RANK[strategy]
-    order = pipeline_order(SCHEDULE_CLASSES[strategy], 2, 4, spr, SCHEDULE_STYLES[strategy])
-    forwards = sorted((a.stage_index, a.microbatch_index) for rank in order for a in rank
-                      if a is not None and a.computation_type.name == "FORWARD")
-    assert forwards == [(s, m) for s in range(4) for m in range(4)]
-    try:  # torch's own visualizer, where it exists (not in 2.6), gives the same order
-        from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
-    except ImportError:
-        return
-    theirs = get_schedule_ops(SCHEDULE_CLASSES[strategy], 2, 4, spr)
-    assert [[str(a) for a in rank] for rank in order] == [[str(a) for a in rank]
-                                                          for rank in theirs]
 
 
 @pytest.mark.slow

@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -57,28 +56,6 @@ def stage_placement(world: int, stages_per_rank: int, style: str) -> list[int]:
     return placement
 
 
-def pipeline_order(schedule_cls: type, world: int, microbatches: int, stages_per_rank: int,
-                   style: str) -> list[list[Any]]:
-    """Each rank's ``pipeline_order`` of a schedule: torch's ``_Action``s, None where the
-    rank idles; empty where the schedule has none.
-
-    Built on stand-in stages as torch's schedule visualizer builds them
-    (``_schedule_visualizer.get_schedule_ops``: absent from torch 2.6, and its stand-ins
-    lack the stage-to-rank map that 2.6's constructor reads). Raises what the constructor
-    raises for a combination it refuses."""
-    stage = mock.create_autospec(pp.PipelineStage, instance=True)
-    stage.group_rank, stage.group_size, stage.submod = 0, world, None
-    stage.num_stages = world * stages_per_rank
-    stage.stage_index_to_group_rank = dict(
-        enumerate(stage_placement(world, stages_per_rank, style)))
-    schedule = schedule_cls(stage if stages_per_rank == 1 else [stage] * stages_per_rank,
-                            microbatches)
-    order = getattr(schedule, "pipeline_order", None)
-    if order is None:  # torch 2.6's one-stage schedules run from code, with no order
-        return []
-    return [list(order[rank]) for rank in range(world)]
-
-
 class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the gradient contiguous (it is sent to the previous stage)."""
 
@@ -108,20 +85,15 @@ def step_arguments(step: Callable[..., Any], x: torch.Tensor | None, y: torch.Te
     """The positional and keyword arguments of ``schedule.step`` for this torch.
 
     ``x``: the batch's images where this rank drives the first stage, else None; ``y``: its
-    targets where it drives the last. torch >= 2.14 takes micro-batches already split
-    (``arg_mbs``, ``target_mbs``); before it, ``step`` hands keywords it does not know on to
-    the stage's module, so it gets the whole batch and splits it itself, with
-    ``tensor_split`` into ``n_microbatches`` chunks: the same equal micro-batches, as the
-    case's split divides the batch (``require_micro(even=True)``). ``return_outputs``
-    (torch >= 2.7) spares the last stage merging the logits it would otherwise return.
-    Detected on the signature, so deleting the older path is one edit once the floor
-    reaches 2.14.
+    targets where it drives the last. torch 2.14 and newer take micro-batches already split
+    (``arg_mbs``, ``target_mbs``). Before (2.10 to 2.13), ``step`` hands keywords it does
+    not know on to the stage's module, so it gets the whole batch and splits it itself,
+    with ``tensor_split`` into ``n_microbatches`` chunks: the same equal micro-batches, as
+    the case's split divides the batch (``require_micro(even=True)``). Detected on the
+    signature; deleting the older path is one edit once the floor reaches 2.14.
     """
-    params = inspect.signature(step).parameters
-    kwargs: dict[str, Any] = {}
-    if "return_outputs" in params:
-        kwargs["return_outputs"] = False
-    if "arg_mbs" in params:
+    kwargs: dict[str, Any] = {"return_outputs": False}  # the last stage merges no logits
+    if "arg_mbs" in inspect.signature(step).parameters:
         if x is not None:
             kwargs["arg_mbs"] = [(mb,) for mb in x.split(split)]
         if y is not None:
@@ -132,27 +104,16 @@ def step_arguments(step: Callable[..., Any], x: torch.Tensor | None, y: torch.Te
     return ((x,) if x is not None else ()), kwargs
 
 
-def summed_gradients(schedule_cls: type) -> dict[str, Any]:
-    """The constructor's option that leaves the micro-batches' gradients summed (the loss
-    is divided by their count instead): ``scale_grads=False`` where the schedule would
-    otherwise divide them (torch 2.11 and newer have the option; 2.6 never divides)."""
-    if "scale_grads" in inspect.signature(schedule_cls).parameters:
-        return {"scale_grads": False}
-    return {}
-
-
 def skip_warmup_sends_to_self(stage: pp.PipelineStage) -> None:
     """Drop the warm-up messages ``stage`` would address to its own rank.
 
     Before its first step a schedule sends a dummy tensor to each stage's neighbours
     (``_get_init_p2p_neighbors_ops``), also where the neighbour lives on the same rank
     (``zbv``'s V: stages 1 and 2 on rank 1 of 2), and gloo cannot send to its own rank
-    ("Pair is not connected"): torch 2.11 and older. torch 2.14 checks ``_is_same_rank``
+    ("Pair is not connected"): torch 2.10 and 2.11. torch 2.14 checks ``_is_same_rank``
     first and warms neighbours up with a vote instead; there the method is not called for
     a ``PipelineStage``, so this changes nothing. A message to oneself warms nothing up.
     """
-    if not hasattr(stage, "_get_init_p2p_neighbors_ops"):
-        return  # torch 2.6 sends no warm-up messages
     own = stage.group_rank
     ops = stage._get_init_p2p_neighbors_ops
 
@@ -198,7 +159,7 @@ class PipeliningTrainer(Trainer):
         single = stages_per_rank == 1
         self.schedule = schedule_cls(
             self.pipe_stages[0] if single else self.pipe_stages, self.num_microbatches,
-            loss_fn=loss_fn, **summed_gradients(schedule_cls),
+            loss_fn=loss_fn, scale_grads=False,
         )
         super().__init__(nn.ModuleList(self.stages), devices, ctx)
 
@@ -275,22 +236,18 @@ SCHEDULE_CLASSES: dict[str, type] = {
 }
 """Each strategy's torch schedule (``sweep.predict`` replays its order of actions)."""
 
-SCHEDULE_STYLES = {"gpipe": "loop", "1f1b": "loop", "interleaved-1f1b": "loop",
-                   "interleaved-zb": "loop", "zbv": "v"}
-"""How each strategy places its stages on ranks (``stage_indices``)."""
-
 STRATEGIES = [
     _strategy("gpipe", "torch.distributed.pipelining GPipe: all forwards, then all backwards",
-              SCHEDULE_CLASSES["gpipe"], 1, SCHEDULE_STYLES["gpipe"]),
+              SCHEDULE_CLASSES["gpipe"], 1, "loop"),
     _strategy("1f1b", "torch.distributed.pipelining 1F1B: one forward, one backward in "
               "steady state",
-              SCHEDULE_CLASSES["1f1b"], 1, SCHEDULE_STYLES["1f1b"]),
+              SCHEDULE_CLASSES["1f1b"], 1, "loop"),
     _strategy("interleaved-1f1b", "torch.distributed.pipelining interleaved 1F1B, 2 stages per "
               "rank",
-              SCHEDULE_CLASSES["interleaved-1f1b"], 2, SCHEDULE_STYLES["interleaved-1f1b"]),
+              SCHEDULE_CLASSES["interleaved-1f1b"], 2, "loop"),
     _strategy("interleaved-zb", "torch.distributed.pipelining interleaved zero bubble, 2 "
               "stages/rank",
-              SCHEDULE_CLASSES["interleaved-zb"], 2, SCHEDULE_STYLES["interleaved-zb"]),
+              SCHEDULE_CLASSES["interleaved-zb"], 2, "loop"),
     _strategy("zbv", "torch.distributed.pipelining ZB-V zero bubble, 2 stages per rank in a V",
-              SCHEDULE_CLASSES["zbv"], 2, SCHEDULE_STYLES["zbv"]),
+              SCHEDULE_CLASSES["zbv"], 2, "v"),
 ]

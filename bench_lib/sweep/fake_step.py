@@ -32,15 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-
-try:  # torch 2.11 has it here (2.6 does not)
-    from torch.distributed._tools.common_utils import get_untyped_storages
-except ImportError:  # torch 2.6: the same function, a static method of MemTracker's records
-    from torch.distributed._tools.mem_tracker import _WeakRefInfo
-
-    get_untyped_storages = _WeakRefInfo.get_untyped_storages  # type: ignore[attr-defined]
 
 from bench_lib.strategies.base import LEARNING_RATE
 from bench_lib.strategies.schedules import StageBoundary

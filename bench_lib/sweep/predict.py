@@ -91,6 +91,7 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 from torch.distributed.pipelining.schedules import _ComputationType
 
 from bench_lib.analysis.bound import DDP_BUCKET_BYTES
@@ -101,7 +102,7 @@ from bench_lib.strategies.partition import (
     min_max_cuts,
     min_max_rank_cuts,
 )
-from bench_lib.strategies.schedules import SCHEDULE_CLASSES, SCHEDULE_STYLES, pipeline_order
+from bench_lib.strategies.schedules import SCHEDULE_CLASSES
 from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK, Case
 from bench_lib.sweep.cuda_memory import cublas_workspace_bytes, on_gpu
 from bench_lib.sweep.fake_step import Action, Footprint, Program, simulate
@@ -247,15 +248,15 @@ def schedule_actions(strategy: str, world: int, microbatches: int
     GPipe and 1F1B run one stage per rank from code (``_step_microbatches``), mirrored
     here: 1F1B's rank r runs min(m, stages - r) forwards, then alternates a backward and a
     forward, then the remaining backwards. The multi-stage schedules run their own
-    ``pipeline_order`` (``schedules.pipeline_order``; torch's order for 1F1B is not the one
-    that runs: it numbers rank 1's micro-batches from 1 in torch 2.14).
+    ``pipeline_order``, which torch's schedule visualizer returns (its order for 1F1B is
+    not the one that runs: it numbers rank 1's micro-batches from 1 in torch 2.14).
     """
     if strategy == "gpipe":
         return tuple(_fill_drain(r, microbatches) for r in range(world))
     if strategy == "1f1b":
         return tuple(_one_f_one_b(r, world, microbatches) for r in range(world))
-    ops = pipeline_order(SCHEDULE_CLASSES[strategy], world, microbatches,
-                         PIPELINING_STAGES_PER_RANK[strategy], SCHEDULE_STYLES[strategy])
+    ops = get_schedule_ops(SCHEDULE_CLASSES[strategy], world, microbatches,
+                           PIPELINING_STAGES_PER_RANK[strategy])
     return tuple(tuple((_KINDS[a.computation_type], a.stage_index, int(a.microbatch_index or 0))
                        for a in rank if a is not None and a.computation_type in _KINDS)
                  for rank in ops)
