@@ -15,7 +15,7 @@ from bench_lib import commands
 from bench_lib.compare import same_job as sj
 from bench_lib.compare.baseline import save_baseline, stored_hardware
 from bench_lib.compare.gate import load_run
-from bench_lib.compare.output import gate
+from bench_lib.compare.output import busy_cases, gate
 from bench_lib.report.headlines import headline_lines
 from bench_lib.results.fingerprint import hardware_of
 from bench_lib.results.read import read_cases, read_env
@@ -105,6 +105,14 @@ def test_a_cuda_run_compared_with_itself_is_no_regression(tmp_path, capsys, name
     assert method in out
     assert f"PASS: {ok} unchanged" in markdown.read_text()
     assert len(json.loads(bench_json.read_text())) >= ok
+
+
+def test_a_busy_machines_cases_are_named_so_that_each_can_be_told_apart():
+    # The 224 px run's single and accum in fp32 and bf16 all spread over 10%: by strategy
+    # the note read "single 20%, accum 21%, single 14%, accum 21%".
+    busy = busy_cases(load_run(GPU_RUN / TWO_LAUNCHES))
+    assert len(busy) == 4 and len({entry.split()[0] for entry in busy}) == 4
+    assert all(entry.split()[0].endswith(("_fp32", "_bf16")) for entry in busy)
 
 
 def test_one_gpu_and_two_slots_on_it_are_different_hardware(capsys):
