@@ -80,6 +80,10 @@ def test_warm_up_messages_to_the_stages_own_rank_are_dropped():
     stage = _Stage()
     skip_warmup_sends_to_self(stage)  # type: ignore[arg-type]
     assert [op.group_peer for op in stage._get_init_p2p_neighbors_ops()] == [0]
+    # torch 2.15's stages have no such method (they warm up by a vote): left as they are.
+    bare = SimpleNamespace(group_rank=1)
+    skip_warmup_sends_to_self(bare)  # type: ignore[arg-type]
+    assert vars(bare) == {"group_rank": 1}
 
 
 @pytest.mark.slow

@@ -111,9 +111,12 @@ def skip_warmup_sends_to_self(stage: pp.PipelineStage) -> None:
     (``_get_init_p2p_neighbors_ops``), also where the neighbour lives on the same rank
     (``zbv``'s V: stages 1 and 2 on rank 1 of 2), and gloo cannot send to its own rank
     ("Pair is not connected"): torch 2.10 and 2.11. torch 2.14 checks ``_is_same_rank``
-    first and warms neighbours up with a vote instead; there the method is not called for
-    a ``PipelineStage``, so this changes nothing. A message to oneself warms nothing up.
+    first and warms neighbours up with a vote instead (the method is not called for a
+    ``PipelineStage``), and 2.15 has no such method: there this changes nothing. A
+    message to oneself warms nothing up.
     """
+    if not hasattr(stage, "_get_init_p2p_neighbors_ops"):
+        return  # torch 2.15 and newer: nothing to drop
     own = stage.group_rank
     ops = stage._get_init_p2p_neighbors_ops
 
