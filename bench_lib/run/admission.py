@@ -184,7 +184,7 @@ class Admission:
         one GPU that one process drives (``--gpu-slots``: "0+1") are one GPU."""
         if self.memory is None or not self.memory.whole_device:
             return {}
-        devices = len({int(i) // self.rig.gpu_slots for i in label.split("+")})
+        devices = len({self.rig.cuda_index(int(i)) for i in label.split("+")})
         beside = {"CUDA context": CUDA_CONTEXT_MIB * devices}
         if case.process_group and self.rig.backend == "nccl":
             beside["NCCL buffers"] = NCCL_BUFFERS_MIB * devices
