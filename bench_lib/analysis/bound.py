@@ -87,6 +87,12 @@ gradient (``sweep.predict``'s actions)."""
 PHASE_OF = {"F": "fwd", "B": "bwd", "I": "bwd", "W": "wgt"}
 """The timeline phase that stamps each kind of action (``measure.trace``)."""
 PIPELINED = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")
+PRICED_WITH_COLLECTIVES = frozenset({"ddp", "fsdp", *PIPELINED})
+"""Strategies whose bound over 2 devices or more is priced with the collectives' fits; ``mp``
+and ``pipeline`` too where their devices are distinct GPUs (``Rig.moves_between``), not one
+memory (a cpu rig's workers, the slots of one GPU)."""
+MOVING_ACROSS_GPUS = frozenset({"mp", "pipeline"})
+"""One process's strategies whose ``.to()`` between distinct GPUs is priced as a send."""
 PassTimes = Mapping[tuple[int, str] | tuple[int, str, int], float]
 """Pass durations, seconds: (stage, phase) for every micro-batch, (stage, phase, micro-batch)
 for one."""

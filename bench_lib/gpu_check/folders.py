@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_lib.analysis.bound import PIPELINED
+from bench_lib.analysis.bound import MOVING_ACROSS_GPUS, PRICED_WITH_COLLECTIVES
 from bench_lib.analysis.bubble import SCHEDULES
 from bench_lib.analysis.utilisation import LABELS, source_labels
 from bench_lib.results.read import devices_label
@@ -30,10 +30,6 @@ from bench_lib.results.read import devices_label
 FINE = ("ok", "unsupported", "skipped")
 GPU_SOURCES = {LABELS["sm_util_pct"], LABELS["util_gpu_pct"]}
 """The utilisation sources that are a GPU's own counters."""
-PRICED_WITH_COLLECTIVES = {"ddp", "fsdp", *PIPELINED}
-"""The strategies whose bound over 2 devices or more needs the collectives' fits; ``mp`` and
-``pipeline`` too where their devices are distinct GPUs, not slots of one (as
-``run.case_bound.largest_message`` decides which runs measure them)."""
 Row = Mapping[str, Any]
 
 
@@ -98,7 +94,8 @@ def collectives_problems(cases: Sequence[Row], env: Mapping[str, Any]) -> list[s
     missing or count none."""
     skipped = (env.get("collectives") or {}).get("skipped")
     slots = int((env.get("rig") or {}).get("gpu_slots") or 1) > 1
-    strategies = PRICED_WITH_COLLECTIVES | (set() if slots else {"mp", "pipeline"})
+    # As ``run.case_bound.largest_message`` decides which runs measure them.
+    strategies = PRICED_WITH_COLLECTIVES | (set() if slots else MOVING_ACROSS_GPUS)
     priced = [str(r.get("case_id")) for r in cases if r.get("status") == "ok"
               and r.get("strategy") in strategies and int(r.get("world_size") or 1) > 1]
     if not skipped or not priced:

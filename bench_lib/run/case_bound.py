@@ -13,7 +13,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bench_lib.analysis.bound import (
+    MOVING_ACROSS_GPUS,
     PIPELINED,
+    PRICED_WITH_COLLECTIVES,
     Bound,
     PassTimes,
     data_parallel_bound,
@@ -144,7 +146,7 @@ def largest_message(cases: Iterable[Case], rig: Rig) -> int | None:
     gradients: activations are smaller), or None where no case to run is priced with the
     collective micro-benchmark (then it is not run)."""
     moves = rig.num_devices > 1 and rig.moves_between(0, 1)  # mp's and pipeline's slots
-    priced = {"ddp", "fsdp", *PIPELINED} | ({"mp", "pipeline"} if moves else set())
+    priced = PRICED_WITH_COLLECTIVES | (MOVING_ACROSS_GPUS if moves else set())
     models = {(c.model, c.image_size) for c in cases
               if c.status is None and c.world_size > 1 and c.strategy in priced}
     return max((parameter_bytes(m, i)[0] for m, i in models), default=None)
