@@ -8,11 +8,11 @@ import types
 
 import pytest
 
-from bench_lib.measure.timing import MIN_STEPS_UNDER_TIME_CAP
 from bench_lib.rig import Rig
 from bench_lib.run.admission import CUDA_CONTEXT_MIB, Admission, device_memory
 from bench_lib.sweep import estimate
 from bench_lib.sweep.cases import Case, new_case
+from bench_lib.sweep.fixed_costs import CPU, CUDA
 from bench_lib.sweep.profile import Measurement
 from tests.test_monitor import FakeNvmlError
 from tests.test_predict import FakePredictor, fake_nvml
@@ -22,11 +22,13 @@ LONG = Measurement(case_timeout_s=10_000.0)
 
 
 def beyond_steps(case: Case, rig: Rig) -> float:
-    """A launch's estimated seconds less its warm-up and timed steps'."""
-    step, m = estimate.step_seconds(case, rig), case.measurement
-    timed = min(max(m.timed_steps * step, m.min_time_s or 0.0),
-                max(m.max_time_s, MIN_STEPS_UNDER_TIME_CAP * step))
-    return estimate.case_seconds(case, rig) / m.launches - m.warmup_steps * step - timed
+    """A launch's estimated seconds beside its steps: its start-up and first warm-up step
+    (``sweep.fixed_costs``; the first launch's diagnostics are steps: left out)."""
+    est, step = estimate.case_estimate(case, rig), estimate.step_seconds(case, rig)
+    m = case.measurement
+    steady = estimate.steady_warmup_steps(m.warmup_steps, m.launches) * step
+    diagnostics = estimate.diagnostic_steps(case) * step
+    return (est.startup_s - diagnostics + est.warmup_s - steady) / m.launches
 
 
 def test_a_cuda_launch_pays_cudas_nccls_and_cudnns_start_up():
@@ -35,13 +37,13 @@ def test_a_cuda_launch_pays_cudas_nccls_and_cudnns_start_up():
     gloo = beyond_steps(new_case(slots, "ddp", "resnet50", 64, 32, measurement=LONG), slots)
     single = beyond_steps(new_case(one, "single", "resnet50", 64, 32, measurement=LONG), one)
     toy = beyond_steps(new_case(one, "single", "toy", 64, 32, measurement=LONG), one)
-    assert ddp >= estimate.PROCESS_START_S + 4.0  # CUDA context, NCCL, cuDNN autotuning
+    assert ddp == pytest.approx(CUDA.launch_s + CUDA.process_group_s + CUDA.first_step_s)
     assert gloo < ddp and single < ddp  # no NCCL communicator (gloo; one process)
     assert toy < single  # no convolution to autotune
-    assert toy > estimate.PROCESS_START_S  # a CUDA context all the same
+    assert toy == pytest.approx(CUDA.launch_s)  # a CUDA context all the same
     cpu = Rig("cpu", 2, 1, (0, 1))
     cpu_ddp = beyond_steps(new_case(cpu, "ddp", "resnet50", 64, 32, measurement=LONG), cpu)
-    assert cpu_ddp == pytest.approx(estimate.PROCESS_START_S)  # the cpu figure, unchanged
+    assert cpu_ddp == pytest.approx(CPU.launch_s + CPU.first_step_s)  # gloo's in launch_s
 
 
 def test_a_gpus_total_must_hold_the_cuda_context_and_nccls_buffers(monkeypatch):

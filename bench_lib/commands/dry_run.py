@@ -4,6 +4,7 @@ predicted step times after a calibration (``--predict``); nothing is written."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,13 +17,15 @@ if TYPE_CHECKING:
     from bench_lib.run.calibrate import GivenCalibrations
 
 
-def print_plan(cases: list[Case], rig: Rig, estimates: list[float],
-                predict_memory: bool = False) -> None:
+def print_plan(cases: list[Case], rig: Rig, predict_memory: bool = False,
+               rig_figures: bool = True, predict_time: bool = False) -> None:
     """The dry run's table: each case, what will happen to it, its estimated time and
     (``predict_memory``) its peak memory per device predicted as the run would before
-    launching it (a case the run would refuse is shown ``oom``, with the reason)."""
+    launching it (a case the run would refuse is shown ``oom``, with the reason); then the
+    run's estimate, part by part (``estimate.run_estimate``: the rig figures where
+    ``rig_figures``, calibrations where ``predict_time``)."""
     from bench_lib.run.admission import Admission
-    from bench_lib.sweep.estimate import format_duration
+    from bench_lib.sweep.estimate import case_seconds, format_duration, run_estimate
 
     admission = Admission.of(rig, cases, read_devices=False)
     runnable = [c for c in cases if c.status is None] if predict_memory else []
@@ -31,9 +34,10 @@ def print_plan(cases: list[Case], rig: Rig, estimates: list[float],
               flush=True)
     width = max((len(c.case_id) for c in cases), default=10)
     print(f"{'case':<{width}}  {'will':<11}  estimate  {'peak MiB per device':<21}  reason")
-    runs, seconds = 0, 0.0
-    for case, est in zip(cases, estimates):
+    runs, planned = 0, []
+    for case in cases:
         will, reason, peak = case.status or "run", case.reason, ""
+        est = case_seconds(case, rig)
         if case.status is None and predict_memory:
             pred = admission.prediction(case)
             if isinstance(pred, str):  # not predicted: the case still runs
@@ -43,11 +47,14 @@ def print_plan(cases: list[Case], rig: Rig, estimates: list[float],
             refusal = admission.refusal(case)
             if refusal:
                 will, reason, est = "oom", refusal, 0.0
-        if will == "run":
-            runs, seconds = runs + 1, seconds + est
+                case = dataclasses.replace(case, status="oom", reason=refusal)
+        runs += will == "run"
+        planned.append(case)
         print(f"{case.case_id:<{width}}  {will:<11}  {est:7.0f}s  {peak:<21}  {reason}")
+    run = run_estimate(planned, rig, rig_figures, predict_time)
     print(f"{len(cases)} cases ({runs} to run) on rig {rig.label}; estimated duration "
-          f"~{format_duration(seconds)} (rough: the progress bar refines it)")
+          f"~{format_duration(run.total_s)} (the progress bar refines it)")
+    print(run.parts_line())
     if predict_memory:
         print("peak MiB: predicted before launch on fake tensors (bench_lib/sweep/predict.py; "
               "'balanced' cuts from counted FLOPs until a launch measures them)"

@@ -7,11 +7,12 @@ import contextlib
 import signal
 import sys
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from bench_lib.commands.after_run import after_run, check_after_run_targets
+from bench_lib.commands.after_run import after_run, check_after_run_targets, interim_report
 from bench_lib.commands.common import (
     EXIT_FAILED_CASES,
     EXIT_INTERRUPTED,
@@ -34,11 +35,12 @@ if TYPE_CHECKING:
     from bench_lib.measure.flops import AttainablePeak
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.run.calibrate import GivenCalibrations
-    from bench_lib.run.duty import DutyCycle
+    from bench_lib.run.duty import DutyCycle, DutyMeter
     from bench_lib.run.launch import Launcher
     from bench_lib.run.multinode import Coordinator
     from bench_lib.run.protocol import CaseOutcome
     from bench_lib.run.rows import Row
+    from bench_lib.run.workload_rows import RoundDone
     from bench_lib.sweep.shard import ShardPlan, SweepRecord
 
 HELP = "run a sweep and write a run folder under results/"
@@ -228,8 +230,10 @@ class RigFigures(NamedTuple):
 
 
 def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
-                 coordinator: Coordinator | None) -> tuple[Path, RigFigures]:
-    """The run folder (new, with its env.json, or the resumed one) and its rig figures."""
+                 coordinator: Coordinator | None,
+                 duty: DutyMeter | None = None) -> tuple[Path, RigFigures]:
+    """The run folder (new, with its env.json, or the resumed one) and its rig figures;
+    ``duty`` times each of them as a part of the run (``DutyMeter.part``)."""
     from bench_lib.measure import environment, flops
     from bench_lib.measure.energy import IdlePower
     from bench_lib.results.read import read_env
@@ -240,10 +244,15 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
     from bench_lib.sweep.shard import record as sweep_record
 
     rig, profile, cases = plan.rig, plan.profile, plan.cases
+
+    def part(name: str) -> contextlib.AbstractContextManager[None]:
+        return duty.part(name) if duty is not None else contextlib.nullcontext()
+
     if args.resume:
         recorded = read_env(args.resume)
-        collectives = sweep_collectives(rig, args.quiet, cases, server,
-                                        recorded.get("collectives"))
+        with part("collectives"):
+            collectives = sweep_collectives(rig, args.quiet, cases, server,
+                                            recorded.get("collectives"))
         if "collectives" not in recorded:  # a folder from before they were measured
             write_json_atomic(args.resume / "env.json",
                               recorded | {"collectives": collectives.as_dict()})
@@ -254,15 +263,19 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
     # Measured once per run, before any case: idle power first, with nothing of ours
     # running (for net energy), then the FLOP peak (for the MFU columns).
     if profile.rig_figures:
-        idle = measure_idle_power(rig)
-        peak = flops.measure_peak(rig, list(profile.precisions), server=server,
-                                  math_mode=profile.measurement.math_mode)
+        with part("idle_power"):
+            idle = measure_idle_power(rig)
+        with part("flop_peak"):
+            peak = flops.measure_peak(rig, list(profile.precisions), server=server,
+                                      math_mode=profile.measurement.math_mode)
     else:
         off = "not measured: the profile's rig_figures is off"
         idle, peak = IdlePower(unsupported=off), flops.AttainablePeak(unsupported=off)
-    collectives = sweep_collectives(rig, args.quiet, cases, server)  # ddp/fsdp, p2p bounds
-    env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(), idle.as_dict(),
-                              profile.measurement.math_mode)
+    with part("collectives"):
+        collectives = sweep_collectives(rig, args.quiet, cases, server)  # ddp/fsdp, p2p bounds
+    with part("environment"):  # versions, devices, git: subprocesses and NVML reads
+        env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
+                                  idle.as_dict(), profile.measurement.math_mode)
     env["sweep"] = (plan.sweep or sweep_record(profile, rig, cases)[0]).as_dict()
     env["launcher"] = plan.launcher.as_dict()
     env["collectives"] = collectives.as_dict()
@@ -274,20 +287,43 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
     return run_dir, RigFigures(peak, idle, collectives)
 
 
-def print_answers(rows: list[Row], profile: Profile, cycle: DutyCycle, run_dir: Path) -> None:
-    """After the sweep, on stderr: the headlines, the answer in words, the prediction's
-    score, the duty cycle and where the results are."""
+def answer_text(rows: Sequence[Row], profile: Profile) -> list[str]:
+    """The headlines, the answer in words and the prediction's score of ``rows``: the
+    run's at its end, a workload's after each of its rounds (``round_answer``)."""
     from bench_lib.report.answer import answer_lines
     from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
     from bench_lib.report.headlines import headline_lines, tutorial_lines
     from bench_lib.report.time_prediction import score_lines
 
+    rows = list(rows)
     lines = headline_lines(rows)
     if profile.name == "tutorial":
         lines += tutorial_lines(rows)
-    lines += [line for answer in answer_lines(rows) + score_lines(rows)
-              for line in textwrap.wrap(answer, ANSWER_WIDTH)]
-    for line in lines:
+    return lines + [line for answer in answer_lines(rows) + score_lines(rows)
+                    for line in textwrap.wrap(answer, ANSWER_WIDTH)]
+
+
+def round_answer(done: RoundDone, profile: Profile) -> list[str]:
+    """A workload's answer after one of its rounds: ``answer_text`` of its rows so far
+    (provisional before its last round: the headlines say so), under a line naming the
+    round."""
+    head = (f"workload {done.workload} of {done.workloads}, after round {done.round_done} "
+            f"of {done.rounds}" + (" (final):" if done.final else ":"))
+    return [head, *(f"  {line}" for line in answer_text(done.rows, profile))]
+
+
+def report_due(done: RoundDone) -> bool:
+    """Whether ``--report`` writes the report after this round: after a workload's first
+    round and its last, not each round between, since a report costs seconds that a
+    round of a few launches would feel (the first gives an answer early; the last, the
+    workload's final figures); never after the sweep's last, which the run's end writes."""
+    return not done.last and (done.round_done == 1 or done.final)
+
+
+def print_answers(rows: list[Row], profile: Profile, cycle: DutyCycle, run_dir: Path) -> None:
+    """After the sweep, on stderr: the headlines, the answer in words, the prediction's
+    score, the duty cycle and where the results are."""
+    for line in answer_text(rows, profile):
         print(line, file=sys.stderr)
     print(cycle.summary(), file=sys.stderr)
     print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
@@ -302,25 +338,32 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.run.multinode import open_coordinator
     from bench_lib.run.progress import Progress
     from bench_lib.run.runner import run_sweep
-    from bench_lib.sweep.estimate import case_seconds
+    from bench_lib.sweep.estimate import case_seconds, run_estimate
     from bench_lib.sweep.predict_time import Calibration
     from bench_lib.sweep.shard import describe as describe_shard
 
     duty = DutyMeter()  # the run's wall clock starts with the command
-    plan = plan_run(args)  # everything validated before the run folder exists
-    launcher, rig, cases, sweep = plan.launcher, plan.rig, plan.cases, plan.sweep
-    estimates = [case_seconds(c, rig) for c in cases]
+    with duty.part("planning"):
+        plan = plan_run(args)  # everything validated before the run folder exists
+        launcher, rig, cases, sweep = plan.launcher, plan.rig, plan.cases, plan.sweep
+        estimates = [case_seconds(c, rig) for c in cases]
+        # The rig figures are measured once: a resumed run reads them from its env.json.
+        estimate = run_estimate(cases, rig, plan.profile.rig_figures and not args.resume,
+                                plan.profile.predict_time)
     if args.dry_run and (args.predict or plan.given is not None):
         return print_predictions(cases, rig, stack, args.quiet, plan.given)
     if args.dry_run:
-        print_plan(cases, rig, estimates, args.predict_memory)
+        print_plan(cases, rig, args.predict_memory, plan.profile.rig_figures,
+                   plan.profile.predict_time)
         if sweep is not None and sweep.shard is not None:
             print(describe_shard(sweep, plan.cut))
         return EXIT_OK
+    duty.set_estimate(estimate.total_s)  # recorded beside the wall time it estimates
     if rig.kind == "cuda":  # NCCL, /dev/shm, NVML checked in seconds, not hours in (exit 2)
         from bench_lib.measure import preflight
 
-        preflight.check(rig, quiet=args.quiet)
+        with duty.part("preflight"):
+            preflight.check(rig, quiet=args.quiet)
     if launcher.node_rank > 0:  # node 0 writes the run folder; this node follows it
         return follow(args, launcher, rig, cases)
     # Node 0 of a multi-node run: the nodes admitted before anything is written.
@@ -328,26 +371,42 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     # Every process the run starts from here on is forked by one server that imported
     # torch once (processes.forkserver): the FLOP probe, the collectives, every case's ranks.
     server = stack.enter_context(ForkServer.take())
-    run_dir, figures = start_folder(args, plan, server, coordinator)
+    with duty.part("fork_server"):  # its imports, begun beside the command's (prestart)
+        server.ensure()
+    run_dir, figures = start_folder(args, plan, server, coordinator, duty)
     # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # Ctrl-C too, even where the run was started with SIGINT ignored (a background job of a
     # non-interactive shell inherits that, and Python then leaves it ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     progress = Progress(estimates, quiet=args.quiet,
-                        launches=[c.measurement.launches for c in cases])
+                        launches=[c.measurement.launches for c in cases],
+                        calibration_s=estimate.calibration_s, calibrations=estimate.workloads)
     verb = "resuming" if args.resume else "run"
     part = f" (shard {sweep.shard.label})" if sweep is not None and sweep.shard else ""
     progress.header(f"{verb} {run_dir.name}: {len(cases)} cases on rig {rig.label}{part}")
 
     def launch_done(index: int, case: Case, launch: int, outcome: CaseOutcome) -> None:
-        duty.add(outcome.step_times_s, outcome.warmup_time_s, outcome.wall_time_s)
+        duty.add(outcome.step_times_s, outcome.warmup_time_s, outcome.wall_time_s,
+                 outcome.parts_s, outcome.warmup_first_step_s)
         progress.launch_done(index, case, launch, outcome)
 
     def calibrated(key: CalibrationKey, cal: Calibration | str) -> None:
         progress.note(describe_calibration(key, cal))
+        progress.calibrated()
         if not isinstance(cal, str):
             duty.add_calibration(cal.wall_s)
+
+    def round_done(done: RoundDone) -> None:
+        # Between launches, never beside one: on a cpu rig a report written while a launch
+        # runs would take its cores.
+        if done.last:
+            return  # the run's end prints the whole answer and writes the report
+        for line in round_answer(done, plan.profile):
+            progress.note(line)
+        if args.report and report_due(done):
+            progress.note(interim_report(run_dir, f"after round {done.round_done} of "
+                                                  f"{done.rounds} of workload {done.workload}"))
 
     predictor = (Predictor(cases, rig, run_dir, figures.collectives, server, calibrated,
                            plan.given) if plan.profile.predict_time else None)
@@ -355,17 +414,18 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         progress.note(f"calibration: {len(predictor.reused)} workload(s) from "
                       f"{predictor.reused_from}")
     try:
-        with RunWriter(run_dir) as writer:
+        with RunWriter(run_dir) as writer, duty.sweep():
             rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
                              attainable_peak=figures.peak, idle=figures.idle,
                              on_launch_done=launch_done, launcher=launcher,
                              coordinator=coordinator, collectives=figures.collectives,
-                             server=server, predictor=predictor)
+                             server=server, predictor=predictor, on_round_done=round_done)
     except KeyboardInterrupt:
         progress.close()
-        print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the cases of the "
-              "workload that was running are not recorded. Finish with:\n  python -m "
-              f"bench_lib run --resume {run_dir}", file=sys.stderr)
+        print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the workload that "
+              "was running is recorded from its finished rounds (rows marked provisional, "
+              "none before its first round ended), and --resume runs it again. Finish "
+              f"with:\n  python -m bench_lib run --resume {run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     progress.close()
     cycle = write_duty(run_dir, duty.finish())

@@ -1,8 +1,9 @@
 """Progress of a sweep: a tqdm bar on a terminal, plain lines elsewhere: one per launch as
 it ends, one per case as its row is written (after its workload's last round).
 
-The ETA starts from the cases' estimated durations (every launch of them) and is corrected
-by the measured pace (actual over estimated seconds of the launches done so far).
+The ETA starts from the run's estimate (``sweep.estimate.run_estimate``: the cases' launches
+and the workloads' calibrations still to come) and is corrected by the measured pace (actual
+over estimated seconds of the launches and calibrations done so far).
 """
 
 from __future__ import annotations
@@ -32,10 +33,17 @@ class Progress:
     """Reports each launch and case as they start and end; silent when ``quiet``."""
 
     def __init__(self, estimates_s: list[float], quiet: bool = False,
-                 stream: TextIO | None = None, launches: list[int] | None = None) -> None:
+                 stream: TextIO | None = None, launches: list[int] | None = None,
+                 calibration_s: float = 0.0, calibrations: int = 0) -> None:
         """``estimates_s``: each case's estimated seconds, all its launches;
-        ``launches``: each case's launch count (default 1 each)."""
+        ``launches``: each case's launch count (default 1 each); ``calibration_s``: the
+        estimated seconds of the sweep's ``calibrations`` (workloads calibrated before
+        their cases, ``calibrated`` as each ends)."""
         self.estimates_s = estimates_s
+        self.calibration_left_s = calibration_s if calibrations else 0.0
+        self.calibrations_left = calibrations
+        self.calibration_done_s = 0.0
+        """Estimated seconds of the calibrations done: their wall time is in the pace."""
         self.launches = launches or [1] * len(estimates_s)
         self.total = len(estimates_s)
         self.quiet = quiet
@@ -54,10 +62,19 @@ class Progress:
     def eta_s(self) -> float:
         """Seconds left: the estimates of launches not yet done, scaled by the pace so far."""
         remaining = max(0.0, sum(self.estimates_s) - self.done_estimate_s
-                        - self.dropped_estimate_s)
+                        - self.dropped_estimate_s) + self.calibration_left_s
         elapsed = time.monotonic() - self.start
-        pace = elapsed / self.done_estimate_s if self.done_estimate_s > 0 else 1.0
+        done = self.done_estimate_s + self.calibration_done_s
+        pace = elapsed / done if done > 0 else 1.0
         return remaining * pace
+
+    def calibrated(self) -> None:
+        """A workload's calibration ended: its share of the estimate is done."""
+        if self.calibrations_left:
+            share = self.calibration_left_s / self.calibrations_left
+            self.calibration_left_s -= share
+            self.calibration_done_s += share
+            self.calibrations_left -= 1
 
     def _line(self, text: str) -> None:
         if self.quiet:
