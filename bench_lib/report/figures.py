@@ -233,19 +233,45 @@ def _legend_runs(axes: list[Axes], cases: pd.DataFrame) -> None:
         axes[0].legend(fontsize=8, title="run", loc="upper left")
 
 
+def unmeasured_candidates(cases: pd.DataFrame) -> pd.Series:
+    """Which rows are a split search's unmeasured candidates: skipped with a predicted step
+    (``sweep.splits``; no other skipped case is predicted)."""
+    predicted = (cases.step_time_s_predicted.notna() if "step_time_s_predicted" in cases
+                 else pd.Series(False, index=cases.index))
+    return (cases.status == "skipped") & predicted
+
+
+def _predicted_line(ax: Axes, line: pd.DataFrame, strat: str,
+                    color: tuple[float, float, float]) -> bool:
+    """The predicted step of every split of ``line`` (one strategy, one run) as a thin
+    dashed line; False where fewer than two splits are predicted."""
+    if "step_time_s_predicted" not in line:
+        return False
+    pred = line[line.step_time_s_predicted.notna()].sort_values("split_size")
+    if len(pred) < 2:
+        return False
+    ax.plot(pred.split_size, pred.step_time_s_predicted, linestyle=(0, (4, 3)), marker=".",
+            markersize=5, linewidth=1.1, alpha=0.6, color=color, label=f"_predicted {strat}")
+    return True
+
+
 @styled
 def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
-    """2. Step time against split size per pipelined strategy, the optimum starred."""
+    """2. Step time against split size per pipelined strategy, the optimum starred; where
+    splits were predicted, the predicted curve through every candidate beside them."""
     split = cases[cases.split_size.notna()]
     if split.empty:
         return None
     groups = by_workload(split)
     fig, axes = facets(len(groups))
     styles = ["-", "--", ":", "-."]
+    predicted_any = False
     for ax, (key, g) in zip(axes, groups, strict=True):
         for (run, name), line in g.groupby(["run_label", "strategy"]):
             strat = str(name)
             color = strategy_color(strat)
+            predicted_any |= _predicted_line(ax, line, strat, color)
+            line = line[~unmeasured_candidates(line)]  # on the predicted line, not crossed
             ok = line[line.status == "ok"].sort_values("split_size")
             ls = styles[sorted(cases.run_label.unique()).index(run) % 4]
             label = strat + (f" ({run})" if cases.run_label.nunique() > 1 else "")
@@ -275,8 +301,10 @@ def fig_split_tradeoff(cases: pd.DataFrame) -> Figure | None:
         ax.set_ylabel("median step time (s)")
         ax.set_title(workload_title(key), fontsize=10)
         ax.legend(fontsize=8)
-    fig.suptitle("Split-size trade-off: lower is better (★ optimum, ✕ case that did not run)",
-                 fontsize=11)
+    caption = ("\nline: predicted for every split; points: measured (the predicted best and "
+               "its neighbours)" if predicted_any else "")
+    fig.suptitle("Split-size trade-off: lower is better (★ optimum, ✕ case that did not run)"
+                 + caption, fontsize=11)
     return fig
 
 

@@ -93,6 +93,7 @@ from bench_lib.run.rows import (
 )
 from bench_lib.strategies.ddp_knobs import DdpKnobs
 from bench_lib.sweep.cases import Case
+from bench_lib.sweep.splits import settle
 
 REPORT_GRACE_S = 15.0
 """Multi-node: how long node 0 waits for the other nodes' reports beyond ``PEER_GRACE_S``
@@ -539,6 +540,7 @@ def _run_groups(
         # Every case predicted before the workload's first launch (calibrating it first).
         predicted = ({i: predictor.predict(cases[i]) for i in group
                       if cases[i].status is None} if predictor is not None else {})
+        cases = settle(cases, group, predicted)  # a split search's unchosen: skipped rows
         rounds = max(cases[i].measurement.launches for i in group)
         for r in range(rounds):
             for k in round_order(len(group), r):

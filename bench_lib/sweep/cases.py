@@ -43,6 +43,22 @@ from bench_lib.workloads import blocks, get_model
 
 
 @dataclass(frozen=True)
+class SplitSearch:
+    """A case's part in a split search (``Profile.split_search``; ``sweep.splits`` decides
+    which candidates are measured, before the workload's first round)."""
+
+    measured: int
+    """Splits measured of its strategy's candidates (K): the predicted best and its nearest
+    neighbours in split order."""
+    candidates: int
+    """Candidates of its search that can run (the splits of its strategy, partition and
+    scaling on its workload that are not skipped or unsupported as planned)."""
+    anchor: int
+    """The split the K measured ones are centred on where there is no prediction (the
+    profile's first split size)."""
+
+
+@dataclass(frozen=True)
 class Case:
     """One strategy on one workload with one split size on one rig: the unit that is measured.
 
@@ -87,6 +103,10 @@ class Case:
     """``strong``: the workload's batch split over the devices; ``weak``: each device keeps
     the workload's batch, so ``batch_size`` is it times ``world_size`` (``SCALINGS``). A
     case on one device is strong: it scales neither way."""
+    split_search: SplitSearch | None = None
+    """A candidate split of a split search; on a batch-curve point, the search of the
+    candidates that alone compute its batch (it is measured when one of them is); None
+    for every other case."""
 
     @property
     def split_size(self) -> int | None:
@@ -170,9 +190,10 @@ class Case:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Case:
-        micro = d.get("micro")
+        micro, search = d.get("micro"), d.get("split_search")
         return cls(**(d | {"micro": Microbatching(**micro) if micro else None,
                            "ddp": DdpKnobs(**d["ddp"]) if d.get("ddp") else None,
+                           "split_search": SplitSearch(**search) if search else None,
                            "measurement": Measurement(**d["measurement"])}))
 
 
@@ -420,7 +441,9 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
     for model, precision, image, batch, name in grid:
         strat = strategies.get(name)
         micro: list[dict[str, int]] = [{}]
-        if strat.uses_split:
+        if strat.uses_split and profile.split_search_for(name):
+            micro = [{"split_size": s} for s in split_candidates(batch)]
+        elif strat.uses_split:
             micro = ([{"split_size": s} for s in profile.split_sizes]
                      + [{"microbatch_count": m} for m in profile.microbatches])
         knob_sets = profile.ddp_knob_sets if strat.ddp_knobs else (None,)
@@ -438,7 +461,63 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
     for case in cases:
         unique.setdefault(case.case_id, case)
     swept = list(unique.values())
-    return baselines_first(swept + (batch_curve(swept) if profile.batch_curve else []))
+    if any(profile.split_search_for(s) for s in profile.strategies):
+        swept = searched(swept, profile)
+    curve = batch_curve(swept) if profile.batch_curve else []
+    return baselines_first(swept + curve_searches(swept, curve))
+
+
+def split_candidates(batch_size: int) -> tuple[int, ...]:
+    """The splits a split search predicts for a workload's batch: every one that divides it
+    (equal micro-batches, which every pipelined strategy takes; a split that leaves a short
+    last micro-batch computes what the nearest divisor does, plus a remainder)."""
+    return tuple(s for s in range(1, batch_size + 1) if batch_size % s == 0)
+
+
+def search_key(case: Case) -> tuple[object, ...]:
+    """What a split search's candidates share: everything but the split."""
+    return (case.strategy, case.group_key, case.option_suffix)
+
+
+def searched(cases: list[Case], profile: Profile) -> list[Case]:
+    """The cases with each split candidate's ``SplitSearch`` (``Profile.split_search``)."""
+    runnable: dict[tuple[object, ...], int] = {}
+    for case in cases:
+        if case.micro is not None and case.status is None:
+            runnable[search_key(case)] = runnable.get(search_key(case), 0) + 1
+    out = []
+    for case in cases:
+        if case.micro is not None and profile.split_search_for(case.strategy):
+            anchor = (profile.split_sizes[0] if profile.split_sizes
+                      else math.ceil(case.workload_batch / profile.microbatches[0]))
+            case = dataclasses.replace(case, split_search=SplitSearch(
+                profile.split_search_for(case.strategy), runnable.get(search_key(case), 0),
+                anchor))
+        out.append(case)
+    return out
+
+
+def curve_users(point: Case, cases: list[Case]) -> list[Case]:
+    """The cases to run that compute ``point``'s batch on one device (its model, image size,
+    precision and loss): what a batch-curve point is measured for."""
+    return [c for c in cases if c.status is None and c.curve_of is None
+            and (c.model, c.image_size, c.precision, c.loss)
+            == (point.model, point.image_size, point.precision, point.loss)
+            and c.device_batch_size == point.batch_size]
+
+
+def curve_searches(cases: list[Case], points: list[Case]) -> list[Case]:
+    """The batch-curve points, each that only split candidates compute carrying the search
+    most likely to measure one of them (the largest share measured)."""
+    out = []
+    for point in points:
+        searches = [c.split_search for c in curve_users(point, cases)]
+        if searches and all(searches):
+            found = [s for s in searches if s is not None]
+            best = max(found, key=lambda s: s.measured / max(s.candidates, 1))
+            point = dataclasses.replace(point, split_search=best)
+        out.append(point)
+    return out
 
 
 def batch_curve(cases: list[Case]) -> list[Case]:

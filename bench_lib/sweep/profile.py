@@ -139,6 +139,19 @@ class Profile:
     """Micro-batch sizes for strategies that pipeline (ignored by the others)."""
     microbatches: tuple[int, ...] = ()
     """Micro-batch counts, another way to give splits: count m means split ceil(batch / m)."""
+    split_search: int = 0
+    """0: the pipelined strategies measure ``split_sizes`` (and ``microbatches``). K >= 1:
+    a split search instead: every split that divides the workload's batch is a candidate
+    case, each predicted from the workload's calibration before its first round, and only
+    the predicted fastest and its nearest neighbours in split order, K per strategy,
+    partition and scaling, are measured; the others are ``skipped`` rows that keep their
+    prediction (``sweep.splits``). Without a prediction, the K candidates nearest the first
+    of ``split_sizes`` are measured. ``split_sizes`` or ``microbatches`` given on the
+    command line turn the search off (unless this key is given too)."""
+    split_search_by_strategy: tuple[tuple[str, int], ...] = ()
+    """K of particular strategies, in place of ``split_search`` (0: that strategy measures
+    ``split_sizes``). In a file an inline table, ``split_search_by_strategy = { accum = 1 }``;
+    here sorted (strategy, K) pairs."""
     precisions: tuple[str, ...] = ("fp32",)
     """``fp32`` and/or ``bf16``."""
     partitions: tuple[str, ...] = ("tutorial",)
@@ -206,6 +219,13 @@ class Profile:
         _check_names("scaling", self.scaling, SCALINGS)
         if not self.scaling:
             raise UsageError("no scaling selected: give strong and/or weak")
+        object.__setattr__(self, "split_search_by_strategy",
+                           _searches(self.split_search_by_strategy))
+        for k in (self.split_search, *dict(self.split_search_by_strategy).values()):
+            if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+                raise UsageError(f"split_search must be a whole number >= 0 (0: measure "
+                                 f"split_sizes; K: the predicted best split and its "
+                                 f"neighbours, K splits per pipelined strategy), got {k!r}")
         object.__setattr__(self, "ddp_bucket_cap_mb", _bucket_caps(self.ddp_bucket_cap_mb))
         try:  # each knob checked as the cases will build it
             if not self.ddp_knob_sets:
@@ -219,6 +239,10 @@ class Profile:
             problems = [spec.image_size_problem(size) for spec in sized]
             if problems and all(problems):
                 raise UsageError(str(problems[0]))
+
+    def split_search_for(self, strategy: str) -> int:
+        """The split search's K for ``strategy`` (0: none)."""
+        return dict(self.split_search_by_strategy).get(strategy, self.split_search)
 
     @property
     def ddp_knob_sets(self) -> tuple[DdpKnobs, ...]:
@@ -251,11 +275,15 @@ class Profile:
     def override(self, **changes: object) -> Profile:
         """A copy with the non-None ``changes`` (flat keys) applied: the CLI's flags.
 
-        New ``batch_sizes`` replace the per-image-size ones too (unless those are given).
+        New ``batch_sizes`` replace the per-image-size ones too (unless those are given);
+        new ``split_sizes`` or ``microbatches`` turn the split search off (unless it is given).
         """
         given = {k: v for k, v in changes.items() if v is not None}
         if "batch_sizes" in given:
             given.setdefault("batch_sizes_by_image_size", ())
+        if {"split_sizes", "microbatches"} & set(given):  # the splits asked for, measured
+            given.setdefault("split_search", 0)
+            given.setdefault("split_search_by_strategy", ())
         return Profile.from_dict(self.as_dict() | given)
 
     def as_dict(self) -> dict[str, Any]:
@@ -264,6 +292,7 @@ class Profile:
         grid = {k: getattr(self, k) for k in GRID_KEYS}
         grid["batch_sizes_by_image_size"] = {
             str(size): list(batches) for size, batches in self.batch_sizes_by_image_size}
+        grid["split_search_by_strategy"] = dict(self.split_search_by_strategy)
         grid["ddp_bucket_cap_mb"] = ["default" if c is None else c
                                      for c in self.ddp_bucket_cap_mb]
         return grid | dataclasses.asdict(self.measurement)
@@ -310,6 +339,19 @@ def _image_batches(value: object) -> tuple[tuple[int, tuple[int, ...]], ...]:
     return tuple(sorted(out.items()))
 
 
+def _searches(value: object) -> tuple[tuple[str, int], ...]:
+    """``split_search_by_strategy`` as sorted (strategy, K) pairs, from a table
+    (``{accum = 1}``) or such pairs; the strategies checked against the registry."""
+    pairs = (list(value.items()) if isinstance(value, Mapping)
+             else list(value) if isinstance(value, tuple | list) else None)
+    if pairs is None or not all(isinstance(p, tuple | list) and len(p) == 2 for p in pairs):
+        raise UsageError("split_search_by_strategy must be a table like { accum = 1 } "
+                         f"(strategy = K), got {value!r}")
+    _check_names("strategy", tuple(str(p[0]) for p in pairs),
+                 sorted(strategies.REGISTRY))
+    return tuple(sorted((str(name), k) for name, k in pairs))
+
+
 def _bucket_caps(values: tuple[object, ...]) -> tuple[float | None, ...]:
     """``ddp_bucket_cap_mb`` as MiB, None for ``"default"`` (torch's)."""
     out: list[float | None] = []
@@ -333,7 +375,8 @@ GRID_KEYS = tuple(f.name for f in dataclasses.fields(Profile) if f.name != "meas
 MEASUREMENT_KEYS = tuple(f.name for f in dataclasses.fields(Measurement))
 # Keys whose value is a list in a file (a tuple here); batch_sizes_by_image_size is a table.
 _TUPLE_KEYS = {f.name for f in dataclasses.fields(Profile)
-               if "tuple" in str(f.type)} - {"batch_sizes_by_image_size"}
+               if "tuple" in str(f.type)} - {"batch_sizes_by_image_size",
+                                             "split_search_by_strategy"}
 
 
 def profile_path(name_or_path: str, rig_kind: str) -> Path:
