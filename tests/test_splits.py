@@ -113,7 +113,7 @@ def test_the_unchosen_are_skipped_with_their_prediction_in_the_reason():
     assert set(by) == {("pipeline", 1, None), ("gpipe", 8, None)}
     assert by[("pipeline", 1, None)].startswith("split 1 predicted 3 s, not measured: "
                                                 "pipeline at ")
-    assert " px, batch 8, fp32 measures" in by[("pipeline", 1, None)]
+    assert "pipeline at batch 8, fp32 measures" in by[("pipeline", 1, None)]  # toy: no px
     assert "measures the predicted best, split 8 at 1 s, and its neighbours (2, 4)" in \
         by[("pipeline", 1, None)]
 
@@ -301,7 +301,7 @@ def test_the_figure_draws_the_predicted_line_beside_the_measured_points():
     assert stars == [8]
     crosses = [ln.get_xdata()[0] for ln in ax.lines if ln.get_marker() == "x"]
     assert crosses == [32]  # the unmeasured candidate sits on the line, not crossed
-    assert "line: predicted for every split" in fig.get_suptitle()
+    assert "dashed line: predicted for every split" in fig.get_suptitle()
     plt.close(fig)
 
 

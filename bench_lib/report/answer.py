@@ -13,7 +13,9 @@ The winner and its interval are the headlines' (``headlines.rank``) under strong
 steps, or the remainder (what no part explains) where that share is larger; the batch
 curve's point is the per-device batch of the fastest of them that cuts the
 batch. The weak-scaling sentence names the weak case with the largest speedup over single
-(a throughput ratio, paired by round) and says whether its interval clears 1.
+(a throughput ratio, paired by round) and says whether its interval clears 1. A last
+sentence, only where some case's launches differ by more than their steps' noise explains
+(``launches_differ``, ``analysis.launch_spread``), names those cases.
 """
 
 from __future__ import annotations
@@ -145,6 +147,19 @@ def _weak(group: list[Mapping[str, Any]], batch: Any) -> str | None:
     return f"{head}the best, {case_name(best)}, reaches {figures}: not clear of single."
 
 
+def _launches(group: list[Mapping[str, Any]]) -> str | None:
+    """The cases whose launches differ beyond their steps' noise, in one sentence; None
+    where none does."""
+    flagged = list(dict.fromkeys(case_name(r) for r in group
+                                 if number(r.get("launches_differ")) == 1))
+    if not flagged:
+        return None
+    names = ", ".join(flagged)
+    verb = "differ" if len(flagged) == 1 else "differ, case by case,"
+    return (f"The launches of {names} {verb} more than their steps' noise explains "
+            "(launch_note): the intervals, which resample launches, carry that spread.")
+
+
 def answer_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """One short paragraph per workload (module docstring), in workload order."""
     groups = headline_groups(rows, by_run=True)
@@ -157,9 +172,11 @@ def answer_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for key in sorted((k for k in groups if k[-1] == "strong"), key=group_order):
         workload = key[:-1]
         _, _, image, batch, _ = workload
+        weak = groups.get((*workload, "weak"), [])
         sentences = [s for s in (_winner(groups[key], image, batch),
                                  _loss(groups[key], curves.get(workload, []), batch),
-                                 _weak(groups.get((*workload, "weak"), []), batch)) if s]
+                                 _weak(weak, batch),
+                                 _launches(groups[key] + [r for r in weak if is_weak(r)])) if s]
         if sentences:
             lines.append(" ".join(sentences))
     return lines

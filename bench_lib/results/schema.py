@@ -143,6 +143,24 @@ CASES = _cols(
                                 "own mean, pooled): 0 for independent steps, toward 1 when "
                                 "slow steps follow slow ones; empty under 10 steps in all "
                                 "(standard error about 1/sqrt(steps) when independent)", N),
+    # Launch-to-launch differences (bench_lib.analysis.launch_spread): each launch's steps in
+    # batches long enough to be nearly independent, their medians' one-way ANOVA by launch.
+    ("launches_differ", "1 where the launches' medians differ by more than their own steps' "
+                        "spread explains (p under 0.01: each launch's log steps in batches "
+                        "of at least 3 steps and 3 correlation lengths, the batch medians' "
+                        "one-way analysis of variance by launch), else 0; empty with 1 launch "
+                        "or too few steps for 2 batches a launch", N, True),
+    ("launch_spread_ratio", "the spread of the launches' levels over what their batches' "
+                            "spread predicts for it (sqrt of the analysis of variance's F): "
+                            "about 1 for launches alike", N, True),
+    ("launch_spread_p", "the chance of a ratio at least launch_spread_ratio were the "
+                        "launches alike (the F distribution's tail)", N, True),
+    ("launch_note", "where launches_differ is 1, their medians and the test's figures; why "
+                    "there is no test (too few steps); on cuda rigs whether the launches ran "
+                    "the same CUDA kernels (one profiled step after the timed ones per "
+                    "launch; cuDNN's benchmark mode picks algorithms per process): 'launches "
+                    "ran the same kernels (N)' or 'launch 2 ran N kernels launch 1 did not, "
+                    "launch 1 M it did not (e.g. <name>)'", False, True),
     ("throughput_img_s", "global batch over the median step time, images per second", N),
     ("peak_mem_mib_max", "largest per-device peak memory over the timed steps (gross), MiB",
      N),

@@ -159,6 +159,9 @@ class RankResult:
     out of memory), or did not finish (the rank writes its timed result before tracing, with
     this saying so, and rewrites it once the traced step is done). Empty: traced, or no
     trace was asked for."""
+    kernel_names: tuple[str, ...] = ()
+    """cuda rigs: the sorted names of the CUDA kernels one step after the timed ones ran
+    (``measure.kernels``: cuDNN's benchmark mode picks per process); empty elsewhere."""
 
     def __post_init__(self) -> None:
         if self.status not in RANK_STATUSES:
@@ -174,7 +177,8 @@ class RankResult:
         return cls(**(d | {"step_times_s": tuple(d.get("step_times_s", ())),
                            "step_cpu_times_s": tuple(d.get("step_cpu_times_s", ())),
                            "timed_window_unix_s": tuple(window) if window else None,
-                           "timeline": tuple(d.get("timeline", ()))}))
+                           "timeline": tuple(d.get("timeline", ())),
+                           "kernel_names": tuple(d.get("kernel_names", ()))}))
 
     @classmethod
     def failed(cls, rank: int, e: BaseException) -> RankResult:
@@ -243,6 +247,9 @@ class CaseOutcome:
     """Why an ``ok`` case has no timeline although it timed fine: each rank's traced step
     that failed or did not finish, e.g. ``rank 1: out of memory in the traced step ...``
     (the timed steps are kept; a partial timeline is dropped). Empty otherwise."""
+    kernel_names: tuple[str, ...] = ()
+    """One launch's CUDA kernels, every rank's (``RankResult.kernel_names``); an outcome
+    that combines launches leaves it empty and each of its ``launches`` keeps its own."""
     samples: list[SampleRow] = field(default_factory=list)
     """The sampler's rows over the whole case."""
     wall_time_s: float = 0.0

@@ -298,4 +298,5 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
         optimizer_step_s=max((res.optimizer_step_s for res in results.values()
                               if res.optimizer_step_s is not None), default=None),
         trace_note=trace_note,
+        kernel_names=tuple(sorted({k for res in results.values() for k in res.kernel_names})),
     )

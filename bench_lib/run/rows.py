@@ -14,6 +14,7 @@ from typing import Any
 from bench_lib import strategies
 from bench_lib.analysis import bubble, utilisation, waterfall
 from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.analysis.launch_spread import describe, kernels_note, launch_spread
 from bench_lib.analysis.stats import (
     LaunchInterval,
     Stats,
@@ -102,6 +103,7 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
             "step_time_ci_method": step.method,
             "step_time_ci_note": step.note,
             "step_time_lag1_autocorr": _finite(lag1_autocorr_within(per_launch)),
+            **launch_spread_columns(outcome),
             "throughput_img_s": case.batch_size / step.point,
             "peak_mem_mib_max": max(outcome.peak_mem_mib.values()),
             "peak_mem_mib_by_device": by_device(outcome.peak_mem_mib),
@@ -119,6 +121,20 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         if rig.gpu_slots > 1:
             row |= shared_gpus(row, case, rig)
     return row
+
+
+def launch_spread_columns(outcome: CaseOutcome) -> Row:
+    """Whether an ok case's launches differ beyond their steps' noise
+    (``analysis.launch_spread``) and, on GPUs, whether they ran the same kernels: empty
+    figures where there is no test (1 launch, too few steps)."""
+    launches = outcome.launch_step_times_s()
+    spread = launch_spread(launches)
+    untested = spread.note if len(launches) > 1 else ""  # 1 launch: the ci note says so
+    kernels = kernels_note([p.kernel_names for p in outcome.parts()])
+    return {"launches_differ": int(spread.differ) if spread.tested else None,
+            "launch_spread_ratio": _finite(spread.ratio),
+            "launch_spread_p": _finite(spread.p_value),
+            "launch_note": "; ".join(filter(None, [describe(spread), untested, kernels]))}
 
 
 def shared_gpus(row: Row, case: Case, rig: Rig) -> Row:

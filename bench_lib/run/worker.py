@@ -79,6 +79,7 @@ import torch
 import torch.distributed as dist
 
 from bench_lib import strategies
+from bench_lib.measure.kernels import kernel_names
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory, peak_reserved_mib
 from bench_lib.measure.timing import measure_steps
 from bench_lib.measure.trace import TracedStep, trace_step
@@ -212,6 +213,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     # Diagnostics after the timed steps (a launch that traces: not tune's short ones).
     compute_s = _compute_only(trainer, x, y, case.process_group) if trace else None
     optimizer_s = _optimizer_only(trainer) if trace and case.strategy == "single" else None
+    kernels = _kernels(trainer, x, y, case.process_group)  # every launch, cuda rigs only
     result = RankResult(
         rank, "ok", step_times_s=tuple(timed.times_s),
         step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
@@ -221,7 +223,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
         peak_mem_net_mib=peaks.net_mib, peak_mem_source=peaks.source,
         peak_mem_reserved_mib=reserved,
         partition=partition.label if partition is not None else "",
-        compute_step_s=compute_s, optimizer_step_s=optimizer_s,
+        compute_step_s=compute_s, optimizer_step_s=optimizer_s, kernel_names=kernels,
     )
     stages = trainer.timeline_stages() if trace else []
     if not stages:
@@ -294,6 +296,24 @@ def _optimizer_only(trainer: Trainer) -> float | None:
               file=sys.stderr)
         return None
     return statistics.median(times)
+
+
+def _kernels(trainer: Trainer, x: torch.Tensor, y: torch.Tensor,
+             process_group: bool) -> tuple[str, ...]:
+    """On GPUs, the names of the CUDA kernels one more step runs (``measure.kernels``), so
+    the runner can say whether the case's launches ran different ones; () elsewhere (nothing
+    is profiled) or where the step fails (a diagnostic: never worth the timed steps). Every
+    rank of a group runs it, together (a barrier), as the step's collectives need."""
+    if not any(d.type == "cuda" for d in trainer.devices):
+        return ()
+    try:
+        if process_group:
+            dist.barrier()
+        return kernel_names(lambda: trainer.step(x, y), trainer.devices)
+    except Exception as e:
+        print(f"the kernel-names step failed ({type(e).__name__}: {_first_line(e)})",
+              file=sys.stderr)
+        return ()
 
 
 def _first_line(e: BaseException) -> str:

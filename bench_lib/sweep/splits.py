@@ -80,7 +80,8 @@ def _listed(splits: Sequence[int]) -> str:
 def _search_title(case: Case) -> str:
     partition = f", {case.partition} cut" if case.partition not in (None, "tutorial") else ""
     weak = ", weak scaling" if case.scaling == "weak" else ""
-    return (f"{case.strategy} at {case.image_size} px, batch {case.batch_size}, "
+    image = f"{case.image_size} px, " if case.image_size else ""  # toy, mlp: no image size
+    return (f"{case.strategy} at {image}batch {case.batch_size}, "
             f"{case.precision}{partition}{weak}")
 
 
@@ -134,8 +135,9 @@ def _unused_points(cases: Sequence[Case], group: Sequence[int],
         if point.curve_of is None or point.status is not None or point.split_search is None:
             continue
         if not curve_users(point, left):
+            images = f"{point.batch_size} image" + ("s" if point.batch_size > 1 else "")
             out[i] = (f"batch-curve point not measured: only split candidates that are not "
-                      f"measured compute {point.batch_size} images at once")
+                      f"measured compute {images} at once")
     return out
 
 
