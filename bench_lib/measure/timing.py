@@ -263,6 +263,10 @@ class TimedSteps:
     """Warm-up steps run before the timed ones (``WarmupRule``; equal on every rank)."""
     warmup_time_s: float = 0.0
     """Their time, all of them together (this rank's clock), seconds."""
+    warmup_first_step_s: float = 0.0
+    """The first warm-up step's time, part of ``warmup_time_s``: where a launch pays for its
+    lazy starts (cuDNN's autotuning, the allocator's growth, DDP's first buckets); the rest
+    are the steady steps. 0 with no warm-up."""
 
 
 def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
@@ -304,4 +308,5 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                        after_warmup=after_warmup, cpu_times=cpu, warmup_done=warmed,
                        warmup_times=warm)
     return TimedSteps(times, (window[0], window[1]), rule.final_reason(len(times), timed_steps),
-                      cpu, warmup_steps=len(warm), warmup_time_s=sum(warm))
+                      cpu, warmup_steps=len(warm), warmup_time_s=sum(warm),
+                      warmup_first_step_s=warm[0] if warm else 0.0)

@@ -129,6 +129,12 @@ class RankResult:
     """Warm-up steps run before the timed ones (``timing.WarmupRule``; equal on every rank)."""
     warmup_time_s: float = 0.0
     """The warm-up steps' time, all of them together, seconds."""
+    warmup_first_step_s: float = 0.0
+    """The first warm-up step's time, part of ``warmup_time_s`` (``timing.TimedSteps``)."""
+    stamps_s: dict[str, float] = field(default_factory=dict)
+    """Named points of this rank's launch on the host's ``time.monotonic()`` clock (process
+    start, CUDA context, process group, model build, steps, diagnostics, done): the
+    launch's parts (``launch_parts.worker_parts``). A failed rank keeps those it reached."""
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
     """Peak memory per device label over the timed steps, runtime included (gross)."""
     peak_mem_net_mib: dict[str, float] = field(default_factory=dict)
@@ -202,6 +208,15 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
+def _summed(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's sum over the dicts that have it."""
+    out: dict[str, float] = {}
+    for p in parts:
+        for key, seconds in p.items():
+            out[key] = out.get(key, 0.0) + seconds
+    return out
+
+
 @dataclass
 class CaseOutcome:
     """What happened to one case, all ranks combined: the runner's view."""
@@ -228,6 +243,12 @@ class CaseOutcome:
     """Warm-up steps the ranks ran before the timed ones (None: the case did not time)."""
     warmup_time_s: float = 0.0
     """Their time (the slowest rank's), seconds; over launches, the sum."""
+    warmup_first_step_s: float = 0.0
+    """The first of them (the rank whose warm-up was slowest), part of ``warmup_time_s``;
+    over launches, the sum."""
+    parts_s: dict[str, float] = field(default_factory=dict)
+    """Where the launch's wall time beyond its timed and warm-up steps went
+    (``launch_parts.LAUNCH_PARTS``: they add up to it); over launches, each part's sum."""
     partition: str = ""
     """The stage cut the ranks used (strategies that cut the model)."""
     timeline: list[TimelineRow] = field(default_factory=list)
@@ -319,6 +340,8 @@ class CaseOutcome:
             warmup_steps=max((o.warmup_steps for o in launches if o.warmup_steps is not None),
                              default=None),
             warmup_time_s=sum(o.warmup_time_s for o in launches),
+            warmup_first_step_s=sum(o.warmup_first_step_s for o in launches),
+            parts_s=_summed([o.parts_s for o in launches]),
             # Later launches reuse the first launch's cut (CaseSpec.cut): one label; any other
             # would show here.
             partition="|".join(cuts),

@@ -23,6 +23,7 @@ from bench_lib.measure.trace import align
 from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.run.agent import WORKER_MODULE
 from bench_lib.run.launch import TORCHRUN_SUMMARY
+from bench_lib.run.launch_parts import worker_parts
 from bench_lib.run.protocol import CaseOutcome, RankResult, baseline_path, is_oom
 
 POLL_S = 0.1
@@ -204,7 +205,8 @@ def supervise(
 
 def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
              stopped: tuple[str, str] | None = None,
-             exited_at: dict[int, float] | None = None) -> CaseOutcome:
+             exited_at: dict[int, float] | None = None, requested_s: float | None = None,
+             reaped_s: float | None = None) -> CaseOutcome:
     """Merge the ranks' result files into one outcome.
 
     Every rank file that exists is read, also when the runner stopped the case
@@ -227,6 +229,11 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
        leaves the case without a timeline, and ``trace_note`` says why.
 
     ``procs``: one per rank, only their exit codes are read (None: not known).
+
+    Whatever the outcome, where every rank wrote a result, ``parts_s`` holds the launch's
+    parts from their stamps (``launch_parts.worker_parts``; ``requested_s``, ``reaped_s``:
+    the runner's monotonic stamps as it asked for the first rank and had reaped the last,
+    None where it has none: torchrun).
     """
     exited = exited_at or {}
     results: dict[int, RankResult] = {}
@@ -234,6 +241,8 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
         path = case_dir / f"rank{rank}.json"
         if path.exists():
             results[rank] = RankResult.read(path)
+    parts = (worker_parts([results[r].stamps_s for r in range(len(procs))], requested_s,
+                          reaped_s) if len(results) == len(procs) else {})
 
     def without_result(rank: int) -> tuple[str, str]:
         """Its status and reason: ``oom`` where the log's tail says so (NCCL's watchdog
@@ -257,7 +266,7 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
                  for status, reason in [without_result(rank)]]
     if failures:
         _, _, _, status, reason = min(failures)
-        return CaseOutcome(status, reason)
+        return CaseOutcome(status, reason, parts_s=parts)
     missing = [rank for rank in range(len(procs)) if rank not in results]
     if stopped is not None and missing:
         return CaseOutcome(*stopped)
@@ -271,6 +280,7 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
     per_rank = {r: list(res.step_times_s) for r, res in results.items()}
     windows = [res.timed_window_unix_s for res in results.values() if res.timed_window_unix_s]
     sources = {res.peak_mem_source for res in results.values()}
+    slowest_warmup = max(results.values(), key=lambda res: res.warmup_time_s)
     return CaseOutcome(
         "ok", step_times_s=slowest_per_step(per_rank), rank_step_times_s=per_rank,
         rank_step_cpu_times_s={r: list(res.step_cpu_times_s) for r, res in results.items()},
@@ -285,7 +295,9 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
                              if windows else None),
         stop_reason=results[0].stop_reason, partition=results[0].partition,
         warmup_steps=results[0].warmup_steps,
-        warmup_time_s=max(res.warmup_time_s for res in results.values()),
+        warmup_time_s=slowest_warmup.warmup_time_s,
+        # Its split from the same rank: the two parts add up to the warm-up.
+        warmup_first_step_s=slowest_warmup.warmup_first_step_s, parts_s=parts,
         # One time axis for all ranks: stamps share the host's monotonic clock (across nodes,
         # each rank's counts from the barrier that starts the step: worker._trace). Only a
         # trace every rank finished: part of one would misstate the bubble.

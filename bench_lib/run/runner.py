@@ -58,6 +58,7 @@ from bench_lib.run.launch import (
     start_agent,
     torchrun_args,
 )
+from bench_lib.run.launch_parts import with_unaccounted
 from bench_lib.run.multinode import (
     Coordinator,
     Follower,
@@ -202,37 +203,50 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     (a case of one process always starts here); ``coordinator`` and ``launch`` (its round):
     node 0's side of a multi-node run. ``server``: the run's fork server, which starts the
     local launcher's ranks (None: each rank a fresh interpreter). ``warmup_steps``: a fixed
-    warm-up (``CaseSpec.warmup_steps``)."""
+    warm-up (``CaseSpec.warmup_steps``).
+
+    The launch's wall time runs from its case folder's creation to its removal; its
+    ``parts_s`` say where it went beyond the steps (``launch_parts``): the ranks' parts, this
+    side's ``prepare_s`` (the folder and spec), ``sampler_s`` and ``collect_s`` (the rank
+    files combined, the folder removed), and the unaccounted rest."""
+    start = time.monotonic()
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
     spec_path = case_dir / "spec.json"
     CaseSpec(case, rig, trace, cut, warmup_steps).write(spec_path)
     log_path = case_dir / "worker.log"
-    start = time.monotonic()
     # The machine's and our CPU times: contention over the case. Ranks the fork server
     # reaped are its children, not ours: it reports their CPU.
     def snapshot() -> CpuSnapshot:
         return CpuSnapshot.now(server.reaped_cpu_s if server is not None else 0.0)
 
     cpu_start = snapshot()
+    prepare_s = time.monotonic() - start
     if launcher.kind == "torchrun" and case.process_group:
         outcome = _run_torchrun(case, rig, case_dir, log_path, launcher, coordinator,
                                 launch, trace, cut, warmup_steps)
     else:
         outcome = _run_local(case, rig, case_dir, log_path, server)
+    returned = time.monotonic()
     # Every rank has been reaped (supervise waits for them; under torchrun the agent reaped
     # its ranks and we the agent): their CPU is in our children's, or the server's count.
     outcome.machine_load = machine_load(cpu_start, snapshot())
-    outcome.wall_time_s = time.monotonic() - start
     if outcome.status == "ok" and not outcome.trace_note:  # else keep worker.log: why
         shutil.rmtree(case_dir, ignore_errors=True)
+    end = time.monotonic()
+    outcome.wall_time_s = end - start
+    parts = outcome.parts_s | {"prepare_s": prepare_s,
+                               "collect_s": outcome.parts_s.get("collect_s", 0.0) + end - returned}
+    outcome.parts_s = with_unaccounted(parts, outcome.wall_time_s, sum(outcome.step_times_s),
+                                       outcome.warmup_time_s)
     return outcome
 
 
 def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path,
                server: ForkServer | None = None) -> CaseOutcome:
     """The local launcher: the runner starts every rank itself (``launch_ranks``)."""
+    requested = time.monotonic()  # the process start's beginning (launch_parts)
     procs = launch_ranks(case_dir / "spec.json", case.processes, log_path, server)
     # CPU workers are capped here by the resident memory the case adds, per device they
     # drive; GPUs by their allocator (worker.py).
@@ -244,13 +258,19 @@ def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path,
         return rss_over_cap(procs, cap, case_dir, per_process, baselines)
 
     exited_at: dict[int, float] = {}
+    # The sampler starts while the ranks start (off the launch's critical path); its stop,
+    # after the last rank is reaped, is on it: sampler_s.
     with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
         stopped = supervise(procs, case.measurement.case_timeout_s,
                              over_cap if cap else None, exited_at)
+        reaped = time.monotonic()
+    stopped_sampler = time.monotonic()
     # The ranks' files, also when the runner stopped them: one may have failed first.
-    outcome = combine(case_dir, procs, log_path, stopped, exited_at)
+    outcome = combine(case_dir, procs, log_path, stopped, exited_at, requested, reaped)
     outcome.samples = sampler.samples
     outcome.sampler_note = sampler.note
+    outcome.parts_s |= {"sampler_s": stopped_sampler - reaped,
+                        "collect_s": time.monotonic() - stopped_sampler}
     return outcome
 
 

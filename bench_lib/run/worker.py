@@ -86,6 +86,7 @@ from bench_lib.measure.trace import TracedStep, trace_step
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig, init_process_group, pin_worker, set_math_mode, synchronize
 from bench_lib.run import faults
+from bench_lib.run.launch_parts import DONE, MAIN, Stamps, span, stamp
 from bench_lib.run.protocol import CaseSpec, RankResult, baseline_path, is_oom
 from bench_lib.strategies import BuildContext, Trainer
 from bench_lib.strategies.base import TimelineStage
@@ -145,30 +146,40 @@ class RankPlace:
 
 def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
              cut: str = "", place: RankPlace | None = None,
-             warmup_steps: int | None = None) -> RankResult:
+             warmup_steps: int | None = None, stamps: Stamps | None = None) -> RankResult:
     """Measure this rank's part of one launch of the case (``trace``: then time a few steps
     with no collective where the strategy has them, and trace a step;
     ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``; ``place``:
     where torchrun put this rank, default the local launcher's: rank = device slot;
-    ``warmup_steps``: a fixed warm-up, ``CaseSpec.warmup_steps``).
+    ``warmup_steps``: a fixed warm-up, ``CaseSpec.warmup_steps``; ``stamps``: receives the
+    launch's named points as it passes them, ``launch_parts``).
 
     Leaves the process group (if any) up: ``main`` destroys it once the result is written.
     """
     place = place or RankPlace(rank, rank)
+    stamps = {} if stamps is None else stamps
     # A rank of a process group drives its own device; a lone process drives them all.
     indices = [place.local_rank] if case.process_group else list(range(case.world_size))
     pin_worker(rig, indices[0])  # a lone process driving several devices: like single
     # Before the model is built; the calibration and the FLOP peak probe use the same mode.
     set_math_mode(case.measurement.math_mode)
+    devices = [rig.device(i) for i in indices]
+    if rig.kind == "cuda":
+        with span(stamps, "cuda_context"):
+            init_cuda(devices)
     if case.process_group:
         if place.world_size not in (None, case.world_size):
             raise RuntimeError(f"torchrun started {place.world_size} ranks; the case needs "
                                f"{case.world_size}")
-        init_process_group(rig, rank, case.world_size,
-                           "" if place.env_init else str(workdir / "rendezvous"),
-                           PROCESS_GROUP_TIMEOUT_S, local_rank=place.local_rank,
-                           loopback=place.node is None)
-    devices = [rig.device(i) for i in indices]
+        # NCCL's communicator is counted here: rig.init_process_group passes device_id,
+        # with which torch creates it eagerly, inside init_process_group. gloo (cpu rigs,
+        # --gpu-slots) connects its pairs there too. Where a backend still connected
+        # lazily, its first collective (the first warm-up step) would pay for it.
+        with span(stamps, "process_group"):
+            init_process_group(rig, rank, case.world_size,
+                               "" if place.env_init else str(workdir / "rendezvous"),
+                               PROCESS_GROUP_TIMEOUT_S, local_rank=place.local_rank,
+                               loopback=place.node is None)
     # Ranks are labelled by global rank (unique across nodes; the slot on one node).
     labels = [str(rank)] if case.process_group else [str(i) for i in indices]
     cap_cuda_memory(devices, case.measurement.max_memory_per_device_mib)
@@ -176,6 +187,71 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     # reported net of it, and the runner's CPU memory cap counts only what comes after it.
     memory = PeakMemory(devices, labels)
     write_json_atomic(baseline_path(workdir, rank), {"rss_mib": memory.baseline_mib})
+    with span(stamps, "model_build"):
+        trainer, x, y = _build(case, rank, devices, cut)
+    faults.inject_test_fault(case.strategy, rank)
+    m = case.measurement
+    timed = measure_steps(
+        faults.with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices),
+        trainer.devices, timed_steps=m.timed_steps,
+        max_time_s=m.max_time_s, interval_target_pct=m.interval_target_pct,
+        min_time_s=m.min_time_s or 0.0,
+        group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
+        warmup_steps=m.warmup_steps if warmup_steps is None else warmup_steps,
+        warmup_rule=warmup_steps is None,
+    )
+    stamp(stamps, "diagnostics_start")  # everything after the timed steps, to the result
+    peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
+    partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
+    # Diagnostics after the timed steps (a launch that traces: not tune's short ones).
+    compute_s = _compute_only(trainer, x, y, case.process_group) if trace else None
+    optimizer_s = _optimizer_only(trainer) if trace and case.strategy == "single" else None
+    kernels = _kernels(trainer, x, y, case.process_group)  # every launch, cuda rigs only
+    result = RankResult(
+        rank, "ok", step_times_s=tuple(timed.times_s),
+        step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
+        stop_reason=timed.stop_reason, warmup_steps=timed.warmup_steps,
+        warmup_time_s=timed.warmup_time_s, warmup_first_step_s=timed.warmup_first_step_s,
+        peak_mem_mib=peaks.gross_mib,
+        peak_mem_net_mib=peaks.net_mib, peak_mem_source=peaks.source,
+        peak_mem_reserved_mib=reserved,
+        partition=partition.label if partition is not None else "",
+        compute_step_s=compute_s, optimizer_step_s=optimizer_s, kernel_names=kernels,
+    )
+    stages = trainer.timeline_stages() if trace else []
+    if not stages:
+        return result
+    # The timed result first: a rank killed in the traced step (a peer failed in it and left
+    # this one waiting) keeps its timing. main rewrites it once the step is done.
+    dataclasses.replace(result, trace_note=TRACE_UNFINISHED,
+                        stamps_s=dict(stamps)).write(result_path(workdir, rank))
+    slots = [place.slot_label(rig.kind, i) for i in indices]
+    traced, note = _trace(trainer, x, y, stages, slots, case.process_group,
+                          fault=functools.partial(faults.inject_trace_fault, case.strategy, rank),
+                          rebase=place.node is not None)
+    if traced is None:
+        return dataclasses.replace(result, trace_note=note)
+    return dataclasses.replace(result, timeline=tuple(traced.events),
+                               traced_step_s=traced.step_s)
+
+
+def init_cuda(devices: Sequence[torch.device]) -> None:
+    """Create this process's CUDA context on each GPU it drives, now: one known point
+    before the process group, so that its cost is measured apart (``cuda_context_s``)
+    rather than falling wherever the first CUDA call happens to be (the process group's
+    ``set_device``, the model's move). Leaves the first device current."""
+    torch.cuda.init()
+    # From CUDA 12 on, cudaSetDevice creates the device's primary context; the synchronize
+    # makes sure of it on any runtime, without allocating.
+    for index in reversed(list(dict.fromkeys(d.index or 0 for d in devices))):
+        torch.cuda.set_device(index)
+        torch.cuda.synchronize(index)
+
+
+def _build(case: Case, rank: int, devices: list[torch.device],
+           cut: str) -> tuple[Trainer, torch.Tensor, torch.Tensor]:
+    """The rank's trainer (workload built, strategy applied: device moves, wrappers,
+    stages) and the batch it trains on."""
     torch.manual_seed(0)
     workload = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
                         precision=case.precision)
@@ -195,50 +271,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
                                images=trainer.needs_images, targets=trainer.needs_targets)
     if case.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    y = y.to(trainer.output_device)
-
-    faults.inject_test_fault(case.strategy, rank)
-    m = case.measurement
-    timed = measure_steps(
-        faults.with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices),
-        trainer.devices, timed_steps=m.timed_steps,
-        max_time_s=m.max_time_s, interval_target_pct=m.interval_target_pct,
-        min_time_s=m.min_time_s or 0.0,
-        group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
-        warmup_steps=m.warmup_steps if warmup_steps is None else warmup_steps,
-        warmup_rule=warmup_steps is None,
-    )
-    peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
-    partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
-    # Diagnostics after the timed steps (a launch that traces: not tune's short ones).
-    compute_s = _compute_only(trainer, x, y, case.process_group) if trace else None
-    optimizer_s = _optimizer_only(trainer) if trace and case.strategy == "single" else None
-    kernels = _kernels(trainer, x, y, case.process_group)  # every launch, cuda rigs only
-    result = RankResult(
-        rank, "ok", step_times_s=tuple(timed.times_s),
-        step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
-        stop_reason=timed.stop_reason, warmup_steps=timed.warmup_steps,
-        warmup_time_s=timed.warmup_time_s,
-        peak_mem_mib=peaks.gross_mib,
-        peak_mem_net_mib=peaks.net_mib, peak_mem_source=peaks.source,
-        peak_mem_reserved_mib=reserved,
-        partition=partition.label if partition is not None else "",
-        compute_step_s=compute_s, optimizer_step_s=optimizer_s, kernel_names=kernels,
-    )
-    stages = trainer.timeline_stages() if trace else []
-    if not stages:
-        return result
-    # The timed result first: a rank killed in the traced step (a peer failed in it and left
-    # this one waiting) keeps its timing. main rewrites it once the step is done.
-    dataclasses.replace(result, trace_note=TRACE_UNFINISHED).write(result_path(workdir, rank))
-    slots = [place.slot_label(rig.kind, i) for i in indices]
-    traced, note = _trace(trainer, x, y, stages, slots, case.process_group,
-                          fault=functools.partial(faults.inject_trace_fault, case.strategy, rank),
-                          rebase=place.node is not None)
-    if traced is None:
-        return dataclasses.replace(result, trace_note=note)
-    return dataclasses.replace(result, timeline=tuple(traced.events),
-                               traced_step_s=traced.step_s)
+    return trainer, x, y.to(trainer.output_device)
 
 
 COMPUTE_ONLY_STEPS = 3
@@ -407,6 +440,8 @@ def exit_code(result: RankResult) -> int:
 
 
 def main(argv: list[str]) -> int:
+    stamps: Stamps = {}
+    stamp(stamps, MAIN)  # the runner's request to here: the process start (launch_parts)
     # Absolute: a relative path would make the file:// rendezvous URL name a host, and hang.
     spec_path = Path(argv[0]).resolve()
     place = (RankPlace.from_env(os.environ) if argv[1] == RANK_FROM_ENV
@@ -420,10 +455,12 @@ def main(argv: list[str]) -> int:
     spec = CaseSpec.read(spec_path)
     try:
         result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace, spec.cut,
-                          place, spec.warmup_steps)
+                          place, spec.warmup_steps, stamps)
     except Exception as e:  # the case's oom or error row, with the traceback in the log
         result = RankResult.failed(rank, e)
         traceback.print_exc()
+    stamp(stamps, DONE)
+    result = dataclasses.replace(result, stamps_s=stamps)
     # The result first, so that the runner sees it early; then the process group.
     result.write(result_path(spec_path.parent, rank))
     code = exit_code(result)
