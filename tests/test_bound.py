@@ -335,8 +335,8 @@ def test_ddp_bound_takes_compute_from_its_own_no_sync_steps(cpu_rig):
     assert shared["bound_compute_s"] == pytest.approx(0.5)
     assert shared["bound_note"].startswith("fsdp (compute: single's step x 4/8)")
     # fsdp takes a plain ddp case's measured compute of the same local batch where the run
-    # has one (run.runner.ddp_compute_s picks it; knobbed or other world sizes do not count).
-    from bench_lib.run.runner import ddp_compute_s
+    # has one (run.workload_rows.ddp_compute_s picks it; knobbed or other world sizes do not count).
+    from bench_lib.run.workload_rows import ddp_compute_s
     from bench_lib.strategies.ddp_knobs import DdpKnobs
 
     knobbed = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8, ddp=DdpKnobs(comm_hook="fp16"))

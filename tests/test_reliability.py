@@ -5,6 +5,7 @@ Faults are injected through the test-only PARABENCH_TEST_FAULT hook (bench_lib/r
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -143,12 +144,14 @@ def test_memory_cap_turns_a_runaway_case_into_an_oom_row(tmp_path):
 
 
 def _wait_for_rows(run_dir_parent: Path, rows: int, timeout: float = 200) -> Path:
+    """The run folder, once its cases.csv holds ``rows`` final rows (not provisional)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         dirs = [p for p in run_dir_parent.iterdir() if p.is_dir() and not p.is_symlink()]
         if dirs and (dirs[0] / "cases.csv").exists():
-            lines = (dirs[0] / "cases.csv").read_text().splitlines()
-            if len(lines) - 1 >= rows:
+            with (dirs[0] / "cases.csv").open(newline="") as f:
+                final = [r for r in csv.DictReader(f) if not r.get("provisional")]
+            if len(final) >= rows:
                 return dirs[0]
         time.sleep(0.2)
     raise AssertionError(f"no {rows} rows within {timeout} s")
@@ -169,8 +172,11 @@ def test_interrupted_sweep_resumes_with_every_case_exactly_once(tmp_path, capsys
     if how == signal.SIGINT:
         assert code == 130, err
         assert "--resume" in err
-    done_before = pd.read_csv(run_dir / "cases.csv")
+    recorded = pd.read_csv(run_dir / "cases.csv", keep_default_na=False)
+    done_before = recorded[recorded.provisional == ""]
     assert len(done_before) == 2, "the sweep was interrupted in its second workload"
+    # The second workload's rows after its first round, if it got that far: provisional.
+    assert set(recorded[recorded.provisional != ""].provisional) <= {"after round 1 of 2"}
     # Every CSV still parses, and holds only whole rows of finished cases.
     steps = pd.read_csv(run_dir / "steps.csv")
     assert set(steps.case_id) <= set(done_before.case_id)

@@ -65,6 +65,19 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
                              "folder this user can write")
 
 
+def interim_report(run_dir: Path, when: str) -> str:
+    """Write the report of a run still going (``run --report`` after a workload's round;
+    provisional rows say so on the page), and a line saying where, or why not: a report
+    that fails here costs the line, not the run (the run's end writes it again)."""
+    from bench_lib.report.build import write_report
+    from bench_lib.results.schema import ResultsError
+
+    try:
+        return f"report ({when}): {write_report([run_dir])}"
+    except (ResultsError, OSError, ValueError) as e:
+        return f"report ({when}) not written: {type(e).__name__}: {e}"
+
+
 def after_run(args: argparse.Namespace, run_dir: Path) -> int:
     """The post-sweep actions asked for, on the run folder just written; their exit code."""
     code = EXIT_OK

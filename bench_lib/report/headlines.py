@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Any
 
 from bench_lib.analysis.stats import MIN_LAUNCHES_FOR_CI, LaunchInterval, paired_ratio_interval
-from bench_lib.results.read import number
+from bench_lib.results.read import number, provisional_words
 from bench_lib.results.schema import launch_medians as schema_launch_medians
 
 Interval = tuple[float, float]
@@ -420,7 +420,10 @@ def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"{len(failed)} case(s) failed: "
                      + "; ".join(f"{r['case_id']} {r['status']}" for r in failed[:5])
                      + (" ..." if len(failed) > 5 else ""))
-    return lines
+    # A workload's rows before its last round (cases.csv provisional): figures to be sharpened.
+    so_far = provisional_words(r.get("provisional") for r in rows)
+    return lines + (textwrap.wrap(so_far[:1].upper() + so_far[1:] + ".", NOTE_WIDTH)
+                    if so_far else [])
 
 
 # The PyTorch model-parallel tutorial's published timings: seconds for 3 training steps of

@@ -23,7 +23,7 @@ from bench_lib.report.headlines import (
     speedup_note,
     speedup_text,
 )
-from bench_lib.results.read import devices_label
+from bench_lib.results.read import devices_label, provisional_round, provisional_words
 
 if TYPE_CHECKING:
     from bench_lib.report.runs import Runs
@@ -122,7 +122,8 @@ def _cases_table(cases: pd.DataFrame) -> str:
                                                      else ""), False),
         ("split", lambda r: cell_number(r["split_size"], ".0f"), True),
         ("status", lambda r: cell_text(r["status"]), False),
-        ("launches", lambda r: cell_number(r["launches"], ".0f"), True),
+        ("launches", lambda r: cell_number(r["launches"], ".0f")
+         + (" so far" if provisional_round(r.get("provisional")) else ""), True),
         ("median step (s)", lambda r: cell_number(r["step_time_s_median"], ".4f"), True),
         ("95% CI (s)", lambda r: _interval(r["step_time_s_ci_low"], r["step_time_s_ci_high"],
                                            ".4f"), True),
@@ -232,6 +233,18 @@ def _answer(runs: Runs) -> list[str]:
     return ["<h2>In short</h2>", *(f"<p>{cell_text(line)}</p>" for line in lines)]
 
 
+def _provisional(runs: Runs) -> list[str]:
+    """A banner over a report of rows made before their workload's last round (a run still
+    going, or stopped mid-workload): empty where every row is final."""
+    words = provisional_words(runs.every.get("provisional", pd.Series(dtype=object)))
+    if not words:
+        return []
+    return [f"<p class=missing>Some rows are {cell_text(words)}: their workload was still "
+            "running when this report was written (or the run was stopped there); its final "
+            "rows, with every launch, replace them (<code>run --resume</code> finishes a "
+            "stopped run).</p>"]
+
+
 def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
            bubbles: pd.DataFrame) -> str:
     """The whole page."""
@@ -239,6 +252,7 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     swept = runs.swept
     body = [f"<h1>parabench report</h1><p class=sub>{cell_text(labels)} · written {now}</p>",
+            *_provisional(runs),
             "<h2>Runs</h2>", _runs_table(runs.envs, runs.names, swept),
             "<p class=caption>" + "<br>".join(cell_text(c) for c in captions) + "</p>",
             *_answer(runs), "<h2>Headlines</h2>", _headlines(swept)]

@@ -8,7 +8,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -150,12 +151,43 @@ def read_steps(run_dir: Path) -> pd.DataFrame:
 
 
 def done_case_ids(run_dir: Path) -> set[str]:
-    """Case ids already recorded in a run folder (for resuming)."""
+    """Case ids already recorded in a run folder (for resuming): final rows only, a
+    provisional row (``provisional_round``) is a workload still running when the run
+    stopped, which a resume runs again."""
     path = run_dir / "cases.csv"
     if not path.exists():
         return set()
     with path.open(newline="") as f:
-        return {row["case_id"] for row in csv.DictReader(f) if row.get("case_id")}
+        return {row["case_id"] for row in csv.DictReader(f)
+                if row.get("case_id") and provisional_round(row.get("provisional")) is None}
+
+
+def provisional_text(done: int, rounds: int) -> str:
+    """cases.csv's ``provisional`` cell of a row made after round ``done`` of ``rounds``."""
+    return f"after round {done} of {rounds}"
+
+
+def provisional_round(value: object) -> tuple[int, int] | None:
+    """A ``provisional`` cell as (rounds done, rounds of its workload); None for a final
+    row (an empty cell, a NaN from pandas, or a folder written before the column)."""
+    found = _PROVISIONAL.fullmatch(value.strip()) if isinstance(value, str) else None
+    return (int(found[1]), int(found[2])) if found else None
+
+
+_PROVISIONAL = re.compile(r"after round (\d+) of (\d+)")
+
+
+def provisional_words(values: Iterable[object]) -> str:
+    """What provisional rows mean for their figures, from the ``provisional`` cells of the
+    rows shown: ``after round 1 of 3: one launch per case, no intervals`` or ``after round
+    2 of 3: 2 launches so far``; empty where every row is final."""
+    found = [r for r in (provisional_round(v) for v in values) if r is not None]
+    if not found:
+        return ""
+    done, rounds = min(found)  # only one workload runs at a time: they agree
+    so_far = ("one launch per case, no intervals" if done == 1
+              else f"{done} launches so far, intervals that later rounds narrow")
+    return f"provisional, {provisional_text(done, rounds)}: {so_far}"
 
 
 def run_dirs_in(out: Path) -> list[Path]:

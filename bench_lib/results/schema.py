@@ -116,6 +116,12 @@ CASES = _cols(
                      "for a case not timed", N),
     ("launches", "fresh process launches the case was measured in (the profile's launches; "
                  "interleaved in rounds with the other cases of its workload)", N),
+    ("provisional", "empty in a final row; in a row written while its workload was still "
+                    "running, how far it got, e.g. 'after round 1 of 3': made by the same code "
+                    "as the final row, from the launches so far (after round 1 one per case, "
+                    "so no interval), replaced by the next round's rows and by the final ones "
+                    "(run.workload_rows); a run stopped mid-workload keeps them, and "
+                    "--resume drops them and runs that workload again", False, True),
     ("steps_per_launch", "timed steps of each launch, in round order, e.g. 8;8;7"),
     ("launch_medians_s", "each launch's median step time (the slowest rank's per step), in "
                          "round order, seconds, e.g. 0.451;0.447;0.462"),

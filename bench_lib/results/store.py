@@ -3,8 +3,10 @@ whole CSV rows appended case by case.
 
 Rows are appended whole, flushed and fsynced as each case ends, so a crash at any point
 leaves parseable files holding every finished case; a case's row in cases.csv is its commit
-point, written after its step, timeline and sample rows. ``prepare_resume`` repairs what a
-crash left behind. Never imports torch.
+point, written after its step, timeline and sample rows. The running workload's rows after
+each of its rounds (``write_provisional``) follow the final rows, each round's replacing the
+last, until its final rows replace them. ``prepare_resume`` repairs what a crash left
+behind. Never imports torch.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from bench_lib.results.read import done_case_ids, read_cases
+from bench_lib.results.read import done_case_ids, provisional_round, read_cases
 from bench_lib.results.schema import (
     ADDED_CASE_COLUMNS,
     ADDED_SAMPLE_COLUMNS,
@@ -138,6 +140,19 @@ class _Appender:
         self._file.flush()
         os.fsync(self._file.fileno())
 
+    def end(self) -> int:
+        """The file's size in bytes: where the next row goes."""
+        self._file.flush()
+        return os.fstat(self._file.fileno()).st_size
+
+    def cut(self, size: int) -> None:
+        """Drop every byte after ``size`` (rows appended since it was the end); the next
+        rows go there (the file is opened to append). Nothing to drop: nothing done."""
+        if self.end() <= size:
+            return
+        os.ftruncate(self._file.fileno(), size)
+        os.fsync(self._file.fileno())
+
     def close(self) -> None:
         self._file.close()
 
@@ -154,18 +169,20 @@ class RunWriter:
         # (``schema.Column.added``) goes on without it.
         self._case_columns = _header(run_dir / "cases.csv") or CASE_COLUMNS
         self._cases = _Appender(run_dir / "cases.csv", self._case_columns)
+        # Where the final rows end: the running workload's provisional rows lie beyond it.
+        self._final_end = self._cases.end()
         self._timeline: _Appender | None = None  # created by the first pipelined case
         self._samples: _Appender | None = None  # created by the first sampled case
         self._sample_columns = SAMPLE_COLUMNS
 
     def write_case(self, row: Row, steps: Iterable[Row] = (), timeline: Iterable[Row] = (),
                    samples: Iterable[Row] = ()) -> None:
-        """Record one case (its step, timeline and sample rows first, then the case row)."""
-        if row["status"] not in STATUSES:
-            raise ValueError(f"bad status {row['status']!r}; valid: {', '.join(STATUSES)}")
-        full = {c: "" for c in CASE_COLUMNS} | {"run_id": self.run_id} | dict(row)
-        full = {k: v for k, v in full.items()
-                if k in self._case_columns or k not in ADDED_CASE_COLUMNS}
+        """Record one case (its step, timeline and sample rows first, then the case row),
+        dropping the provisional rows first (``write_provisional``)."""
+        full = self._full(row)
+        if full.get("provisional"):
+            raise ValueError(f"{row['case_id']}: a provisional row goes to write_provisional")
+        self._cases.cut(self._final_end)
         ids = {"run_id": self.run_id, "case_id": row["case_id"]}
         self._steps.write([ids | dict(s) for s in steps])
         timeline, samples = list(timeline), list(samples)
@@ -183,6 +200,29 @@ class RunWriter:
                                   if k in self._sample_columns
                                   or k not in ADDED_SAMPLE_COLUMNS} for s in samples])
         self._cases.write([full])
+        self._final_end = self._cases.end()
+
+    def write_provisional(self, rows: Iterable[Row]) -> None:
+        """Replace the running workload's provisional rows (each with its ``provisional``
+        cell) in cases.csv, after the final rows; their step, timeline and sample rows come
+        with the final rows alone. A folder resumed from before the column gets none (its
+        rows could not say they are provisional)."""
+        if "provisional" not in self._case_columns:
+            return
+        full = [self._full(r) for r in rows]
+        if not all(r.get("provisional") for r in full):
+            raise ValueError("a provisional row needs its provisional cell")
+        self._cases.cut(self._final_end)
+        self._cases.write(full)
+
+    def _full(self, row: Row) -> dict[str, Any]:
+        """``row`` as this folder's cases.csv row: every column, the run id, the status
+        checked, and columns added after a resumed folder's header left out."""
+        if row["status"] not in STATUSES:
+            raise ValueError(f"bad status {row['status']!r}; valid: {', '.join(STATUSES)}")
+        full = {c: "" for c in CASE_COLUMNS} | {"run_id": self.run_id} | dict(row)
+        return {k: v for k, v in full.items()
+                if k in self._case_columns or k not in ADDED_CASE_COLUMNS}
 
     def close(self) -> None:
         self._steps.close()
@@ -246,27 +286,33 @@ def prepare_resume(run_dir: Path) -> set[str]:
 
     A case row is the commit point of a case: step, timeline and sample rows of cases
     without one (the case that was running when the run died) are dropped, so the rerun
-    adds them once. A folder that cannot be read as this schema is refused with a
-    ``ResultsError`` before any file is touched.
+    adds them once; so are the provisional rows of the workload that was running
+    (``RunWriter.write_provisional``), which the rerun runs again. A folder that cannot be
+    read as this schema is refused with a ``ResultsError`` before any file is touched.
     """
     check_resumable(run_dir)
     for name in ("cases.csv", "steps.csv", "timeline.csv", "samples.csv"):
         if (run_dir / name).exists():
             _drop_partial_last_line(run_dir / name)
-    done = done_case_ids(run_dir)
-    for name in ("steps.csv", "timeline.csv", "samples.csv"):
-        path = run_dir / name
-        if not path.exists():
-            continue
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            columns, rows = list(reader.fieldnames or []), list(reader)
-        kept = [r for r in rows if r.get("case_id") in done]
-        if len(kept) != len(rows):
-            tmp = path.with_name(f".{name}.tmp")
-            with tmp.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=columns)
-                writer.writeheader()
-                writer.writerows(kept)
-            os.replace(tmp, path)
+    done = done_case_ids(run_dir)  # final rows only
+    for name in ("cases.csv", "steps.csv", "timeline.csv", "samples.csv"):
+        if (run_dir / name).exists():
+            _keep_rows_of(run_dir / name, done)
     return done
+
+
+def _keep_rows_of(path: Path, case_ids: set[str]) -> None:
+    """Rewrite ``path`` (atomically, only where it changes) with the rows of ``case_ids``;
+    cases.csv keeps its final rows alone, a provisional row of one of them included."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        columns, rows = list(reader.fieldnames or []), list(reader)
+    kept = [r for r in rows if r.get("case_id") in case_ids
+            and provisional_round(r.get("provisional")) is None]
+    if len(kept) != len(rows):
+        tmp = path.with_name(f".{path.name}.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(kept)
+        os.replace(tmp, path)

@@ -43,7 +43,7 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
     for a strategy without one (single, dp, accum). ``median_s``: its median step;
     ``single_s``: the same workload's ``single`` median step; ``collectives``: the run's
     micro-benchmark; ``ddp_compute_s``: for fsdp, a ddp case's measured compute of the same
-    local batch (``run.runner.ddp_compute_s``)."""
+    local batch (``run.workload_rows.ddp_compute_s``)."""
     name = case.strategy
     if case.spans_nodes(rig):  # the micro-benchmark's fits are node 0's, not the network's
         return (f"no bound: the case's ranks span {rig.nodes} nodes, and the collective "

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib.results.fingerprint import fingerprint_id, hardware_of
-from bench_lib.results.read import read_cases, read_env, run_dirs_in
+from bench_lib.results.read import provisional_round, read_cases, read_env, run_dirs_in
 from bench_lib.results.store import (
     RunWriter,
     create_run_dir,
@@ -117,7 +117,10 @@ def read_shard(path: Path) -> ShardRun:
                          "names no shard of a sweep)")
     if (path / "cases.csv").is_file():
         read_cases(path)  # refuse a truncated or hand-edited cases.csv before using it
-    return ShardRun(path, env, sweep, sweep.shard, _read_rows(path / "cases.csv"))
+    # A workload stopped mid-way left provisional rows: not done (resume the shard).
+    rows = [r for r in _read_rows(path / "cases.csv")
+            if provisional_round(r.get("provisional")) is None]
+    return ShardRun(path, env, sweep, sweep.shard, rows)
 
 
 def _same(shards: Sequence[ShardRun], what: str, key: Any) -> None:

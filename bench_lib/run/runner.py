@@ -14,12 +14,16 @@ seeded shuffled order (the same in every run, so a baseline and its candidate ma
 launch a fresh process. The launches' spread is what the case's interval and its speedup's
 interval are made of (``analysis.stats.launch_interval``; the speedup pairs each round's
 launches), so slow drift, a noisy launch and the position in the sweep count as noise, not
-as a difference between strategies. The group's rows are written once its last round ends.
+as a difference between strategies. The group's rows are written once its last round ends;
+after each earlier round its rows so far, made by the same code (``workload_rows``) from the
+launches so far, stand in for them, marked provisional (``RunWriter.write_provisional``), so
+that a run stopped mid-workload still has an answer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import random
 import shutil
@@ -45,10 +49,11 @@ from bench_lib.measure.sampler import (
 )
 from bench_lib.nvml import cuda_visible_gpus
 from bench_lib.processes.forkserver import ForkServer
+from bench_lib.results.read import provisional_text
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
-from bench_lib.run.calibrate import Predictor, prediction_columns
+from bench_lib.run.calibrate import Predictor
 from bench_lib.run.launch import (
     LOCAL,
     AgentExits,
@@ -83,16 +88,8 @@ from bench_lib.run.ranks import (
     rss_over_cap,
     supervise,
 )
-from bench_lib.run.rows import (
-    Row,
-    SpeedupTable,
-    bound_columns,
-    case_row,
-    step_rows,
-    util_check_columns,
-    waterfall_columns,
-)
-from bench_lib.strategies.ddp_knobs import DdpKnobs
+from bench_lib.run.rows import Row, SpeedupTable, step_rows
+from bench_lib.run.workload_rows import RoundCallback, RoundDone, RowInputs, workload_rows
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.splits import settle
 
@@ -486,11 +483,15 @@ def run_sweep(
     collectives: Collectives | None = None,
     server: ForkServer | None = None,
     predictor: Predictor | None = None,
+    on_round_done: RoundCallback | None = None,
 ) -> list[Row]:
     """Run every case, workload by workload in rounds of launches (module docstring),
     writing each workload's rows once its last round ends; returns the rows in the order
     written (``cases``' order within a workload: ``single`` first, as ``baselines_first``
-    puts it, so its speedups are known when the others' rows are made).
+    puts it, so its speedups are known when the others' rows are made). After each earlier
+    round, the workload's provisional rows (``workload_rows`` on the launches so far)
+    replace the last round's at the end of cases.csv; ``on_round_done`` gets them after
+    every round, the last one's final rows too.
 
     ``attainable_peak`` is the rig's measured FLOP peak, for the MFU columns; ``idle`` its
     idle power, for the net energy column. A case whose launch fails is not launched again.
@@ -512,7 +513,8 @@ def run_sweep(
     try:
         rows = _run_groups(cases, rig, writer, on_case_done, on_launch_start,
                            attainable_peak, idle, on_launch_done, launcher, coordinator,
-                           admission, collectives, memory_true_forks(server), predictor)
+                           admission, collectives, memory_true_forks(server), predictor,
+                           on_round_done)
     except BaseException as e:
         if coordinator is not None:
             coordinator.finish("interrupted" if isinstance(e, KeyboardInterrupt)
@@ -523,23 +525,6 @@ def run_sweep(
     return rows
 
 
-def ddp_compute_s(case: Case, workload: Sequence[tuple[Case, CaseOutcome]]) -> float | None:
-    """For an fsdp case, the compute of the same local batch measured by a plain ddp case of
-    its workload, world size and batch (weak scaling's is another; its no_sync steps:
-    ``CaseOutcome.compute_step_s``); None where there is none (fsdp then falls back on
-    single's share: ``case_bound``)."""
-    if case.strategy != "fsdp":
-        return None
-    for other, outcome in workload:
-        if (other.strategy == "ddp" and outcome.compute_step_s is not None
-                and (other.world_size, other.batch_size) == (case.world_size, case.batch_size)
-                and other.ddp == DdpKnobs()  # torch's defaults: no hook, no views
-                and (other.precision, other.channels_last, other.compile)
-                == (case.precision, case.channels_last, case.compile)):
-            return outcome.compute_step_s
-    return None
-
-
 def _run_groups(
     cases: list[Case], rig: Rig, writer: RunWriter,
     on_case_done: Callable[[int, Case, Row], None] | None,
@@ -547,15 +532,17 @@ def _run_groups(
     idle: IdlePower | None, on_launch_done: LaunchDone | None, launcher: Launcher,
     coordinator: Coordinator | None, admission: Admission,
     collectives: Collectives | None = None, server: ForkServer | None = None,
-    predictor: Predictor | None = None,
+    predictor: Predictor | None = None, on_round_done: RoundCallback | None = None,
 ) -> list[Row]:
     """``run_sweep``'s walk: workload by workload, round by round."""
     work_root = writer.run_dir / ".work"
     rows = []
+    inputs = RowInputs(rig, admission, attainable_peak, idle, collectives)
     speedups = SpeedupTable()
     speedups.seed(writer.run_dir / "cases.csv")  # a resumed run's earlier `single` rows
     optimizer_steps: dict[tuple[str, int, int, str, str], float] = {}
-    for group in workload_groups(cases):
+    groups = workload_groups(cases)
+    for g, group in enumerate(groups):
         launched: dict[int, list[CaseOutcome]] = {i: [] for i in group}
         # Every case predicted before the workload's first launch (calibrating it first).
         predicted = ({i: predictor.predict(cases[i]) for i in group
@@ -587,33 +574,24 @@ def _run_groups(
                                      server=server, warmup_steps=warmup))
                 if on_launch_done:
                     on_launch_done(i, case, r, done[-1])
-        outcomes = {i: CaseOutcome(cases[i].status or "", cases[i].reason)
-                    if cases[i].status is not None else CaseOutcome.of_launches(launched[i])
-                    for i in group}
-        workload = [(cases[i], outcomes[i]) for i in group]
-        for i in group:
-            case, outcome = cases[i], outcomes[i]
-            row = case_row(case, rig, outcome, attainable_peak, idle)
-            if case.status is None:
-                row |= admission.columns(case, launched[i])
-            speedups.fill(case, row)
-            ddp_compute = ddp_compute_s(case, workload)
-            row |= bound_columns(case, rig, outcome, row.get("step_time_s_median"),
-                                 speedups.single_step_s(case), collectives, ddp_compute)
-            if (case.strategy == "single" and case.curve_of is None
-                    and outcome.optimizer_step_s is not None):
-                optimizer_steps[case.group_key] = outcome.optimizer_step_s
-            row |= waterfall_columns(case, rig, outcome, row, speedups.single_steps(case),
-                                     optimizer_steps.get(case.group_key), ddp_compute)
-            row |= util_check_columns(case, rig, outcome, row,
-                                      optimizer_steps.get(case.group_key), ddp_compute)
-            if i in predicted:
-                row |= prediction_columns(case.batch_size, case.workload_batch,
-                                          *predicted[i], row.get("step_time_s_median"))
+            if r + 1 < rounds:  # the answer so far, by the final rows' code (copied tables)
+                text = provisional_text(r + 1, rounds)
+                so_far = [row | {"provisional": text} for _, row, _ in workload_rows(
+                    inputs, cases, group, launched, predicted, copy.deepcopy(speedups),
+                    dict(optimizer_steps))]
+                writer.write_provisional(so_far)
+                if on_round_done:
+                    on_round_done(RoundDone(tuple(so_far), r + 1, rounds, g + 1, len(groups)))
+        final = workload_rows(inputs, cases, group, launched, predicted, speedups,
+                              optimizer_steps)
+        for i, row, outcome in final:
             writer.write_case(row, step_rows(outcome), outcome.timeline, samples=outcome.samples)
             rows.append(row)
             if on_case_done:
-                on_case_done(i, case, row)
+                on_case_done(i, cases[i], row)
+        if on_round_done:
+            on_round_done(RoundDone(tuple(row for _, row, _ in final), rounds, rounds, g + 1,
+                                    len(groups)))
     if work_root.exists() and not any(work_root.iterdir()):
         work_root.rmdir()
     return rows

@@ -1,0 +1,129 @@
+"""A workload's cases.csv rows from its launches so far: one code for the final rows (after
+its last round) and the provisional ones (after each earlier round), so that the answer a
+stopped run leaves is made exactly as the finished run's (``run.runner`` calls it; the
+runner's rounds and launches are there)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.measure.energy import IdlePower
+from bench_lib.measure.flops import AttainablePeak
+from bench_lib.rig import Rig
+from bench_lib.run.admission import Admission
+from bench_lib.run.calibrate import prediction_columns
+from bench_lib.run.protocol import CaseOutcome
+from bench_lib.run.rows import (
+    Row,
+    SpeedupTable,
+    bound_columns,
+    case_row,
+    util_check_columns,
+    waterfall_columns,
+)
+from bench_lib.strategies.ddp_knobs import DdpKnobs
+from bench_lib.sweep.cases import Case
+
+if TYPE_CHECKING:
+    from bench_lib.analysis.bound import Bound
+
+
+def ddp_compute_s(case: Case, workload: Sequence[tuple[Case, CaseOutcome]]) -> float | None:
+    """For an fsdp case, the compute of the same local batch measured by a plain ddp case of
+    its workload, world size and batch (weak scaling's is another; its no_sync steps:
+    ``CaseOutcome.compute_step_s``); None where there is none (fsdp then falls back on
+    single's share: ``case_bound``)."""
+    if case.strategy != "fsdp":
+        return None
+    for other, outcome in workload:
+        if (other.strategy == "ddp" and outcome.compute_step_s is not None
+                and (other.world_size, other.batch_size) == (case.world_size, case.batch_size)
+                and other.ddp == DdpKnobs()  # torch's defaults: no hook, no views
+                and (other.precision, other.channels_last, other.compile)
+                == (case.precision, case.channels_last, case.compile)):
+            return outcome.compute_step_s
+    return None
+
+
+@dataclass(frozen=True)
+class RowInputs:
+    """What a run's rows are made of besides their launches (``workload_rows``)."""
+
+    rig: Rig
+    admission: Admission
+    attainable_peak: AttainablePeak | None = None
+    idle: IdlePower | None = None
+    collectives: Collectives | None = None
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """A workload's rows after one of its rounds (``run_sweep``'s ``on_round_done``)."""
+
+    rows: tuple[Row, ...]
+    """Its cases' rows from the launches so far: provisional (their ``provisional`` cell)
+    before its last round, final after it."""
+    round_done: int
+    """Rounds finished, from 1."""
+    rounds: int
+    """The workload's rounds (its cases' most launches)."""
+    workload: int
+    """Which workload of the sweep, from 1."""
+    workloads: int
+    """The sweep's workloads."""
+
+    @property
+    def final(self) -> bool:
+        """True once the workload's last round is done (its rows are final)."""
+        return self.round_done == self.rounds
+
+    @property
+    def last(self) -> bool:
+        """True after the sweep's last round: what follows is the run's end."""
+        return self.final and self.workload == self.workloads
+
+
+RoundCallback = Callable[[RoundDone], None]
+
+
+def workload_rows(
+    inputs: RowInputs, cases: Sequence[Case], group: Sequence[int],
+    launched: Mapping[int, Sequence[CaseOutcome]],
+    predicted: Mapping[int, tuple[Bound | str, Bound | str]],
+    speedups: SpeedupTable, optimizer_steps: dict[tuple[str, int, int, str, str], float],
+) -> list[tuple[int, Row, CaseOutcome]]:
+    """(case index, row, outcome) of each case of one workload (``group``, ``single``
+    first) from its launches so far: the final rows from all of them, the provisional rows
+    after an earlier round from that round's, by this one code. ``speedups`` and
+    ``optimizer_steps`` learn the workload's single as its row is made (the other rows'
+    speedups and waterfalls read it): provisional rows get copies, so that only final rows
+    teach later workloads. A case not launched yet (none is, after a round) is left out."""
+    outcomes = {i: CaseOutcome(cases[i].status or "", cases[i].reason)
+                if cases[i].status is not None else CaseOutcome.of_launches(list(launched[i]))
+                for i in group if cases[i].status is not None or launched[i]}
+    workload = [(cases[i], outcomes[i]) for i in outcomes]
+    made = []
+    for i, outcome in outcomes.items():
+        case = cases[i]
+        row = case_row(case, inputs.rig, outcome, inputs.attainable_peak, inputs.idle)
+        if case.status is None:
+            row |= inputs.admission.columns(case, list(launched[i]))
+        speedups.fill(case, row)
+        ddp_compute = ddp_compute_s(case, workload)
+        row |= bound_columns(case, inputs.rig, outcome, row.get("step_time_s_median"),
+                             speedups.single_step_s(case), inputs.collectives, ddp_compute)
+        if (case.strategy == "single" and case.curve_of is None
+                and outcome.optimizer_step_s is not None):
+            optimizer_steps[case.group_key] = outcome.optimizer_step_s
+        row |= waterfall_columns(case, inputs.rig, outcome, row, speedups.single_steps(case),
+                                 optimizer_steps.get(case.group_key), ddp_compute)
+        row |= util_check_columns(case, inputs.rig, outcome, row,
+                                  optimizer_steps.get(case.group_key), ddp_compute)
+        if i in predicted:
+            row |= prediction_columns(case.batch_size, case.workload_batch, *predicted[i],
+                                      row.get("step_time_s_median"))
+        made.append((i, row, outcome))
+    return made
