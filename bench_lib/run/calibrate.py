@@ -9,6 +9,12 @@ one, timed at the union of the sizes their cases need (``sizes_for``). Rank 0 ti
 sizes alone while the others wait, then every rank times the "together" sizes at once;
 combined, a together step is the slowest rank's (as a data-parallel step waits for its
 slowest rank) and a block's time the mean over ranks (as ``partition`` agrees a cut).
+
+Where its wall time goes (``parts_of``, ``Calibration.parts_s``): rank 0 stamps each part's
+end (it runs every phase, and waits at the barriers for the others, so its stamps are the
+launch's critical path); the runner adds the process start before them and the teardown
+after. On a cuda rig each size's passes settle by ``measure.timing``'s rules
+(``measure.calibrate.CUDA_RULE``, which states what a calibration should cost on an H100).
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,9 +140,11 @@ def calibrate(key: CalibrationKey, sizes: Sizes, rig: Rig, work_root: Path,
     if stopped is not None or not all(f.exists() for f in files):
         why = stopped[1] if stopped else (log_tail(log) or "a rank ended without a result")
         return f"calibration of {key.describe()} failed: {why}"
-    cal = combine([json.loads(f.read_text()) for f in files], time.monotonic() - start)
+    ranks = [json.loads(f.read_text()) for f in files]
+    ended = time.monotonic()
+    cal = combine(ranks, ended - start)
     shutil.rmtree(workdir, ignore_errors=True)
-    return cal
+    return replace(cal, parts_s=parts_of(ranks[0], start, ended))
 
 
 def combine(ranks: list[Mapping[str, Any]], wall_s: float) -> Calibration:
@@ -153,9 +161,28 @@ def combine(ranks: list[Mapping[str, Any]], wall_s: float) -> Calibration:
             tuple(sum(v) / n for v in zip(*(c.backward_s for c in costs))))
     copies = {int(b): max(float(r.get("copies", {})[b]) for r in ranks)
               for b in first.get("copies", {})}
+    steps = {str(k): (int(v[0]), int(v[1])) for k, v in first.get("steps", {}).items()}
     return Calibration(float(first["optimizer_s"]),
                        {int(b): BatchCosts.from_dict(c) for b, c in first["alone"].items()},
-                       together, len(ranks), wall_s, copies)
+                       together, len(ranks), wall_s, copies, steps=steps)
+
+
+def parts_of(rank0: Mapping[str, Any], started_s: float, ended_s: float) -> dict[str, float]:
+    """Where a calibration's wall time went, from rank 0's file (its ``main_s`` and each
+    part's end, ``stamps``) and the runner's ``time.monotonic()`` as it began (``started_s``:
+    its folder made, the ranks requested) and ended (every rank's file read): the process
+    start, rank 0's parts, and the teardown; seconds, adding up to the wall time. Empty
+    where the rank stamped nothing (a file from before the stamps)."""
+    stamps: Sequence[Sequence[Any]] = rank0.get("stamps") or []
+    if "main_s" not in rank0 or not stamps:
+        return {}
+    parts = {"process_start_s": float(rank0["main_s"]) - started_s}
+    before = float(rank0["main_s"])
+    for name, end in stamps:
+        parts[str(name)] = parts.get(str(name), 0.0) + float(end) - before
+        before = float(end)
+    parts["teardown_s"] = ended_s - before
+    return {name: round(s, 4) for name, s in parts.items()}
 
 
 class Predictor:
@@ -328,9 +355,36 @@ def describe_calibration(key: CalibrationKey, cal: Calibration | str) -> str:
         return ", ".join(map(str, sorted(sizes))) or "-"
 
     blocks = [b for b, c in cal.together.items() if c.forward_s]
-    return (f"calibrated {key.describe()} in {cal.wall_s:.1f} s: alone at "
+    parts = summary_parts(cal.parts_s)
+    where = " (" + ", ".join(f"{name} {s:.1f}" for name, s in parts.items()) + ")" if parts else ""
+    return (f"calibrated {key.describe()} in {cal.wall_s:.1f} s{where}: alone at "
             f"{listed(cal.alone)}; together at {listed(cal.together)} ({cal.devices} "
             f"devices); blocks at {listed(blocks)}")
+
+
+SUMMARY_GROUPS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("start", lambda p: p == "process_start_s"),
+    ("CUDA", lambda p: p == "cuda_context_s"),
+    ("group", lambda p: p == "process_group_s"),
+    ("model", lambda p: p == "model_build_s"),
+    ("warm-up", lambda p: p.endswith("_warmup_s")),
+    ("timed", lambda p: p.endswith("_timed_s") or p == "optimizer_passes_s"),
+    ("blocks", lambda p: p.startswith("blocks_")),
+    ("copies", lambda p: p == "copies_s"),
+    ("end", lambda p: p in ("finish_s", "teardown_s")),
+)
+"""The calibration line's groups of ``Calibration.parts_s`` (each part in the first that
+takes it; a part none takes, under ``other``)."""
+
+
+def summary_parts(parts_s: Mapping[str, float]) -> dict[str, float]:
+    """``parts_s`` summed into ``SUMMARY_GROUPS``, those present, in their order, seconds."""
+    out: dict[str, float] = {}
+    for part, seconds in parts_s.items():
+        group = next((g for g, takes in SUMMARY_GROUPS if takes(part)), "other")
+        out[group] = out.get(group, 0.0) + seconds
+    order = [g for g, _ in SUMMARY_GROUPS] + ["other"]
+    return {g: out[g] for g in order if g in out}
 
 
 def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServer | None,

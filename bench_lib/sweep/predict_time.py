@@ -107,13 +107,25 @@ class Calibration:
     copies: Mapping[int, float] = field(default_factory=dict)
     """Bytes -> seconds to copy them into a freshly allocated buffer, every device at once
     (the slowest): the rate of FSDP2's copies around its collectives (``fsdp_copies_s``)."""
+    parts_s: Mapping[str, float] = field(default_factory=dict)
+    """Where ``wall_s`` went, part by part in the order they ran (``run.calibrate.parts_of``:
+    ``process_start_s``, ``cuda_context_s``, ``process_group_s``, ``model_build_s``, each
+    size's ``alone_B_warmup_s`` and ``alone_B_timed_s``, ``optimizer_passes_s``,
+    ``together_B_*``, ``blocks_B_s``, ``copies_s``, ``finish_s``, ``teardown_s``), seconds;
+    they add up to ``wall_s``. In calibration.json, ``[name, seconds]`` pairs; none in one
+    written before they were recorded."""
+    steps: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Each timed size's warm-up and timed passes (``alone_B``, ``together_B``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"optimizer_s": self.optimizer_s, "devices": self.devices,
                 "wall_s": round(self.wall_s, 3),
                 "alone": {str(b): c.as_dict() for b, c in sorted(self.alone.items())},
                 "together": {str(b): c.as_dict() for b, c in sorted(self.together.items())},
-                "copies": {str(b): s for b, s in sorted(self.copies.items())}}
+                "copies": {str(b): s for b, s in sorted(self.copies.items())},
+                # Pairs, not an object: the file's keys are written sorted.
+                "parts_s": [[name, s] for name, s in self.parts_s.items()],
+                "steps": {k: list(v) for k, v in self.steps.items()}}
 
     def covers(self, sizes: Sizes) -> bool:
         """Whether this calibration measured every size in ``sizes`` (a calibration taken
@@ -129,7 +141,9 @@ class Calibration:
                    {int(b): BatchCosts.from_dict(c)
                     for b, c in (d.get("together") or {}).items()},
                    int(d.get("devices") or 1), float(d.get("wall_s") or 0.0),
-                   {int(b): float(v) for b, v in (d.get("copies") or {}).items()})
+                   {int(b): float(v) for b, v in (d.get("copies") or {}).items()},
+                   {str(k): float(v) for k, v in d.get("parts_s") or ()},
+                   {str(k): (int(v[0]), int(v[1])) for k, v in (d.get("steps") or {}).items()})
 
 
 @dataclass(frozen=True)
