@@ -73,7 +73,7 @@ def test_without_every_prediction_the_k_nearest_the_anchor_are_measured():
 
 def search_profile(**changes) -> Profile:
     return Profile(**{"strategies": ("single", "pipeline", "gpipe", "1f1b"),
-                      "models": ("toy",), "batch_sizes": (8,), "split_sizes": (4,),
+                      "models": ("toy",), "batch_sizes": (16,), "split_sizes": (4,),
                       "split_search": 3, "batch_curve": True} | changes)
 
 
@@ -88,16 +88,16 @@ def predictions(cases, times):
 
 
 def test_every_split_that_divides_the_batch_is_a_candidate():
-    assert split_candidates(16) == (1, 2, 4, 8, 16)
+    # Short of the whole batch: one micro-batch is mp's step (pipeline) or single's (accum).
+    assert split_candidates(16) == (1, 2, 4, 8)
+    assert split_candidates(1) == ()
     cases = expand(search_profile(), RIG)
     splits = {s: sorted(c.split_size for c in cases if c.strategy == s) for s in PIPELINED}
     assert splits == {s: [1, 2, 4, 8] for s in PIPELINED}
-    # 1f1b on 2 stages refuses 1 micro-batch: a skipped row with torch's reason, as before.
-    one = next(c for c in cases if c.strategy == "1f1b" and c.split_size == 8)
-    assert one.status == "skipped" and "at least as many micro-batches" in one.reason
     searches = {c.strategy: c.split_search for c in cases if c.split_search and not c.curve_of}
-    assert searches["pipeline"].candidates == 4 and searches["1f1b"].candidates == 3
-    assert measured_share(one) == pytest.approx(1.0)  # n=3 runnable, K=3
+    assert searches["pipeline"].candidates == 4 and searches["1f1b"].candidates == 4
+    one = next(c for c in cases if c.strategy == "1f1b" and c.split_size == 8)
+    assert measured_share(one) == pytest.approx(3 / 4)  # K=3 of n=4 runnable
     pipe = next(c for c in cases if c.strategy == "pipeline")
     assert measured_share(pipe) == pytest.approx(3 / 4)
     assert measured_share(next(c for c in cases if c.strategy == "single")) == 1.0
@@ -110,10 +110,11 @@ def test_the_unchosen_are_skipped_with_their_prediction_in_the_reason():
     skipped = unmeasured(cases, range(len(cases)), predictions(cases, times))
     by = {(cases[i].strategy, cases[i].split_size, cases[i].curve_of): r
           for i, r in skipped.items()}
-    assert set(by) == {("pipeline", 1, None), ("gpipe", 8, None)}
+    # 1f1b's candidates are all predicted alike (1 s): the three nearest split 4.
+    assert set(by) == {("pipeline", 1, None), ("gpipe", 8, None), ("1f1b", 1, None)}
     assert by[("pipeline", 1, None)].startswith("split 1 predicted 3 s, not measured: "
                                                 "pipeline at ")
-    assert "pipeline at batch 8, fp32 measures" in by[("pipeline", 1, None)]  # toy: no px
+    assert "pipeline at batch 16, fp32 measures" in by[("pipeline", 1, None)]  # toy: no px
     assert "measures the predicted best, split 8 at 1 s, and its neighbours (2, 4)" in \
         by[("pipeline", 1, None)]
 
@@ -121,31 +122,31 @@ def test_the_unchosen_are_skipped_with_their_prediction_in_the_reason():
 def test_a_curve_point_only_unmeasured_candidates_compute_is_skipped_too():
     cases = expand(search_profile(strategies=("single", "pipeline")), RIG)
     points = {c.batch_size: c for c in cases if c.curve_of is not None}
-    assert sorted(points) == [1, 2, 4]  # pipeline's micro-batches (8 is single's own)
+    assert sorted(points) == [1, 2, 4, 8]  # pipeline's micro-batches (16 is single's own)
     assert all(p.split_search is not None for p in points.values())
     times = {("pipeline", 1): 3.0, ("pipeline", 2): 2.0, ("pipeline", 4): 1.5,
              ("pipeline", 8): 1.0}
     settled = settle(cases, range(len(cases)), predictions(cases, times))
     status = {(c.strategy, c.batch_size, c.split_size): c.status for c in settled}
     assert status[("single", 1, None)] == "skipped"  # only pipeline s1 computed 1 image
-    assert status[("single", 2, None)] is None and status[("single", 4, None)] is None
-    assert status[("pipeline", 8, 1)] == "skipped"
+    assert all(status[("single", b, None)] is None for b in (2, 4, 8))
+    assert status[("pipeline", 16, 1)] == "skipped"
     assert sum(s == "skipped" for s in status.values()) == 2
     reason = next(c.reason for c in settled if c.curve_of and c.batch_size == 1)
     assert "batch-curve point not measured" in reason
 
 
 def test_a_curve_point_another_case_computes_is_kept():
-    """ddp's share of batch 8 on 2 workers is 4: the point at 4 stays whatever pipeline
+    """ddp's share of batch 16 on 2 workers is 8: the point at 8 stays whatever pipeline
     measures, and carries no search (it is measured for ddp)."""
     cases = expand(search_profile(strategies=("single", "ddp", "pipeline")), RIG)
-    point4 = next(c for c in cases if c.curve_of and c.batch_size == 4)
-    assert point4.split_search is None and measured_share(point4) == 1.0
+    point8 = next(c for c in cases if c.curve_of and c.batch_size == 8)
+    assert point8.split_search is None and measured_share(point8) == 1.0
     times = {("pipeline", 1): 0.5, ("pipeline", 2): 0.6, ("pipeline", 4): 3.0,
              ("pipeline", 8): 4.0}
     settled = settle(cases, range(len(cases)), predictions(cases, times))
     kept = {c.batch_size for c in settled if c.curve_of and c.status is None}
-    assert kept == {1, 2, 4}  # pipeline measures 1, 2, 4; its 8 is single's batch
+    assert kept == {1, 2, 4, 8}  # pipeline measures 1, 2, 4, not 8: ddp keeps the point at 8
 
 
 def test_without_predictions_the_splits_nearest_the_profiles_are_measured():

@@ -314,10 +314,10 @@ def round_answer(done: RoundDone, profile: Profile) -> list[str]:
 
 def report_due(done: RoundDone) -> bool:
     """Whether ``--report`` writes the report after this round: after a workload's first
-    round and its last, not each round between, since a report costs seconds that a
-    round of a few launches would feel (the first gives an answer early; the last, the
-    workload's final figures); never after the sweep's last, which the run's end writes."""
-    return not done.last and (done.round_done == 1 or done.final)
+    round only, since a report costs seconds that a round of a few launches would feel
+    (the first gives the workload's answer early; the next workload's first round shows
+    this one's final figures, and the run's end writes the last one's)."""
+    return not done.last and done.round_done == 1
 
 
 def print_answers(rows: list[Row], profile: Profile, cycle: DutyCycle, run_dir: Path) -> None:

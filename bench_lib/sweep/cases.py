@@ -470,8 +470,10 @@ def expand(profile: Profile, rig: Rig) -> list[Case]:
 def split_candidates(batch_size: int) -> tuple[int, ...]:
     """The splits a split search predicts for a workload's batch: every one that divides it
     (equal micro-batches, which every pipelined strategy takes; a split that leaves a short
-    last micro-batch computes what the nearest divisor does, plus a remainder)."""
-    return tuple(s for s in range(1, batch_size + 1) if batch_size % s == 0)
+    last micro-batch computes what the nearest divisor does, plus a remainder), short of the
+    whole batch: one micro-batch is no micro-batching (pipeline's would be mp's step,
+    accum's single's, which those cases measure)."""
+    return tuple(s for s in range(1, batch_size) if batch_size % s == 0)
 
 
 def search_key(case: Case) -> tuple[object, ...]:

@@ -47,14 +47,14 @@ class FixedCosts:
 
 
 CPU = FixedCosts(
-    launch_s=1.404, first_step_s=1.526, process_group_s=0.0, calibration_size_s=3.887,
-    run_s=28.57, rig_figures_s=0.0, collectives_s=4.0,
-    source="default-cpu on 2 cores, AMD EPYC, at c328403 (102 launches, 16 calibrated "
-           "sizes, 19.3 min on a busy machine): from_duty on its duty.json, the collectives "
-           "as its log timed them (4.0 s), the rig figures inside run_s")
-"""The cpu rig's terms (``source``): one run's duty.json without parts, so its per-run cost
-beyond the calibration and the collectives (idle power, FLOP peak, planning, the fork
-server, rows) is one term; a duty.json with parts renews them (``from_duty``)."""
+    launch_s=1.526, first_step_s=1.041, process_group_s=0.0, calibration_size_s=2.175,
+    run_s=0.06, rig_figures_s=3.27, collectives_s=3.70,
+    source="default-cpu on 2 cores, AMD EPYC, at 2bfcde0 on a quiet machine (102 launches, 30 "
+           "calibrated sizes, 955 s): from_duty on its duty.json with parts (launch_s holds "
+           "the runner's work between launches, 33 s there, most of it the report written "
+           "after each workload's first and last round)")
+"""The cpu rig's terms (``source``), renewed from a run's duty.json with parts
+(``from_duty``)."""
 
 CUDA = FixedCosts(
     launch_s=1.126, first_step_s=3.73, process_group_s=15.81, calibration_size_s=12.21,
