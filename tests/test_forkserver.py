@@ -99,6 +99,14 @@ def test_a_module_runs_as_python_m_runs_it(server, tmp_path):
     assert "the runner is gone" in err.read_text() and out.read_text() == ""
 
 
+def test_a_rank_inherits_the_servers_imports_frozen_out_of_the_collector(server, tmp_path):
+    """Its collections walk only its own objects (``serve``: gc.freeze after the imports)."""
+    out = tmp_path / "out"
+    proc = start_module(server, "tests.fork_probe", [], out, tmp_path / "err")
+    assert proc.wait(timeout=60) == 0
+    assert int(out.read_text()) > 100_000  # torch's and torchvision's objects, at least
+
+
 def _hang(server: ForkServer, tmp_path: Path, group: int = 0):
     """A rank that sleeps: the spec is a fifo nobody writes, so reading it blocks."""
     fifo = tmp_path / f"spec{group}.fifo"

@@ -254,22 +254,21 @@ def test_split_sizes_given_on_the_command_line_turn_the_search_off():
 
 
 def test_the_default_cpu_profile_measures_three_splits_per_pipelined_strategy():
-    """``make bench`` on a 2-worker cpu rig: every pipelined strategy's search, at each
-    image size, has at least three runnable splits and measures three; accum's predicts
-    every split and measures its best."""
+    """``make bench`` on a 2-worker cpu rig: every pipelined strategy's search (the
+    tutorial's pipeline and 1f1b), at each image size, has four runnable splits and
+    measures three."""
     cases = expand(load_profile(PROFILE_DIR / "default-cpu.toml"), RIG)
     searches: dict[tuple[object, ...], list[int]] = {}
     for c in cases:
-        if c.strategy in (*PIPELINED, "accum") and c.status is None:
+        if c.micro is not None and c.status is None:
             searches.setdefault(search_key(c), []).append(c.split_size or 0)
-    assert {k[0] for k in searches} == {*PIPELINED, "accum"}
-    assert len(searches) == 4 * 2  # two image sizes, strong scaling
+    assert {k[0] for k in searches} == {"pipeline", "1f1b"}
+    assert len(searches) == 2 * 2  # two image sizes, strong scaling
     for key, splits in searches.items():
         case = next(c for c in cases if c.status is None and search_key(c) == key)
         assert case.split_search is not None, key
-        measured = min(case.split_search.measured, len(splits))
-        assert measured == 1 if key[0] == "accum" else measured >= 3, (key, splits)
-        assert len(splits) >= 4, (key, splits)
+        assert sorted(splits) == [1, 2, 4, 8], key
+        assert min(case.split_search.measured, len(splits)) >= 3, (key, splits)
 
 
 # --- the figure ------------------------------------------------------------------------

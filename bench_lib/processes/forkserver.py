@@ -38,6 +38,7 @@ through the server too: every process a run starts after its first is a fork.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -192,6 +193,12 @@ def serve(runner_pid: int) -> int:
     # process group of its own, but a signal sent to it by pid must not leave it half-done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     importlib.import_module(WARM_MODULE)
+    # The imports' objects live as long as every rank: frozen (gc.freeze, as CPython's docs
+    # advise before forking), a rank's collections (the worker's after its model build,
+    # automatic ones) walk only its own objects and never write, so never copy, the pages
+    # it shares with the server: 0.16 s of a ResNet50 launch's model build was that walk.
+    gc.collect()
+    gc.freeze()
 
     server_pid = os.getpid()
     children: set[int] = set()
