@@ -7,6 +7,7 @@ dies.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import signal
@@ -99,12 +100,17 @@ def test_a_module_runs_as_python_m_runs_it(server, tmp_path):
     assert "the runner is gone" in err.read_text() and out.read_text() == ""
 
 
-def test_a_rank_inherits_the_servers_imports_frozen_out_of_the_collector(server, tmp_path):
-    """Its collections walk only its own objects (``serve``: gc.freeze after the imports)."""
+def test_a_rank_inherits_frozen_imports_and_may_start_cuda(server, tmp_path):
+    """Its collections walk only its own objects (``serve``: gc.freeze after the imports),
+    and CUDA, never started in the server, may start in it: a cuda rig's ranks are forked
+    too. On a GPU box the probe starts CUDA for real."""
     out = tmp_path / "out"
     proc = start_module(server, "tests.fork_probe", [], out, tmp_path / "err")
-    assert proc.wait(timeout=60) == 0
-    assert int(out.read_text()) > 100_000  # torch's and torchvision's objects, at least
+    assert proc.wait(timeout=120) == 0, (tmp_path / "err").read_text()
+    found = json.loads(out.read_text())
+    assert found["frozen"] > 100_000  # torch's and torchvision's objects, at least
+    assert found["bad_fork"] is False
+    assert found.get("cuda_initialised", True) is True
 
 
 def _hang(server: ForkServer, tmp_path: Path, group: int = 0):
