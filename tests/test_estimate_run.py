@@ -13,7 +13,7 @@ from bench_lib import commands
 from bench_lib.rig import Rig
 from bench_lib.run.progress import Progress
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.sweep import estimate
+from bench_lib.sweep import estimate, splits
 from bench_lib.sweep.cases import expand, new_case
 from bench_lib.sweep.estimate import (
     Estimate,
@@ -75,7 +75,7 @@ def test_a_case_that_will_not_run_costs_nothing():
 def test_a_candidate_costs_its_share_of_being_measured(monkeypatch):
     case = new_case(CPU_RIG, "pipeline", "resnet50", 64, 16, split_size=4, measurement=M)
     whole = case_estimate(case, CPU_RIG)
-    monkeypatch.setattr(estimate, "measured_share", lambda c: 0.25)
+    monkeypatch.setattr(splits, "measured_share", lambda c: 0.25)
     assert case_estimate(case, CPU_RIG).total_s == pytest.approx(whole.total_s / 4)
     assert run_estimate([case], CPU_RIG).launch_count == pytest.approx(0.75)
 

@@ -58,6 +58,9 @@ WARMUP_TOLERANCE = 0.02
 # cuDNN autotuning and torch.compile's recompiles end within the first 2-3 steps.
 WARMUP_EXTRA_MAX = 8
 STOP_REASONS = ("ci_target", "time_cap", "step_cap", "min_time")
+COMPUTE_ONLY_STEPS = 3
+"""Steps a launch that traces times with no collective after its timed ones
+(``run.worker._compute_only``; the run's estimate counts them: ``sweep.estimate``)."""
 
 
 def time_budget(max_time_s: float, min_steps: int = MIN_STEPS_UNDER_TIME_CAP) -> StopRule:

@@ -81,7 +81,7 @@ import torch.distributed as dist
 from bench_lib import strategies
 from bench_lib.measure.kernels import kernel_names
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory, peak_reserved_mib
-from bench_lib.measure.timing import measure_steps
+from bench_lib.measure.timing import COMPUTE_ONLY_STEPS, measure_steps
 from bench_lib.measure.trace import TracedStep, trace_step
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig, init_process_group, pin_worker, set_math_mode, synchronize
@@ -272,10 +272,6 @@ def _build(case: Case, rank: int, devices: list[torch.device],
     if case.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     return trainer, x, y.to(trainer.output_device)
-
-
-COMPUTE_ONLY_STEPS = 3
-"""Steps timed with no collective after the timed ones (``_compute_only``)."""
 
 
 def _compute_only(trainer: Trainer, x: torch.Tensor, y: torch.Tensor,

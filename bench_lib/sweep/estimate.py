@@ -15,7 +15,7 @@ A step's seconds are simple: forward+backward seconds per image at 64 px on one 
 thread, scaled by pixel count and threads (a model that takes no image size, ``toy`` and
 ``mlp``, has a figure per sample, not scaled); on a GPU, the H100's per-pixel pace with the
 floor a small batch cannot go under. A case that will not run costs nothing; a split-search
-candidate costs its chance of being measured (``measured_share``).
+candidate costs its chance of being measured (``splits.measured_share``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from bench_lib import strategies
 from bench_lib.analysis.bound import MOVING_ACROSS_GPUS, PRICED_WITH_COLLECTIVES
-from bench_lib.measure.timing import MIN_STEPS_UNDER_TIME_CAP
+from bench_lib.measure.timing import COMPUTE_ONLY_STEPS, MIN_STEPS_UNDER_TIME_CAP
 from bench_lib.rig import Rig
 from bench_lib.sweep import splits
 from bench_lib.sweep.cases import Case, model_facts
@@ -52,9 +52,6 @@ GPU_STEP_FLOOR_S = 0.020
 """The least a ResNet50 training step (or a micro-batch's passes) takes on the H100 however
 few its images: batch 8 at 64 px and batch 20 at 224 px both took 0.020 s (kernel launches,
 not arithmetic, set the pace)."""
-COMPUTE_ONLY_STEPS = 3
-"""Steps a DDP case's first launch times without communication after its timed ones
-(``run.worker.COMPUTE_ONLY_STEPS``); a case with stages traces one more step."""
 
 
 def step_seconds(case: Case, rig: Rig) -> float:
@@ -78,12 +75,6 @@ def _cpu_step(case: Case, per_image: float) -> float:
         return pass_s
     ranks = case.world_size if case.process_group else 1
     return pass_s * (case.micro.count + ranks - 1) / ranks
-
-
-def measured_share(case: Case) -> float:
-    """The expected share of ``case``'s launches that run: 1, except for a candidate of a
-    split search, which runs only when chosen among its group's (``splits.measured_share``)."""
-    return splits.measured_share(case)
 
 
 @dataclass(frozen=True)
@@ -110,7 +101,7 @@ class Estimate:
 
 def case_estimate(case: Case, rig: Rig) -> Estimate:
     """Estimated seconds of every launch of ``case`` (nothing when it won't run), by kind,
-    times its ``measured_share``."""
+    times its ``splits.measured_share``."""
     if case.status is not None:
         return Estimate()
     terms, m, step = BY_KIND[rig.kind], case.measurement, step_seconds(case, rig)
@@ -128,7 +119,7 @@ def case_estimate(case: Case, rig: Rig) -> Estimate:
     if launch.total_s > m.case_timeout_s:  # killed at the timeout
         launch = launch.scaled(m.case_timeout_s / launch.total_s)
     diagnostics = Estimate(startup_s=diagnostic_steps(case) * step)
-    return (launch.scaled(m.launches) + diagnostics).scaled(measured_share(case))
+    return (launch.scaled(m.launches) + diagnostics).scaled(splits.measured_share(case))
 
 
 def steady_warmup_steps(minimum: int, launches: int) -> int:
@@ -207,7 +198,7 @@ def run_estimate(cases: Iterable[Case], rig: Rig, rig_figures: bool = True,
     runnable = [c for c in cases if c.status is None]
     terms = BY_KIND[rig.kind]
     launches = sum((case_estimate(c, rig) for c in runnable), Estimate())
-    count = sum(c.measurement.launches * measured_share(c) for c in runnable)
+    count = sum(c.measurement.launches * splits.measured_share(c) for c in runnable)
     sizes = calibrated_sizes(runnable, rig) if predict_time else {}
     return RunEstimate(
         launches, count, terms.run_s, terms.rig_figures_s if rig_figures else 0.0,
