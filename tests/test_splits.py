@@ -180,6 +180,9 @@ class FakeTimes:
     def cut(self, case):
         return ""
 
+    def copies(self, case):
+        return None
+
 
 @pytest.mark.integration
 def test_skipped_candidates_are_rows_with_their_prediction_and_are_never_launched(

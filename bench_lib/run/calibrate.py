@@ -95,7 +95,8 @@ def result_file(workdir: Path, rank: int) -> Path:
 def sizes_for(cases: Iterable[Case], rig: Rig) -> dict[CalibrationKey, Sizes]:
     """The batch sizes each workload's calibration times: every size its cases to run read
     (``predict_time.calibration_sizes``)."""
-    from bench_lib.sweep.predict_time import FRESH_COPY_BYTES, shape_of
+    from bench_lib.analysis.step_parts import FRESH_COPY_BYTES
+    from bench_lib.sweep.predict_time import shape_of
 
     out: dict[CalibrationKey, Sizes] = {}
     for case in cases:
@@ -234,6 +235,12 @@ class Predictor:
                 self.on_calibrate(key, self.found[key])
         return self.found[key]
 
+    def copies(self, case: Case) -> Mapping[int, float] | None:
+        """The copy rate ``case``'s workload's calibration timed (``Calibration.copies``),
+        or None where it has none; never calibrates (the rows ask after the launches)."""
+        cal = self.found.get(CalibrationKey.of(case))
+        return None if cal is None or isinstance(cal, str) else cal.copies
+
     def cut(self, case: Case) -> str:
         """The cut ``case``'s first launch runs (``predict_time.calibrated_cut``), or ""
         (the case profiles its blocks itself)."""
@@ -247,7 +254,13 @@ class Predictor:
 
     def predict(self, case: Case) -> tuple[Bound | str, Bound | str]:
         """``case``'s predicted step, and its workload's single's (for the speedup)."""
-        from bench_lib.sweep.predict_time import Shape, predict, predict_case
+        from bench_lib.sweep.predict_time import (
+            Shape,
+            predict,
+            predict_case,
+            predicted_parts,
+            shape_of,
+        )
 
         cal = self.calibration(case)
         if isinstance(cal, str):
@@ -255,7 +268,11 @@ class Predictor:
             return why, why
         single = predict(Shape("single", case.workload_batch), cal)
         try:
-            return predict_case(case, self.rig, cal, self.collectives), single
+            found = predict_case(case, self.rig, cal, self.collectives)
+            if isinstance(found, str):
+                return found, single
+            parts = predicted_parts(shape_of(case, self.rig), cal, found)
+            return replace(found, parts=None if isinstance(parts, str) else parts), single
         except Exception as e:  # a prediction is never worth the case's measurement
             return f"no prediction: {type(e).__name__}: {e}"[:300], single
 
@@ -271,6 +288,8 @@ def prediction_columns(case_batch: int, workload_batch: int, predicted: Bound | 
         return {"prediction_note": predicted}
     cols: dict[str, Any] = {"step_time_s_predicted": predicted.step_s,
                             "prediction_note": predicted.note()}
+    if predicted.parts is not None:
+        cols |= predicted.parts.columns("predicted")
     if not isinstance(single, str):
         cols["speedup_predicted"] = speedup(predicted.step_s, case_batch, single.step_s,
                                             workload_batch)

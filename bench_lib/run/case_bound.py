@@ -8,10 +8,11 @@ come from the model built on meta tensors (``workloads.sizes``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from bench_lib.analysis import step_parts
 from bench_lib.analysis.bound import (
     MOVING_ACROSS_GPUS,
     PIPELINED,
@@ -38,18 +39,21 @@ if TYPE_CHECKING:
 def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
                single_s: float | None = None,
                collectives: Collectives | None = None,
-               ddp_compute_s: float | None = None) -> Bound | str | None:
+               ddp_compute_s: float | None = None,
+               copies: Mapping[int, float] | None = None) -> Bound | str | None:
     """An ok case's bound (``analysis.bound`` states each formula), why it has none, or None
     for a strategy without one (single, dp, accum). ``median_s``: its median step;
     ``single_s``: the same workload's ``single`` median step; ``collectives``: the run's
     micro-benchmark; ``ddp_compute_s``: for fsdp, a ddp case's measured compute of the same
-    local batch (``run.workload_rows.ddp_compute_s``)."""
+    local batch (``run.workload_rows.ddp_compute_s``); ``copies``: the workload's calibrated
+    copy rate (``Calibration.copies``), which prices FSDP2's copies."""
     name = case.strategy
     if case.spans_nodes(rig):  # the micro-benchmark's fits are node 0's, not the network's
         return (f"no bound: the case's ranks span {rig.nodes} nodes, and the collective "
                 "micro-benchmark measured node 0's devices only")
     if name in ("ddp", "ddp-1", "fsdp"):
-        return _data_parallel(case, outcome, median_s, single_s, collectives, ddp_compute_s)
+        return _data_parallel(case, rig, outcome, median_s, single_s, collectives,
+                              ddp_compute_s, copies)
     if name not in (*PIPELINED, "mp", "pipeline"):
         return None
     if not outcome.timeline:
@@ -83,8 +87,9 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
 
 def traced_parts(outcome: CaseOutcome, median_s: float) -> tuple[PassTimes, float, float]:
     """The traced step's pass times (``phase_times``) and its time outside the passes,
-    scaled by ``median_s`` / traced step where the traced step ran slower than the median
-    (one step: noise, and the stamps' own cost, slow it as a whole), and that scale."""
+    scaled by ``median_s`` / traced step (one step: noise, and the stamps' own cost, make it
+    faster or slower as a whole than the median the bound is compared with), and that
+    scale."""
     times = phase_times(outcome.timeline)
     lo, hi = span(outcome.timeline)
     traced = outcome.traced_step_s
@@ -94,18 +99,22 @@ def traced_parts(outcome: CaseOutcome, median_s: float) -> tuple[PassTimes, floa
 
 
 def traced_scale(outcome: CaseOutcome, median_s: float) -> float:
-    """``median_s`` over the traced step where that ran slower (``traced_parts``), else 1."""
+    """``median_s`` over the traced step (``traced_parts``): the traced step is one step of
+    one launch, its shares are the case's, its pace the median step's; 1 without one."""
     traced = outcome.traced_step_s
-    return min(1.0, median_s / traced) if traced and median_s > 0 else 1.0
+    return median_s / traced if traced and median_s > 0 else 1.0
 
 
-def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, single_s: float | None,
-                   collectives: Collectives | None, ddp_compute_s: float | None = None,
-                   ) -> Bound | str:
+def _data_parallel(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
+                   single_s: float | None, collectives: Collectives | None,
+                   ddp_compute_s: float | None = None,
+                   copies: Mapping[int, float] | None = None) -> Bound | str:
     """ddp's (ddp-1's: no peer) or fsdp's bound, or why there is none. Compute: the case's
     own steps with no collective (``outcome.compute_step_s``: ddp, ddp-1), or for fsdp
     those of a ddp case of the same local batch, at most its median step; else
-    ``single``'s step times the local share of the batch."""
+    ``single``'s step times the local share of the batch. Collectives overlap the compute
+    on GPUs, not on a cpu rig (``step_parts.exposed_comm_s``); fsdp adds its copies at
+    ``copies``' rate (``step_parts.fsdp_copies_s``) where the calibration timed it."""
     if outcome.compute_step_s is not None:
         compute = min(outcome.compute_step_s, median_s)
         formula = f"{case.strategy} (compute: its no_sync steps)"
@@ -135,10 +144,16 @@ def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, single_s: 
         comm = ddp_comm_s(grads / 2 if hook in ("fp16", "bf16") else grads,
                           collectives.fits["all_reduce"],
                           None if cap_mb is None else cap_mb * 2**20)
+        own = 0.0
     else:
         comm = fsdp_comm_s(units, grads - sum(units), collectives.fits["all_gather"],
                            collectives.fits["reduce_scatter"])
-    return data_parallel_bound(formula, compute, comm)
+        try:
+            own = step_parts.fsdp_copies_s(units, grads - sum(units), case.world_size,
+                                           copies or {})
+        except KeyError:  # no calibration: the bound leaves the copies out, as before
+            own = 0.0
+    return data_parallel_bound(formula, compute, comm, rig.kind == "cuda", own)
 
 
 def largest_message(cases: Iterable[Case], rig: Rig) -> int | None:

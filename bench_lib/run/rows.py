@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_lib import strategies
-from bench_lib.analysis import bubble, utilisation, waterfall
+from bench_lib.analysis import bubble, utilisation
+from bench_lib.analysis.bound import Bound
 from bench_lib.analysis.collective_fits import Collectives
 from bench_lib.analysis.launch_spread import describe, kernels_note, launch_spread
 from bench_lib.analysis.stats import (
@@ -29,6 +29,7 @@ from bench_lib.measure.throttling import throttling
 from bench_lib.results.schema import launch_medians
 from bench_lib.rig import Rig
 from bench_lib.run import case_bound
+from bench_lib.run.case_parts import optimizer_share
 from bench_lib.run.protocol import CaseOutcome, SampleRow
 from bench_lib.sweep.cases import Case
 
@@ -257,21 +258,27 @@ def bubble_columns(case: Case, outcome: CaseOutcome, median_s: float) -> Row:
     return cols
 
 
-def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | None,
-                  single_s: float | None = None, collectives: Collectives | None = None,
-                  ddp_compute_s: float | None = None) -> Row:
-    """The case's bound from its own parts beside its median step (``run.case_bound``);
-    ``single_s``: the same workload's single median step (ddp, fsdp); ``collectives``: the
-    run's micro-benchmark; ``ddp_compute_s``: for fsdp, a ddp case's measured compute of
-    the same local batch. Empty for a case not ok or a strategy without a bound."""
+def case_bound_or_why(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | None,
+                      single_s: float | None = None, collectives: Collectives | None = None,
+                      ddp_compute_s: float | None = None,
+                      copies: Mapping[int, float] | None = None) -> Bound | str | None:
+    """The case's bound from its own parts (``run.case_bound``), why it has none, or None
+    (a case not ok, a strategy without a bound). ``single_s``: the same workload's single
+    median step (ddp, fsdp); ``collectives``: the run's micro-benchmark;
+    ``ddp_compute_s``: for fsdp, a ddp case's measured compute of the same local batch;
+    ``copies``: the workload's calibrated copy rate (fsdp's copies)."""
     if outcome.status != "ok" or not median_s:
-        return {}
+        return None
     try:
-        found = case_bound.case_bound(case, rig, outcome, median_s, single_s, collectives,
-                                      ddp_compute_s)
+        return case_bound.case_bound(case, rig, outcome, median_s, single_s, collectives,
+                                     ddp_compute_s, copies)
     except Exception as e:  # a bound is a derived figure: never worth losing the row for
-        return {"bound_note": f"no bound: {type(e).__name__}: {e}"}
-    if found is None:
+        return f"no bound: {type(e).__name__}: {e}"
+
+
+def bound_columns_of(found: Bound | str | None, median_s: float | None) -> Row:
+    """``found``'s columns beside the median step: empty for None."""
+    if found is None or not median_s:
         return {}
     if isinstance(found, str):
         return {"bound_note": found}
@@ -283,45 +290,13 @@ def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | 
             "bound_note": found.note()}
 
 
-def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
-                      curve: Mapping[int, float], optimizer_s: float | None = None,
-                      ddp_compute_s: float | None = None) -> Row:
-    """The case's waterfall (``analysis.waterfall``) from single's median step per batch of
-    the same model, image size and precision (``curve``: the full batch and the batch
-    curve, ``SpeedupTable.single_steps``) and its optimizer step (``optimizer_s``), the
-    devices' compute side by side (``shared_compute_s``), the traced step's busiest
-    device, and the bound's communication part; empty for single and a case not ok.
-    ``ddp_compute_s``: for fsdp, a ddp case's compute of the same local batch."""
-    if outcome.status != "ok" or case.strategy == "single" or not row.get("step_time_s_median"):
-        return {}
-    median = float(row["step_time_s_median"])
-    share = optimizer_share(case)
-    idle = bubble.idle_by_device(outcome.timeline)
-    comm = _number(row.get("bound_comm_s"))
-    if rig.kind == "cpu" and row.get("step_time_s_bound_no_overlap") not in (None, ""):
-        # A worker's collectives run on the cores it computes on: none is hidden.
-        comm = _number(row["step_time_s_bound_no_overlap"]) - _number(row.get("bound_compute_s"))
-    found = waterfall.waterfall(
-        case.strategy, case.world_size, case.batch_size, case.device_batch_size,
-        case.num_microbatches, curve, median,
-        busiest_over_mean=waterfall.busiest_over_mean({d: 1.0 - i for d, i in idle.items()}),
-        serial=rig.kind == "cpu" and not case.process_group and case.world_size > 1,
-        comm_s=comm, optimizer_s=optimizer_s, optimizer_share=share,
-        workload_batch=case.workload_batch,
-        shared_compute_s=shared_compute_s(case, outcome, median, idle, optimizer_s or 0.0,
-                                          share, ddp_compute_s))
-    return {"waterfall_note": found} if isinstance(found, str) else found.columns()
-
-
-def shared_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
-                     idle: Mapping[Any, float], optimizer_s: float, share: float,
-                     ddp_compute_s: float | None = None) -> float | None:
-    """S of the waterfall: one device's compute a step while every device of the case
-    computes, with no communication (``device_compute_s``); None where the case has no
-    such measure, and for one process driving several devices (its passes take turns)."""
-    if not case.process_group or case.world_size < 2:
-        return None
-    return device_compute_s(case, outcome, median_s, idle, optimizer_s, share, ddp_compute_s)
+def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | None,
+                  single_s: float | None = None, collectives: Collectives | None = None,
+                  ddp_compute_s: float | None = None,
+                  copies: Mapping[int, float] | None = None) -> Row:
+    """The bound's columns (``case_bound_or_why``, ``bound_columns_of``)."""
+    return bound_columns_of(case_bound_or_why(case, rig, outcome, median_s, single_s,
+                                              collectives, ddp_compute_s, copies), median_s)
 
 
 def device_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
@@ -341,13 +316,6 @@ def device_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
     lo, hi = bubble.span(outcome.timeline)
     busy = statistics.fmean((1.0 - i) * (hi - lo) for i in idle.values())
     return busy * case_bound.traced_scale(outcome, median_s) + share * optimizer_s
-
-
-def optimizer_share(case: Case) -> float:
-    """The share of the model's optimizer step one device of the case runs: its own
-    stage's parameters (the partitioned strategies) or shard (fsdp), else all of them."""
-    return (1 / case.world_size if strategies.get(case.strategy).uses_partition
-            or case.strategy == "fsdp" else 1.0)
 
 
 def util_check_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,

@@ -5,24 +5,27 @@ runner's rounds and launches are there)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bench_lib.analysis import step_parts
 from bench_lib.analysis.collective_fits import Collectives
 from bench_lib.measure.energy import IdlePower
 from bench_lib.measure.flops import AttainablePeak
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
 from bench_lib.run.calibrate import prediction_columns
+from bench_lib.run.case_parts import waterfall_columns
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import (
     Row,
     SpeedupTable,
-    bound_columns,
+    bound_columns_of,
+    case_bound_or_why,
     case_row,
     util_check_columns,
-    waterfall_columns,
 )
 from bench_lib.strategies.ddp_knobs import DdpKnobs
 from bench_lib.sweep.cases import Case
@@ -48,6 +51,23 @@ def ddp_compute_s(case: Case, workload: Sequence[tuple[Case, CaseOutcome]]) -> f
     return None
 
 
+def ddp_own_s(case: Case, workload: Sequence[tuple[Case, CaseOutcome]],
+              single_steps: Mapping[int, float]) -> float | None:
+    """For a ddp case over several devices, DDP's own work measured by a ``ddp-1`` case of
+    its workload (``step_parts.ddp_own_s``: its median step less single's at its batch);
+    None where the run has none."""
+    if case.strategy != "ddp" or case.world_size < 2:
+        return None
+    for other, outcome in workload:
+        if (other.strategy == "ddp-1" and outcome.status == "ok" and outcome.step_times_s
+                and other.batch_size in single_steps and other.ddp == case.ddp
+                and (other.precision, other.channels_last, other.compile)
+                == (case.precision, case.channels_last, case.compile)):
+            return step_parts.ddp_own_s(statistics.median(outcome.step_times_s),
+                                        single_steps[other.batch_size])
+    return None
+
+
 @dataclass(frozen=True)
 class RowInputs:
     """What a run's rows are made of besides their launches (``workload_rows``)."""
@@ -57,6 +77,8 @@ class RowInputs:
     attainable_peak: AttainablePeak | None = None
     idle: IdlePower | None = None
     collectives: Collectives | None = None
+    copies: Callable[[Case], Mapping[int, float] | None] | None = None
+    """A case's workload's calibrated copy rate (``Calibration.copies``): fsdp's copies."""
 
 
 @dataclass(frozen=True)
@@ -113,13 +135,17 @@ def workload_rows(
             row |= inputs.admission.columns(case, list(launched[i]))
         speedups.fill(case, row)
         ddp_compute = ddp_compute_s(case, workload)
-        row |= bound_columns(case, inputs.rig, outcome, row.get("step_time_s_median"),
-                             speedups.single_step_s(case), inputs.collectives, ddp_compute)
+        median = row.get("step_time_s_median")
+        found = case_bound_or_why(case, inputs.rig, outcome, median,
+                                  speedups.single_step_s(case), inputs.collectives,
+                                  ddp_compute, inputs.copies(case) if inputs.copies else None)
+        row |= bound_columns_of(found, median)
         if (case.strategy == "single" and case.curve_of is None
                 and outcome.optimizer_step_s is not None):
             optimizer_steps[case.group_key] = outcome.optimizer_step_s
         row |= waterfall_columns(case, inputs.rig, outcome, row, speedups.single_steps(case),
-                                 optimizer_steps.get(case.group_key), ddp_compute)
+                                 optimizer_steps.get(case.group_key), found, ddp_compute,
+                                 ddp_own_s(case, workload, speedups.single_steps(case)))
         row |= util_check_columns(case, inputs.rig, outcome, row,
                                   optimizer_steps.get(case.group_key), ddp_compute)
         if i in predicted:

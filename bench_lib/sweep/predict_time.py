@@ -33,6 +33,10 @@ step, T_a(b) and T_t(b) the calibrated step alone and together)::
                           stages' parameters). Zero-bubble schedules split a backward into
                           its input and weight gradients: half each (said in the formula).
 
+The predicted step is also cut into the step's parts (``predicted_parts``: the
+``analysis.step_parts`` list the waterfall measures), which add up to it: where a part's
+predicted and measured values disagree is where this model is wrong.
+
 Each prediction is a ``analysis.bound.Bound`` (its parts say where the time goes) or the
 reason there is none (``dp``: no model of its scatter and gather; no calibration; a
 batch the calibration lacks). ``speedup`` turns two predictions into a speedup the way
@@ -48,6 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from bench_lib.analysis import step_parts
 from bench_lib.analysis.bound import (
     PIPELINED,
     Action,
@@ -59,6 +64,7 @@ from bench_lib.analysis.bound import (
     placement_of,
 )
 from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.analysis.step_parts import Figures, StepParts
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
@@ -202,38 +208,12 @@ def calibration_sizes(shape: Shape) -> Sizes:
         return Sizes(single | {shape.batch})
     if name in ("accum", "pipeline") and (name == "accum" or shape.serial):
         return Sizes(single | {b})
+    # Alone at b too: the step's parts (``predicted_parts``) price the smaller batch with it.
     if name in ("ddp", "fsdp"):
-        return Sizes(single, frozenset({b}))
+        return Sizes(single | {b}, frozenset({b}))
     if name in PIPELINED or name == "pipeline":
-        return Sizes(single, frozenset({b}), frozenset({b}))
+        return Sizes(single | {b}, frozenset({b}), frozenset({b}))
     return Sizes(single)
-
-
-FRESH_COPY_BYTES = 64 * 2**20
-"""The copy the calibration times into a fresh buffer: above glibc's largest mmap threshold
-(32 MiB), so that its pages are new each time whatever ran before."""
-
-
-def fsdp_copied_bytes(units: Sequence[int], root: int, devices: int) -> float:
-    """The bytes FSDP2 copies per step: per unit of b bytes, gathered forward and again
-    backward (copy-in of its shard, copy-out of the whole) and its gradient reduce-scattered
-    (copy-in of the whole, the shard out): 3 (b + b/N); the root, gathered once: 2 (b + b/N)."""
-    return sum(times * (b + b / devices)
-               for b, times in [*((u, 3) for u in units), (root, 2)] if b > 0)
-
-
-def fsdp_copies_s(units: Sequence[int], root: int, devices: int,
-                  copies: Mapping[int, float]) -> float:
-    """FSDP2's copies per step (``fsdp_copied_bytes``) at the calibrated rate of a copy into
-    fresh pages: its all-gather and reduce-scatter buffers are allocated each time and freed
-    after. On a cpu rig the new pages' faults cost more than the bytes (about 2.6 GB/s
-    against 20 into a reused buffer, 2-core AMD EPYC). Smaller buffers can land on reused
-    heap pages instead (glibc's threshold adapts), so this is the copies' upper end; timing
-    each unit's size instead gave 75 to 550 ms for the same copies from one calibration to
-    the next, as the heap happened to be."""
-    if FRESH_COPY_BYTES not in copies:
-        raise KeyError("copy into a fresh buffer")
-    return fsdp_copied_bytes(units, root, devices) * copies[FRESH_COPY_BYTES] / FRESH_COPY_BYTES
 
 
 Cutter = Callable[[Sequence[float], Sequence[int]], Sequence[int]]
@@ -285,6 +265,34 @@ def predict(shape: Shape, cal: Calibration | None, collectives: Collectives | No
     return f"no prediction: no model of {name}'s step"
 
 
+def predicted_parts(shape: Shape, cal: Calibration, found: Bound) -> StepParts | str:
+    """The predicted column of the step's parts (``analysis.step_parts``) for ``shape``,
+    whose predicted step is ``found`` (``predict``'s): they add up to its ``step_s``. Single's
+    curve is the calibration's steps alone; S its steps together (ddp, fsdp) or the mean of
+    the replayed passes (pipelines); comm, bubble and own are ``found``'s, priced by the
+    same functions the bound uses. DDP's own work and a serial pipeline's hand-offs are not
+    calibrated: 0 here, and the report shows what they were measured at."""
+    if shape.strategy == "single":
+        return "single is the reference"
+    n, opt = shape.devices, cal.optimizer_s
+    share = 1 / n if shape.strategy in ("fsdp", "mp", "pipeline", *PIPELINED) else 1.0
+    base = Figures(n, shape.batch, shape.device_batch, shape.workload_batch or shape.batch,
+                   {b: c.step_s for b, c in cal.alone.items()}, opt, share)
+    if found.busy_s:  # a replayed schedule
+        mean = sum(found.busy_s) / len(found.busy_s)
+        figures = replace(base, shared_compute_s=mean + share * opt, busy_s=found.busy_s,
+                          bubble_s=found.bubble_s, comm_s=found.comm_s)
+    elif shape.serial or shape.strategy in ("mp", "accum", "ddp-1"):
+        figures = replace(base, serial=shape.serial or shape.strategy == "mp",
+                          comm_s=found.comm_s)
+    else:  # ddp, fsdp: every device's step together, the collectives, FSDP2's copies
+        figures = replace(base, shared_compute_s=found.compute_s, comm_s=found.comm_s,
+                          own_s=found.other_s,
+                          own_what="FSDP2's copies" if found.other_s else
+                          "DDP's own work: not calibrated" if shape.strategy == "ddp" else "")
+    return step_parts.parts(figures)
+
+
 def _step(costs: Mapping[int, BatchCosts], batch: int, what: str = "step") -> float:
     if batch not in costs:
         raise KeyError(f"{what} at batch {batch}")
@@ -324,14 +332,11 @@ def _data_parallel(shape: Shape, cal: Calibration, collectives: Collectives | No
             return "no prediction: all_gather or reduce_scatter was not measured"
         root = int(grad_bytes - sum(units))
         comm = fsdp_comm_s(units, root, gather, scatter)
-        copies = fsdp_copies_s(units, root, n, cal.copies)
-    if shape.overlap:
-        found = data_parallel_bound(shape.strategy, compute, comm)
-        return replace(found, step_s=found.step_s + copies, other_s=copies,
-                       no_overlap_s=(found.no_overlap_s or found.step_s) + copies)
-    # Collectives on the cores that compute (a cpu rig): nothing hides them.
-    return Bound(f"{shape.strategy} (collectives not overlapped: they share the cores)",
-                 compute + comm + copies, compute, 0.0, comm, copies)
+        copies = step_parts.fsdp_copies_s(units, root, n, cal.copies)
+    # On a cpu rig the collectives run on the cores that compute: nothing hides them.
+    formula = shape.strategy if shape.overlap else \
+        f"{shape.strategy} (collectives not overlapped: they share the cores)"
+    return data_parallel_bound(formula, compute, comm, shape.overlap, copies)
 
 
 def stage_passes(costs: BatchCosts, cuts: Sequence[int], optimizer_s: float,

@@ -1,0 +1,140 @@
+"""The measured column of a case's step parts (``analysis.step_parts``): the figures each
+part is computed from, read off the case, its run and its bound, and the waterfall columns.
+
+Where each measured figure comes from:
+
+- single's curve and optimizer step: the run's ``single`` rows of the same workload;
+- S, one device's compute while all compute: ddp's no_sync steps (fsdp: a ddp case's of
+  the same local batch), or a traced step's passes per device (the pipelining schedules);
+- each device's passes, the schedule's work between them (``step_parts.schedule_work_s``):
+  the traced step, scaled to the case's median step (``case_bound.traced_parts``);
+- bubble and comm: the case's bound (``run.case_bound``), priced with the same functions as
+  the prediction (the schedule's replay, ``step_parts.exposed_comm_s``);
+- own work: FSDP2's copies at the calibration's copy rate (the bound's ``other``), DDP's
+  from a ``ddp-1`` case against single (one device: the case's own no_sync steps against
+  its full ones), a schedule's from its traced step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from bench_lib import strategies
+from bench_lib.analysis import bubble, step_parts, waterfall
+from bench_lib.analysis.bound import PIPELINED, Bound
+from bench_lib.analysis.step_parts import Figures
+from bench_lib.run.case_bound import traced_scale
+
+if TYPE_CHECKING:
+    from bench_lib.rig import Rig
+    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.sweep.cases import Case
+
+NO_DDP1 = "DDP's own work not measured: the run has no ddp-1 case of this workload"
+
+
+def optimizer_share(case: Case) -> float:
+    """The share of the model's optimizer step one device of the case runs: its own
+    stage's parameters (the partitioned strategies) or shard (fsdp), else all of them."""
+    return (1 / case.world_size if strategies.get(case.strategy).uses_partition
+            or case.strategy == "fsdp" else 1.0)
+
+
+def is_serial(case: Case, rig: Rig) -> bool:
+    """One process runs every stage in turn: mp, and ``pipeline`` on a cpu rig."""
+    return case.world_size > 1 and (case.strategy == "mp" or (
+        case.strategy == "pipeline" and rig.kind == "cpu" and not case.process_group))
+
+
+def traced_busy_s(outcome: CaseOutcome, median_s: float) -> tuple[float, ...]:
+    """Each device's passes in the traced step, scaled to the median step."""
+    idle = bubble.idle_by_device(outcome.timeline)
+    if not idle:
+        return ()
+    lo, hi = bubble.span(outcome.timeline)
+    scale = traced_scale(outcome, median_s)
+    return tuple((1.0 - i) * (hi - lo) * scale for i in idle.values())
+
+
+def measured_figures(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
+                     curve: Mapping[int, float], optimizer_s: float | None,
+                     found: Bound | str | None, ddp_compute_s: float | None = None,
+                     ddp_own_s: float | None = None) -> Figures:
+    """The figures of ``case``'s measured parts (module docstring). ``found``: its bound
+    (or why it has none); ``ddp_own_s``: DDP's own work from the run's ddp-1 case."""
+    share, opt = optimizer_share(case), optimizer_s or 0.0
+    notes: list[str] = []
+    if optimizer_s is None and case.batch_size != case.device_batch_size:
+        notes.append("optimizer step not measured: counted with every micro-batch")
+    bound = found if isinstance(found, Bound) else None
+    if bound is None and isinstance(found, str):
+        notes.append(f"bubble, comm and own work unknown ({found})")
+    base = Figures(case.world_size, case.batch_size, case.device_batch_size,
+                   case.workload_batch, curve, opt, share,
+                   comm_s=bound.comm_s if bound else 0.0)
+    busy = traced_busy_s(outcome, median_s)
+    between = step_parts.schedule_work_s(outcome.timeline) * traced_scale(outcome, median_s)
+    if is_serial(case, rig):
+        notes.append(f"{waterfall.SERIAL_NOTE}: the busiest device idles while the others "
+                     "compute")
+        what = ("the stages' passes beyond single's curve and the work between them: the "
+                "serial process's hand-offs" if busy else "")
+        return replace(base, serial=True, busy_s=busy, own_s=between, own_what=what,
+                       notes=tuple(notes))
+    if case.strategy in ("ddp", "ddp-1", "fsdp"):
+        return _data_parallel(case, outcome, median_s, base, bound, ddp_compute_s, ddp_own_s,
+                              notes)
+    if case.strategy in PIPELINED or (case.strategy == "pipeline" and busy):
+        shared = (statistics.fmean(busy) + share * opt
+                  if busy and case.process_group else None)
+        theory = bubble.theory(case.strategy, case.world_size, case.num_microbatches)
+        if theory:
+            notes.append(f"bubble in theory {theory.describe()}")
+        return replace(base, shared_compute_s=shared, busy_s=busy,
+                       bubble_s=bound.bubble_s if bound else 0.0, own_s=between,
+                       own_what="the schedule's work between passes" if busy else "",
+                       notes=tuple(notes))
+    return replace(base, notes=tuple(notes))
+
+
+def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, base: Figures,
+                   bound: Bound | None, ddp_compute_s: float | None,
+                   ddp_own_s: float | None, notes: list[str]) -> Figures:
+    """ddp, ddp-1, fsdp: S from no_sync steps; own work from ddp-1 or the bound's copies."""
+    opt, share = base.optimizer_s, base.optimizer_share
+    measured = outcome.compute_step_s if outcome.compute_step_s is not None \
+        else ddp_compute_s if case.strategy == "fsdp" else None
+    shared = None
+    if case.process_group and case.world_size > 1 and measured is not None:
+        shared = min(measured, median_s) - (1 - share) * opt
+    if case.strategy == "fsdp":
+        own = bound.other_s if bound else 0.0
+        what = "FSDP2's copies at the calibrated copy rate" if own else \
+            "FSDP2's copies not priced: no calibrated copy rate"
+    elif case.world_size == 1 and outcome.compute_step_s is not None:
+        own = step_parts.ddp_own_s(median_s, outcome.compute_step_s)
+        what = "DDP's own work: its full steps over its no_sync steps"
+    elif ddp_own_s is not None:
+        own, what = ddp_own_s, "DDP's own work: the run's ddp-1 over single"
+    else:
+        own, what = 0.0, NO_DDP1
+    return replace(base, shared_compute_s=shared, own_s=own, own_what=what,
+                   notes=tuple(notes))
+
+
+def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Mapping[str, Any],
+                      curve: Mapping[int, float], optimizer_s: float | None = None,
+                      found: Bound | str | None = None, ddp_compute_s: float | None = None,
+                      ddp_own_s: float | None = None) -> dict[str, Any]:
+    """The case's waterfall (``analysis.waterfall``): its measured step cut into the
+    measured parts (``measured_figures``); empty for single and a case not ok."""
+    median = row.get("step_time_s_median")
+    if outcome.status != "ok" or case.strategy == "single" or not median:
+        return {}
+    figures = measured_figures(case, rig, outcome, float(median), curve, optimizer_s, found,
+                               ddp_compute_s, ddp_own_s)
+    made = waterfall.waterfall(figures, float(median))
+    return {"waterfall_note": made} if isinstance(made, str) else made.columns()
