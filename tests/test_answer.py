@@ -18,11 +18,14 @@ def _case(strategy: str, step: float, low: float, high: float, **more: object) -
                 "throughput_img_s": 16 / step, "launch_medians_s": ""} | more
 
 
-def _parts(batch: float, bubble: float, comm: float, remainder: float) -> dict:
-    ideal = 100 - batch - bubble - comm - remainder
+def _parts(batch: float, bubble: float, comm: float, remainder: float, own: float = 0.0,
+           optimizer: float = 0.0) -> dict:
+    ideal = 100 - batch - bubble - comm - remainder - own - optimizer
     return {"waterfall_ideal_pct": ideal, "waterfall_batch_pct": batch,
+            "waterfall_optimizer_pct": optimizer, "waterfall_corun_pct": 0.0,
             "waterfall_imbalance_pct": 0.0, "waterfall_bubble_pct": bubble,
-            "waterfall_comm_pct": comm, "waterfall_remainder_pct": remainder}
+            "waterfall_comm_pct": comm, "waterfall_own_pct": own,
+            "waterfall_remainder_pct": remainder}
 
 
 CURVE = W | {"strategy": "single", "case_id": "single8", "batch_size": 8,
@@ -75,6 +78,29 @@ def test_the_remainder_is_named_where_it_is_the_largest_share():
                          "18% of their step); the largest part is the smaller batch per device "
                          "(a median 3%).")
     assert line.count("not explained") == 0  # said once, as the main loss
+
+
+def test_the_losses_are_the_step_parts_but_the_ideal():
+    from bench_lib.analysis.step_parts import PARTS
+    from bench_lib.report.answer import LOSSES
+
+    assert tuple(LOSSES) == PARTS[1:]
+
+
+def test_the_strategies_own_work_and_the_optimizer_are_losses_too():
+    # ddp 12% and fsdp 20% own work (median 16%) beside 5% and 7% batch (median 6%).
+    rows = [_case("single", 0.32, 0.30, 0.34),
+            _case("ddp", 0.48, 0.45, 0.51, device_batch_size=8, **_parts(5, 0, 2, 1, own=12)),
+            _case("fsdp", 0.81, 0.72, 0.9, device_batch_size=8, **_parts(7, 0, 3, 2, own=20))]
+    (line,) = answer_lines(rows)
+    assert ("The other strategies lose most to the strategies' own work (DDP's bucketing, "
+            "FSDP2's copies, a schedule's hand-offs) (a median 16% of their step).") in line
+    rows = [_case("single", 0.32, 0.30, 0.34),
+            _case("fsdp", 0.81, 0.72, 0.9, device_batch_size=8,
+                  **_parts(2, 0, 0, 1, optimizer=9))]
+    (line,) = answer_lines(rows)
+    assert ("lose most to each device's optimizer step beyond its share (a median 9% of "
+            "their step).") in line
 
 
 def test_no_part_is_named_as_a_loss_at_zero():

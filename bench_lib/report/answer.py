@@ -39,10 +39,14 @@ from bench_lib.report.headlines import (
 from bench_lib.results.read import number
 
 LOSSES = {"batch": "the smaller batch per device",
+          "optimizer": "each device's optimizer step beyond its share",
           "corun": "computing side by side (each device slower beside the others)",
           "imbalance": "the busiest device's extra work",
-          "bubble": "the schedule's bubble", "comm": "communication not hidden"}
-"""The waterfall's losses, in words (the ideal and the remainder are not losses of a kind)."""
+          "bubble": "the schedule's bubble", "comm": "communication not hidden",
+          "own": "the strategies' own work (DDP's bucketing, FSDP2's copies, a schedule's "
+                 "hand-offs)"}
+"""The waterfall's losses, in words, in ``analysis.step_parts.PARTS`` order (a tie goes to
+the first); the ideal and the remainder are not losses of a kind."""
 UNEXPLAINED_PCT = 10.0
 """A median remainder beyond this share of the step is said."""
 MEASURABLE_PCT = 0.5

@@ -1,12 +1,14 @@
 """Where the ideal speedup goes: each case's measured step cut into the waterfall's parts.
 
 One panel per workload; per case a horizontal bar of seconds, from the ideal (single's step
-over the devices: an N-fold speedup) through the losses measured apart from the case (the
-device's smaller batch, the busiest device's extra work, the schedule's bubble, the
-communication not hidden) to what no part explains (the remainder, hatched; where the parts
+over the devices: an N-fold speedup) through the step's parts in ``analysis.step_parts.PARTS``
+order (the device's smaller batch, its optimizer step, devices computing together, the
+busiest device's extra work, the schedule's bubble, the communication not hidden, the
+strategy's own work) to what no part explains (the remainder, hatched; where the parts
 overstate the step it is drawn back from their end). The bar ends at the measured step; the
 label gives the speedup measured against the ideal one. ``bench_lib.analysis.waterfall``
-states each part. Reads cases.csv only; never imports torch.
+states each part. A run folder from before a part's column draws it as 0 (its remainder
+holds it). Reads cases.csv only; never imports torch.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from bench_lib.analysis.step_parts import PARTS as STEP_PARTS
+from bench_lib.analysis.step_parts import WORDS
 from bench_lib.report.figures import (
     WORKLOAD,
     facets,
@@ -25,13 +29,14 @@ from bench_lib.report.figures import (
     styled,
     workload_title,
 )
+from bench_lib.results.read import number
 
-PARTS = (("ideal", "ideal (single / N devices)", "#4c72b0"),
-         ("batch", "smaller batch per device", "#dd8452"),
-         ("corun", "devices computing side by side", "#da8bc3"),
-         ("imbalance", "busiest device's extra", "#937860"),
-         ("bubble", "schedule's bubble", "#c44e52"),
-         ("comm", "communication not hidden", "#55a868"))
+COLOURS = {"ideal": "#4c72b0", "batch": "#dd8452", "optimizer": "#8172b3",
+           "corun": "#da8bc3", "imbalance": "#937860", "bubble": "#c44e52",
+           "comm": "#55a868", "own": "#ccb974"}
+"""Each step part's colour (a KeyError here: a part added to ``step_parts`` needs one)."""
+PARTS = tuple((p, WORDS[p], COLOURS[p]) for p in STEP_PARTS)
+"""(part, legend words, colour) in the step's order."""
 REMAINDER = ("remainder", "unexplained (remainder)", "#bbbbbb")
 PANEL = [*WORKLOAD, "scaling"]
 """A panel per workload and scaling (a weak case's batch is its devices' together)."""
@@ -54,7 +59,8 @@ def fig_waterfall(cases: pd.DataFrame) -> Figure | None:
         for y, r in enumerate(records(mine)):
             left = 0.0
             for part, _, color in PARTS:
-                width = max(float(r[f"waterfall_{part}_s"]), 0.0)
+                # A column an older run lacks (or a mixed run's NaN): 0, in its remainder.
+                width = max(number(r.get(f"waterfall_{part}_s")) or 0.0, 0.0)
                 ax.barh(y, width, left=left, color=color, height=0.6)
                 left += width
             rest = float(r["waterfall_remainder_s"])
@@ -79,7 +85,7 @@ def fig_waterfall(cases: pd.DataFrame) -> Figure | None:
     handles = [Patch(color=c, label=text) for _, text, c in PARTS]
     handles.append(Patch(facecolor=REMAINDER[2], hatch="///", edgecolor="#666666",
                          label=REMAINDER[1]))
-    fig.legend(handles=handles, loc="upper center", ncol=6, fontsize=8, frameon=False,
+    fig.legend(handles=handles, loc="upper center", ncol=5, fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.965))
     fig.suptitle("Where the ideal speedup goes: each case's step from the ideal (single's over "
                  "N devices) to the measured one, part by part", fontsize=10, y=0.995)
