@@ -271,27 +271,35 @@ def traced(stage_rank_f_b, m, unit):
 
 def test_bound_columns_of_a_pipelined_case(cpu_rig):
     """1F1B, p=2, m=4, f=(2,1), b=(4,2) units of 10 ms: by hand, rank 0 waits 1 unit for
-    its first gradient and then never: makespan 25 units (the usual estimate: 27)."""
+    its first gradient and then never: makespan 25 units (the usual estimate: 27). The
+    traced step (0.27 s) is scaled to the median step (0.5 s): every pass and the time
+    outside them x 0.5 / 0.27."""
     case = new_case(cpu_rig, "1f1b", "resnet-tiny", 32, 8, split_size=2)
     events = traced([(0, 0, 2, 4), (1, 1, 1, 2)], 4, 0.01)
     span = max(e["end_s"] for e in events)  # 0.24: rank 0's passes end to end
     outcome = CaseOutcome("ok", step_times_s=[0.5], timeline=events, traced_step_s=span + 0.03,
                           partition="balanced:3")
     cols = bound_columns(case, cpu_rig, outcome, median_s=0.5)
-    assert cols["step_time_s_bound"] == pytest.approx(0.25 + 0.03)
-    assert cols["efficiency_vs_bound_pct"] == pytest.approx(100 * 0.28 / 0.5)
+    k = 0.5 / 0.27
+    assert cols["step_time_s_bound"] == pytest.approx((0.25 + 0.03) * k)
+    # The made-up trace runs each rank's passes back to back, ignoring the replay's one
+    # unit of waiting: the bound is 28 units against a traced step of 27, 103.7%.
+    assert cols["efficiency_vs_bound_pct"] == pytest.approx(100 * 0.28 * k / 0.5)
     assert (cols["bound_compute_s"], cols["bound_bubble_s"], cols["bound_comm_s"],
-            cols["bound_other_s"]) == pytest.approx((0.24, 0.01, 0.0, 0.03))
+            cols["bound_other_s"]) == pytest.approx((0.24 * k, 0.01 * k, 0.0, 0.03 * k))
     assert cols["step_time_s_bound_no_overlap"] is None
     assert cols["bound_note"].startswith("1f1b (transfers not measured, taken free): compute")
+    assert cols["bound_note"].endswith("(traced passes x1.85: scaled to the median step)")
     # With the run's send/recv fit, each crossing costs its activation's bytes.
     send = CollectiveFit((1,), (1.0,), alpha_s=0.002, beta_bytes_s=1e9, busbw_gb_s=1.0)
     priced = bound_columns(case, cpu_rig, outcome, 0.5, collectives=Collectives(
         {"send_recv": send}, "gloo", 2))
     (edge,) = boundary_bytes("resnet-tiny", 32, 2, (3,))
     assert priced["bound_comm_s"] > 0 and priced["bound_note"].startswith("1f1b: compute")
+    # The passes and the time outside them are scaled, the transfer (the fit's) is not.
+    scaled = {key: t * k for key, t in bound.phase_times(events).items()}
     assert priced["step_time_s_bound"] == pytest.approx(bound.pipeline_bound(
-        "1f1b", one_f_one_b(2, 4), bound.phase_times(events), [send.time_s(edge)], 0.03).step_s)
+        "1f1b", one_f_one_b(2, 4), scaled, [send.time_s(edge)], 0.03 * k).step_s)
 
 
 def test_bound_columns_of_data_parallel_cases(cpu_rig):
@@ -304,9 +312,19 @@ def test_bound_columns_of_data_parallel_cases(cpu_rig):
     comm = 2 * 0.01 + grads / 1e8
     cols = bound_columns(case, cpu_rig, outcome, 0.8, single_s=1.0, collectives=coll)
     assert cols["bound_compute_s"] == pytest.approx(0.5)  # half the batch of single's 1 s
-    assert cols["step_time_s_bound"] == pytest.approx(max(0.5, comm))
+    # A cpu rig's collectives run on the cores that compute: none hidden, 0.5 + comm.
+    assert cols["step_time_s_bound"] == pytest.approx(0.5 + comm)
+    assert cols["bound_comm_s"] == pytest.approx(comm)
     assert cols["step_time_s_bound_no_overlap"] == pytest.approx(0.5 + comm)
-    assert cols["efficiency_vs_bound_pct"] == pytest.approx(100 * max(0.5, comm) / 0.8)
+    assert cols["efficiency_vs_bound_pct"] == pytest.approx(100 * (0.5 + comm) / 0.8)
+    assert cols["bound_note"].endswith("(not overlapped)")
+    # On GPUs NCCL's streams overlap the compute: max(compute, comm), comm - 0.5 exposed.
+    cuda = Rig("cuda", 2)
+    on_gpus = bound_columns(new_case(cuda, "ddp", "resnet-tiny", 32, 8), cuda, outcome, 0.8,
+                            single_s=1.0, collectives=coll)
+    assert on_gpus["step_time_s_bound"] == pytest.approx(max(0.5, comm))
+    assert on_gpus["bound_comm_s"] == pytest.approx(max(0.0, comm - 0.5))
+    assert on_gpus["step_time_s_bound_no_overlap"] == pytest.approx(0.5 + comm)
     assert bound_columns(case, cpu_rig, outcome, 0.8, None, coll) == {
         "bound_note": "no bound: no ok single case of this workload in the run"}
     assert "no collective micro-benchmark (a rig" in bound_columns(
@@ -325,7 +343,9 @@ def test_ddp_bound_takes_compute_from_its_own_no_sync_steps(cpu_rig):
     measured = CaseOutcome("ok", step_times_s=[0.8], compute_step_s=0.7)
     cols = bound_columns(ddp, cpu_rig, measured, 0.8, single_s=1.0, collectives=coll)
     assert cols["bound_compute_s"] == pytest.approx(0.7)
-    assert cols["bound_note"].startswith("ddp (compute: its no_sync steps): max(compute 0.7 s")
+    assert cols["bound_note"].startswith(
+        "ddp (compute: its no_sync steps): compute 0.7 s + collectives ")
+    assert cols["bound_note"].endswith(" s (not overlapped)")  # a cpu rig
     slow = CaseOutcome("ok", step_times_s=[0.8], compute_step_s=0.9)  # noise: clipped
     assert bound_columns(ddp, cpu_rig, slow, 0.8, 1.0, coll)["bound_compute_s"] == 0.8
     alone = CaseOutcome("ok", step_times_s=[0.8], compute_step_s=0.7)  # no single needed
@@ -334,6 +354,18 @@ def test_ddp_bound_takes_compute_from_its_own_no_sync_steps(cpu_rig):
     shared = bound_columns(fsdp, cpu_rig, CaseOutcome("ok", step_times_s=[0.8]), 0.8, 1.0, coll)
     assert shared["bound_compute_s"] == pytest.approx(0.5)
     assert shared["bound_note"].startswith("fsdp (compute: single's step x 4/8)")
+    assert shared["bound_other_s"] == 0.0  # no calibrated copy rate: copies left out
+    # With the calibration's copy rate (0.01 s per 64 MiB into fresh pages), FSDP2's copies
+    # are its own work: each unit of u bytes 3 (u + u/2) over 2 ranks, the root 2 (r + r/2).
+    grads, units = parameter_bytes("resnet-tiny", 32)
+    root = grads - sum(units)
+    rate = {64 * 2**20: 0.01}
+    priced = bound_columns(fsdp, cpu_rig, CaseOutcome("ok", step_times_s=[0.8]), 0.8, 1.0,
+                           coll, copies=rate)
+    copies_s = (4.5 * sum(units) + 3 * root) * 0.01 / 2**26
+    assert priced["bound_other_s"] == pytest.approx(copies_s)
+    assert priced["step_time_s_bound"] == pytest.approx(
+        shared["step_time_s_bound"] + copies_s)
     # fsdp takes a plain ddp case's measured compute of the same local batch where the run
     # has one (run.workload_rows.ddp_compute_s picks it; knobbed or other world sizes do not count).
     from bench_lib.run.workload_rows import ddp_compute_s
@@ -382,12 +414,20 @@ def test_a_slow_traced_step_is_scaled_to_the_median_step(cpu_rig):
     cols = bound_columns(case, cpu_rig, outcome, 1.0)
     assert (cols["bound_compute_s"], cols["bound_other_s"]) == pytest.approx((0.9, 0.1))
     assert cols["efficiency_vs_bound_pct"] == pytest.approx(100.0)
-    assert cols["bound_note"].endswith("(traced passes x0.50: the traced step ran slower than "
-                                       "the median)")
-    # A traced step faster than the median is taken as it is (never scaled up).
+    assert cols["bound_note"].endswith("(traced passes x0.50: scaled to the median step)")
+    # A traced step faster than the median is scaled up the same way: 1.8 s of passes and
+    # 0.1 s outside them x 2.5 / 1.9 = 2.5 s, the median again.
     quick = CaseOutcome("ok", step_times_s=[1.0], timeline=events, traced_step_s=1.9,
                         partition="tutorial:3")
-    assert bound_columns(case, cpu_rig, quick, 2.5)["step_time_s_bound"] == pytest.approx(1.9)
+    up = bound_columns(case, cpu_rig, quick, 2.5)
+    assert up["step_time_s_bound"] == pytest.approx(2.5)
+    assert (up["bound_compute_s"], up["bound_other_s"]) == pytest.approx(
+        (1.8 * 2.5 / 1.9, 0.1 * 2.5 / 1.9))
+    assert up["bound_note"].endswith("(traced passes x1.32: scaled to the median step)")
+    # A traced step as long as the median is not scaled, and the note says nothing of it.
+    even = CaseOutcome("ok", step_times_s=[1.9], timeline=events, traced_step_s=1.9,
+                       partition="tutorial:3")
+    assert "traced passes x" not in bound_columns(case, cpu_rig, even, 1.9)["bound_note"]
 
 
 # -- the report ------------------------------------------------------------------------

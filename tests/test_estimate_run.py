@@ -10,6 +10,7 @@ import io
 import pytest
 
 from bench_lib import commands
+from bench_lib.measure.timing import COMPUTE_ONLY_STEPS
 from bench_lib.rig import Rig
 from bench_lib.run.progress import Progress
 from bench_lib.run.protocol import CaseOutcome
@@ -42,10 +43,14 @@ def test_a_case_is_its_launches_start_up_warm_up_and_timed_steps():
     assert est.warmup_s == pytest.approx(3 * CPU.first_step_s + 2 * step)
     assert est.timed_s == pytest.approx(3 * timed)
     assert estimate.case_seconds(single, CPU_RIG) == pytest.approx(est.total_s)
-    # ddp's first launch adds its compute-only steps; a pipeline's its traced step.
+    # Every launch of ddp adds its compute-only steps (3 launches x COMPUTE_ONLY_STEPS); a
+    # pipeline's first launch its traced step.
     ddp = new_case(CPU_RIG, "ddp", "resnet50", 64, 16, measurement=M)
     assert case_estimate(ddp, CPU_RIG).startup_s == pytest.approx(
-        3 * CPU.launch_s + 3 * step_seconds(ddp, CPU_RIG))
+        3 * CPU.launch_s + 3 * COMPUTE_ONLY_STEPS * step_seconds(ddp, CPU_RIG))
+    one = dataclasses.replace(ddp, measurement=dataclasses.replace(M, launches=1))
+    assert case_estimate(one, CPU_RIG).startup_s == pytest.approx(
+        CPU.launch_s + COMPUTE_ONLY_STEPS * step_seconds(ddp, CPU_RIG))
 
 
 def test_a_cuda_launch_pays_nccl_only_on_nccl_and_autotuning_only_with_convolutions():

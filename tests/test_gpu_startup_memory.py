@@ -23,11 +23,11 @@ LONG = Measurement(case_timeout_s=10_000.0)
 
 def beyond_steps(case: Case, rig: Rig) -> float:
     """A launch's estimated seconds beside its steps: its start-up and first warm-up step
-    (``sweep.fixed_costs``; the first launch's diagnostics are steps: left out)."""
+    (``sweep.fixed_costs``; the launches' diagnostics are steps: left out)."""
     est, step = estimate.case_estimate(case, rig), estimate.step_seconds(case, rig)
     m = case.measurement
     steady = estimate.steady_warmup_steps(m.warmup_steps, m.launches) * step
-    diagnostics = estimate.diagnostic_steps(case) * step
+    diagnostics = estimate.diagnostic_steps(case, m.launches) * step
     return (est.startup_s - diagnostics + est.warmup_s - steady) / m.launches
 
 

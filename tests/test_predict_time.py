@@ -9,11 +9,11 @@ import pytest
 
 from bench_lib.analysis import bound
 from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
+from bench_lib.analysis.step_parts import FRESH_COPY_BYTES, fsdp_copied_bytes, fsdp_copies_s
 from bench_lib.run.calibrate import CalibrationKey, CalibrationSpec, combine, sizes_for
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.predict import schedule_actions
 from bench_lib.sweep.predict_time import (
-    FRESH_COPY_BYTES,
     BatchCosts,
     Calibration,
     PipelineParts,
@@ -21,8 +21,6 @@ from bench_lib.sweep.predict_time import (
     Sizes,
     calibration_sizes,
     error_pct,
-    fsdp_copied_bytes,
-    fsdp_copies_s,
     predict,
     predict_case,
     shape_of,
@@ -182,12 +180,14 @@ def test_speedup_and_error_as_the_measured_ones_are_made():
 
 def test_calibration_sizes_are_what_each_strategy_reads():
     assert calibration_sizes(Shape("single", 16)) == Sizes(frozenset({16}))
-    assert calibration_sizes(Shape("ddp", 16, 2)) == Sizes(frozenset({16}), frozenset({8}))
-    weak = Shape("ddp", 32, 2, workload_batch=16)
+    # ddp and the pipelined strategies read single alone at the device batch too: the
+    # predicted parts price the smaller batch per device with it.
+    assert calibration_sizes(Shape("ddp", 16, 2)) == Sizes(frozenset({16, 8}), frozenset({8}))
+    weak = Shape("ddp", 32, 2, workload_batch=16)  # b = 32 / 2 = 16: single's own batch
     assert calibration_sizes(weak) == Sizes(frozenset({16}), frozenset({16}))
     assert calibration_sizes(Shape("accum", 16, 1, 4)) == Sizes(frozenset({16, 4}))
     assert calibration_sizes(Shape("1f1b", 16, 2, 4)) == Sizes(
-        frozenset({16}), frozenset({4}), frozenset({4}))
+        frozenset({16, 4}), frozenset({4}), frozenset({4}))
     assert calibration_sizes(Shape("mp", 32, 2, workload_batch=16, serial=True)) == Sizes(
         frozenset({16, 32}))
 
@@ -201,9 +201,11 @@ def test_a_sweeps_sizes_per_workload(cpu_rig):
     cases.append(new_case(cpu_rig, "dp", "resnet-tiny", 48, 16))  # unsupported on cpu
     assert cases[-1].status == "unsupported"
     found = sizes_for(cases, cpu_rig)
+    # alone: single's 16, the pipelines' micro-batch 4, strong ddp's device batch 8 (weak
+    # ddp's is 32 / 2 = 16); together: ddp's 8 and 16, the pipelined schedule's 4.
     assert found == {
         CalibrationKey("resnet-tiny", 32, "fp32", "ce"): Sizes(
-            frozenset({16, 4}), frozenset({8, 16, 4}), frozenset({4})),
+            frozenset({16, 8, 4}), frozenset({8, 16, 4}), frozenset({4})),
         CalibrationKey("resnet-tiny", 48, "fp32", "ce"): Sizes(frozenset({16}))}
     # fsdp adds its copy into fresh pages.
     fsdp = new_case(cpu_rig, "fsdp", "resnet-tiny", 48, 16)
@@ -305,7 +307,9 @@ def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
 
     single = new_case(cpu_rig, "single", "resnet-tiny", 32, 16)
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16)
-    cal = Calibration(OPT, {16: BatchCosts(0.2)}, {8: BatchCosts(0.12)}, 2)
+    # ddp at 16 on 2 reads single alone at its device batch 8 as well as together.
+    cal = Calibration(OPT, {16: BatchCosts(0.2), 8: BatchCosts(0.11)}, {8: BatchCosts(0.12)},
+                      2)
     folder = _stored(tmp_path, cpu_rig, cal)
     source, found = given_calibrations(folder, cpu_rig)  # the folder or its file
     assert source == folder / CALIBRATION_FILE and list(found.values()) == [cal]

@@ -54,9 +54,10 @@ another): the sum of every pass plus, on GPUs, each boundary's transfer forward 
 ``pipeline`` on GPUs: GPipe's order, one stage per device slot.
 
 ddp and fsdp: compute = for ddp and ddp-1, the case's own steps with no collective (DDP's
-``no_sync``: forward, backward and optimizer step; three of them after the timed steps of
-the launch that traces, every rank starting together so that they share the machine as the
-timed steps did; the slowest rank's median, at most the case's median step). FSDP2 has no
+``no_sync``: forward, backward and optimizer step; three after the timed steps of every
+launch, every rank starting together so that they share the machine as the timed steps
+did; the slowest rank's median, then its median over launches, at most the case's median
+step). FSDP2 has no
 step without collectives (it all-gathers to compute), so for fsdp: a plain ddp case's of
 the same workload and world size (the same local batch through the same model), where the
 run has one; else the ``single`` case's measured step x local batch / global batch

@@ -59,7 +59,7 @@ WARMUP_TOLERANCE = 0.02
 WARMUP_EXTRA_MAX = 8
 STOP_REASONS = ("ci_target", "time_cap", "step_cap", "min_time")
 COMPUTE_ONLY_STEPS = 3
-"""Steps a launch that traces times with no collective after its timed ones
+"""Steps every launch of a run (not tune's) times with no collective after its timed ones
 (``run.worker._compute_only``; the run's estimate counts them: ``sweep.estimate``)."""
 
 

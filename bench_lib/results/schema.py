@@ -345,7 +345,8 @@ CASES = _cols(
     ("waterfall_batch_pct", "waterfall_batch_s as % of step_time_s_median", N, True),
     ("waterfall_corun_s", "what computing beside the other devices costs one device: its "
                           "compute in the case with every device busy and no communication "
-                          "(ddp's no_sync steps; fsdp: a ddp case's of the same local batch; "
+                          "(ddp's no_sync steps, 3 after each launch's timed steps, the "
+                          "median over launches; fsdp: a ddp case's of the same local batch; "
                           "pipelining schedules: the traced step's passes) minus the batch "
                           "curve's, seconds (0 where not measured or one device computes at "
                           "a time)", N, True),

@@ -186,6 +186,9 @@ class LaunchNotice:
     cut: str = ""
     warmup_steps: int | None = None
     """The warm-up as a fixed count (``protocol.CaseSpec.warmup_steps``)."""
+    compute_only: bool = True
+    """Time the compute-only steps (``protocol.CaseSpec.compute_only``): every node's ranks
+    alike, since they start them behind one barrier."""
     end: str = ""
     """Non-empty: no launch, the run ended (``done``, ``interrupted``, or why it stopped)."""
 
@@ -355,11 +358,11 @@ class Coordinator:
             self._store.set(f"welcome/{i}", json.dumps({"run_id": run_id}))
 
     def announce(self, case_id: str, launch: int, trace: bool, cut: str,
-                 warmup_steps: int | None = None) -> LaunchNotice:
+                 warmup_steps: int | None = None, compute_only: bool = True) -> LaunchNotice:
         """Publish the next launch; the other nodes start their agents on it."""
         notice = LaunchNotice(self._seq, case_id, launch,
                               f"parabench-{self._seq}-{case_id}-l{launch}", trace, cut,
-                              warmup_steps)
+                              warmup_steps, compute_only)
         self._seq += 1
         self._store.set(f"launch/{notice.seq}", notice.to_json())
         return notice

@@ -64,28 +64,35 @@ class CaseSpec:
     """What every rank of a case's launch is told: the case, the rig, whether to trace a
     step for the pipeline timeline after the timed ones (the first launch only), the
     stage cut to use instead of choosing one (``cut``: the first launch's, e.g.
-    ``balanced:6,12``, so that every launch measures the same cut; empty: choose it), and
+    ``balanced:6,12``, so that every launch measures the same cut; empty: choose it),
     the warm-up to run as a fixed count (``warmup_steps``: what the first launch found,
-    ``reused_warmup``; None: the profile's minimum, then ``timing.WarmupRule``)."""
+    ``reused_warmup``; None: the profile's minimum, then ``timing.WarmupRule``), and
+    whether to time the compute-only steps after the timed ones (``compute_only``: every
+    launch of a run, so that ``CaseOutcome.compute_step_s`` is a median over launches;
+    not tune's short launches)."""
 
     case: Case
     rig: Rig
     trace: bool = True
     cut: str = ""
     warmup_steps: int | None = None
+    compute_only: bool = True
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, {"case": self.case.as_dict(), "rig": self.rig.as_dict(),
                                  "trace": self.trace, "cut": self.cut,
-                                 "warmup_steps": self.warmup_steps})
+                                 "warmup_steps": self.warmup_steps,
+                                 "compute_only": self.compute_only})
 
     @classmethod
     def read(cls, path: Path) -> CaseSpec:
         data = json.loads(path.read_text())
         warmup = data.get("warmup_steps")
-        return cls(Case.from_dict(data["case"]), Rig.from_dict(data["rig"]),
-                   bool(data.get("trace", True)), str(data.get("cut", "")),
-                   None if warmup is None else int(warmup))
+        trace = bool(data.get("trace", True))
+        # A spec written before ``compute_only`` existed ran those steps where it traced.
+        return cls(Case.from_dict(data["case"]), Rig.from_dict(data["rig"]), trace,
+                   str(data.get("cut", "")), None if warmup is None else int(warmup),
+                   bool(data.get("compute_only", trace)))
 
 
 def reused_warmup(first: CaseOutcome, minimum: int) -> int | None:
@@ -150,9 +157,10 @@ class RankResult:
     traced_step_s: float | None = None
     """Wall time of this rank's traced step, timed like a timed step (None: no trace)."""
     compute_step_s: float | None = None
-    """Median of the steps this rank ran with no collective after the timed ones
-    (``Trainer.without_communication``: DDP's ``no_sync``), the compute part of its bound;
-    None where the strategy has no such mode."""
+    """Median of the steps this rank ran with no collective after the timed ones, in every
+    launch of a run (``CaseSpec.compute_only``; ``Trainer.without_communication``: DDP's
+    ``no_sync``), the compute part of its bound; None where the strategy has no such mode
+    or the launch ran none."""
     optimizer_step_s: float | None = None
     """``single``: median of the optimizer steps timed alone after the timed steps, in the
     launch that traces (the waterfall counts it once per step, not per micro-batch); None
@@ -256,8 +264,9 @@ class CaseOutcome:
     traced_step_s: float | None = None
     """Wall time of the traced step, the slowest rank's (None: no trace)."""
     compute_step_s: float | None = None
-    """The slowest rank's step with no collective (``RankResult.compute_step_s``); over
-    launches, their median. None: not measured."""
+    """The slowest rank's step with no collective (``RankResult.compute_step_s``, timed in
+    every launch); over launches, their median, so that one launch's busy moment does not
+    decide it. None: not measured."""
     optimizer_step_s: float | None = None
     """``single``'s optimizer step alone (``RankResult.optimizer_step_s``); over launches,
     their median. None: not measured."""

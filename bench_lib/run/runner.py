@@ -193,9 +193,10 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
              cut: str = "", launcher: Launcher = LOCAL,
              coordinator: Coordinator | None = None, launch: int = 0,
              server: ForkServer | None = None,
-             warmup_steps: int | None = None) -> CaseOutcome:
+             warmup_steps: int | None = None, compute_only: bool = True) -> CaseOutcome:
     """Run one launch of a case in fresh process(es) and return its outcome (never raises
     for the case); ``trace``: trace a step for the pipeline timeline after the timed ones;
+    ``compute_only``: time the steps with no collective after them (``CaseSpec``);
     ``cut``: the stage cut to use (``CaseSpec.cut``). ``launcher``: how its ranks start
     (a case of one process always starts here); ``coordinator`` and ``launch`` (its round):
     node 0's side of a multi-node run. ``server``: the run's fork server, which starts the
@@ -211,7 +212,7 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
     spec_path = case_dir / "spec.json"
-    CaseSpec(case, rig, trace, cut, warmup_steps).write(spec_path)
+    CaseSpec(case, rig, trace, cut, warmup_steps, compute_only).write(spec_path)
     log_path = case_dir / "worker.log"
     # The machine's and our CPU times: contention over the case. Ranks the fork server
     # reaped are its children, not ours: it reports their CPU.
@@ -222,7 +223,7 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     prepare_s = time.monotonic() - start
     if launcher.kind == "torchrun" and case.process_group:
         outcome = _run_torchrun(case, rig, case_dir, log_path, launcher, coordinator,
-                                launch, trace, cut, warmup_steps)
+                                launch, trace, cut, warmup_steps, compute_only)
     else:
         outcome = _run_local(case, rig, case_dir, log_path, server)
     returned = time.monotonic()
@@ -323,7 +324,8 @@ def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: La
 
 def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: Launcher,
                   coordinator: Coordinator | None, launch: int, trace: bool,
-                  cut: str, warmup_steps: int | None = None) -> CaseOutcome:
+                  cut: str, warmup_steps: int | None = None,
+                  compute_only: bool = True) -> CaseOutcome:
     """One launch through torchrun: this node's agent; on node 0 of a multi-node run,
     announced to the other nodes first, and their reports gathered after
     (``run.multinode``)."""
@@ -334,7 +336,8 @@ def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher
     else:
         if coordinator is None:
             raise ValueError("node 0 of a multi-node run needs its coordinator")
-        notice = coordinator.announce(case.case_id, launch, trace, cut, warmup_steps)
+        notice = coordinator.announce(case.case_id, launch, trace, cut, warmup_steps,
+                                      compute_only)
         part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
                          coordinator.watch(notice.seq, PEER_GRACE_S))
         coordinator.over(notice.seq)
@@ -427,7 +430,8 @@ def _follow_launch(case: Case, rig: Rig, launcher: Launcher, follower: Follower,
     case_dir = work_root / f"{notice.seq}_{case.case_id}"
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
-    CaseSpec(case, rig, notice.trace, notice.cut, notice.warmup_steps).write(
+    CaseSpec(case, rig, notice.trace, notice.cut, notice.warmup_steps,
+             notice.compute_only).write(
         case_dir / "spec.json")
     log_path = case_dir / "worker.log"
     part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
@@ -564,14 +568,17 @@ def _run_groups(
                 # Later launches reuse the first launch's cut (the same configuration, and
                 # no second profiling of a balanced cut; the first launch takes it from the
                 # calibration's block times where it has them) and the warm-up it found,
-                # without the steps that showed it was over (``reused_warmup``).
+                # without the steps that showed it was over (``reused_warmup``). Only the
+                # first traces; every one times the compute-only steps (a median, not one
+                # launch's moment: ``CaseOutcome.compute_step_s``).
                 cut = (done[0].partition if done
                        else predictor.cut(case) if predictor is not None else "")
                 warmup = (reused_warmup(done[0], case.measurement.warmup_steps)
                           if done else None)
                 done.append(run_case(case, rig, work_root, trace=not done, cut=cut,
                                      launcher=launcher, coordinator=coordinator, launch=r,
-                                     server=server, warmup_steps=warmup))
+                                     server=server, warmup_steps=warmup,
+                                     compute_only=True))
                 if on_launch_done:
                     on_launch_done(i, case, r, done[-1])
             if r + 1 < rounds:  # the answer so far, by the final rows' code (copied tables)

@@ -146,9 +146,11 @@ class RankPlace:
 
 def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
              cut: str = "", place: RankPlace | None = None,
-             warmup_steps: int | None = None, stamps: Stamps | None = None) -> RankResult:
-    """Measure this rank's part of one launch of the case (``trace``: then time a few steps
-    with no collective where the strategy has them, and trace a step;
+             warmup_steps: int | None = None, stamps: Stamps | None = None,
+             compute_only: bool = True) -> RankResult:
+    """Measure this rank's part of one launch of the case (``trace``: then time single's
+    optimizer step alone and trace a step; ``compute_only``: time a few steps with no
+    collective where the strategy has them, ``CaseSpec.compute_only``;
     ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``; ``place``:
     where torchrun put this rank, default the local launcher's: rank = device slot;
     ``warmup_steps``: a fixed warm-up, ``CaseSpec.warmup_steps``; ``stamps``: receives the
@@ -203,8 +205,10 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     stamp(stamps, "diagnostics_start")  # everything after the timed steps, to the result
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
-    # Diagnostics after the timed steps (a launch that traces: not tune's short ones).
-    compute_s = _compute_only(trainer, x, y, case.process_group) if trace else None
+    # Diagnostics after the timed steps. The compute-only steps run in every launch of a
+    # run (not tune's short ones): one launch's few steps can fall on a busy moment, and
+    # the case's figure is their median over launches. The rest: the launch that traces.
+    compute_s = _compute_only(trainer, x, y, case.process_group) if compute_only else None
     optimizer_s = _optimizer_only(trainer) if trace and case.strategy == "single" else None
     kernels = _kernels(trainer, x, y, case.process_group)  # every launch, cuda rigs only
     result = RankResult(
@@ -451,7 +455,7 @@ def main(argv: list[str]) -> int:
     spec = CaseSpec.read(spec_path)
     try:
         result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace, spec.cut,
-                          place, spec.warmup_steps, stamps)
+                          place, spec.warmup_steps, stamps, spec.compute_only)
     except Exception as e:  # the case's oom or error row, with the traceback in the log
         result = RankResult.failed(rank, e)
         traceback.print_exc()

@@ -8,8 +8,8 @@ with its source), beside the steps' own seconds:
     per run       set-up (pre-flight on cuda) + rig figures + collectives (where they apply)
     per workload  its calibration (``predict_time``): seconds per batch size it times
     per launch    start-up (process, CUDA context, model build, NCCL's group, teardown) +
-                  warm-up (the first step, then steady ones) + timed steps + the first
-                  launch's diagnostics (compute-only steps, the traced step)
+                  warm-up (the first step, then steady ones) + timed steps + DDP's
+                  compute-only steps; the first launch's diagnostics (the traced step)
 
 A step's seconds are simple: forward+backward seconds per image at 64 px on one CPU
 thread, scaled by pixel count and threads (a model that takes no image size, ``toy`` and
@@ -118,7 +118,7 @@ def case_estimate(case: Case, rig: Rig) -> Estimate:
     launch = Estimate(startup, warmup, timed)
     if launch.total_s > m.case_timeout_s:  # killed at the timeout
         launch = launch.scaled(m.case_timeout_s / launch.total_s)
-    diagnostics = Estimate(startup_s=diagnostic_steps(case) * step)
+    diagnostics = Estimate(startup_s=diagnostic_steps(case, m.launches) * step)
     return (launch.scaled(m.launches) + diagnostics).scaled(splits.measured_share(case))
 
 
@@ -132,11 +132,12 @@ def steady_warmup_steps(minimum: int, launches: int) -> int:
     return first - 1 + (launches - 1) * (max(minimum, first - 2) - 1)
 
 
-def diagnostic_steps(case: Case) -> int:
-    """Steps the first launch runs after its timed ones: DDP's compute-only steps, the
-    traced step of a case with stages."""
+def diagnostic_steps(case: Case, launches: int = 1) -> int:
+    """Steps a case's ``launches`` run after their timed ones: DDP's compute-only steps in
+    every launch, the traced step of a case with stages in the first."""
     strat = strategies.get(case.strategy)
-    return (COMPUTE_ONLY_STEPS if strat.ddp_knobs else 0) + (1 if strat.uses_partition else 0)
+    compute_only = COMPUTE_ONLY_STEPS * launches if strat.ddp_knobs else 0
+    return compute_only + (1 if strat.uses_partition else 0)
 
 
 def case_seconds(case: Case, rig: Rig) -> float:

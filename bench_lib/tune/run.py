@@ -317,6 +317,6 @@ def _runner_launch(rig: Rig, work_root: Path, server: ForkServer | None) -> Laun
 
     def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
         return run_case(case, rig, work_root, trace=False, cut=cut, launch=rung,
-                        server=server)
+                        server=server, compute_only=False)
 
     return launch
