@@ -355,19 +355,25 @@ def test_ddp_on_gpu_slots_gets_its_bound_and_communication_part():
     bound overlaps compute with the all-reduce, and the waterfall's comm part is what the
     bound leaves exposed."""
     from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
+    from bench_lib.run.case_parts import waterfall_columns
     from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.rows import bound_columns, waterfall_columns
+    from bench_lib.run.rows import bound_columns, bound_columns_of, case_bound_or_why
     from bench_lib.workloads.sizes import parameter_bytes
 
     shared = Rig("cuda", 2, gpu_slots=2)
     ddp = new_case(shared, "ddp", "resnet-tiny", 32, 16)
     fit = CollectiveFit((1,), (1.0,), alpha_s=0.01, beta_bytes_s=1e7, busbw_gb_s=0.01)
+    coll = Collectives({"all_reduce": fit}, "gloo", 2)
     comm = 2 * 0.01 + parameter_bytes("resnet-tiny", 32)[0] / 1e7  # 2 buckets, slow enough
     outcome = CaseOutcome("ok", step_times_s=[0.5], compute_step_s=0.1)
-    cols = bound_columns(ddp, shared, outcome, 0.5, 0.15,
-                         Collectives({"all_reduce": fit}, "gloo", 2))
+    found = case_bound_or_why(ddp, shared, outcome, 0.5, 0.15, coll)
+    cols = bound_columns_of(found, 0.5)
+    assert cols == bound_columns(ddp, shared, outcome, 0.5, 0.15, coll)
     assert comm > 0.1 and cols["step_time_s_bound"] == pytest.approx(comm)
     assert cols["bound_comm_s"] == pytest.approx(comm - 0.1)
     row = {"step_time_s_median": 0.5, **cols}
-    water = waterfall_columns(ddp, shared, outcome, row, {16: 0.15, 8: 0.1})
+    water = waterfall_columns(ddp, shared, outcome, row, {16: 0.15, 8: 0.1}, found=found)
     assert water["waterfall_comm_s"] == pytest.approx(comm - 0.1)
+    # ideal 0.15 / 2; each slot computes 8 at T1(8) = 0.1 s, as its no_sync steps did.
+    assert (water["waterfall_ideal_s"], water["waterfall_batch_s"],
+            water["waterfall_corun_s"]) == pytest.approx((0.075, 0.025, 0.0))

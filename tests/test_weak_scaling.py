@@ -11,6 +11,7 @@ import pytest
 
 from bench_lib.analysis import waterfall
 from bench_lib.analysis.stats import paired_ratio_interval
+from bench_lib.analysis.step_parts import Figures
 from bench_lib.report.answer import answer_lines
 from bench_lib.report.headlines import headline_groups, headline_lines
 from bench_lib.run.rows import SpeedupTable
@@ -103,18 +104,20 @@ def test_the_weak_speedup_interval_covers_the_true_throughput_ratio():
 
 def test_the_weak_waterfall_starts_from_single_at_the_devices_batch():
     # ddp, 16 per device on 2: the ideal is single's step at 16, the batch costs nothing.
-    found = waterfall.waterfall("ddp", 2, 32, 16, None, {16: 0.30}, 0.36, workload_batch=16)
-    assert (found.ideal_s, found.batch_s) == pytest.approx((0.30, 0.0))
+    found = waterfall.waterfall(Figures(2, 32, 16, 16, {16: 0.30}), 0.36)
+    assert not isinstance(found, str)
+    assert (found.parts.ideal_s, found.parts.batch_s) == pytest.approx((0.30, 0.0))
     assert found.remainder_s == pytest.approx(0.06)
-    # gpipe, micro-batches of 4: 8 a step over 2 devices, 4 each at T1(4) = 0.1 s.
-    found = waterfall.waterfall("gpipe", 2, 32, 4, 8, {16: 0.30, 4: 0.10}, 0.50,
-                                workload_batch=16)
-    assert found.ideal_s == pytest.approx(0.30)
-    assert found.batch_s == pytest.approx(0.40 - 0.30)
-    assert found.bubble_s == pytest.approx(0.40 * (1 / 9) / (8 / 9))  # p=2, m=8
+    # gpipe, micro-batches of 4: 8 a step over 2 devices, 4 each at T1(4) = 0.1 s. The
+    # bound's bubble for p=2, m=8 idles 1/9 of the span: 0.40 s busy, 0.45 s span, 0.05 s.
+    found = waterfall.waterfall(Figures(2, 32, 4, 16, {16: 0.30, 4: 0.10}, bubble_s=0.05),
+                                0.50)
+    assert not isinstance(found, str)
+    assert found.parts.ideal_s == pytest.approx(0.30)
+    assert found.parts.batch_s == pytest.approx(0.40 - 0.30)
     assert found.remainder_s == pytest.approx(0.50 - 0.40 - 0.05)
-    assert waterfall.waterfall("ddp", 2, 32, 16, None, {8: 0.2}, 0.4, workload_batch=16) \
-        == "no waterfall: single at batch 16 was not measured"
+    assert waterfall.waterfall(Figures(2, 32, 16, 16, {8: 0.2}), 0.4) \
+        == "no waterfall: single's step at batch 16 is not known"
 
 
 W = {"model": "resnet50", "image_size": 64, "precision": "fp32", "status": "ok",
