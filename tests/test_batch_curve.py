@@ -206,7 +206,8 @@ def test_a_run_with_the_curve_and_weak_scaling_writes_their_rows_figures_and_sen
     # The waterfall of ddp, its figure, and the answer in words in the terminal and report.
     ddp = cases.loc["ddp_resnet-tiny_img32_b4_s-_fp32"]
     parts = [ddp[f"waterfall_{p}_s"] for p in PARTS]
-    assert PARTS == ("ideal", "batch", "corun", "imbalance", "bubble", "comm", "remainder")
+    assert PARTS == ("ideal", "batch", "optimizer", "corun", "imbalance", "bubble", "comm",
+                     "own", "remainder")
     assert sum(parts) == pytest.approx(ddp.step_time_s_median)
     assert ddp.waterfall_ideal_s == pytest.approx(
         cases.loc["single_resnet-tiny_img32_b4_s-_fp32", "step_time_s_median"] / 2)
