@@ -93,8 +93,8 @@ def test_the_strategies_own_work_and_the_optimizer_are_losses_too():
             _case("ddp", 0.48, 0.45, 0.51, device_batch_size=8, **_parts(5, 0, 2, 1, own=12)),
             _case("fsdp", 0.81, 0.72, 0.9, device_batch_size=8, **_parts(7, 0, 3, 2, own=20))]
     (line,) = answer_lines(rows)
-    assert ("The other strategies lose most to the strategies' own work (DDP's bucketing, "
-            "FSDP2's copies, a schedule's hand-offs) (a median 16% of their step).") in line
+    assert ("The other strategies lose most to the strategies' own work: DDP's bucketing, "
+            "FSDP2's copies, a schedule's hand-offs (a median 16% of their step).") in line
     rows = [_case("single", 0.32, 0.30, 0.34),
             _case("fsdp", 0.81, 0.72, 0.9, device_batch_size=8,
                   **_parts(2, 0, 0, 1, optimizer=9))]

@@ -23,9 +23,11 @@ the bound is to be compared with. The bound is the makespan of torch's own actio
 rank (``sweep.predict``'s replay of the schedule) run by a list scheduler (``simulate``):
 an action starts when its rank is free and its input is there. Exact for unbalanced stages,
 where closed forms are not. Then *other* = traced step - timeline span (optimizer step,
-loss, input split). The traced step is one step: where it ran slower than the case's median
-step (noise, the stamps' own cost), its pass times and *other* are scaled by median /
-traced (``case_bound.traced_parts``), so a bound never rests on a slow step; the note says so.
+loss, input split). The traced step is one step of the first launch: faster or slower as a
+whole than the case's median step (noise, launch-to-launch differences, the stamps' own
+cost), so its pass times and *other* are scaled by median / traced
+(``case_bound.traced_parts``): the bound rests on the traced step's shape at the median's
+pace, and the note says by how much.
 
 Closed forms with balanced stages (p devices, m micro-batches, v stages per device, per
 pass times f, b, w of one stage, transfers free), which tests check the simulator against:
@@ -68,8 +70,16 @@ own compute reads 75%),
 comm = the gradient traffic at the micro-benchmark's fits: ddp all-reduces every gradient
 byte in buckets (``DDP_BUCKET_BYTES``), fsdp all-gathers each unit's parameters forward and
 again backward (FSDP2 reshards after forward, but not the root) and reduce-scatters its
-gradients. With overlap: max(compute, comm) (``step_time_s_bound``); without: the sum
-(``step_time_s_bound_no_overlap``).
+gradients. On GPUs the collectives overlap the compute: max(compute, comm)
+(``step_time_s_bound``); on a cpu rig gloo runs on the cores that compute, so nothing
+hides them: the sum (``step_time_s_bound_no_overlap`` either way;
+``step_parts.exposed_comm_s``, which the prediction and the waterfall use too). fsdp adds
+FSDP2's copies into and out of its gathered buffers at the calibration's copy rate
+(``step_parts.fsdp_copies_s``, *other*), where the run calibrated.
+
+The bound, the prediction (``sweep.predict_time``) and the waterfall (``analysis.waterfall``)
+are one model of a step (``analysis.step_parts``): the same parts priced by the same
+functions, fed with the case's own figures here, with the calibration's in the prediction.
 """
 
 from __future__ import annotations
@@ -80,6 +90,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench_lib.analysis import step_parts
 from bench_lib.analysis.collective_fits import CollectiveFit
 
 Action = tuple[str, int, int]
@@ -122,6 +133,10 @@ class Bound:
     """Data-parallel: the collectives' whole time."""
     scale: float = 1.0
     """Pipelines: the factor the traced pass times were scaled by (``traced_parts``)."""
+    busy_s: tuple[float, ...] = ()
+    """Pipelines: each rank's passes (the replay's busy time); empty for the others."""
+    parts: step_parts.StepParts | None = None
+    """A predicted step's parts (``sweep.predict_time.predicted_parts``); None otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,13 +145,18 @@ class Bound:
         """``1f1b: compute 0.41 s + bubble 0.12 s + p2p 0.02 s + other 0.03 s``."""
         if self.no_overlap_s is not None:
             total = self.comm_total_s or 0.0
-            return (f"{self.formula}: max(compute {self.compute_s:.3g} s, comm {total:.3g} s) "
-                    f"with overlap; sum {self.no_overlap_s:.3g} s without")
+            own = f" + own work {self.other_s:.3g} s" if self.other_s else ""
+            if self.comm_s + 1e-12 < total:  # some of it hidden behind the compute
+                return (f"{self.formula}: max(compute {self.compute_s:.3g} s, comm "
+                        f"{total:.3g} s) with overlap{own}; sum {self.no_overlap_s:.3g} s "
+                        "without")
+            return (f"{self.formula}: compute {self.compute_s:.3g} s + collectives "
+                    f"{total:.3g} s (not overlapped){own}")
         first = self.formula.split()[0]
         link = ("transfers" if first in ("mp", "serial")
                 else "collectives" if first in ("ddp", "ddp-1", "fsdp") else "p2p")
-        scaled = (f" (traced passes x{self.scale:.2f}: the traced step ran slower than the "
-                  "median)" if self.scale < 0.995 else "")
+        scaled = (f" (traced passes x{self.scale:.2f}: scaled to the median step)"
+                  if abs(self.scale - 1) >= 0.005 else "")
         return (f"{self.formula}: compute {self.compute_s:.3g} s + bubble {self.bubble_s:.3g} "
                 f"s + {link} {self.comm_s:.3g} s + other {self.other_s:.3g} s{scaled}")
 
@@ -221,7 +241,7 @@ def pipeline_bound(strategy: str, orders: Sequence[Sequence[Action]],
     with_p2p = simulate(orders, times, edge_s)[0] if any(edge_s) else free
     compute = max(busy)
     return Bound(strategy, with_p2p + other_s, compute, free - compute, with_p2p - free,
-                 other_s)
+                 other_s, busy_s=tuple(busy))
 
 
 def serial_bound(formula: str, times: PassTimes, microbatches: int,
@@ -233,11 +253,14 @@ def serial_bound(formula: str, times: PassTimes, microbatches: int,
     return Bound(formula, compute + transfer_s + other_s, compute, 0.0, transfer_s, other_s)
 
 
-def data_parallel_bound(formula: str, compute_s: float, comm_s: float) -> Bound:
-    """ddp/fsdp: max(compute, comm) with overlap, compute + comm without."""
-    exposed = max(0.0, comm_s - compute_s)
-    return Bound(formula, compute_s + exposed, compute_s, 0.0, exposed, 0.0,
-                 compute_s + comm_s, comm_s)
+def data_parallel_bound(formula: str, compute_s: float, comm_s: float, overlap: bool = True,
+                        other_s: float = 0.0) -> Bound:
+    """ddp/fsdp: compute + the collectives not hidden (``step_parts.exposed_comm_s``:
+    max(compute, comm) with overlap, compute + comm without) + ``other_s`` (the strategy's
+    own work: FSDP2's copies)."""
+    exposed = step_parts.exposed_comm_s(compute_s, comm_s, overlap)
+    return Bound(formula, compute_s + exposed + other_s, compute_s, 0.0, exposed, other_s,
+                 compute_s + comm_s + other_s, comm_s)
 
 
 def ddp_comm_s(grad_bytes: float, all_reduce: CollectiveFit,

@@ -293,6 +293,7 @@ def answer_text(rows: Sequence[Row], profile: Profile) -> list[str]:
     from bench_lib.report.answer import answer_lines
     from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
     from bench_lib.report.headlines import headline_lines, tutorial_lines
+    from bench_lib.report.part_errors import part_error_lines
     from bench_lib.report.time_prediction import score_lines
 
     rows = list(rows)
@@ -300,7 +301,7 @@ def answer_text(rows: Sequence[Row], profile: Profile) -> list[str]:
     if profile.name == "tutorial":
         lines += tutorial_lines(rows)
     return lines + [line for answer in answer_lines(rows) + score_lines(rows)
-                    for line in textwrap.wrap(answer, ANSWER_WIDTH)]
+                    + part_error_lines(rows) for line in textwrap.wrap(answer, ANSWER_WIDTH)]
 
 
 def round_answer(done: RoundDone, profile: Profile) -> list[str]:

@@ -43,8 +43,8 @@ LOSSES = {"batch": "the smaller batch per device",
           "corun": "computing side by side (each device slower beside the others)",
           "imbalance": "the busiest device's extra work",
           "bubble": "the schedule's bubble", "comm": "communication not hidden",
-          "own": "the strategies' own work (DDP's bucketing, FSDP2's copies, a schedule's "
-                 "hand-offs)"}
+          "own": "the strategies' own work: DDP's bucketing, FSDP2's copies, a schedule's "
+                 "hand-offs"}
 """The waterfall's losses, in words, in ``analysis.step_parts.PARTS`` order (a tie goes to
 the first); the ideal and the remainder are not losses of a kind."""
 UNEXPLAINED_PCT = 10.0

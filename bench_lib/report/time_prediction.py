@@ -140,8 +140,8 @@ def points(cases: pd.DataFrame) -> pd.DataFrame:
 
 @styled
 def fig_time_prediction(cases: pd.DataFrame) -> Figure | None:
-    """Predicted against measured step time per case, log-log, with the 10% and 25% bands
-    around equality; None where no case has both."""
+    """Predicted against measured step time per case, log-log, with the goals' bands
+    (``GOAL_MEDIAN_PCT``, ``GOAL_WORST_PCT``) around equality; None where no case has both."""
     p = points(cases)
     if p.empty:
         return None
@@ -149,8 +149,9 @@ def fig_time_prediction(cases: pd.DataFrame) -> Figure | None:
     ax = axes[0][0]
     lo = 0.8 * min(p.predicted_s.min(), p.measured_s.min())
     hi = 1.25 * max(p.predicted_s.max(), p.measured_s.max())
-    predicted_vs_measured_axes(ax, lo, hi, [(0.25, "#eeeeee", "within 25%"),
-                                            (0.10, "#d4d4d4", "within 10%")])
+    predicted_vs_measured_axes(ax, lo, hi, [
+        (GOAL_WORST_PCT / 100, "#eeeeee", f"within {GOAL_WORST_PCT:g}%"),
+        (GOAL_MEDIAN_PCT / 100, "#d4d4d4", f"within {GOAL_MEDIAN_PCT:g}%")])
     for strategy in strategy_order(p.strategy.unique()):
         q = p[p.strategy == strategy]
         for (size, scaling), r in q.groupby(["image_size", "scaling"]):
@@ -162,7 +163,8 @@ def fig_time_prediction(cases: pd.DataFrame) -> Figure | None:
     ax.set_ylabel("predicted before launch (s)")
     errors = p.error_pct.abs()
     ax.set_title(f"Step-time prediction: median |error| {errors.median():.1f}%, worst "
-                 f"{errors.max():.1f}%; {int((errors <= 10).sum())} of {len(p)} within 10%",
+                 f"{errors.max():.1f}%; {int((errors <= GOAL_MEDIAN_PCT).sum())} of {len(p)} "
+                 f"within {GOAL_MEDIAN_PCT:g}%",
                  fontsize=10)
     ax.legend(fontsize=6, ncol=2, loc="upper left")
     return fig

@@ -85,7 +85,7 @@ def fig_waterfall(cases: pd.DataFrame) -> Figure | None:
     handles = [Patch(color=c, label=text) for _, text, c in PARTS]
     handles.append(Patch(facecolor=REMAINDER[2], hatch="///", edgecolor="#666666",
                          label=REMAINDER[1]))
-    fig.legend(handles=handles, loc="upper center", ncol=5, fontsize=8, frameon=False,
+    fig.legend(handles=handles, loc="upper center", ncol=3, fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.965))
     fig.suptitle("Where the ideal speedup goes: each case's step from the ideal (single's over "
                  "N devices) to the measured one, part by part", fontsize=10, y=0.995)

@@ -330,19 +330,22 @@ CASES = _cols(
                                     "end (the t interval over rounds, as speedup_ci_low)",
      N, True),
     ("per_image_efficiency_ci_high", "the same interval's high end", N, True),
-    # The waterfall (bench_lib.analysis.waterfall): from the ideal N-fold speedup down to
-    # the measured step, each loss measured apart from the case; seconds and % of the
-    # measured step (step_time_s_median).
-    ("waterfall_ideal_s", "single's step at this batch_size over world_size: the step of "
-                          "an N-fold speedup (weak scaling: single's step at the "
-                          "workload's batch), seconds", N, True),
+    # The waterfall (bench_lib.analysis.waterfall): the step's parts (one list, defined
+    # once: bench_lib.analysis.step_parts) measured, from the ideal N-fold step up to the
+    # measured step; seconds and % of the measured step (step_time_s_median).
+    ("waterfall_ideal_s", "single's step at the workload's batch x batch_size / (that batch "
+                          "x world_size): the step of an N-fold speedup (weak scaling: "
+                          "single's step at the workload's batch), seconds", N, True),
     ("waterfall_ideal_pct", "waterfall_ideal_s as % of step_time_s_median (100 / it = the "
                             "measured speedup's share of the ideal)", N, True),
     ("waterfall_batch_s", "what the devices lose computing device_batch_size images at once "
-                          "rather than batch_size, from single's batch curve: batch_size / "
-                          "(device_batch_size x world_size) x single's step at "
-                          "device_batch_size, less waterfall_ideal_s, seconds", N, True),
+                          "rather than the workload's batch, optimizer step aside, from "
+                          "single's batch curve, seconds", N, True),
     ("waterfall_batch_pct", "waterfall_batch_s as % of step_time_s_median", N, True),
+    ("waterfall_optimizer_s", "a device's optimizer step beyond its share of the ideal's "
+                              "(single's optimizer step alone x the share of the model the "
+                              "device updates, less 1 / world_size of it), seconds", N, True),
+    ("waterfall_optimizer_pct", "waterfall_optimizer_s as % of step_time_s_median", N, True),
     ("waterfall_corun_s", "what computing beside the other devices costs one device: its "
                           "compute in the case with every device busy and no communication "
                           "(ddp's no_sync steps, 3 after each launch's timed steps, the "
@@ -351,24 +354,32 @@ CASES = _cols(
                           "curve's, seconds (0 where not measured or one device computes at "
                           "a time)", N, True),
     ("waterfall_corun_pct", "waterfall_corun_s as % of step_time_s_median", N, True),
-    ("waterfall_imbalance_s", "the busiest device's extra work: its compute beside the "
-                              "others x (its busy time in the traced step over the "
-                              "devices' mean - 1), seconds (0 without a timeline)", N, True),
+    ("waterfall_imbalance_s", "the busiest device's passes in the traced step over the "
+                              "devices' mean, scaled to the median step, seconds (0 without "
+                              "a timeline)", N, True),
     ("waterfall_imbalance_pct", "waterfall_imbalance_s as % of step_time_s_median", N, True),
-    ("waterfall_bubble_s", "the schedule's idle time in theory for its p, m, v on the "
-                           "busiest device (bubble_theory_pct); serial cases (one process "
-                           "runs every stage: mp, pipeline on a cpu rig) (N-1) x its compute, "
-                           "seconds", N, True),
+    ("waterfall_bubble_s", "the idle time the schedule forces on the busiest device "
+                           "(bound_bubble_s: torch's action lists replayed with the traced "
+                           "passes); serial cases (one process runs every stage: mp, "
+                           "pipeline on a cpu rig): the other devices' passes and optimizer "
+                           "shares, seconds", N, True),
     ("waterfall_bubble_pct", "waterfall_bubble_s as % of step_time_s_median", N, True),
     ("waterfall_comm_s", "what the collectives or transfers add at the run's measured "
-                         "bandwidths (bound_comm_s), seconds", N, True),
+                         "bandwidths, not hidden behind compute (bound_comm_s), seconds",
+     N, True),
     ("waterfall_comm_pct", "waterfall_comm_s as % of step_time_s_median", N, True),
+    ("waterfall_own_s", "the strategy's own work (waterfall_note says which): FSDP2's "
+                        "copies at the calibrated copy rate, DDP's from a ddp-1 case over "
+                        "single, a schedule's between its traced passes, a serial pipeline's "
+                        "passes beyond single's curve, seconds", N, True),
+    ("waterfall_own_pct", "waterfall_own_s as % of step_time_s_median", N, True),
     ("waterfall_remainder_s", "step_time_s_median less every waterfall part above: what "
                               "no part explains, seconds (negative: the parts overstate)",
      N, True),
     ("waterfall_remainder_pct", "waterfall_remainder_s as % of step_time_s_median", N, True),
-    ("waterfall_note", "the schedule's bubble formula, the busiest device's share, or why "
-                       "the case has no waterfall", False, True),
+    ("waterfall_note", "the bubble in theory, what the own part is (or why it is not "
+                       "measured), a remainder over 10% of the step, or why the case has "
+                       "no waterfall", False, True),
     ("partition", "stage cut used, method:block indices (strategies that cut the model); "
                   "a balanced cut is profiled in the case's first launch and reused by its "
                   "later ones, so all launches measure the same cut"),
@@ -437,6 +448,11 @@ CASES = _cols(
                              "(+ = predicted slower than measured)", N, True),
     ("prediction_note", "the prediction's formula and parts, e.g. 'ddp: compute 0.35 s + "
                         "comm 0.06 s', or why the case has none", False, True),
+    *((f"predicted_{part}_s", f"the predicted step's {part} part (the waterfall_{part}_s "
+                              "of the prediction: the same definition fed with the "
+                              "calibration), seconds", N, True)
+      for part in ("ideal", "batch", "optimizer", "corun", "imbalance", "bubble", "comm",
+                   "own")),
 )
 STEPS = _cols(
     ("run_id", "the run folder's name"), ("case_id", "the case"),

@@ -541,7 +541,8 @@ def _run_groups(
     """``run_sweep``'s walk: workload by workload, round by round."""
     work_root = writer.run_dir / ".work"
     rows = []
-    inputs = RowInputs(rig, admission, attainable_peak, idle, collectives)
+    inputs = RowInputs(rig, admission, attainable_peak, idle, collectives,
+                       predictor.copies if predictor is not None else None)
     speedups = SpeedupTable()
     speedups.seed(writer.run_dir / "cases.csv")  # a resumed run's earlier `single` rows
     optimizer_steps: dict[tuple[str, int, int, str, str], float] = {}
