@@ -95,9 +95,10 @@ def test_the_run_is_its_parts_and_each_per_run_term_only_where_it_applies():
     full = run_estimate([single, ddp], TWO_GPUS, rig_figures=True, predict_time=True)
     assert full.rig_figures_s == CUDA.rig_figures_s
     assert full.collectives_s == CUDA.collectives_s  # ddp over 2 GPUs is priced with them
-    # One workload: single's 120 alone, ddp's share 60 together.
-    assert (full.workloads, full.sizes) == (1, 2)
-    assert full.calibration_s == pytest.approx(2 * CUDA.calibration_size_s)
+    # One workload: single's 120 alone, ddp's share 60 together and alone (the predicted
+    # parts price the smaller batch with it).
+    assert (full.workloads, full.sizes) == (1, 3)
+    assert full.calibration_s == pytest.approx(3 * CUDA.calibration_size_s)
     assert full.total_s == pytest.approx(full.per_run_s + full.calibration_s
                                          + full.launches.total_s)
     assert full.duty_cycle == pytest.approx(full.launches.timed_s / full.total_s)
