@@ -225,8 +225,8 @@ def test_a_failed_rank_writes_its_result_then_destroys_its_group(tmp_path, monke
 
     monkeypatch.setattr(worker, "die_with_parent", lambda pid: True)
     monkeypatch.setattr(worker.CaseSpec, "read", classmethod(
-        lambda cls, path: SimpleNamespace(case=None, rig=None, trace=True, cut="",
-                                          warmup_steps=None)))
+        lambda cls, path: SimpleNamespace(case=None, rig=None, trace=True, compute_only=True,
+                                          cut="", warmup_steps=None)))
     monkeypatch.setattr(worker, "run_rank", run_rank)
     monkeypatch.setattr(dist, "destroy_process_group", destroy_and_look)
     before = time.time()

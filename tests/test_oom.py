@@ -56,7 +56,7 @@ def test_other_failures_are_not(e):
 def _fake_spec(monkeypatch: Any, module: Any, cls: Any) -> None:
     monkeypatch.setattr(module, "die_with_parent", lambda pid: True, raising=False)
     monkeypatch.setattr(cls, "read", classmethod(lambda c, path: SimpleNamespace(
-        case=None, rig=None, trace=True, cut="", warmup_steps=None)))
+        case=None, rig=None, trace=True, compute_only=True, cut="", warmup_steps=None)))
 
 
 def _raising(e: BaseException) -> Any:
