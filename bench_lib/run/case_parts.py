@@ -59,6 +59,22 @@ def traced_busy_s(outcome: CaseOutcome, median_s: float) -> tuple[float, ...]:
     return tuple((1.0 - i) * (hi - lo) * scale for i in idle.values())
 
 
+def device_compute_s(case: Case, outcome: CaseOutcome, median_s: float, optimizer_s: float,
+                     ddp_compute_s: float | None = None) -> float | None:
+    """One device's compute a step, mean over devices; None where the case has no such
+    measure (no timeline, fsdp without a ddp case). ddp: its no_sync steps; fsdp: a ddp
+    case's of the same local batch, less the optimizer step on the parameters it does not
+    own; the pipelining schedules: the traced step's passes per device (``traced_busy_s``)
+    plus its optimizer share. The waterfall's S and the utilisation check's compute."""
+    share = optimizer_share(case)
+    if case.strategy in ("ddp", "fsdp"):
+        measured = outcome.compute_step_s if outcome.compute_step_s is not None \
+            else ddp_compute_s if case.strategy == "fsdp" else None
+        return None if measured is None else min(measured, median_s) - (1 - share) * optimizer_s
+    busy = traced_busy_s(outcome, median_s)
+    return statistics.fmean(busy) + share * optimizer_s if busy else None
+
+
 def measured_figures(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
                      curve: Mapping[int, float], optimizer_s: float | None,
                      found: Bound | str | None, ddp_compute_s: float | None = None,
@@ -84,12 +100,13 @@ def measured_figures(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float
                 "serial process's hand-offs" if busy else "")
         return replace(base, serial=True, busy_s=busy, own_s=between, own_what=what,
                        notes=tuple(notes))
+    # S: only where every device computes at once in its own process.
+    shared = (device_compute_s(case, outcome, median_s, opt, ddp_compute_s)
+              if case.process_group and case.world_size > 1 else None)
     if case.strategy in ("ddp", "ddp-1", "fsdp"):
-        return _data_parallel(case, outcome, median_s, base, bound, ddp_compute_s, ddp_own_s,
-                              notes)
+        return _data_parallel(case, outcome, median_s, replace(base, shared_compute_s=shared),
+                              bound, ddp_own_s, notes)
     if case.strategy in PIPELINED or (case.strategy == "pipeline" and busy):
-        shared = (statistics.fmean(busy) + share * opt
-                  if busy and case.process_group else None)
         theory = bubble.theory(case.strategy, case.world_size, case.num_microbatches)
         if theory:
             notes.append(f"bubble in theory {theory.describe()}")
@@ -101,15 +118,8 @@ def measured_figures(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float
 
 
 def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, base: Figures,
-                   bound: Bound | None, ddp_compute_s: float | None,
-                   ddp_own_s: float | None, notes: list[str]) -> Figures:
-    """ddp, ddp-1, fsdp: S from no_sync steps; own work from ddp-1 or the bound's copies."""
-    opt, share = base.optimizer_s, base.optimizer_share
-    measured = outcome.compute_step_s if outcome.compute_step_s is not None \
-        else ddp_compute_s if case.strategy == "fsdp" else None
-    shared = None
-    if case.process_group and case.world_size > 1 and measured is not None:
-        shared = min(measured, median_s) - (1 - share) * opt
+                   bound: Bound | None, ddp_own_s: float | None, notes: list[str]) -> Figures:
+    """ddp, ddp-1, fsdp (``base`` has S): own work from ddp-1 or the bound's copies."""
     if case.strategy == "fsdp":
         own = bound.other_s if bound else 0.0
         what = "FSDP2's copies at the calibrated copy rate" if own else \
@@ -121,8 +131,7 @@ def _data_parallel(case: Case, outcome: CaseOutcome, median_s: float, base: Figu
         own, what = ddp_own_s, "DDP's own work: the run's ddp-1 over single"
     else:
         own, what = 0.0, NO_DDP1
-    return replace(base, shared_compute_s=shared, own_s=own, own_what=what,
-                   notes=tuple(notes))
+    return replace(base, own_s=own, own_what=what, notes=tuple(notes))
 
 
 def waterfall_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Mapping[str, Any],

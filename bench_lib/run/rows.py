@@ -29,7 +29,7 @@ from bench_lib.measure.throttling import throttling
 from bench_lib.results.schema import launch_medians
 from bench_lib.rig import Rig
 from bench_lib.run import case_bound
-from bench_lib.run.case_parts import optimizer_share
+from bench_lib.run.case_parts import device_compute_s
 from bench_lib.run.protocol import CaseOutcome, SampleRow
 from bench_lib.sweep.cases import Case
 
@@ -299,25 +299,6 @@ def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | 
                                               collectives, ddp_compute_s, copies), median_s)
 
 
-def device_compute_s(case: Case, outcome: CaseOutcome, median_s: float,
-                     idle: Mapping[Any, float], optimizer_s: float, share: float,
-                     ddp_compute_s: float | None = None) -> float | None:
-    """One device's compute a step, mean over devices; None where the case has no such
-    measure (no timeline, fsdp without a ddp case). ddp: its no_sync steps; fsdp: a ddp
-    case's of the same local batch, less the optimizer step on the parameters it does not
-    own; the pipelining schedules: the traced step's passes per device (mean; scaled as
-    the bound scales them, ``case_bound.traced_parts``) plus its optimizer share."""
-    if case.strategy in ("ddp", "fsdp"):
-        measured = outcome.compute_step_s if outcome.compute_step_s is not None \
-            else ddp_compute_s if case.strategy == "fsdp" else None
-        return None if measured is None else min(measured, median_s) - (1 - share) * optimizer_s
-    if not idle:
-        return None
-    lo, hi = bubble.span(outcome.timeline)
-    busy = statistics.fmean((1.0 - i) * (hi - lo) for i in idle.values())
-    return busy * case_bound.traced_scale(outcome, median_s) + share * optimizer_s
-
-
 def util_check_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
                        optimizer_s: float | None = None,
                        ddp_compute_s: float | None = None) -> Row:
@@ -332,9 +313,8 @@ def util_check_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
         return {}
     if rig.kind == "cpu" and not case.process_group:
         return {}
-    compute = device_compute_s(case, outcome, float(median),
-                               bubble.idle_by_device(outcome.timeline), optimizer_s or 0.0,
-                               optimizer_share(case), ddp_compute_s)
+    compute = device_compute_s(case, outcome, float(median), optimizer_s or 0.0,
+                               ddp_compute_s)
     if compute is None:
         return {}
     busy = min(100.0, 100 * compute / float(median))
