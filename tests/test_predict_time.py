@@ -214,7 +214,9 @@ def test_a_sweeps_sizes_per_workload(cpu_rig):
 
 def test_shape_of_reads_the_rig(cpu_rig):
     pipe = new_case(cpu_rig, "pipeline", "resnet-tiny", 32, 16, split_size=4)
-    assert shape_of(pipe, cpu_rig) == Shape("pipeline", 16, 2, 4, 16, serial=True)
+    # Each of its 2 devices steps its own stage's half of the optimizer.
+    assert shape_of(pipe, cpu_rig) == Shape("pipeline", 16, 2, 4, 16, serial=True,
+                                            optimizer_share=0.5)
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16, scaling="weak")
     assert shape_of(ddp, cpu_rig) == Shape("ddp", 32, 2, None, 16)
 

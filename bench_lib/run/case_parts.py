@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from bench_lib import strategies
 from bench_lib.analysis import bubble, step_parts, waterfall
 from bench_lib.analysis.bound import PIPELINED, Bound
 from bench_lib.analysis.step_parts import Figures
@@ -34,13 +33,6 @@ if TYPE_CHECKING:
     from bench_lib.sweep.cases import Case
 
 NO_DDP1 = "DDP's own work not measured: the run has no ddp-1 case of this workload"
-
-
-def optimizer_share(case: Case) -> float:
-    """The share of the model's optimizer step one device of the case runs: its own
-    stage's parameters (the partitioned strategies) or shard (fsdp), else all of them."""
-    return (1 / case.world_size if strategies.get(case.strategy).uses_partition
-            or case.strategy == "fsdp" else 1.0)
 
 
 def is_serial(case: Case, rig: Rig) -> bool:
@@ -66,7 +58,7 @@ def device_compute_s(case: Case, outcome: CaseOutcome, median_s: float, optimize
     case's of the same local batch, less the optimizer step on the parameters it does not
     own; the pipelining schedules: the traced step's passes per device (``traced_busy_s``)
     plus its optimizer share. The waterfall's S and the utilisation check's compute."""
-    share = optimizer_share(case)
+    share = case.optimizer_share
     if case.strategy in ("ddp", "fsdp"):
         measured = outcome.compute_step_s if outcome.compute_step_s is not None \
             else ddp_compute_s if case.strategy == "fsdp" else None
@@ -81,7 +73,7 @@ def measured_figures(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float
                      ddp_own_s: float | None = None) -> Figures:
     """The figures of ``case``'s measured parts (module docstring). ``found``: its bound
     (or why it has none); ``ddp_own_s``: DDP's own work from the run's ddp-1 case."""
-    share, opt = optimizer_share(case), optimizer_s or 0.0
+    share, opt = case.optimizer_share, optimizer_s or 0.0
     notes: list[str] = []
     if optimizer_s is None and case.batch_size != case.device_batch_size:
         notes.append("optimizer step not measured: counted with every micro-batch")

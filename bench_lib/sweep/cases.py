@@ -172,6 +172,13 @@ class Case:
             return self.micro.split_size
         return self.batch_size
 
+    @property
+    def optimizer_share(self) -> float:
+        """The share of the model's optimizer step one device runs: its own stage's
+        parameters (the strategies that cut the model) or shard (fsdp), else all of them."""
+        return (1 / self.world_size if strategies.get(self.strategy).uses_partition
+                or self.strategy == "fsdp" else 1.0)
+
     def spans_nodes(self, rig: Rig) -> bool:
         """Whether its ranks run on more than one node of ``rig`` (a multi-node run's rig
         holds one node's devices): then only node 0's share of them is sampled, and node 0's

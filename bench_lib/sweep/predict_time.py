@@ -186,6 +186,8 @@ class Shape:
     hook: str = "none"
     """DDP's communication hook."""
     bucket_cap_mb: float | None = None
+    optimizer_share: float = 1.0
+    """The share of the optimizer step one device runs (``Case.optimizer_share``)."""
 
     @property
     def device_batch(self) -> int:
@@ -267,15 +269,15 @@ def predict(shape: Shape, cal: Calibration | None, collectives: Collectives | No
 
 def predicted_parts(shape: Shape, cal: Calibration, found: Bound) -> StepParts | str:
     """The predicted column of the step's parts (``analysis.step_parts``) for ``shape``,
-    whose predicted step is ``found`` (``predict``'s): they add up to its ``step_s``. Single's
+    whose predicted step is ``found`` (``predict``'s): they add up to its ``step_s``; each
+    device steps ``shape.optimizer_share`` of the optimizer (``shape_of`` sets it). Single's
     curve is the calibration's steps alone; S its steps together (ddp, fsdp) or the mean of
     the replayed passes (pipelines); comm, bubble and own are ``found``'s, priced by the
     same functions the bound uses. DDP's own work and a serial pipeline's hand-offs are not
     calibrated: 0 here, and the report shows what they were measured at."""
     if shape.strategy == "single":
         return "single is the reference"
-    n, opt = shape.devices, cal.optimizer_s
-    share = 1 / n if shape.strategy in ("fsdp", "mp", "pipeline", *PIPELINED) else 1.0
+    n, opt, share = shape.devices, cal.optimizer_s, shape.optimizer_share
     base = Figures(n, shape.batch, shape.device_batch, shape.workload_batch or shape.batch,
                    {b: c.step_s for b, c in cal.alone.items()}, opt, share)
     if found.busy_s:  # a replayed schedule
@@ -406,7 +408,8 @@ def shape_of(case: Case, rig: Rig) -> Shape:
                                                  and rig.kind == "cpu"),
                  overlap=rig.kind == "cuda",
                  hook=knobs.comm_hook if knobs is not None else "none",
-                 bucket_cap_mb=knobs.bucket_cap_mb if knobs is not None else None)
+                 bucket_cap_mb=knobs.bucket_cap_mb if knobs is not None else None,
+                 optimizer_share=case.optimizer_share)
 
 
 def predict_case(case: Case, rig: Rig, cal: Calibration | None,
