@@ -21,7 +21,7 @@ def test_ideal_batch_and_optimizer_add_up_to_one_devices_compute():
     assert not isinstance(found, str)
     assert (found.ideal_s, found.batch_s, found.optimizer_s) == pytest.approx((0.30, 0.03, 0.01))
     assert found.ideal_s + found.batch_s + found.optimizer_s == pytest.approx(
-        step_parts.device_compute_s(f))
+        step_parts.curve_compute_s(f))
     assert found.corun_s == found.imbalance_s == found.bubble_s == 0.0
 
 

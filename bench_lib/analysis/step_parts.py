@@ -114,7 +114,7 @@ def ideal_s(curve: Mapping[int, float], batch: int, workload_batch: int, devices
     return curve[workload_batch] * batch / (workload_batch * devices)
 
 
-def device_compute_s(f: Figures) -> float:
+def curve_compute_s(f: Figures) -> float:
     """C: one device's compute a step from single's curve, B/(bN) (T(b) - O) + s O."""
     return (f.batch / (f.device_batch * f.devices) * (f.curve[f.device_batch] - f.optimizer_s)
             + f.optimizer_share * f.optimizer_s)
@@ -222,7 +222,7 @@ def parts(f: Figures) -> StepParts | str:
     for b in sorted({f.workload_batch, f.device_batch}):
         if b not in f.curve:
             return f"single's step at batch {b} is not known"
-    compute = device_compute_s(f)
+    compute = curve_compute_s(f)
     opt, share = f.optimizer_s, f.optimizer_share
     if f.serial and f.devices > 1:
         # Each device's compute S_d = its passes + its optimizer share; what they take
