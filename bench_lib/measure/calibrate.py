@@ -9,9 +9,16 @@ below. Medians, not minima (``partition``'s
 profiling keeps the fastest pass, which is right for choosing a cut): a prediction is of the
 typical step.
 
-Blocks go one at a time, as ``strategies.partition.block_costs`` profiles them: each block
-on the input it sees in the model, its forward timed, then its backward from a gradient of
-ones (the input's gradient too, except for the stem, whose input is the image batch).
+Blocks are timed as a pipelining stage runs them (``block_times``): one forward through
+every block in turn, then one backward from a gradient of ones through all of them, the
+parameters' gradients accumulating into the last pass's (as a stage's do from its second
+micro-batch on), each block's share stamped at its boundaries (``measure.trace``'s clock:
+CUDA events on GPUs). Not one block at a time (``strategies.partition.block_costs``'
+profiling, which keeps the fastest pass to choose a cut): on a cpu rig a stage's big
+gradient buffers are paged in afresh every backward (glibc gives their pages back between
+passes; 45 MiB of layer4's and fc's at ResNet50 64 px, 30 ms of a 99 ms pass on a 2-core
+AMD EPYC), which a block timed alone, reusing its own few buffers, never pays: it had
+priced 1f1b's last stage 20-30 ms a pass short (#41).
 
 A training step is timed by the rig's ``PassRule`` (``pass_rule``): on a cpu rig the fixed
 ``WARMUP`` + ``REPEATS`` above; on a cuda rig by ``measure.timing``'s rules, since a GPU step
@@ -31,6 +38,7 @@ import torch
 from torch import nn
 
 from bench_lib.measure.timing import measure_steps
+from bench_lib.measure.trace import Clock, Stamp
 from bench_lib.rig import synchronize
 from bench_lib.workloads import Workload, blocks
 
@@ -162,33 +170,55 @@ def fresh_copy_s(nbytes: int, device: torch.device, warmup: int = WARMUP,
 def block_times(model: nn.Module, workload: Workload, batch: int, device: torch.device,
                 warmup: int = WARMUP, repeats: int = REPEATS,
                 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Each block's forward and backward seconds at ``batch`` images (module docstring);
-    the model's blocks stay on ``device`` (the caller put the model there)."""
+    """Each block's forward and backward seconds at ``batch`` images, the medians of
+    ``repeats`` chained passes after ``warmup`` (module docstring); the model's blocks stay
+    on ``device`` (the caller put the model there) and its gradients are None after.
+
+    A block's forward runs from the stamp before it to the stamp after it; its backward
+    from the moment its output's gradient is ready (a tensor hook) to the moment its
+    input's is, the stem's until the backward returns (its input, the image batch, needs
+    no gradient); the parameters' gradients accumulate inside the block that computes them
+    (autograd runs a gradient's accumulation as soon as it is ready)."""
+    chain = blocks(model)
     param = next(model.parameters())
     x = workload.make_batch(batch, device, seed=123, targets=False)[0].to(param.dtype)
     if param.dim() == 4 and param.is_contiguous(memory_format=torch.channels_last):
         x = x.contiguous(memory_format=torch.channels_last)
-    forward, backward = [], []
-    for i, block in enumerate(blocks(model)):
-        grad_in = i > 0 and x.is_floating_point()
-        fwd, bwd = [], []
-        for k in range(warmup + repeats):
-            inp = x.detach().requires_grad_(grad_in)
-            synchronize([device])
-            t0 = time.perf_counter()
-            with workload.autocast(device):
-                out = block(inp)
-            synchronize([device])
-            t1 = time.perf_counter()
-            out.backward(torch.ones_like(out))
-            synchronize([device])
-            if k >= warmup:
-                fwd.append(t1 - t0)
-                bwd.append(time.perf_counter() - t1)
-            del out, inp
-        block.zero_grad(set_to_none=True)
-        forward.append(statistics.median(fwd))
-        backward.append(statistics.median(bwd))
-        with torch.no_grad(), workload.autocast(device):
-            x = block(x)
-    return tuple(forward), tuple(backward)
+    passes: list[tuple[list[float], list[float]]] = []
+    for k in range(warmup + repeats):
+        synchronize([device])
+        clock = Clock([device])
+        fwd_marks: list[Stamp] = []
+        bwd_marks: dict[int, Stamp] = {}  # block i: its output's gradient ready
+        out = x
+        with workload.autocast(device):
+            for i, block in enumerate(chain):
+                fwd_marks.append(clock.stamp(device))
+                out = block(out)
+                if out.requires_grad:
+                    out.register_hook(_stamp_hook(bwd_marks, i, clock, device))
+        fwd_marks.append(clock.stamp(device))
+        out.backward(torch.ones_like(out))
+        done = clock.stamp(device)
+        synchronize([device])
+        del out
+        if k < warmup:
+            continue
+        fwd = [clock.seconds(b) - clock.seconds(a) for a, b in zip(fwd_marks, fwd_marks[1:])]
+        # Block i's backward ends where block i-1's begins (its input is that one's output).
+        ends = [bwd_marks.get(i - 1, done) if i else done for i in range(len(chain))]
+        bwd = [clock.seconds(e) - clock.seconds(bwd_marks[i]) if i in bwd_marks else 0.0
+               for i, e in enumerate(ends)]
+        passes.append((fwd, bwd))
+    model.zero_grad(set_to_none=True)
+    forward = tuple(statistics.median(p[0][i] for p in passes) for i in range(len(chain)))
+    backward = tuple(statistics.median(p[1][i] for p in passes) for i in range(len(chain)))
+    return forward, backward
+
+
+def _stamp_hook(marks: dict[int, Stamp], i: int, clock: Clock,
+                device: torch.device) -> Callable[[torch.Tensor], None]:
+    def hook(grad: torch.Tensor) -> None:
+        marks[i] = clock.stamp(device)
+
+    return hook

@@ -66,7 +66,7 @@ PIPE_METHODS = {"fwd": "forward_one_chunk", "bwd": "backward_one_chunk",
                 "wgt": "backward_weight_one_chunk"}
 
 
-class _Clock:
+class Clock:
     """Stamps on the monotonic clock: perf_counter on CPU, CUDA events on GPUs."""
 
     def __init__(self, devices: Iterable[torch.device]) -> None:
@@ -96,7 +96,7 @@ class _Clock:
 class _Recorder:
     """Stamps the start and end of every (stage, micro-batch, phase)."""
 
-    def __init__(self, clock: _Clock, labels: dict[int, str]) -> None:
+    def __init__(self, clock: Clock, labels: dict[int, str]) -> None:
         self.clock = clock
         self.labels = labels
         """Stage index -> device label (falls back on the tensor's torch device)."""
@@ -189,7 +189,7 @@ def trace_step(step: Callable[[], None], stages: Sequence[TimelineStage],
     """
     labels = [str(d) for d in devices] if slot_labels is None else list(slot_labels)
     synchronize(devices)
-    recorder = _Recorder(_Clock(devices), {s.index: labels[s.slot] for s in stages})
+    recorder = _Recorder(Clock(devices), {s.index: labels[s.slot] for s in stages})
     handles: list[RemovableHandle] = []
     undos: list[Callable[[], None]] = []
     try:
