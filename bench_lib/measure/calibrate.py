@@ -14,11 +14,12 @@ every block in turn, then one backward from a gradient of ones through all of th
 parameters' gradients accumulating into the last pass's (as a stage's do from its second
 micro-batch on), each block's share stamped at its boundaries (``measure.trace``'s clock:
 CUDA events on GPUs). Not one block at a time (``strategies.partition.block_costs``'
-profiling, which keeps the fastest pass to choose a cut): on a cpu rig a stage's big
-gradient buffers are paged in afresh every backward (glibc gives their pages back between
-passes; 45 MiB of layer4's and fc's at ResNet50 64 px, 30 ms of a 99 ms pass on a 2-core
-AMD EPYC), which a block timed alone, reusing its own few buffers, never pays: it had
-priced 1f1b's last stage 20-30 ms a pass short (#41).
+profiling, which keeps the fastest pass to choose a cut): a stage runs its blocks back to
+back, and what one block leaves behind (freed buffers, caches) is what the next one finds.
+Before a cpu worker kept its heap (``rig.keep_heap``), a block timed alone had priced
+1f1b's last stage 20-30 ms a pass short: its 45 MiB of layer4's and fc's gradients were
+paged in afresh every backward, which the chained passes showed and a lone block did not
+(ResNet50, 64 px, 2 images, 2-core AMD EPYC; #41).
 
 A training step is timed by the rig's ``PassRule`` (``pass_rule``): on a cpu rig the fixed
 ``WARMUP`` + ``REPEATS`` above; on a cuda rig by ``measure.timing``'s rules, since a GPU step

@@ -23,6 +23,7 @@ from bench_lib.rig import (
     Rig,
     available_cores,
     cuda_device_count,
+    heap_policy,
     read_cpu_topology,
     set_math_mode,
 )
@@ -300,6 +301,8 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         "git": git_info(),
         "fingerprint": hardware_fingerprint(rig),
         "cpu_topology": cpu_topology(rig),
+        # What a cpu worker does with the memory it frees (rig.keep_heap).
+        "cpu_heap": heap_policy() if rig.kind == "cpu" else None,
         # /dev/shm, GPU ordering and NCCL variables; on GPUs links, P2P and bus ids (NVML).
         "multi_gpu": multi_gpu_environment(rig),
         # What every worker and the peak probe set (rig.set_math_mode), read back here.

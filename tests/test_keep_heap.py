@@ -1,0 +1,89 @@
+"""A cpu worker keeps the memory it frees (``rig.keep_heap``, #41): glibc's default unmaps big
+blocks and trims its heap, so a pass pages its big buffers in afresh, which a GPU's caching
+allocator never makes a device do."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from bench_lib import rig as rig_mod
+from bench_lib.measure.environment import collect
+from bench_lib.rig import KEPT_HEAP, M_MMAP_MAX, M_TRIM_THRESHOLD, Rig, heap_policy, keep_heap
+
+
+class Libc:
+    def __init__(self, answer: int = 1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.answer = answer
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return self.answer
+
+
+def test_it_turns_off_mmap_and_trimming():
+    libc = Libc()
+    assert keep_heap(libc) == KEPT_HEAP
+    assert libc.calls == [(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1)]
+
+
+def test_a_c_library_that_refuses_or_lacks_mallopt_is_said_so():
+    assert keep_heap(Libc(answer=0)) == "the C library's own: it refused mallopt"
+    assert keep_heap(object()) == "the C library's own: it has no mallopt"
+    assert heap_policy(object()) == "the C library's own: it has no mallopt"
+    libc = Libc()
+    assert heap_policy(libc) == KEPT_HEAP and libc.calls == []  # says, does not do
+
+
+def test_every_cpu_worker_keeps_its_heap_and_a_cuda_one_is_left_alone(monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(rig_mod, "keep_heap", lambda: calls.append("kept") or KEPT_HEAP)
+    monkeypatch.setattr(rig_mod.os, "sched_setaffinity", lambda pid, cores: None,
+                        raising=False)
+    monkeypatch.setattr(rig_mod.torch, "set_num_threads", lambda n: None)
+    rig_mod.pin_worker(Rig("cpu", 1, cores=(0,)), 0)
+    assert calls == ["kept"]
+    rig_mod.pin_worker(Rig("cuda", 1), 0)
+    assert calls == ["kept"]
+
+
+def test_env_json_says_what_a_cpu_worker_does_with_its_heap():
+    env = collect(Rig("cpu", 1, cores=(0,)), {}, [])
+    assert env["cpu_heap"] == heap_policy()
+
+
+CHILD = """
+import resource, sys, torch
+from bench_lib.rig import keep_heap
+if sys.argv[1] == "keep":
+    keep_heap()
+# Two 64 MiB weights: their gradients are above glibc's largest dynamic mmap threshold.
+model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                            torch.nn.Linear(4096, 4096))
+x = torch.randn(8, 4096)
+faults = []
+for _ in range(8):
+    model.zero_grad(set_to_none=True)
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    model(x).sum().backward()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+print(sum(faults[-4:]))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_a_kept_heap_pages_a_step_in_once_not_every_step():
+    def late_faults(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True,
+                             text=True, check=True, timeout=120)
+        return int(out.stdout.strip())
+
+    gradient_pages = 2**26 // 4096
+    # By default each step maps its two gradients anew and faults them in (4 steps: 8 of
+    # them); a kept heap reuses the blocks its first steps freed.
+    assert late_faults("default") > 4 * gradient_pages
+    assert late_faults("keep") < gradient_pages // 10
