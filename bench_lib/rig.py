@@ -418,10 +418,18 @@ def pin_worker(rig: Rig, index: int) -> None:
     keep_heap()
 
 
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 """glibc's ``mallopt`` parameters (malloc.h)."""
 
-KEPT_HEAP = "kept: glibc mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD 2**31 - 1"
+MMAP_THRESHOLD = 32 * 2**20
+"""Blocks from here up are still mapped for themselves and unmapped when freed: glibc's
+largest threshold on 64 bits (``DEFAULT_MMAP_THRESHOLD_MAX``). Below it blocks come from the
+heap. With no ``mmap`` at all (``M_MMAP_MAX`` 0) FSDP2's gathered buffers fragmented the
+heap: fsdp's peak at 64 px rose from 569 to 777 MiB, 619 with this threshold (one launch
+each, 2-core AMD EPYC)."""
+
+KEPT_HEAP = ("kept: glibc mallopt M_MMAP_THRESHOLD 32 MiB (fixed), M_TRIM_THRESHOLD "
+             "2**31 - 1")
 """What ``keep_heap`` does where it can (env.json ``cpu_heap``)."""
 
 
@@ -429,19 +437,21 @@ def keep_heap(libc: Any = None) -> str:
     """Make this process keep the memory it frees, for a cpu worker; returns what was done
     (``KEPT_HEAP``, or why not: ``heap_policy``).
 
-    glibc by default serves big blocks by ``mmap`` and unmaps them when freed, and gives the
-    top of its heap back past a threshold that moves with those blocks' sizes, so a pass
-    may page its big buffers in afresh every time (ResNet50 at 64 px: a pipeline stage's 45
-    MiB of layer4 and fc gradients each backward, 30 ms of a 99 ms pass; the tutorial
-    pipeline's held micro-batches, 375 MiB a step, on a 2-core AMD EPYC), depending on
-    the order of allocations rather than on the strategy. No ``mmap`` and no trimming keep
-    every freed block in the heap for reuse, as a GPU's caching allocator does and as
-    torch's own cpu launcher (``torch.backends.xeon.run_cpu``) does with jemalloc or
-    tcmalloc; the peak stays the peak."""
+    glibc by default serves big blocks by ``mmap`` and unmaps them when freed, under a
+    threshold that moves with the sizes freed, and gives the top of its heap back past a
+    second one, so a pass may page its buffers in afresh every time (ResNet50 at 64 px: a
+    pipeline stage's 45 MiB of layer4 and fc gradients each backward, 30 ms of a 99 ms
+    pass; the tutorial pipeline's held micro-batches, 375 MiB a step, on a 2-core AMD
+    EPYC), depending on the order of allocations rather than on the strategy. A fixed
+    threshold (``MMAP_THRESHOLD``) and no trimming keep every freed block below it in the
+    heap for reuse, as a GPU's caching allocator does and as torch's own cpu launcher
+    (``torch.backends.xeon.run_cpu``) does with jemalloc or tcmalloc; the peak stays the
+    peak."""
     mallopt = _mallopt(libc)
     if isinstance(mallopt, str):
         return mallopt
-    if not (mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
+    if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+            and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
         return "the C library's own: it refused mallopt"
     return KEPT_HEAP
 

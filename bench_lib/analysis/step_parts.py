@@ -171,11 +171,11 @@ def fsdp_copies_s(units: Sequence[int], root: int, devices: int,
                   copies: Mapping[int, float]) -> float:
     """FSDP2's copies per step (``fsdp_copied_bytes``) at the calibrated rate of a copy into
     fresh pages: its all-gather and reduce-scatter buffers are allocated each time and freed
-    after. On a cpu rig the new pages' faults cost more than the bytes (about 2.6 GB/s
-    against 20 into a reused buffer, 2-core AMD EPYC). Smaller buffers can land on reused
-    heap pages instead (glibc's threshold adapts), so this is the copies' upper end; timing
-    each unit's size instead gave 75 to 550 ms for the same copies from one calibration to
-    the next, as the heap happened to be. KeyError: the rate was not calibrated."""
+    after. On a cpu rig a buffer above a worker's mmap threshold (``rig.keep_heap``: 32 MiB,
+    a ResNet's layer4 unit) is paged in afresh each time, and the faults cost more than the
+    bytes (about 2.6 GB/s against 20 into a reused buffer, 2-core AMD EPYC); one below it
+    lands on pages the heap kept, so this is the copies' upper end. KeyError: the rate was
+    not calibrated."""
     if FRESH_COPY_BYTES not in copies:
         raise KeyError("copy into a fresh buffer")
     return fsdp_copied_bytes(units, root, devices) * copies[FRESH_COPY_BYTES] / FRESH_COPY_BYTES
