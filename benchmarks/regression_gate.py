@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_lib.compare import gate as cmp
+from bench_lib.compare import verdicts as cmp
 from bench_lib.results.read import run_dirs_in
 from bench_lib.test_hooks import INJECT_SLOWDOWN_ENV
 

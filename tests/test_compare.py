@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from bench_lib.commands import main
-from bench_lib.compare import gate as cmp
+from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.baseline import resolve_baseline, save_baseline
-from bench_lib.compare.output import gate
+from bench_lib.compare.output import ComparePlan, run_compare
 from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
@@ -148,7 +148,7 @@ def test_one_launch_runs_fall_back_to_the_bootstrap_over_steps_and_say_so(tmp_pa
             for ch in r.changes.values()} == {(cmp.METHOD_BOOTSTRAP, 1, 1)}
     assert verdicts(results)["ddp"] == ("regression", "speedup")
     md = tmp_path / "gate.md"
-    assert gate(base, cand, markdown=md) == cmp.EXIT_REGRESSION
+    assert run_compare(ComparePlan(base, cand, markdown=md)) == cmp.EXIT_REGRESSION
     out = capsys.readouterr().out
     assert out.count(cmp.METHOD_BOOTSTRAP) == 1 and cmp.METHOD_WELCH not in out
     assert "1 vs 1 launches" in out and "note: a run measured in 1 launch" in out
@@ -157,7 +157,7 @@ def test_one_launch_runs_fall_back_to_the_bootstrap_over_steps_and_say_so(tmp_pa
     three = make_run(tmp_path, "three", 3)
     results = cmp.compare_runs(cmp.load_run(three), cmp.load_run(cand))
     assert {ch.method for r in results for ch in r.changes.values()} == {cmp.METHOD_BOOTSTRAP}
-    assert gate(three, cand) == cmp.EXIT_REGRESSION
+    assert run_compare(ComparePlan(three, cand)) == cmp.EXIT_REGRESSION
     assert "3 vs 1 launches" in capsys.readouterr().out
 
 
@@ -240,19 +240,22 @@ def test_cli_exit_codes_and_outputs(tmp_path, capsys):
     assert all(cmp.METHOD_WELCH in e["extra"] for e in entries)
 
 
-def test_gate_is_the_compare_command_as_a_function(tmp_path, capsys):
+def test_run_compare_is_the_compare_command_as_a_function(tmp_path, capsys):
     base = make_run(tmp_path, "base", 1)
     slow = make_run(tmp_path, "slow", 3, slowdown={s: 0.15 for s in BASE_S})
     md, js = tmp_path / "gate.md", tmp_path / "gate.json"
-    assert gate(base, make_run(tmp_path, "same", 2)) == cmp.EXIT_OK
+    assert run_compare(ComparePlan(base, make_run(tmp_path, "same", 2))) == cmp.EXIT_OK
     assert capsys.readouterr().out.splitlines()[-1].startswith("PASS: ")
-    assert gate(base, slow, markdown=md, json_path=js) == cmp.EXIT_REGRESSION
+    assert run_compare(ComparePlan(base, slow, markdown=md, json_path=js)) == (
+        cmp.EXIT_REGRESSION)
     assert capsys.readouterr().out.splitlines()[-1] == "FAIL: 1 regression, 2 unchanged"
     assert md.read_text().startswith("### parabench regression gate: FAIL") and js.exists()
-    assert gate(base, slow, threshold_pct=20) == cmp.EXIT_OK
-    assert gate(base, slow, metric="speedup") == cmp.EXIT_OK  # single: n/a; others held
+    assert run_compare(ComparePlan(base, slow, threshold_pct=20)) == cmp.EXIT_OK
+    # single: n/a; others held
+    assert run_compare(ComparePlan(base, slow, metric="speedup")) == cmp.EXIT_OK
     md.unlink()
-    assert gate(tmp_path / "nowhere", slow, markdown=md) == cmp.EXIT_UNUSABLE
+    assert run_compare(ComparePlan(tmp_path / "nowhere", slow, markdown=md)) == (
+        cmp.EXIT_UNUSABLE)
     assert "does not exist" in capsys.readouterr().err and not md.exists()
 
 

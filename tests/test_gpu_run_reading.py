@@ -12,10 +12,11 @@ import shutil
 import pytest
 
 from bench_lib import commands
-from bench_lib.compare import same_job as sj
+from bench_lib.compare import paired
 from bench_lib.compare.baseline import save_baseline, stored_hardware
-from bench_lib.compare.gate import load_run
-from bench_lib.compare.output import busy_cases, gate
+from bench_lib.compare.output import ComparePlan, busy_cases, run_compare
+from bench_lib.compare.verdicts import load_run
+from bench_lib.gate.rounds import reusable_calibration
 from bench_lib.report.headlines import headline_lines
 from bench_lib.results.fingerprint import hardware_of
 from bench_lib.results.read import read_cases, read_env
@@ -96,7 +97,8 @@ def test_the_report_of_a_cuda_run_folder(tmp_path, capsys, name):
 def test_a_cuda_run_compared_with_itself_is_no_regression(tmp_path, capsys, name):
     run_dir = GPU_RUN / name
     markdown, bench_json = tmp_path / "compare.md", tmp_path / "compare.json"
-    assert gate(run_dir, run_dir, markdown=markdown, json_path=bench_json) == 0
+    assert run_compare(ComparePlan(run_dir, run_dir, markdown=markdown,
+                                   json_path=bench_json)) == 0
     out = capsys.readouterr().out
     ok = int((read_cases(run_dir).status == "ok").sum())
     assert out.rstrip().endswith(f"PASS: {ok} unchanged")
@@ -116,7 +118,7 @@ def test_a_busy_machines_cases_are_named_so_that_each_can_be_told_apart():
 
 
 def test_one_gpu_and_two_slots_on_it_are_different_hardware(capsys):
-    assert gate(GPU_RUN / "smoke-1gpu", GPU_RUN / "smoke-2slots") == 2
+    assert run_compare(ComparePlan(GPU_RUN / "smoke-1gpu", GPU_RUN / "smoke-2slots")) == 2
     err = capsys.readouterr().err
     assert "different hardware" in err and "'cuda:1' vs 'cuda:2slots-on-1gpu-validation'" in err
 
@@ -125,8 +127,10 @@ def test_a_cuda_run_is_its_hardwares_baseline_in_the_store(tmp_path, capsys):
     run_dir, store = GPU_RUN / TWO_LAUNCHES, tmp_path / "store"
     stored = save_baseline(run_dir, store)
     assert stored_hardware(stored) == hardware_of(read_env(run_dir)["fingerprint"])
-    assert gate(store, run_dir) == 0  # the store resolves to this hardware's baseline
-    assert gate(store, GPU_RUN / "smoke-2slots") == 2  # another rig: none stored for it
+    # the store resolves to this hardware's baseline
+    assert run_compare(ComparePlan(store, run_dir)) == 0
+    # another rig: none stored for it
+    assert run_compare(ComparePlan(store, GPU_RUN / "smoke-2slots")) == 2
     assert "no baseline for this hardware" in capsys.readouterr().err
 
 
@@ -135,17 +139,17 @@ def test_the_same_job_gate_reads_cuda_rounds(tmp_path):
     by the paired rounds, the others n/a with their status, and each round's contention
     is said with its round."""
     run = load_run(GPU_RUN / "smoke-1gpu")
-    base = sj.side_run(tmp_path / "base", [run] * 3)
-    head = sj.side_run(tmp_path / "head", [run] * 3)
-    results = sj.judge_cases(base, head, 5.0, "auto")
+    base = paired.side_run(tmp_path / "base", [run] * 3)
+    head = paired.side_run(tmp_path / "head", [run] * 3)
+    results = paired.judge_cases(base, head, 5.0, "auto")
     verdicts = {r.case_id: (r.verdict, r.by) for r in results}
     ran = {cid for cid, row in run.cases.items() if row["status"] == "ok"}
     assert {verdicts[cid][0] for cid in ran} == {"unchanged"}
     assert {verdicts[cid] for cid in set(verdicts) - ran} == {("n/a", "base status unsupported")}
-    assert sj.method_line(results, 3) == (
+    assert paired.method_line(results, 3) == (
         "95% intervals: t over 3 of 3 rounds of head over base, paired by round")
-    contended = next(n for n in sj.gate_notes(results, base, head) if "the base was" in n)
+    contended = next(n for n in paired.gate_notes(results, base, head) if "the base was" in n)
     assert "round 1: other processes used 52%" in contended and "round 3: " in contended
-    assert sj.reusable_calibration(GPU_RUN / TWO_LAUNCHES) == (
+    assert reusable_calibration(GPU_RUN / TWO_LAUNCHES) == (
         GPU_RUN / TWO_LAUNCHES / "calibration.json")  # it names its hardware
-    assert sj.reusable_calibration(GPU_RUN / "smoke-1gpu") is None  # it predicted nothing
+    assert reusable_calibration(GPU_RUN / "smoke-1gpu") is None  # it predicted nothing

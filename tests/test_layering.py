@@ -4,6 +4,11 @@ The rules (docs/architecture.md, "Layout"):
 
 - ``report/`` and ``compare/`` read files only: they import neither ``measure/`` (the
   instruments) nor ``run/`` (the runner) nor torch, directly or through another module.
+- ``compare/`` starts no process: it imports neither ``subprocess`` (git included) nor
+  ``gate/``, directly or through another module.
+- ``gate/`` (the sides, their worktrees, the rounds) sits between ``commands/``, the only
+  package that imports it, and the readers: it imports neither ``commands/`` nor
+  ``measure/`` nor ``run/`` nor torch (each side's ``run`` is a process of its own).
 - ``measure/`` touches a clock or a device and never imports ``run/``.
 - ``analysis/`` is arithmetic on figures: it imports no torch and no ``bench_lib`` package
   but itself and ``results/``.
@@ -100,9 +105,11 @@ def within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def torch_paths(edges: Iterable[Import], sources: Iterable[str]) -> dict[str, list[Import]]:
-    """For each of ``sources`` that reaches torch through imports that run (not under
-    ``TYPE_CHECKING``), one chain of imports from it to torch."""
+def paths_to(edges: Iterable[Import], sources: Iterable[str], to: str = "torch"
+             ) -> dict[str, list[Import]]:
+    """For each of ``sources`` that reaches ``to`` (a module outside ``bench_lib``: torch
+    unless said) through imports that run (not under ``TYPE_CHECKING``), one chain of
+    imports from it to ``to``."""
     graph: dict[str, list[Import]] = {}
     for e in edges:
         if e.kind != "typing":
@@ -113,7 +120,7 @@ def torch_paths(edges: Iterable[Import], sources: Iterable[str]) -> dict[str, li
         while frontier:
             node, path = frontier.pop(0)
             for e in graph.get(node, []):
-                if within(e.target, "torch"):
+                if within(e.target, to):
                     found[start] = [*path, e]
                     frontier = []
                     break
@@ -174,16 +181,37 @@ def _broken(source: str, forbidden: tuple[str, ...], allowed: tuple[str, ...] = 
             and not any(within(e.target, a) for a in allowed)]
 
 
-def _through_torch(package: str) -> list[str]:
+def _through(package: str, to: str = "torch") -> list[str]:
     sources = [m for m in MODULES if within(m, package)]
     return [f"{m}: " + " -> ".join(str(e) for e in path)
-            for m, path in torch_paths(EDGES, sources).items()]
+            for m, path in paths_to(EDGES, sources, to).items()]
 
 
 def test_the_readers_import_neither_instruments_nor_runner_nor_torch():
     for package in ("bench_lib.report", "bench_lib.compare"):
         assert not _broken(package, ("bench_lib.measure", "bench_lib.run", "torch")), package
-        assert not _through_torch(package), package
+        assert not _through(package), package
+
+
+def test_compare_reads_and_never_runs_anything():
+    """``compare/`` judges run folders someone else wrote: no process (``subprocess``, git)
+    is started from it, directly or through another module, and the gate that starts
+    them sits above it."""
+    assert not _broken("bench_lib.compare", ("subprocess", "bench_lib.gate"))
+    assert not _through("bench_lib.compare", "subprocess")
+
+
+def test_the_gate_sits_between_the_commands_and_the_readers():
+    """``gate/`` runs each side's ``run`` in a process of its own: it imports neither the
+    commands above it nor the runner, the instruments or torch; only ``commands/`` imports
+    it."""
+    assert MODULES.get("bench_lib.gate"), "bench_lib/gate/ is missing"
+    assert not _broken("bench_lib.gate", ("bench_lib.commands", "bench_lib.measure",
+                                          "bench_lib.run", "torch"))
+    assert not _through("bench_lib.gate")
+    assert not [str(e) for e in EDGES if within(e.target, "bench_lib.gate")
+                and not within(e.source, "bench_lib.gate")
+                and not within(e.source, "bench_lib.commands")]
 
 
 def test_the_instruments_never_import_the_runner():
@@ -194,12 +222,12 @@ def test_analysis_is_arithmetic_on_figures():
     assert MODULES.get("bench_lib.analysis"), "bench_lib/analysis/ is missing"
     assert not _broken("bench_lib.analysis", (ROOT, "torch"),
                        ("bench_lib.analysis", "bench_lib.results"))
-    assert not _through_torch("bench_lib.analysis")
+    assert not _through("bench_lib.analysis")
 
 
 def test_results_never_import_torch():
     assert not _broken("bench_lib.results", ("torch",))
-    assert not _through_torch("bench_lib.results")
+    assert not _through("bench_lib.results")
 
 
 def test_no_import_circle_between_modules():
@@ -247,5 +275,5 @@ def test_the_checks_see_lazy_and_typing_imports(tmp_path):
         ("bench_lib.a", "bench_lib.b", "top"), ("bench_lib.b", "bench_lib.a", "local"),
         ("bench_lib.c", "bench_lib.sub.d", "typing"), ("bench_lib.sub.d", "bench_lib.c", "top")}
     assert circles(edges) == [["bench_lib.a", "bench_lib.b"], ["bench_lib.c", "bench_lib.sub.d"]]
-    assert set(torch_paths(edges, ["bench_lib.a", "bench_lib.c", "bench_lib.sub.d"])) == {
+    assert set(paths_to(edges, ["bench_lib.a", "bench_lib.c", "bench_lib.sub.d"])) == {
         "bench_lib.sub.d"}, "an import under TYPE_CHECKING never runs"

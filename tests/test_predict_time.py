@@ -494,7 +494,7 @@ def test_the_figure_and_table_of_predicted_against_measured():
 
 def test_compare_notes_a_prediction_error_that_grew_beyond_ten_points(tmp_path):
     """A model regression is a note beside the verdict, never a failure."""
-    from bench_lib.compare import gate as cmp
+    from bench_lib.compare import verdicts as cmp
     from bench_lib.compare.output import notes, prediction_regressions
 
     def run(errors):

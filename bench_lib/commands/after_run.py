@@ -32,7 +32,7 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
         raise UsageError(f"--threshold-pct must be a percentage >= 0, got {args.threshold_pct}")
     if args.compare_to is not None:
         from bench_lib.compare.baseline import resolve_baseline, stored_hardware
-        from bench_lib.compare.gate import CompareError, Run
+        from bench_lib.compare.verdicts import CompareError, Run
         from bench_lib.measure.environment import hardware_fingerprint
         from bench_lib.results.fingerprint import fingerprint_id, hardware_of
 
@@ -86,15 +86,16 @@ def after_run(args: argparse.Namespace, run_dir: Path) -> int:
 
         print(f"report: {write_report([run_dir])}", file=sys.stderr)
     if args.compare_to:
-        from bench_lib.compare.gate import DEFAULT_THRESHOLD_PCT
-        from bench_lib.compare.output import gate
+        from bench_lib.compare.output import ComparePlan, run_compare
+        from bench_lib.compare.verdicts import DEFAULT_THRESHOLD_PCT
 
-        code = gate(args.compare_to, run_dir, markdown=run_dir / "compare.md",
-                    json_path=run_dir / "compare.json",
-                    threshold_pct=(DEFAULT_THRESHOLD_PCT if args.threshold_pct is None
-                                   else args.threshold_pct),
-                    metric=args.metric or "auto",
-                    allow_different_hardware=args.allow_different_hardware)
+        code = run_compare(ComparePlan(
+            args.compare_to, run_dir, markdown=run_dir / "compare.md",
+            json_path=run_dir / "compare.json",
+            threshold_pct=(DEFAULT_THRESHOLD_PCT if args.threshold_pct is None
+                           else args.threshold_pct),
+            metric=args.metric or "auto",
+            allow_different_hardware=args.allow_different_hardware))
     if args.save_baseline:
         from bench_lib.compare.baseline import save_baseline
 

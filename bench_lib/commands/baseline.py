@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from bench_lib.compare.baseline import save_baseline
-    from bench_lib.compare.gate import CompareError
+    from bench_lib.compare.verdicts import CompareError
 
     try:
         print(save_baseline(args.run_dir, args.store))

@@ -1,6 +1,9 @@
-"""THE GATE: a candidate run against a baseline, case by case, from their files only.
+"""Verdicts read from run folders: a candidate run against a baseline, case by case, and
+the same-job gate's rounds, paired; from their files only.
 
-``gate`` (the statistics and the verdict rule), ``baseline`` (the store of baselines by
-hardware fingerprint) and ``output`` (the ``compare`` command: table, Markdown, JSON, and
-``gate()``, which ``run --compare-to`` calls too). Never imports torch.
+``verdicts`` (a run against a baseline: the statistics and the verdict rule), ``baseline``
+(the store of baselines by hardware fingerprint), ``output`` (the ``compare`` command's
+table, Markdown and JSON, and ``run_compare``, which ``run --compare-to`` calls too) and
+``paired`` (the same-job gate's verdicts, paired by round). Never imports torch, and starts
+no process: ``bench_lib.gate`` measures the gate's rounds and hands their folders here.
 """

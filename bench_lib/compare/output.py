@@ -1,15 +1,17 @@
 """What ``python -m bench_lib compare`` prints and writes: a terminal table, Markdown for a
 pull-request comment, and github-action-benchmark's ``customBiggerIsBetter`` JSON.
 
-``gate()`` is the whole command (read, judge, print, write, exit code); ``compare`` and
-``run --compare-to`` both call it. Never imports torch.
+``run_compare`` is the whole command (read, judge, print, write, exit code), given a
+``ComparePlan``: ``compare`` and ``run --compare-to`` both build one. ``compare.paired``
+(the same-job gate's verdicts) uses its table, verdict line and notes too. Never imports
+torch.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from bench_lib.analysis.stats import (
     launch_interval,
     paired_ratio_interval,
 )
-from bench_lib.compare import gate as cmp
+from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.baseline import resolve_baseline
 from bench_lib.results.read import number
 
@@ -254,40 +256,43 @@ def benchmark_json(results: list[cmp.CaseResult], cand: cmp.Run,
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``compare`` subcommand's arguments."""
-    p.add_argument("baseline", type=Path,
-                   help="run folder, its cases.csv, or a baseline store (results/baseline)")
-    p.add_argument("candidate", type=Path, help="run folder or its cases.csv")
-    p.add_argument("--threshold-pct", type=float, default=cmp.DEFAULT_THRESHOLD_PCT,
-                   help=f"smallest change in percent that counts (default "
-                        f"{cmp.DEFAULT_THRESHOLD_PCT:g})")
-    p.add_argument("--metric", choices=cmp.METRICS, default="auto",
-                   help="what decides a verdict: auto (step_time for single, speedup for the "
-                        "others), step_time, or speedup")
-    p.add_argument("--allow-different-hardware", action="store_true",
-                   help="compare runs whose hardware fingerprints differ")
-    p.add_argument("--markdown", type=Path, help="write Markdown for a pull-request comment here")
-    p.add_argument("--json", type=Path,
-                   help="write github-action-benchmark customBiggerIsBetter JSON here")
+@dataclass(frozen=True)
+class ComparePlan:
+    """A ``compare`` as its flags ask for it (``bench_lib.commands.compare`` builds it; ``run
+    --compare-to`` too, on the run folder it wrote)."""
+
+    baseline: Path
+    """A run folder, its cases.csv, or a baseline store (``compare.baseline``)."""
+    candidate: Path
+    """A run folder or its cases.csv."""
+    threshold_pct: float = cmp.DEFAULT_THRESHOLD_PCT
+    """The smallest change in percent that counts."""
+    metric: str = "auto"
+    """What decides a verdict (``verdicts.METRICS``)."""
+    allow_different_hardware: bool = False
+    """Compare runs whose hardware fingerprints differ."""
+    markdown: Path | None = None
+    """Where to write the Markdown for a pull-request comment."""
+    json_path: Path | None = None
+    """Where to write github-action-benchmark's ``customBiggerIsBetter`` JSON."""
 
 
-def gate(baseline: Path, candidate: Path, *, threshold_pct: float = cmp.DEFAULT_THRESHOLD_PCT,
-         metric: str = "auto", allow_different_hardware: bool = False,
-         markdown: Path | None = None, json_path: Path | None = None) -> int:
-    """Gate ``candidate`` against ``baseline`` (a run folder, its cases.csv, or a store).
+def run_compare(plan: ComparePlan) -> int:
+    """Gate the plan's candidate against its baseline (a run folder, its cases.csv, or a
+    store).
 
     Prints the table, the notes and the verdict line, writes the Markdown and the
     benchmark JSON where asked, and returns the exit code: 0 no regression, 1 a regression
     or a case that broke, 2 unusable input (said on stderr; nothing is written). Different
     software versions (a torch upgrade) are a note beside the verdict, not unusable input.
     """
+    allow = plan.allow_different_hardware
     try:
-        cand = cmp.load_run(candidate)
-        base_dir = resolve_baseline(baseline, cand, allow_different_hardware)
+        cand = cmp.load_run(plan.candidate)
+        base_dir = resolve_baseline(plan.baseline, cand, allow)
         base = cmp.load_run(base_dir)
-        diffs = cmp.check_fingerprints(base, cand, allow_different_hardware)
-        results = cmp.compare_runs(base, cand, threshold_pct, metric)
+        diffs = cmp.check_fingerprints(base, cand, allow)
+        results = cmp.compare_runs(base, cand, plan.threshold_pct, plan.metric)
     except cmp.CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return cmp.EXIT_UNUSABLE
@@ -296,15 +301,9 @@ def gate(baseline: Path, candidate: Path, *, threshold_pct: float = cmp.DEFAULT_
     for n in notes(results, base, cand) + [f"different hardware: {d}" for d in diffs]:
         print(f"note: {n}")
     print(verdict_line(results))
-    if markdown:
-        markdown.write_text(markdown_text(results, base, cand, threshold_pct, diffs))
-    if json_path:
-        json_path.write_text(json.dumps(benchmark_json(results, cand, base), indent=2) + "\n")
+    if plan.markdown:
+        plan.markdown.write_text(markdown_text(results, base, cand, plan.threshold_pct, diffs))
+    if plan.json_path:
+        plan.json_path.write_text(json.dumps(benchmark_json(results, cand, base), indent=2)
+                                  + "\n")
     return cmp.exit_code(results)
-
-
-def command(args: argparse.Namespace) -> int:
-    """The ``compare`` subcommand: ``gate`` with its arguments."""
-    return gate(args.baseline, args.candidate, threshold_pct=args.threshold_pct, metric=args.metric,
-                allow_different_hardware=args.allow_different_hardware,
-                markdown=args.markdown, json_path=args.json)

@@ -57,7 +57,7 @@ SCHEMA_VERSION = 5
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
 CALIBRATION_FILE = "calibration.json"
 """A run folder's calibrations, one entry per workload: written by ``run.calibrate``, reused
-by a gate's later rounds (``compare.same_job``)."""
+by a gate's later rounds (``gate.rounds``)."""
 
 
 class ResultsError(ValueError):

@@ -61,7 +61,8 @@ time, which contention barely moves, is the metric that would make the gate hold
 ``contention`` is flagged too.
 
 Reads run folders through ``bench_lib.results.read``; the store of baselines by hardware is
-``bench_lib.compare.baseline``, the command's output ``bench_lib.compare.output``.
+``bench_lib.compare.baseline``, the command's output ``bench_lib.compare.output``; the
+same-job gate's verdicts, paired by round, ``bench_lib.compare.paired``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,195 @@
+"""The same-job gate's verdicts, read from the run folders its rounds wrote: each side's
+rounds as one ``compare`` run (``side_run``), per case and round the ratio head over base,
+its interval the t interval over rounds (``paired_change``), the verdict by ``compare``'s
+rule (``judge_cases``), and what the gate says and writes of them (notes, Markdown,
+gate.json's cases).
+
+What a round shares, the machine's state, cancels in each ratio; what remains is
+launch-to-launch noise. ``bench_lib.gate`` measures the rounds (git, worktrees, each side's
+``run`` in its own process); this module only reads what they wrote. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench_lib.analysis.stats import paired_ratio_interval
+from bench_lib.compare import output
+from bench_lib.compare import verdicts as cmp
+from bench_lib.results.read import number
+
+METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
+
+
+def order_text(order: Sequence[Sequence[str]]) -> str:
+    """``B H | H B``: the sides' order, round by round."""
+    return " | ".join(" ".join(side[0].upper() for side in sides) for sides in order)
+
+
+SAID_PER_ROUND = ("contention", "throttled")
+"""cases.csv columns that say why a case's times may be slow (other work on its CPU, GPU
+clocks held back): a side's run says each with the rounds it happened in."""
+
+
+def side_run(path: Path, rounds: Sequence[cmp.Run]) -> cmp.Run:
+    """A side's rounds as one ``compare`` run: launch r is round r's launch. A case's row
+    is its first round's, with the status of the first round it did not end ``ok`` in,
+    every round's contention and throttling (``SAID_PER_ROUND``) said with the round, and
+    the median over rounds of its step-time prediction error (where the side predicts); its
+    launches are the rounds it ran ok."""
+    cases: dict[str, dict[str, Any]] = {}
+    launches: dict[str, cmp.Launches] = {}
+    said: dict[tuple[str, str], list[str]] = {}  # (case, column) -> "round r: reason"
+    errors: dict[str, list[float]] = {}
+    for r, run in enumerate(rounds):
+        for cid, row in run.cases.items():
+            kept = cases.setdefault(cid, dict(row))
+            if kept["status"] == "ok" and row["status"] != "ok":
+                kept["status"] = row["status"]
+            for column in SAID_PER_ROUND:
+                reason = row.get(column)
+                if isinstance(reason, str) and reason.strip():
+                    said.setdefault((cid, column), []).append(f"round {r + 1}: {reason.strip()}")
+            if (error := number(row.get("prediction_error_pct"))) is not None:
+                errors.setdefault(cid, []).append(error)
+        for cid, parts in run.launches.items():
+            for samples in parts.values():
+                launches.setdefault(cid, {})[r] = samples
+    for (cid, column), reasons in said.items():
+        cases[cid][column] = "; ".join(reasons)
+    for cid, values in errors.items():
+        cases[cid]["prediction_error_pct"] = statistics.median(values)
+    return cmp.Run(path, rounds[0].env if rounds else {}, cases, launches)
+
+
+def paired_change(metric: str, head: Sequence[float], base: Sequence[float]) -> cmp.Change:
+    """The change head over base of figures paired by round, with the t interval over the
+    rounds of their log ratios."""
+    ratio = paired_ratio_interval(head, base)
+    return cmp.Change(metric, ratio.point - 1, ratio.low - 1, ratio.high - 1, METHOD_PAIRED,
+                      ratio.n, ratio.n)
+
+
+def paired_changes(base: cmp.Run, head: cmp.Run, case_id: str) -> dict[str, cmp.Change]:
+    """The case's paired step-time change and, where both sides ran its ``single`` in the
+    same rounds, its paired change of time over single's (None-free: left out otherwise)."""
+    hb, bb = head.launch_medians(case_id), base.launch_medians(case_id)
+    rounds = [r for r in hb if r in bb]
+    out = {"step_time": paired_change("step_time", [hb[r] for r in rounds],
+                                      [bb[r] for r in rounds])}
+    single = head.single_of(case_id)
+    if single and single != case_id and single == base.single_of(case_id):
+        hs, bs = head.launch_medians(single), base.launch_medians(single)
+        both = [r for r in rounds if r in hs and r in bs]
+        if both:
+            out["speedup"] = paired_change("speedup", [hb[r] / hs[r] for r in both],
+                                           [bb[r] / bs[r] for r in both])
+    return out
+
+
+def judge_cases(base: cmp.Run, head: cmp.Run, threshold_pct: float,
+                metric: str) -> list[cmp.CaseResult]:
+    """Per case of either side, in the head's order: the verdict by the paired rounds;
+    ``broken`` where the base ran it ok and the head did not; ``n/a`` (with why) where the
+    base did not, or the head's sweep lacks it."""
+    results = []
+    for cid in [*head.cases, *(c for c in base.cases if c not in head.cases)]:
+        row = head.cases.get(cid) or base.cases[cid]
+        strategy = str(row["strategy"])
+        b_ok = cid in base.launches and base.cases[cid]["status"] == "ok"
+        h_ok = cid in head.launches and head.cases[cid]["status"] == "ok"
+        b_med = base.median_s(cid) if cid in base.launches else None
+        h_med = head.median_s(cid) if cid in head.launches else None
+        if b_ok and h_ok:
+            ch = paired_changes(base, head, cid)
+            verdict, by = cmp.judge(ch, metric, threshold_pct / 100)
+            results.append(cmp.CaseResult(cid, strategy, b_med, h_med, ch, verdict, by))
+        elif b_ok and cid in head.cases:
+            results.append(cmp.CaseResult(cid, strategy, b_med, h_med, verdict="broken",
+                                          by=f"head status {head.cases[cid]['status']}"))
+        elif b_ok:
+            results.append(cmp.CaseResult(cid, strategy, b_med, None, verdict="n/a",
+                                          by="not in the head's sweep"))
+        else:
+            status = base.cases[cid]["status"] if cid in base.cases else "absent"
+            results.append(cmp.CaseResult(cid, strategy, b_med, h_med, verdict="n/a",
+                                          by=f"base status {status}"))
+    return results
+
+
+def gate_notes(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run) -> list[str]:
+    """What a reader needs beside the verdicts: busy, contended or throttled rounds, and a
+    slowdown that hit every strategy alike."""
+    out = []
+    for name, run in (("base", base), ("head", head)):
+        if busy := output.busy_cases(run):
+            out.append(f"the {name}'s steps spread widely within a launch (IQR/median: "
+                       f"{', '.join(busy)}): the machine was busy")
+        if contended := output.contended_cases(run):
+            out.append(f"the {name} was measured under contention: {'; '.join(contended)}")
+        if throttled := output.throttled_cases(run):
+            out.append(f"the {name} was measured with GPU clocks held back: "
+                       f"{'; '.join(throttled)}")
+    judged = [r for r in results if r.by in r.changes]
+    if len(judged) > 1 and all(r.verdict == "regression" for r in judged):
+        out.append("every case regressed: the head slows what all strategies share (the "
+                   "model, the step, a setting), not one strategy alone")
+    if grown := output.prediction_note(results, base, head):
+        out.append(grown)
+    return out
+
+
+def method_line(results: list[cmp.CaseResult], rounds: int) -> str:
+    """How the intervals were had, once."""
+    ns = sorted({ch.n_base for r in results for ch in r.changes.values()})
+    if not ns:
+        return "no intervals: no case ran ok on both sides"
+    return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of {rounds} "
+            "rounds of head over base, paired by round")
+
+
+def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],
+                  head: cmp.Run, summary: Mapping[str, Any], notes: list[str]) -> str:
+    """Markdown for a pull-request comment: the verdict line, what was measured where, the
+    table, the notes. ``sides``: each side's description (``base`` and ``head``: the
+    commit, what was named, the variables set)."""
+    machine = head.env.get("fingerprint") or {}
+    versions = head.env.get("versions") or {}
+    where = ", ".join(str(x) for x in (machine.get("cpu_model"), machine.get("rig")) if x)
+    lines = [f"### parabench same-job gate: {output.verdict_line(results)}", "",
+             f"Base `{sides['base']}`, head `{sides['head']}`, both "
+             f"measured in this job{f' on {where}' if where else ''}: profile "
+             f"`{summary['profile']}`, {summary['rounds']} rounds in the order "
+             f"{order_text(summary['order'])} "
+             f"({summary['duration_s']:.0f} s). Threshold {summary['threshold_pct']:g}% and "
+             f"a {cmp.CONFIDENCE:.0%} interval that excludes 0; changes are + when slower.",
+             "", f"{method_line(results, summary['rounds'])}.", "",
+             "| " + " | ".join(output.HEADER) + " |", "|" + "---|" * len(output.HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in output.rows(results)]
+    said = [f"torch {versions['torch']}"] if versions.get("torch") else []
+    said += [f"python {versions['python']}"] if versions.get("python") else []
+    extra = notes + ([f"both sides ran in one environment: {', '.join(said)}"] if said else [])
+    if extra:
+        lines += [""] + [f"- {n}" for n in extra]
+    return "\n".join(lines) + "\n"
+
+
+def verdicts_json(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run
+                  ) -> list[dict[str, Any]]:
+    """Per case: its verdict, the metric behind it, every change with its interval, and
+    each side's step-time prediction error (the median over its rounds; None where that
+    side made no prediction)."""
+    def error(run: cmp.Run, cid: str) -> float | None:
+        return number(run.cases.get(cid, {}).get("prediction_error_pct"))
+
+    return [{"case_id": r.case_id, "strategy": r.strategy, "verdict": r.verdict, "by": r.by,
+             "base_median_s": r.base_median_s, "head_median_s": r.cand_median_s,
+             "changes": {m: {"value": c.value, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                             "rounds": c.n_base}
+                         for m, c in r.changes.items()},
+             "prediction_error_pct": {"base": error(base, r.case_id),
+                                      "head": error(head, r.case_id)}} for r in results]
+
