@@ -88,8 +88,9 @@ def forks():
     its start: a test that sets a fault variable runs its case without it (the fresh
     interpreters of ``server=None``)."""
     from bench_lib.processes.forkserver import ForkServer
+    from bench_lib.run.agent import WARM_MODULES
 
-    with ForkServer() as server:
+    with ForkServer(WARM_MODULES) as server:
         yield server
 
 

@@ -18,6 +18,7 @@ from bench_lib.nvml import CudaOrderUnknown, cuda_visible_gpus
 from bench_lib.processes import forkserver
 from bench_lib.rig import Rig
 from bench_lib.run import runner
+from bench_lib.run.agent import WARM_MODULES
 from tests.conftest import PYTHON, REPO, in_process
 from tests.test_gpu_env import GPUS, no_cuda_calls, topo_nvml  # noqa: F401 (a fixture)
 
@@ -38,7 +39,7 @@ def test_a_command_orders_cuda_by_bus_for_itself_and_its_children(monkeypatch, c
     assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert json.loads(proc.stdout)["multi_gpu"]["cuda_device_order"] == "PCI_BUS_ID"  # env.json
     # What every child inherits: a fork server's environment (its ranks, the probes).
-    assert forkserver.ForkServer()._env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert forkserver.ForkServer(WARM_MODULES)._env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
 def test_a_users_own_order_is_kept(monkeypatch, capsys):

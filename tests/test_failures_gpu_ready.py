@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 
 from bench_lib.processes import forkserver, lifeline
+from bench_lib.processes.supervision import PEER_GRACE_S
 from bench_lib.run import faults, worker
 from bench_lib.run.protocol import RankResult
-from bench_lib.run.ranks import PEER_GRACE_S, launch_ranks
 from bench_lib.run.ranks import combine as combine_rank_files
+from bench_lib.run.ranks import launch_ranks
 from bench_lib.run.runner import run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
@@ -328,5 +329,5 @@ def test_exit_codes_start_the_runners_grace_after_a_failed_traced_step():
     assert worker.exit_code(ok(0)) == 0
     assert worker.exit_code(ok(0, "out of memory in the traced step")) == worker.EXIT_TRACE_FAILED
     assert worker.exit_code(RankResult(0, "oom", "x")) == worker.EXIT_FAILED
-    assert worker.EXIT_TRACE_FAILED != 0  # ranks.supervise: a nonzero exit starts the grace
+    assert worker.EXIT_TRACE_FAILED != 0  # supervision.supervise: a nonzero exit starts the grace
     assert PEER_GRACE_S < TIMEOUT_S

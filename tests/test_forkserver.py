@@ -19,8 +19,8 @@ import pytest
 from bench_lib.processes import forkserver
 from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.processes.lifeline import EXIT_ORPHANED
-from bench_lib.run.agent import WORKER_MODULE
-from bench_lib.run.ranks import kill_group
+from bench_lib.processes.supervision import kill_group
+from bench_lib.run.agent import WARM_MODULES, WORKER_MODULE
 from bench_lib.run.runner import run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
@@ -30,7 +30,7 @@ MEASUREMENT = Measurement(warmup_steps=1, timed_steps=3, max_time_s=30, case_tim
 
 @pytest.fixture(scope="module")
 def server():
-    with ForkServer() as s:
+    with ForkServer(WARM_MODULES) as s:
         yield s
 
 
@@ -46,7 +46,7 @@ def test_the_server_starts_no_thread_of_its_own(monkeypatch):
     at import and stops it around a fork itself (pthread_atfork): held to one thread here,
     what is left is ours."""
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
-    with ForkServer() as s:
+    with ForkServer(WARM_MODULES) as s:
         assert _threads(s.ensure()) == 1
 
 
@@ -73,7 +73,7 @@ def test_a_rank_killed_by_a_signal_reads_as_popen_does(server, cpu_rig, tmp_path
     so a server of its own, started with the variable set."""
     monkeypatch.setenv("PARABENCH_TEST_FAULT", "ddp:1:sigkill")
     case = new_case(cpu_rig, "ddp", "toy", 32, 4, measurement=MEASUREMENT)
-    with ForkServer() as faulty:
+    with ForkServer(WARM_MODULES) as faulty:
         outcome = run_case(case, cpu_rig, tmp_path, server=faulty)
     assert outcome.status == "error"
     assert "rank 1 was killed by SIGKILL" in outcome.reason
@@ -132,7 +132,7 @@ def test_ranks_share_the_first_ranks_process_group(server, tmp_path):
 
 @pytest.mark.integration
 def test_a_server_that_dies_takes_its_ranks_and_the_next_spawn_starts_another(tmp_path):
-    with ForkServer() as s:
+    with ForkServer(WARM_MODULES) as s:
         rank = _hang(s, tmp_path)
         old = s.ensure()
         os.kill(old, signal.SIGKILL)
@@ -158,7 +158,7 @@ def test_a_server_first_used_from_a_short_lived_thread_outlives_it(tmp_path):
     thread's first spawn (parity's side-by-side runs) must not be that thread."""
     import threading
 
-    with ForkServer() as s:
+    with ForkServer(WARM_MODULES) as s:
         pid: list[int] = []
         thread = threading.Thread(target=lambda: pid.append(s.ensure()))
         thread.start()
@@ -253,14 +253,14 @@ def test_poll_sees_a_dead_rank_before_the_servers_report_arrives():
 @pytest.mark.integration
 def test_a_forking_command_gets_the_server_started_before_its_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(forkserver, "_prestarted", None)
-    forkserver.prestart(["report", "results/x"])  # forks nothing: no server
+    forkserver.prestart(["report", "results/x"], WARM_MODULES)  # forks nothing: no server
     assert forkserver._prestarted is None
-    forkserver.prestart(["run", "--profile", "smoke"])
+    forkserver.prestart(["run", "--profile", "smoke"], WARM_MODULES)
     early = forkserver._prestarted
     assert early is not None and not early._gone  # starting already
-    with ForkServer.take() as server:
+    with ForkServer.take(WARM_MODULES) as server:
         assert server is early and forkserver._prestarted is None  # taken once
-        assert ForkServer.take() is not early
+        assert ForkServer.take(WARM_MODULES) is not early
         rank = start_module(server, "bench_lib.run.agent", ["1", "spec.json"],
                             tmp_path / "out")
         assert rank.wait(timeout=60) == EXIT_ORPHANED

@@ -13,6 +13,8 @@ The rules (docs/architecture.md, "Layout"):
 - ``analysis/`` is arithmetic on figures: it imports no torch and no ``bench_lib`` package
   but itself and ``results/``.
 - ``results/`` never imports torch, directly or through another module.
+- ``processes/`` imports nothing of ``bench_lib`` but itself, nor names one of its modules in
+  a string (an ``importlib.import_module`` of it is an import all the same), nor torch.
 - No two modules of ``bench_lib`` import each other, through any number of others; nor do
   two of its packages (``KNOWN_PACKAGE_CIRCLES`` lists the one left, with why).
 
@@ -25,6 +27,7 @@ imports under ``TYPE_CHECKING`` do not count (they never run).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,6 +233,33 @@ def test_results_never_import_torch():
     assert not _through("bench_lib.results")
 
 
+MODULE_NAME = re.compile(r"bench_lib(\.\w+)*")
+"""A string that is a module's dotted name (``"bench_lib.run.worker"``)."""
+
+
+def named_modules(package: str, known: Mapping[str, tuple[Path, bool]] = MODULES) -> list[str]:
+    """Every string constant in ``package``'s modules that is the name of a ``bench_lib``
+    module outside ``package`` (a docstring that mentions one is no name)."""
+    found = []
+    for name, (path, _) in known.items():
+        if within(name, package):
+            found += [f"{name}:{node.lineno} {node.value!r}"
+                      for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                      and MODULE_NAME.fullmatch(node.value)
+                      and not within(node.value, package)]
+    return found
+
+
+def test_processes_import_nothing_of_ours_above_them():
+    """The fork server warms what its caller names (``run.agent.WARM_MODULES``): no module
+    of the runner's reached through a string."""
+    assert MODULES.get("bench_lib.processes.forkserver"), "processes/forkserver.py is missing"
+    assert not _broken("bench_lib.processes", (ROOT,), ("bench_lib.processes",))
+    assert not named_modules("bench_lib.processes")
+    assert not _through_torch("bench_lib.processes")
+
+
 def test_no_import_circle_between_modules():
     found = circles(EDGES)
     described = [[str(e) for e in EDGES if e.source in group and e.target in group]
@@ -277,3 +307,7 @@ def test_the_checks_see_lazy_and_typing_imports(tmp_path):
     assert circles(edges) == [["bench_lib.a", "bench_lib.b"], ["bench_lib.c", "bench_lib.sub.d"]]
     assert set(paths_to(edges, ["bench_lib.a", "bench_lib.c", "bench_lib.sub.d"])) == {
         "bench_lib.sub.d"}, "an import under TYPE_CHECKING never runs"
+    (pkg / "sub" / "e.py").write_text('"""Warms bench_lib.a."""\nimport importlib\n'
+                                      'importlib.import_module("bench_lib.a")\n'
+                                      'SELF = "bench_lib.sub.e"\n')
+    assert named_modules("bench_lib.sub", modules(pkg)) == ["bench_lib.sub.e:3 'bench_lib.a'"]

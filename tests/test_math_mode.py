@@ -233,7 +233,7 @@ def test_distance_computes_and_records_in_the_math_mode_asked_for(
 
     class NoServer:  # no fork server started: no launch forks anything here
         @staticmethod
-        def take() -> Any:
+        def take(warm: Any) -> Any:
             return contextlib.nullcontext(None)
 
     specs: list[DistanceSpec] = []

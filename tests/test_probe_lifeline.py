@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from bench_lib.measure import collectives, flops
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.rig import Rig
+from bench_lib.run.agent import WARM_MODULES
 
 instrument, forked = sys.argv[1], sys.argv[2] == "forked"
 module = flops if instrument == "flops" else collectives
@@ -44,7 +45,7 @@ def first_only(server, name, args, *rest, **kwargs):
 
 module.start_module = first_only
 rig = Rig.from_dict(json.loads(sys.argv[3]))
-server = ForkServer() if forked else None
+server = ForkServer(WARM_MODULES) if forked else None
 if instrument == "flops":
     flops.measure_peak(rig, ["fp32"], n=32, min_time_s=0.01, conv=flops.ConvShape(1, 4, 8),
                        server=server)

@@ -75,6 +75,7 @@ def print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.rig import cuda_device_count
     from bench_lib.run.admission import Admission
+    from bench_lib.run.agent import WARM_MODULES
     from bench_lib.run.calibrate import Predictor, describe_calibration, sweep_collectives
     from bench_lib.sweep.predict_time import speedup
 
@@ -88,7 +89,7 @@ def print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
               "the rig names; peak memory is predicted on fake tensors all the same",
               file=sys.stderr)
     elif runnable:
-        server = stack.enter_context(ForkServer.take())
+        server = stack.enter_context(ForkServer.take(WARM_MODULES))
         collectives = sweep_collectives(rig, quiet, runnable, server)
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parabench-")))
         predictor = Predictor(runnable, rig, folder, collectives, server,

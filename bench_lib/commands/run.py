@@ -334,6 +334,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     """``command``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.results.store import RunWriter
+    from bench_lib.run.agent import WARM_MODULES
     from bench_lib.run.calibrate import CalibrationKey, Predictor, describe_calibration
     from bench_lib.run.duty import DutyMeter, write_duty
     from bench_lib.run.multinode import open_coordinator
@@ -371,7 +372,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     coordinator = open_coordinator(launcher, rig, cases) if launcher.multi_node else None
     # Every process the run starts from here on is forked by one server that imported
     # torch once (processes.forkserver): the FLOP probe, the collectives, every case's ranks.
-    server = stack.enter_context(ForkServer.take())
+    server = stack.enter_context(ForkServer.take(WARM_MODULES))
     with duty.part("fork_server"):  # its imports, begun beside the command's (prestart)
         server.ensure()
     run_dir, figures = start_folder(args, plan, server, coordinator, duty)

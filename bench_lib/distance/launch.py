@@ -2,12 +2,12 @@
 
 The processes start as a training case's ranks do (``run.ranks.launch_ranks``: one process
 group of their own, each told its parent's pid; forked by the run's fork server), running
-``bench_lib.distance.worker``; then the runner's supervision (``ranks.supervise``: the case
-timeout, the cpu memory cap through ``ranks.rss_over_cap``, a dead rank's peers killed after
-their grace) and its combination of the rank files (``ranks.combine``: the first failure
-blamed, an ``oom`` first; else the slowest rank per step) decide the launch's
-``CaseOutcome``. Rank 0's value and gradient come back
-beside it (``Computed``).
+``bench_lib.distance.worker``; then every launcher's supervision
+(``processes.supervision.supervise``: the case timeout, the cpu memory cap through
+``ranks.rss_over_cap``, a dead rank's peers killed after their grace) and the runner's
+combination of the rank files (``ranks.combine``: the first failure blamed, an ``oom``
+first; else the slowest rank per step) decide the launch's ``CaseOutcome``. Rank 0's value
+and gradient come back beside it (``Computed``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import torch
 
 from bench_lib.distance.spec import DistanceSpec, result_file
 from bench_lib.processes.forkserver import ForkServer
+from bench_lib.processes.supervision import supervise
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.ranks import combine, launch_ranks, rss_over_cap, supervise
+from bench_lib.run.ranks import combine, launch_ranks, rss_over_cap
 
 WORKER_MODULE = "bench_lib.distance.worker"
 

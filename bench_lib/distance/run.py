@@ -44,6 +44,7 @@ from bench_lib.distance.spec import DTYPES, METHODS, DistanceCase, DistanceSpec,
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
+from bench_lib.run.agent import WARM_MODULES
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import by_device
 from bench_lib.run.runner import memory_true_forks, round_order
@@ -260,7 +261,7 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
     print(f"distance {run_dir.name}: {len(cases)} cases x {plan.measurement.launches} "
           f"launches on rig {rig.label}", file=sys.stderr, flush=True)
     rows: list[Row] = []
-    with ForkServer.take() as server:  # every launch's ranks forked by one server
+    with ForkServer.take(WARM_MODULES) as server:  # every launch's ranks forked by one server
         forks = memory_true_forks(server)  # this command's cap and peaks are resident memory
         for layer in dict.fromkeys(c.layer for c in cases):
             rows += run_layer(plan, rig, [c for c in cases if c.layer == layer], run_dir,

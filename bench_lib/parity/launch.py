@@ -1,5 +1,7 @@
-"""Launching parity runs: each in fresh rank processes (``python -m bench_lib.parity.train``),
-as a case runs, with a time limit; on a cpu rig the one-process runs side by side.
+"""Launching parity runs: each in fresh rank processes (``python -m bench_lib.parity.train``)
+in a process group of their own, supervised as a case's ranks are
+(``processes.supervision``), with a time limit; on a cpu rig the one-process runs side by
+side.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_lib.parity.train import EpochResult, ParitySpec, result_path
-from bench_lib.processes.forkserver import ForkServer, start_module
+from bench_lib.processes.forkserver import ForkServer
+from bench_lib.processes.supervision import start_group, supervise
 from bench_lib.rig import Rig
+from bench_lib.run.agent import WARM_MODULES
 
 RUN_TIMEOUT_S = 600.0
-POLL_S = 0.1
+PEER_GRACE_S = 0.5
+"""After one rank fails, how long its peers get to fail on their own before the group is
+killed: a parity run's verdict reads the first error alone, so no longer than a moment."""
 Outcome = tuple[list[EpochResult], str]
 """A run's epochs, or none and why."""
 
@@ -38,31 +44,22 @@ class Job:
 def launch(spec: ParitySpec, workdir: Path, processes: int,
            server: ForkServer | None = None) -> tuple[list[EpochResult], str]:
     """Run ``spec`` in fresh rank processes (forked by ``server`` where given); its epochs,
-    or none and why."""
+    or none and why. Past ``RUN_TIMEOUT_S``, or ``PEER_GRACE_S`` after a rank failed, the
+    ranks' process group is killed."""
     workdir.mkdir(parents=True)
     spec.write(workdir / "spec.json")
-    procs = [start_module(server, "bench_lib.parity.train", [str(workdir / "spec.json"),
-                                                             str(rank)], workdir / "log.txt")
-             for rank in range(processes)]
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        if any(p.poll() not in (None, 0) for p in procs):
-            time.sleep(5 * POLL_S)  # its peers get a moment to fail on their own
-            break
-        time.sleep(POLL_S)
-    for p in procs:  # peers of a failed rank, or a run past its time
-        if p.poll() is None:
-            p.kill()
-        p.wait()
+    args = [[str(workdir / "spec.json"), str(rank)] for rank in range(processes)]
+    procs = start_group(server, "bench_lib.parity.train", args, workdir / "log.txt")
+    stopped = supervise(procs, RUN_TIMEOUT_S, grace_s=PEER_GRACE_S)
     errors = [json.loads(f.read_text())["error"] for f in sorted(workdir.glob("error*.json"))]
     if errors:
         return [], errors[0]
     if not result_path(workdir).exists():
         codes = [p.returncode for p in procs]
-        return [], f"no result (exit codes {codes}; past {RUN_TIMEOUT_S:g} s?)"
+        late = f"; still running after {RUN_TIMEOUT_S:g} s, killed" if stopped else ""
+        return [], f"no result (exit codes {codes}{late})"
     data = json.loads(result_path(workdir).read_text())
     return [EpochResult(**e) for e in data["epochs"]], ""
-
 
 
 def launch_all(jobs: list[Job], rig: Rig,
@@ -100,7 +97,7 @@ def launch_all(jobs: list[Job], rig: Rig,
         finally:
             free.put(worker)
 
-    with ForkServer.take() as server:
+    with ForkServer.take(WARM_MODULES) as server:
         with ThreadPoolExecutor(max_workers=rig.num_devices) as pool:
             outcomes = dict(zip(side, pool.map(beside, [jobs[i] for i in side])))
         for i, job in enumerate(jobs):

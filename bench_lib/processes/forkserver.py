@@ -1,7 +1,8 @@
 """A fork server for the local launcher: one process per run imports torch and the worker's
-modules once (``WARM_MODULE``), then forks every rank of every launch.
+modules once (the modules its caller names: ``ForkServer(warm)``), then forks every rank of
+every launch.
 
-    python -m bench_lib.processes.forkserver RUNNER_PID
+    python -m bench_lib.processes.forkserver RUNNER_PID [MODULE ...]
 
 Why: a rank started as ``python -m bench_lib.run.worker`` spends about 2.8 s of CPU (2-core
 AMD EPYC) importing torch, torchvision and this library before it builds its model, once
@@ -15,6 +16,10 @@ exists in it to be inherited half-alive (forking after any of these is unsafe, w
 why the server is a process of its own rather than the runner, which has threads). The one
 thread pool its imports start is numpy's OpenBLAS, which stops it around a fork itself
 (``pthread_atfork``; tests/test_forkserver.py checks that nothing else runs).
+
+The modules to import before forking come on the command line (``MODULE ...``): the
+caller says what its ranks run (the runner: ``run.agent.WARM_MODULES``), so that this
+module names nothing of the library it serves.
 
 Protocol, one JSON object per line. Runner to server (stdin)::
 
@@ -55,11 +60,6 @@ from typing import Any
 
 from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent, exit_lightly
 
-WARM_MODULE = "bench_lib.run.worker"
-"""What the server imports before it forks anything: a case's worker, and with it torch,
-torchvision, the strategies and the workloads, which every process it forks then finds
-imported. Named, not imported by this module: only the server's own process imports it
-(``serve``), so that the runner's side of this module stays torch-free."""
 POLL_S = 0.02
 """How often the server reaps its ranks while no request comes."""
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -185,14 +185,16 @@ def _reap(children: set[int]) -> None:
                "cpu_s": usage.ru_utime + usage.ru_stime})
 
 
-def serve(runner_pid: int) -> int:
-    """Import what a rank needs, say ready, then fork a rank per request until stdin ends."""
+def serve(runner_pid: int, warm: Sequence[str]) -> int:
+    """Import ``warm`` (what a rank needs), say ready, then fork a rank per request until
+    stdin ends."""
     if not die_with_parent(runner_pid):
         return EXIT_ORPHANED
     # Ctrl-C is the runner's to handle (it then closes our stdin); the server sits in a
     # process group of its own, but a signal sent to it by pid must not leave it half-done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    importlib.import_module(WARM_MODULE)
+    for module in warm:
+        importlib.import_module(module)
     # The imports' objects live as long as every rank: frozen (gc.freeze, as CPython's docs
     # advise before forking), a rank's collections (the worker's after its model build,
     # automatic ones) walk only its own objects and never write, so never copy, the pages
@@ -248,12 +250,18 @@ class ForkServer:
     through it (``spawn``, from any thread), and reads their exits. One per run; a server
     that died is started again on the next ``spawn``.
 
+    ``warm``: the modules the server imports before it forks anything (a case's worker, and
+    with it torch, torchvision, the strategies and the workloads, which every process it
+    forks then finds imported). Named by the caller and imported only in the server's own
+    process, so that this side stays torch-free.
+
     ``reaped_cpu_s``: the CPU time of every rank reaped so far, which the runner counts as
     its own children's (``contention.CpuSnapshot``): the ranks are the server's children,
     so ``RUSAGE_CHILDREN`` no longer sees them.
     """
 
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, warm: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self.warm = tuple(warm)
         self._env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
         self._cond = threading.Condition()
         self._spawning = threading.Lock()
@@ -310,12 +318,15 @@ class ForkServer:
         raise ServerGone(f"the fork server did not start{why}")
 
     @classmethod
-    def take(cls) -> ForkServer:
-        """The server ``prestart`` started for this process's command (once), else a new
-        one."""
+    def take(cls, warm: Sequence[str]) -> ForkServer:
+        """The server ``prestart`` started for this process's command (once), where it warms
+        ``warm``; else a new one that does."""
         global _prestarted
         server, _prestarted = _prestarted, None
-        return server or cls()
+        if server is not None and server.warm != tuple(warm):
+            server.close()
+            server = None
+        return server or cls(warm)
 
     def _serve(self, started: list[subprocess.Popen[bytes]], ready: list[int],
                failed: list[BaseException]) -> None:
@@ -323,7 +334,7 @@ class ForkServer:
         closes."""
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", SERVER_MODULE, str(os.getpid())],
+                [sys.executable, "-m", SERVER_MODULE, str(os.getpid()), *self.warm],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, process_group=0)
         except OSError as e:
             with self._cond:
@@ -427,15 +438,15 @@ FORKING_COMMANDS = ("run", "tune", "distance", "parity")
 """The CLI commands whose processes a fork server starts (``prestart``)."""
 
 
-def prestart(argv: Sequence[str]) -> None:
+def prestart(argv: Sequence[str], warm: Sequence[str]) -> None:
     """Start the fork server of a command that will use one (``argv[0]`` in
-    ``FORKING_COMMANDS``) before the command imports torch, so that both imports run at
-    once (~2 s less per command on 2 cores); the command gets it from ``ForkServer.take``.
-    Where the command ends without forking (a usage error, ``--help``), the server dies
-    with this process."""
+    ``FORKING_COMMANDS``), warming ``warm``, before the command imports torch, so that both
+    imports run at once (~2 s less per command on 2 cores); the command gets it from
+    ``ForkServer.take``. Where the command ends without forking (a usage error, ``--help``),
+    the server dies with this process."""
     global _prestarted
     if argv[:1] and argv[0] in FORKING_COMMANDS and _prestarted is None:
-        _prestarted = ForkServer()
+        _prestarted = ForkServer(warm)
         _prestarted.start()
 
 
@@ -516,4 +527,4 @@ class Forked:
 
 
 if __name__ == "__main__":
-    exit_lightly(serve(int(sys.argv[1])))
+    exit_lightly(serve(int(sys.argv[1]), sys.argv[2:]))

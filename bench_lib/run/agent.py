@@ -22,6 +22,12 @@ import sys
 from bench_lib.processes.lifeline import EXIT_ORPHANED, die_with_parent
 
 WORKER_MODULE = "bench_lib.run.worker"
+WARM_MODULES = (WORKER_MODULE,)
+"""What a run's fork server imports before it forks anything (``processes.forkserver``): a
+case's worker, and with it torch, torchvision, the strategies and the workloads, which every
+process it forks (ranks, calibrations, the FLOP probe, the collectives, the distance and
+parity ranks) then finds imported. Named here, torch-free, so that the entry point can start
+the server before its own imports (``forkserver.prestart``)."""
 RANK_FROM_ENV = "env"
 """The worker's RANK argument under torchrun: read RANK, LOCAL_RANK... from the environment."""
 

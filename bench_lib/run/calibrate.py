@@ -121,7 +121,8 @@ def calibrate(key: CalibrationKey, sizes: Sizes, rig: Rig, work_root: Path,
               timeout_s: float = TIMEOUT_S) -> Calibration | str:
     """One calibration launch (module docstring): its ``Calibration``, or why there is
     none (a rank failed, or it ran past ``timeout_s``; its log's last lines)."""
-    from bench_lib.run.ranks import kill_group, launch_ranks, log_tail, supervise
+    from bench_lib.processes.supervision import kill_group, supervise
+    from bench_lib.run.ranks import launch_ranks, log_tail
 
     workdir = work_root / (f"calibration_{key.model}_img{key.image_size}_{key.precision}_"
                            f"{key.loss}{'_cl' if key.channels_last else ''}")

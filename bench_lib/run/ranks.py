@@ -1,9 +1,9 @@
-"""A launch's ranks: started in one process group of their own, supervised (the case
-timeout, the cpu memory cap, a dead rank's peers given their grace), and their result files
-combined into one ``CaseOutcome`` by the runner's rules (the first failure blamed, an
-``oom`` first; else the slowest rank per step). The runner (``run.runner``), the
-calibration (``run.calibrate``) and the distance command (``distance.launch``) start and
-read their ranks through it.
+"""A launch's ranks: started in one process group of their own (``launch_ranks``, through
+``processes.supervision.start_group``), their memory checked against the cpu cap
+(``rss_over_cap``, for ``supervision.supervise``), and their result files combined into one
+``CaseOutcome`` by the runner's rules (the first failure blamed, an ``oom`` first; else the
+slowest rank per step). The runner (``run.runner``), the calibration (``run.calibrate``) and
+the distance command (``distance.launch``) start and read their ranks through it.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -20,16 +19,14 @@ import psutil
 
 from bench_lib.analysis.stats import slowest_per_step
 from bench_lib.measure.trace import align
-from bench_lib.processes.forkserver import ForkServer, start_module
+from bench_lib.processes.forkserver import ForkServer
+from bench_lib.processes.supervision import Rank, start_group
 from bench_lib.run.agent import WORKER_MODULE
 from bench_lib.run.launch import TORCHRUN_SUMMARY
 from bench_lib.run.launch_parts import worker_parts
 from bench_lib.run.protocol import CaseOutcome, RankResult, baseline_path, is_oom
 
-POLL_S = 0.1
 MIB = 2**20
-# After one rank dies, its peers get this long to notice and exit before the group is killed.
-PEER_GRACE_S = 10.0
 LOG_TAIL_CHARS = 400
 
 
@@ -47,20 +44,8 @@ def launch_ranks(spec_path: Path, nproc: int, log_path: Path,
     ``process_group`` needs none.
     """
     parent = server.ensure() if server is not None else os.getpid()
-    procs: list[Rank] = []
-    for rank in range(nproc):
-        args = [str(spec_path), str(rank), str(parent)]
-        group = procs[0].pid if procs else 0  # 0: a new group led by rank 0
-        procs.append(start_module(server, module, args, log_path, group=group))
-    return procs
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL a launch's whole process group: stuck peers, and any children they started."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    args = [[str(spec_path), str(rank), str(parent)] for rank in range(nproc)]
+    return start_group(server, module, args, log_path)
 
 
 def _describe_exit(rank: int, code: int | None) -> str:
@@ -96,17 +81,6 @@ def _read_baseline_mib(case_dir: Path, rank: int) -> float | None:
 class _HasPid(Protocol):
     @property
     def pid(self) -> int: ...
-
-
-class Rank(Protocol):
-    """A rank the local launcher started: a ``Popen``, or a ``forkserver.Forked``."""
-
-    @property
-    def pid(self) -> int: ...
-    @property
-    def returncode(self) -> int | None: ...
-    def poll(self) -> int | None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
 
 
 class _Ended(Protocol):
@@ -147,60 +121,6 @@ def rss_over_cap(procs: Sequence[_HasPid] | Mapping[int, _HasPid], cap_mib: floa
                     f"{known[rank]:.0f} MiB runtime, over the {cap:.0f} MiB cap{per} "
                     "(--max-memory-per-device); killed")
     return None
-
-
-def supervise(
-    procs: Sequence[Rank], timeout_s: float,
-    over_cap: Callable[[], str | None] | None = None,
-    exited_at: dict[int, float] | None = None,
-    watch: Callable[[], tuple[str, str] | None] | None = None,
-    kill: Callable[[], None] | None = None,
-) -> tuple[str, str] | None:
-    """Wait for the ranks; returns (status, reason) when the runner had to stop them.
-
-    ``over_cap`` says why the ranks hold more memory than allowed (they are then an oom).
-    ``exited_at`` gets, for each rank that exited on its own (not killed by the runner), the
-    wall-clock time (``time.time()``) of the last poll that still saw it running: a lower
-    bound of when it ended (0.0 if the first poll found it gone). ``watch``, called at each
-    poll, says why to stop them now (under torchrun: a memory cap, another node's state).
-    Kills the whole process group whatever happens, including on KeyboardInterrupt (or calls
-    ``kill`` instead: torchrun's ranks are not in the agent's group).
-    """
-    pgid = procs[0].pid
-    deadline = time.monotonic() + timeout_s
-    first_failure: float | None = None
-    seen_running = 0.0
-    try:
-        while True:
-            polled = time.time()
-            codes = [p.poll() for p in procs]
-            if exited_at is not None:
-                for rank, code in enumerate(codes):
-                    if code is not None and rank not in exited_at:
-                        exited_at[rank] = seen_running
-            seen_running = polled
-            if all(c is not None for c in codes):
-                return None
-            now = time.monotonic()
-            if now > deadline:
-                return "timeout", f"case still running after {timeout_s:g} s; killed"
-            if over_cap is not None and (reason := over_cap()):
-                return "oom", reason
-            if watch is not None and (stop := watch()):
-                return stop
-            if first_failure is None and any(c not in (None, 0) for c in codes):
-                first_failure = now
-            if first_failure is not None and now - first_failure > PEER_GRACE_S:
-                return None
-            time.sleep(POLL_S)
-    finally:
-        # Kill the whole group: stuck peers, and any children the ranks started.
-        if kill is None:
-            kill_group(pgid)
-        else:
-            kill()
-        for p in procs:
-            p.wait()
 
 
 def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,

@@ -49,6 +49,7 @@ from bench_lib.measure.sampler import (
 )
 from bench_lib.nvml import cuda_visible_gpus
 from bench_lib.processes.forkserver import ForkServer
+from bench_lib.processes.supervision import PEER_GRACE_S, supervise
 from bench_lib.results.read import provisional_text
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
@@ -80,14 +81,7 @@ from bench_lib.run.protocol import (
     SampleRow,
     reused_warmup,
 )
-from bench_lib.run.ranks import (
-    PEER_GRACE_S,
-    combine,
-    launch_ranks,
-    log_tail,
-    rss_over_cap,
-    supervise,
-)
+from bench_lib.run.ranks import combine, launch_ranks, log_tail, rss_over_cap
 from bench_lib.run.rows import Row, SpeedupTable, step_rows
 from bench_lib.run.workload_rows import RoundCallback, RoundDone, RowInputs, workload_rows
 from bench_lib.sweep.cases import Case

@@ -29,9 +29,10 @@ Around that:
 
 Exit codes: 0 ok; 1 (``EXIT_FAILED``) the rank failed (its result says why); 3
 (``EXIT_TRACE_FAILED``) timed fine but the traced step failed, so its peers may be stuck in
-that step: a nonzero code starts the runner's grace period for them (``ranks.PEER_GRACE_S``);
-4 (``EXIT_ORPHANED``) the runner was gone before the worker started. (Under torchrun any
-nonzero code makes the agent stop the other ranks at once.)
+that step: a nonzero code starts the runner's grace period for them
+(``processes.supervision.PEER_GRACE_S``); 4 (``EXIT_ORPHANED``) the runner was gone before
+the worker started. (Under torchrun any nonzero code makes the agent stop the other ranks at
+once.)
 """
 
 from __future__ import annotations

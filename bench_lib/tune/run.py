@@ -249,9 +249,10 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     server = None
     if launch is None:  # every launch forked by one server that imported torch once
         from bench_lib.processes.forkserver import ForkServer
+        from bench_lib.run.agent import WARM_MODULES
         from bench_lib.run.runner import memory_true_forks
 
-        server = stack.enter_context(ForkServer.take())
+        server = stack.enter_context(ForkServer.take(WARM_MODULES))
         launch = _runner_launch(rig, work_root, memory_true_forks(server))
     if predict is None and server is not None and space.profile.predict_time:
         predict = _calibrated(rig, run_dir, server, say, args.quiet)
