@@ -17,22 +17,31 @@ __all__ = ["COMMANDS", "EXIT_FAILED_CASES", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT
            "build_parser", "main"]
 
 
+_BAD_INPUT = (("bench_lib.sweep.profile", "UsageError"), ("bench_lib.rig", "RigError"),
+             ("bench_lib.workloads", "WorkloadError"), ("bench_lib.results.schema", "ResultsError"))
+"""The errors that mean bad input, as (module, class): printed as ``error: ...``, exit 2."""
+
+
+def _bad_input_errors() -> tuple[type[Exception], ...]:
+    """The classes of ``_BAD_INPUT`` whose modules this process has imported: an error of a
+    module never imported was never raised, and importing the rig's or the sweep's here
+    would bring torch into a command that only reads files."""
+    return tuple(getattr(sys.modules[module], name) for module, name in _BAD_INPUT
+                 if module in sys.modules)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run its command; its exit code. Bad
     input the command finds (a usage, rig, workload or results error) is printed as
     ``error: ...`` and exits 2. CUDA numbers GPUs in PCI bus order in this process and
     every child it starts, unless the user chose an order (``nvml.order_cuda_by_bus``)."""
     from bench_lib.nvml import order_cuda_by_bus
-    from bench_lib.results.schema import ResultsError
-    from bench_lib.rig import RigError
-    from bench_lib.sweep.profile import UsageError
-    from bench_lib.workloads import WorkloadError
 
     order_cuda_by_bus()
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         code: int = COMMANDS[args.command].command(args)
         return code
-    except (UsageError, RigError, WorkloadError, ResultsError) as e:
+    except _bad_input_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

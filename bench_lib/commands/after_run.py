@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench_lib.commands.common import EXIT_OK
-from bench_lib.rig import Rig
-from bench_lib.sweep.profile import UsageError
+
+if TYPE_CHECKING:
+    from bench_lib.rig import Rig
 
 
 def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool = False
@@ -20,6 +22,8 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
     plans GPUs it does not have cannot name their hardware, nor one node a cluster's: there,
     only the path is checked.)"""
     import os
+
+    from bench_lib.sweep.profile import UsageError
 
     given = [flag for flag, value in (("--threshold-pct", args.threshold_pct),
                                       ("--metric", args.metric),

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from bench_lib.commands.common import EXIT_OK
-from bench_lib.sweep.profile import UsageError
 
 HELP = "store a run folder as its hardware's baseline (for compare)"
 EXAMPLES = """\
@@ -23,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args: argparse.Namespace) -> int:
     from bench_lib.compare.baseline import save_baseline
     from bench_lib.compare.verdicts import CompareError
+    from bench_lib.sweep.profile import UsageError
 
     try:
         print(save_baseline(args.run_dir, args.store))

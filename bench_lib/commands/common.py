@@ -1,4 +1,10 @@
-"""What the commands share: exit codes, argument types, the rig and sweep flag groups."""
+"""What the commands share: exit codes, argument types, the rig and sweep flag groups.
+
+Torch-free to import: a flag group that names the registries' entries (strategies, models,
+rig kinds, math modes) imports them as it is added, so that a command that only reads files
+(``report``, ``compare``, ``merge``) never builds those flags and starts without torch
+(``parser.build_parser`` builds the flags of the command asked for alone).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from bench_lib import strategies
-from bench_lib.rig import DEFAULT_MATH_MODE, MATH_MODES, RIG_KINDS, Rig, detect_rig
-from bench_lib.sweep.profile import UsageError, profile_names
-from bench_lib.workloads import MODELS
-
 if TYPE_CHECKING:
+    from bench_lib.rig import Rig
     from bench_lib.sweep.shard import Shard
 
 EXIT_OK, EXIT_FAILED_CASES, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -69,6 +71,8 @@ def gpu_slots(args: argparse.Namespace) -> int:
 def rig_of(args: argparse.Namespace, plan_only: bool = False) -> Rig:
     """The rig the rig flags (``add_rig_args``) ask for, detected where they are silent;
     ``plan_only``: a dry run's, which asks no GPU anything (``rig.detect_rig``)."""
+    from bench_lib.rig import detect_rig
+
     return detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=plan_only,
                       gpu_slots=gpu_slots(args))
 
@@ -90,6 +94,8 @@ MATH_MODE_HELP = ("torch (PyTorch's defaults: TF32 in cuDNN convolutions on Ampe
 def add_math_mode(p: argparse.ArgumentParser, what: str) -> None:
     """``--math-mode`` of a command whose workers set it themselves (``rig.set_math_mode``)
     and whose env.json records it; ``what``: what computes in it."""
+    from bench_lib.rig import DEFAULT_MATH_MODE, MATH_MODES
+
     p.add_argument("--math-mode", choices=MATH_MODES, default=DEFAULT_MATH_MODE,
                    metavar="torch|ieee",
                    help=f"fp32 arithmetic of {what}: {MATH_MODE_HELP} (default "
@@ -129,6 +135,7 @@ def bucket_caps(text: str) -> tuple[float | None, ...]:
 
 def shard_part(text: str) -> Shard:
     """``K/N`` -> ``Shard`` (argparse's type: bad input exits 2 with the form to use)."""
+    from bench_lib.sweep.profile import UsageError
     from bench_lib.sweep.shard import Shard
 
     try:
@@ -138,6 +145,8 @@ def shard_part(text: str) -> Shard:
 
 
 def add_rig_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    from bench_lib.rig import RIG_KINDS
+
     g = p.add_argument_group(RIG_GROUP)
     return [
         g.add_argument("--rig", choices=RIG_KINDS, help="device kind (default: cuda if available)"),
@@ -155,6 +164,10 @@ def add_rig_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
 
 def add_sweep_args(run: argparse.ArgumentParser) -> list[argparse.Action]:
     """The flags that shape a sweep; every dest but ``profile_flag`` is a ``Profile`` key."""
+    from bench_lib import strategies
+    from bench_lib.sweep.profile import profile_names
+    from bench_lib.workloads import MODELS
+
     g = run.add_argument_group(SWEEP_GROUP)
     add = g.add_argument
     return [

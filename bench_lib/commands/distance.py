@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from bench_lib.commands.common import (
     EXIT_OK,
@@ -12,7 +13,9 @@ from bench_lib.commands.common import (
     memory_mib,
     rig_of,
 )
-from bench_lib.rig import Rig
+
+if TYPE_CHECKING:
+    from bench_lib.rig import Rig
 
 HELP = ("time the pairwise distance of a conv weight's kernels (a loop, blocked cdist, split "
         "over devices); exit 1 when one disagrees")

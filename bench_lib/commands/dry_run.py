@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench_lib.commands.common import EXIT_OK
-from bench_lib.rig import Rig
-from bench_lib.sweep.cases import Case
 
 if TYPE_CHECKING:
+    from bench_lib.rig import Rig
     from bench_lib.run.calibrate import GivenCalibrations
+    from bench_lib.sweep.cases import Case
 
 
 def print_plan(cases: list[Case], rig: Rig, predict_memory: bool = False,

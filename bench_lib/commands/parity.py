@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench_lib.commands.common import EXIT_OK, add_math_mode, add_out, add_rig_args, rig_of
-from bench_lib.rig import Rig
+
+if TYPE_CHECKING:
+    from bench_lib.rig import Rig
 
 HELP = ("train every strategy on real data from the same weights; exit 1 when one learns "
         "differently from single")

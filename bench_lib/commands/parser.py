@@ -1,11 +1,17 @@
-"""The command line's parser: one subcommand per module of ``bench_lib.commands``."""
+"""The command line's parser: one subcommand per module of ``bench_lib.commands``.
+
+Torch-free to import, as every command module is: a command's flags that name the
+registries' entries (``run``'s strategies and models) import them as they are added, and a
+command line that names its command gets that command's flags alone (``build_parser``), so
+that ``report``, ``compare`` and ``merge`` start without torch's seconds of imports.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench_lib.commands import (
     baseline,
@@ -20,7 +26,9 @@ from bench_lib.commands import (
     run,
     tune,
 )
-from bench_lib.sweep.profile import Profile, UsageError
+
+if TYPE_CHECKING:
+    from bench_lib.sweep.profile import Profile
 
 # name -> module with HELP, add_arguments(parser) and command(args) -> exit code; in the
 # order ``--help`` lists them.
@@ -91,9 +99,11 @@ EXIT_CODES = """exit codes:
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The whole command line: ``--version`` and every command of ``COMMANDS``. Where
-    ``argv`` asks for ``run`` or ``tune``'s help, each sweep flag's help shows its value in
-    the profile in force (``--profile``, else ``default`` for this machine's rig)."""
+    """The whole command line: ``--version`` and every command of ``COMMANDS``, each with
+    its flags; where ``argv`` names a command, that command alone gets its flags (the others
+    are listed, and never parse this ``argv``). Where ``argv`` asks for ``run`` or
+    ``tune``'s help, each sweep flag's help shows its value in the profile in force
+    (``--profile``, else ``default`` for this machine's rig)."""
     from bench_lib import __version__
 
     parser = Parser(prog="python -m bench_lib", formatter_class=HelpFormatter,
@@ -106,10 +116,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                            "  python -m bench_lib run --help\n\n" + EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"parabench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    named = argv[0] if argv and argv[0] in COMMANDS else None
     for name, module in COMMANDS.items():
         command = sub.add_parser(name, help=module.HELP, description=module.HELP,
                                  formatter_class=HelpFormatter,
                                  epilog=f"examples:\n{module.EXAMPLES}\n\n{EXIT_CODES}")
+        if named not in (None, name):
+            continue
         module.add_arguments(command)
         if hasattr(command.get_default("sweep_flags"), "__len__"):
             show_profile_values(command, _help_profile(argv, name))
@@ -123,7 +136,7 @@ def _help_profile(argv: Sequence[str] | None, command: str) -> Profile | None:
     if not args or args[0] != command or not {"-h", "--help"} & set(args):
         return None
     from bench_lib.rig import cuda_device_count
-    from bench_lib.sweep.profile import load_profile, profile_path
+    from bench_lib.sweep.profile import UsageError, load_profile, profile_path
 
     def given(flag: str) -> str | None:
         for i, arg in enumerate(args):
@@ -143,6 +156,8 @@ def _help_profile(argv: Sequence[str] | None, command: str) -> Profile | None:
 def show_profile_values(command: argparse.ArgumentParser, profile: Profile | None) -> None:
     """Each sweep flag's help ends with its value in ``profile`` (flags > profile file >
     defaults), or says that the profile in force gives it."""
+    from bench_lib.sweep.profile import Profile
+
     values = profile.as_dict() if profile is not None else {}
     for action in command._actions:
         if action.dest not in Profile.keys() or not action.help:

@@ -7,16 +7,18 @@ import argparse
 from typing import TYPE_CHECKING
 
 from bench_lib.commands.common import rig_of
-from bench_lib.rig import Rig
-from bench_lib.sweep.cases import Case, expand
-from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_path
 
 if TYPE_CHECKING:
+    from bench_lib.rig import Rig
+    from bench_lib.sweep.cases import Case
+    from bench_lib.sweep.profile import Profile
     from bench_lib.sweep.shard import ShardPlan, SweepRecord
 
 
 def profile_overrides(args: argparse.Namespace) -> dict[str, object]:
     """The sweep flags given, by ``Profile`` key."""
+    from bench_lib.sweep.profile import Profile
+
     keys = set(Profile.keys())
     given = {f.dest: getattr(args, f.dest) for f in args.sweep_flags if f.dest in keys}
     if args.microbatches is not None and args.split_sizes is None:
@@ -32,6 +34,9 @@ def plan_new(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     A dry run only plans: ``--rig cuda --devices N`` then plans for N GPUs without asking
     CUDA anything, so a sweep for another box can be planned (and timed) on any machine.
     """
+    from bench_lib.sweep.cases import expand
+    from bench_lib.sweep.profile import load_profile, profile_path
+
     rig = rig_of(args, plan_only=args.dry_run)
     profile = load_profile(profile_path(args.profile_flag or "default", rig.kind))
     profile = profile.override(**profile_overrides(args))
@@ -46,6 +51,9 @@ def plan_resume(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     """
     from bench_lib.results.read import done_case_ids, read_env
     from bench_lib.results.store import check_resumable, prepare_resume
+    from bench_lib.rig import Rig
+    from bench_lib.sweep.cases import expand
+    from bench_lib.sweep.profile import Profile, UsageError
 
     given = [f.flag for f in args.sweep_flags if getattr(args, f.dest) is not None]
     if given:
@@ -66,6 +74,7 @@ def plan_shard(args: argparse.Namespace, rig: Rig, profile: Profile, cases: list
     """The cases of the shard to run (``--shard``, or the resumed folder's own: a resumed
     shard stays that shard), its env.json record, and the cut of the whole sweep."""
     from bench_lib.sweep import shard
+    from bench_lib.sweep.profile import UsageError
 
     if args.resume:
         from bench_lib.results.read import read_env

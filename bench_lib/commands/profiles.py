@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 
 from bench_lib.commands.common import EXIT_OK, add_rig_args, rig_of
-from bench_lib.rig import RIG_KINDS, detect_rig
-from bench_lib.sweep.cases import expand
-from bench_lib.sweep.profile import load_profile, profile_names, profile_path
 
 HELP = "list the profiles: name, cases and estimated duration on this rig, description"
 EXAMPLES = """\
@@ -24,7 +21,10 @@ def command(args: argparse.Namespace) -> int:
     estimated duration of a run, its description. The other kind's default profile is
     planned on a rig of that kind with as many devices (a cuda sweep's hours on CPU workers
     would answer no one's question), and says so."""
+    from bench_lib.rig import RIG_KINDS, detect_rig
+    from bench_lib.sweep.cases import expand
     from bench_lib.sweep.estimate import case_seconds, format_duration
+    from bench_lib.sweep.profile import load_profile, profile_names, profile_path
 
     rig = rig_of(args, plan_only=True)
     names = [n for n in profile_names() if n != "default"]

@@ -25,15 +25,13 @@ from bench_lib.commands.common import (
 )
 from bench_lib.commands.dry_run import print_plan, print_predictions
 from bench_lib.commands.plan import plan_new, plan_resume, plan_shard
-from bench_lib.rig import Rig
-from bench_lib.sweep.cases import Case
-from bench_lib.sweep.profile import Profile, UsageError
 
 if TYPE_CHECKING:
     from bench_lib.analysis.collective_fits import Collectives
     from bench_lib.measure.energy import IdlePower
     from bench_lib.measure.flops import AttainablePeak
     from bench_lib.processes.forkserver import ForkServer
+    from bench_lib.rig import Rig
     from bench_lib.run.calibrate import GivenCalibrations
     from bench_lib.run.duty import DutyCycle, DutyMeter
     from bench_lib.run.launch import Launcher
@@ -41,6 +39,8 @@ if TYPE_CHECKING:
     from bench_lib.run.protocol import CaseOutcome
     from bench_lib.run.rows import Row
     from bench_lib.run.workload_rows import RoundDone
+    from bench_lib.sweep.cases import Case
+    from bench_lib.sweep.profile import Profile
     from bench_lib.sweep.shard import ShardPlan, SweepRecord
 
 HELP = "run a sweep and write a run folder under results/"
@@ -135,6 +135,7 @@ def add_launcher_args(run: argparse.ArgumentParser) -> None:
 def resolve_launcher(args: argparse.Namespace) -> Launcher:
     """The run's launcher (exit 2 on bad input); ``--nproc-per-node`` fills ``--devices``."""
     from bench_lib.run.launch import resolve
+    from bench_lib.sweep.profile import UsageError
 
     launcher = resolve(args.launcher, args.nnodes, args.node_rank, args.rdzv_endpoint,
                        args.coord_port, rdzv_timeout_s=args.rdzv_timeout_s)
@@ -195,6 +196,7 @@ def plan_run(args: argparse.Namespace) -> Planned:
     written): the flags that go together, the launcher, the sweep (new, resumed, a node's
     share, a shard), a reused calibration, the post-sweep targets."""
     from bench_lib.run.multinode import plan as plan_nodes
+    from bench_lib.sweep.profile import UsageError
 
     if args.predict_memory and not args.dry_run:
         raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
