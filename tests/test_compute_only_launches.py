@@ -63,7 +63,7 @@ def test_the_case_s_compute_step_is_the_median_over_its_launches():
 
 
 def test_tunes_short_launches_run_no_compute_only_steps(tmp_path, monkeypatch):
-    from bench_lib.tune import run as tune_run
+    from bench_lib.tune import search as tune_search
 
     asked: list[dict[str, Any]] = []
 
@@ -72,7 +72,7 @@ def test_tunes_short_launches_run_no_compute_only_steps(tmp_path, monkeypatch):
         return CaseOutcome("ok")
 
     monkeypatch.setattr(runner, "run_case", fake_run_case)
-    launch = tune_run._runner_launch(RIG, tmp_path, None)
+    launch = tune_search._runner_launch(RIG, tmp_path, None)
     launch(new_case(RIG, "ddp", "toy", 0, 8, measurement=QUICK), 1, "")
     assert asked and asked[0]["compute_only"] is False and asked[0]["trace"] is False
 

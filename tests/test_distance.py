@@ -14,8 +14,8 @@ import torch
 
 from bench_lib import commands
 from bench_lib.distance import methods
+from bench_lib.distance.benchmark import AGREE_RTOL, _agreement, progress_line
 from bench_lib.distance.launch import Computed
-from bench_lib.distance.run import AGREE_RTOL, _agreement, progress_line
 from bench_lib.distance.spec import Layer, new_case
 from bench_lib.report.build import write_report
 from bench_lib.report.distance_report import FIGURE_FILE, read_distance

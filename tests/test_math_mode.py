@@ -181,8 +181,8 @@ def test_parity_trains_and_records_in_the_math_mode_asked_for(
         monkeypatch, tmp_path, cpu_rig, restore_math_flags, mode):
     """#28: parity had no --math-mode and its ranks always set torch's own flags."""
     from bench_lib.commands.parser import build_parser
+    from bench_lib.parity import check as parity_check
     from bench_lib.parity import launch as parity_launch
-    from bench_lib.parity import run as parity_run
     from bench_lib.parity import train as parity_train
     from bench_lib.results.read import run_dirs_in
 
@@ -196,7 +196,7 @@ def test_parity_trains_and_records_in_the_math_mode_asked_for(
     args = build_parser().parse_args(["parity", "--models", "mlp", "--strategies",
                                       "single,ddp", "--math-mode", mode, "--out",
                                       str(tmp_path)])
-    assert parity_run.command(args, cpu_rig) == 0
+    assert parity_check.command(args, cpu_rig) == 0
     assert specs and {s.math_mode for s in specs} == {mode}  # every run's ranks are told
     (run_dir,) = run_dirs_in(tmp_path)
     env = json.loads((run_dir / "env.json").read_text())
@@ -225,7 +225,7 @@ def test_distance_computes_and_records_in_the_math_mode_asked_for(
     """#28: distance had no --math-mode and its workers always set torch's own flags."""
     import contextlib
 
-    from bench_lib.distance import run as distance_run
+    from bench_lib.distance import benchmark as distance_benchmark
     from bench_lib.distance import worker as distance_worker
     from bench_lib.distance.spec import DistanceSpec
     from bench_lib.results.read import run_dirs_in
@@ -242,8 +242,8 @@ def test_distance_computes_and_records_in_the_math_mode_asked_for(
         specs.append(spec)
         return CaseOutcome("error", "not launched: a test"), None
 
-    monkeypatch.setattr(distance_run, "ForkServer", NoServer)
-    monkeypatch.setattr(distance_run, "launch", fake_launch)
+    monkeypatch.setattr(distance_benchmark, "ForkServer", NoServer)
+    monkeypatch.setattr(distance_benchmark, "launch", fake_launch)
     out = tmp_path / "out"
     code = commands.main(["distance", "--rig", "cpu", "--layers", "8x2x1x1", "--methods",
                           "blocked", "--launches", "1", "--math-mode", mode, "--out", str(out)])

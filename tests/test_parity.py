@@ -17,8 +17,8 @@ import torch
 
 from bench_lib import commands
 from bench_lib.commands.parser import build_parser
+from bench_lib.parity import check as parity_check
 from bench_lib.parity import launch as parity_launch
-from bench_lib.parity import run as parity_run
 from bench_lib.parity import train as parity_train
 from bench_lib.parity.data import DIGITS_TEST, Split, digits, loader, parity_workload, teacher
 from bench_lib.parity.train import EpochResult, merged
@@ -204,7 +204,7 @@ def _args(**changes: object) -> argparse.Namespace:
 
 
 def test_defaults_include_mlp_a_resnet_and_fsdp():
-    plan = parity_run.plan_of(_args())
+    plan = parity_check.plan_of(_args())
     assert {"mlp", "resnet-tiny"} <= set(plan.models)
     assert "fsdp" in plan.strategies and plan.seed_runs >= 2
 
@@ -218,7 +218,7 @@ def test_defaults_include_mlp_a_resnet_and_fsdp():
 ])
 def test_bad_parity_plans_are_usage_errors(changes, message):
     with pytest.raises(UsageError, match=re.escape(message)):
-        parity_run.plan_of(_args(**changes))
+        parity_check.plan_of(_args(**changes))
 
 
 def test_a_strategy_that_ends_elsewhere_diverges_and_fails_the_command(
@@ -230,7 +230,7 @@ def test_a_strategy_that_ends_elsewhere_diverges_and_fails_the_command(
         return [EpochResult(0, 1.0, ends[key], 0.9, 0.1)], ""
 
     monkeypatch.setattr(parity_launch, "launch", fake_launch)
-    code = parity_run.command(_args(models="mlp", strategies="single,ddp,gpipe",
+    code = parity_check.command(_args(models="mlp", strategies="single,ddp,gpipe",
                                     out=tmp_path), cpu_rig)
     assert code == 1
     (run_dir,) = run_dirs_in(tmp_path)
@@ -267,7 +267,7 @@ def test_batch_norm_strategies_are_judged_against_their_own_statistics(
         return [EpochResult(0, 1.0, 0.5, 0.5, 0.1), EpochResult(1, 0.5, end, accuracy, 0.1)], ""
 
     monkeypatch.setattr(parity_launch, "launch", fake_launch)
-    code = parity_run.command(_args(models="resnet-tiny", out=tmp_path,
+    code = parity_check.command(_args(models="resnet-tiny", out=tmp_path,
                                     strategies="single,accum,gpipe,1f1b,ddp,fsdp,mp"), cpu_rig)
     assert code == 1
     assert sorted(c for c in calls if c[0] == "single") == [
@@ -302,7 +302,7 @@ def test_sync_bn_is_unsupported_on_a_cpu_rig_and_moot_without_batch_norm(
         return [EpochResult(0, 1.0, 0.3, 0.9, 0.1)], ""
 
     monkeypatch.setattr(parity_launch, "launch", fake_launch)
-    code = parity_run.command(_args(models="mlp,resnet-tiny", strategies="single,ddp,fsdp",
+    code = parity_check.command(_args(models="mlp,resnet-tiny", strategies="single,ddp,fsdp",
                                     sync_bn=True, out=tmp_path), cpu_rig)
     assert code == 0
     (run_dir,) = run_dirs_in(tmp_path)
@@ -325,7 +325,7 @@ def test_one_process_runs_go_side_by_side_on_a_cpu_rig(tmp_path, monkeypatch, cp
         return [EpochResult(0, 1.0, 0.3, 0.9, 0.1)], ""
 
     monkeypatch.setattr(parity_launch, "launch", fake_launch)
-    code = parity_run.command(_args(models="mlp", strategies="single,accum,ddp",
+    code = parity_check.command(_args(models="mlp", strategies="single,accum,ddp",
                                     out=tmp_path), cpu_rig)
     assert code == 0
     assert {w for s, w, _ in seen if s == "single"} == {0, 1}  # a worker each

@@ -26,7 +26,7 @@ from bench_lib.sweep.cases import Case
 from bench_lib.sweep.predict import Prediction
 from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_path
 from bench_lib.tune.race import LaunchResult, Measure, RaceSettings, race
-from bench_lib.tune.run import BUDGET_FRACTION, execute, settings_of
+from bench_lib.tune.search import BUDGET_FRACTION, execute, settings_of
 from bench_lib.tune.space import build_space, race_launch, reproduce_command
 from tests.conftest import in_process
 
@@ -36,7 +36,7 @@ RIG = Rig("cpu", 2, 1, cores=(0, 1))
 MEASURED = [0.49, 0.41, 0.77, 0.50, 1.27, 0.81, 1.20, 0.80, 0.80, 0.54, 0.81, 0.54]
 
 
-SWEEP_OVER_RACE = 1.29  # the estimate's for default-cpu at 64 px (tune.run.settings_of)
+SWEEP_OVER_RACE = 1.29  # the estimate's for default-cpu at 64 px (tune.search.settings_of)
 
 
 def synthetic(means: list[float], seed: int, launch_sd: float = 0.08,
@@ -329,7 +329,7 @@ def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicte
     the predicted best (``PREDICTION_MARGIN``); single always races; each row keeps its
     prediction."""
     from bench_lib.analysis.bound import Bound
-    from bench_lib.tune.run import PREDICTION_MARGIN, by_prediction, skipped_by_prediction
+    from bench_lib.tune.search import PREDICTION_MARGIN, by_prediction, skipped_by_prediction
 
     args, rig, space, launched_ids, launch = _mlp_race(tmp_path, visible_gpus)
     limit = (1 + PREDICTION_MARGIN) / (1 - PREDICTION_MARGIN)  # 1.67x the best

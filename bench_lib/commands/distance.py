@@ -25,26 +25,27 @@ EXAMPLES = """\
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench_lib.distance import run, spec
+    from bench_lib.distance import benchmark, spec
 
-    p.add_argument("--layers", default=",".join(run.DEFAULT_LAYERS),
+    p.add_argument("--layers", default=",".join(benchmark.DEFAULT_LAYERS),
                    help="conv weight shapes OUTxINxKHxKW, comma-separated (default: "
-                        f"{','.join(run.DEFAULT_LAYERS)})")
+                        f"{','.join(benchmark.DEFAULT_LAYERS)})")
     p.add_argument("--methods", default=",".join(spec.METHODS),
                    help=f"comma-separated, from: {', '.join(spec.METHODS)} (default: all)")
     p.add_argument("--precision", default="fp32",
                    help=f"one of {', '.join(spec.DTYPES)} (default fp32)")
-    p.add_argument("--block-rows", type=int, default=run.DEFAULT_BLOCK_ROWS,
-                   help=f"rows per torch.cdist block (default {run.DEFAULT_BLOCK_ROWS})")
-    p.add_argument("--loop-max-kernels", type=int, default=run.DEFAULT_LOOP_MAX_KERNELS,
+    p.add_argument("--block-rows", type=int, default=benchmark.DEFAULT_BLOCK_ROWS,
+                   help=f"rows per torch.cdist block (default {benchmark.DEFAULT_BLOCK_ROWS})")
+    p.add_argument("--loop-max-kernels", type=int, default=benchmark.DEFAULT_LOOP_MAX_KERNELS,
                    help="largest kernel count the Python loop runs at; above it the loop is "
-                        f"skipped (default {run.DEFAULT_LOOP_MAX_KERNELS})")
-    p.add_argument("--launches", type=int, default=run.MEASUREMENT.launches,
-                   help=f"fresh launches per case, in rounds (default {run.MEASUREMENT.launches})")
+                        f"skipped (default {benchmark.DEFAULT_LOOP_MAX_KERNELS})")
+    p.add_argument("--launches", type=int, default=benchmark.MEASUREMENT.launches,
+                   help="fresh launches per case, in rounds (default "
+                        f"{benchmark.MEASUREMENT.launches})")
     p.add_argument("--max-memory-per-device", type=memory_mib, metavar="SIZE",
                    dest="max_memory_per_device_mib",
                    help="memory cap per device, e.g. 1GiB: a case above it is an oom "
-                        f"(default on a cpu rig {run.DEFAULT_CPU_CAP_MIB:.0f}MiB of resident "
+                        f"(default on a cpu rig {benchmark.DEFAULT_CPU_CAP_MIB:.0f}MiB of resident "
                         "memory beyond the runtime; on GPUs none)")
     p.add_argument("--seed", type=int, default=0, help="seeds the weights (default 0)")
     add_math_mode(p, "the fp32 cases")
@@ -56,17 +57,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from bench_lib.distance import run
+    from bench_lib.distance import benchmark
 
     rig = rig_of(args, plan_only=args.dry_run)
-    return dry_run(args, rig) if args.dry_run else run.command(args, rig)
+    return dry_run(args, rig) if args.dry_run else benchmark.command(args, rig)
 
 
 def dry_run(args: argparse.Namespace, rig: Rig) -> int:
     """The plan of ``distance``: each case, its devices and processes, run or why not."""
-    from bench_lib.distance import run
+    from bench_lib.distance import benchmark
 
-    plan = run.plan_of(args, rig)
+    plan = benchmark.plan_of(args, rig)
     cases = plan.cases(rig)
     width = max(len(c.case_id) for c in cases)
     print(f"{'case':<{width}}  devices  processes  will")

@@ -19,15 +19,15 @@ EXAMPLES = """\
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench_lib.parity import run
+    from bench_lib.parity import check
 
-    p.add_argument("--models", default=",".join(run.DEFAULT_MODELS),
-                   help=f"comma-separated (default: {','.join(run.DEFAULT_MODELS)})")
-    p.add_argument("--strategies", default=",".join(run.DEFAULT_STRATEGIES),
+    p.add_argument("--models", default=",".join(check.DEFAULT_MODELS),
+                   help=f"comma-separated (default: {','.join(check.DEFAULT_MODELS)})")
+    p.add_argument("--strategies", default=",".join(check.DEFAULT_STRATEGIES),
                    help="comma-separated, with single (default: "
-                        f"{','.join(run.DEFAULT_STRATEGIES)})")
-    p.add_argument("--epochs", type=int, default=run.DEFAULTS["epochs"],
-                   help=f"training epochs (default {run.DEFAULTS['epochs']})")
+                        f"{','.join(check.DEFAULT_STRATEGIES)})")
+    p.add_argument("--epochs", type=int, default=check.DEFAULTS["epochs"],
+                   help=f"training epochs (default {check.DEFAULTS['epochs']})")
     p.add_argument("--batch-size", type=int, default=32,
                    help="the global batch size, one (default 32)")
     p.add_argument("--split-size", type=int, default=8,
@@ -36,9 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the weights, the split and the shuffles (default 0)")
-    p.add_argument("--seed-runs", type=int, default=run.DEFAULTS["seed_runs"], metavar="K",
+    p.add_argument("--seed-runs", type=int, default=check.DEFAULTS["seed_runs"], metavar="K",
                    help="further seeds single trains at on a BatchNorm model, for its looser "
-                        f"tolerance (default {run.DEFAULTS['seed_runs']})")
+                        f"tolerance (default {check.DEFAULTS['seed_runs']})")
     p.add_argument("--sync-bn", action="store_true",
                    help="SyncBatchNorm in ddp and fsdp (GPU rigs only; on a cpu rig they "
                         "are then recorded unsupported)")
@@ -55,22 +55,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from bench_lib.parity import run
+    from bench_lib.parity import check
 
     rig = rig_of(args, plan_only=args.dry_run)
-    return dry_run(args, rig) if args.dry_run else run.command(args, rig)
+    return dry_run(args, rig) if args.dry_run else check.command(args, rig)
 
 
 def dry_run(args: argparse.Namespace, rig: Rig) -> int:
     """The plan of ``parity``: per model its runs (single in float64 and float32, its
     further seeds on a BatchNorm model, every other strategy) and the unsupported ones."""
-    from bench_lib.parity import run
+    from bench_lib.parity import check
 
-    plan = run.plan_of(args)
+    plan = check.plan_of(args)
     total = 0
     print(f"{'model':<12}  {'run':<28}  processes  will")
     for model in plan.models:
-        cases, runs = run.model_runs(plan, rig, model)
+        cases, runs = check.model_runs(plan, rig, model)
         for r in runs:
             print(f"{model:<12}  {r.label:<28}  {r.case.processes:>9}  train")
         for case in cases:

@@ -90,7 +90,7 @@ class ParitySpec:
     data_root: str | None = None
     """The user's MNIST / CIFAR-10 folder (``parity.data.real``); None: the digits."""
     worker: int = 0
-    """The cpu rig's worker a one-process run is pinned to (``parity.run`` runs such runs
+    """The cpu rig's worker a one-process run is pinned to (``parity.check`` runs such runs
     side by side, one per worker)."""
     math_mode: str = DEFAULT_MATH_MODE
     """The fp32 math the ranks compute in (``rig.MATH_MODES``, ``parity --math-mode``)."""
