@@ -15,7 +15,7 @@ from bench_lib.sweep.cases import Case, new_case
 from bench_lib.sweep.fixed_costs import CPU, CUDA
 from bench_lib.sweep.profile import Measurement
 from tests.test_monitor import FakeNvmlError
-from tests.test_predict import FakePredictor, fake_nvml
+from tests.test_predict_memory import FakePredictor, fake_nvml
 
 MIB = 2**20
 LONG = Measurement(case_timeout_s=10_000.0)

@@ -12,7 +12,7 @@ from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
 from bench_lib.analysis.step_parts import FRESH_COPY_BYTES, fsdp_copied_bytes, fsdp_copies_s
 from bench_lib.run.calibrate import CalibrationKey, CalibrationSpec, combine, sizes_for
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict import schedule_actions
+from bench_lib.sweep.predict_memory import schedule_actions
 from bench_lib.sweep.predict_time import (
     BatchCosts,
     Calibration,

@@ -23,7 +23,7 @@ from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission, DeviceMemory
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.predict import Prediction
+from bench_lib.sweep.predict_memory import Prediction
 from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_path
 from bench_lib.tune.race import LaunchResult, Measure, RaceSettings, race
 from bench_lib.tune.search import BUDGET_FRACTION, execute, settings_of

@@ -20,7 +20,7 @@ micro-benchmark's send/recv fit at the boundary tensor's bytes (``analysis.colle
 counted only where the two stages sit on different ranks. Chosen over the timeline's gaps
 because a gap also holds the scheduler's own overhead and waits for the peer, which is what
 the bound is to be compared with. The bound is the makespan of torch's own action list per
-rank (``sweep.predict``'s replay of the schedule) run by a list scheduler (``simulate``):
+rank (``sweep.predict_memory``'s replay of the schedule) run by a list scheduler (``simulate``):
 an action starts when its rank is free and its input is there. Exact for unbalanced stages,
 where closed forms are not. Then *other* = traced step - timeline span (optimizer step,
 loss, input split). The traced step is one step of the first launch: faster or slower as a
@@ -95,7 +95,7 @@ from bench_lib.analysis.collective_fits import CollectiveFit
 
 Action = tuple[str, int, int]
 """(kind, stage, micro-batch): F forward, B full backward, I input gradient, W weight
-gradient (``sweep.predict``'s actions)."""
+gradient (``sweep.predict_memory``'s actions)."""
 PHASE_OF = {"F": "fwd", "B": "bwd", "I": "bwd", "W": "wgt"}
 """The timeline phase that stamps each kind of action (``measure.trace``)."""
 PIPELINED = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")

@@ -56,7 +56,8 @@ def print_plan(cases: list[Case], rig: Rig, predict_memory: bool = False,
           f"~{format_duration(run.total_s)} (the progress bar refines it)")
     print(run.parts_line())
     if predict_memory:
-        print("peak MiB: predicted before launch on fake tensors (bench_lib/sweep/predict.py; "
+        print("peak MiB: predicted before launch on fake tensors "
+              "(bench_lib/sweep/predict_memory.py; "
               "'balanced' cuts from counted FLOPs until a launch measures them)"
               + (f"; {admission.note}" if admission.note else ""))
     else:

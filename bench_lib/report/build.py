@@ -28,8 +28,8 @@ from bench_lib.report import (
     device_figures,
     distance_report,
     figures,
+    memory_prediction,
     parity_report,
-    prediction,
     time_prediction,
     waterfall_figure,
 )
@@ -78,7 +78,7 @@ def draw_figures(runs: Runs) -> dict[int, Figure]:
             5: device_figures.fig_samples(swept, runs.samples),
             6: device_figures.fig_timeline(swept, runs.timeline),
             7: figures.fig_scaling(c, runs.weak),
-            8: prediction.fig_prediction(swept), 9: bound_figure.fig_bound(swept),
+            8: memory_prediction.fig_prediction(swept), 9: bound_figure.fig_bound(swept),
             10: curve_figure.fig_batch_curve(runs.curve, c),
             11: waterfall_figure.fig_waterfall(swept),
             12: time_prediction.fig_time_prediction(swept)}

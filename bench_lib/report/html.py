@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from bench_lib.analysis.utilisation import DISAGREE_POINTS
-from bench_lib.report import bound_figure, prediction, time_prediction
+from bench_lib.report import bound_figure, memory_prediction, time_prediction
 from bench_lib.report.answer import answer_lines
 from bench_lib.report.figures import records
 from bench_lib.report.headlines import (
@@ -259,7 +259,7 @@ def render(runs: Runs, sections: list[dict[str, Any]], captions: list[str],
     for s in sections:
         extra = (_utilisation_check(swept) if s["number"] == 5
                  else _bubble_table(bubbles) if s["number"] == 6
-                 else prediction.error_html(swept) if s["number"] == 8
+                 else memory_prediction.error_html(swept) if s["number"] == 8
                  else bound_figure.explain_html(swept) if s["number"] == 9
                  else time_prediction.score_html(swept) if s["number"] == 12 else "")
         body.append(_section(s, extra))

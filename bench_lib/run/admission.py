@@ -38,7 +38,7 @@ from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import by_device
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.predict import Prediction, predict
+from bench_lib.sweep.predict_memory import Prediction, predict
 
 MIB = 2**20
 CUDA_CONTEXT_MIB = 770.0
@@ -60,7 +60,7 @@ MIG_ENABLED = 1
 """``NVML_DEVICE_MIG_ENABLE``: the current mode ``nvmlDeviceGetMigMode`` gives a GPU in
 MIG mode."""
 Predictor = Callable[[Case, Rig, str], Prediction]
-"""(case, rig, the cut it ran or '') -> its prediction: ``sweep.predict.predict``."""
+"""(case, rig, the cut it ran or '') -> its prediction: ``sweep.predict_memory.predict``."""
 
 
 @dataclass(frozen=True)

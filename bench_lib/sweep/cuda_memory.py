@@ -18,7 +18,7 @@ Measured against the first GPU run (one H100 80GB, torch 2.11.0+cu130, cuDNN 9.1
 blocks add 0.2-0.6% at 224 px, the two cuBLAS workspaces 64 MiB (all of batch 120's gap),
 and what was left (0-15 MiB) came where a convolution ran at the peak. With all three every
 case is within -0.1% and +3.8% of the allocator's peak, and its reserved peak within -4.5%
-and +5.6%, but for DDP on NCCL's (-14%) (``tests/test_predict_gpu_evidence.py``,
+and +5.6%, but for DDP on NCCL's (-14%) (``tests/test_predict_memory_gpu_evidence.py``,
 ``docs/prediction.md``).
 """
 

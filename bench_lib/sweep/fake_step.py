@@ -18,7 +18,7 @@ as it starts), forwards and backwards in the program's order (gradients accumula
 then ``torch.optim.SGD.step`` (plain SGD, as ``strategies.base.Trainer`` builds it:
 no optimizer state). Ops are dispatched as on the CPU (autocast included), so kernels
 that keep workspaces outside tensors (oneDNN's scratchpads, cuDNN's workspaces) are not
-seen; ``sweep.predict`` and ``sweep.cuda_memory`` say how that is accounted for.
+seen; ``sweep.predict_memory`` and ``sweep.cuda_memory`` say how that is accounted for.
 """
 
 from __future__ import annotations

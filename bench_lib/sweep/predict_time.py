@@ -169,7 +169,7 @@ class Sizes:
 
 @dataclass(frozen=True)
 class Shape:
-    """What the predictor needs of a case (``run.predict.shape_of`` builds it from a
+    """What the predictor needs of a case (``shape_of`` builds it from a
     ``sweep.cases.Case``): kept small so the arithmetic is tested without torch."""
 
     strategy: str
@@ -443,7 +443,7 @@ def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> Pip
     ``tutorial``: the cut they choose without timing), and the send/recv fit's transfer
     time of one micro-batch at each boundary."""
     from bench_lib.strategies.partition import min_max_cuts, min_max_rank_cuts
-    from bench_lib.sweep.predict import schedule_actions
+    from bench_lib.sweep.predict_memory import schedule_actions
     from bench_lib.workloads.sizes import boundary_bytes
 
     name = "gpipe" if case.strategy == "pipeline" else case.strategy
@@ -473,9 +473,9 @@ def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> Pip
 
 def _fixed_cuts(case: Case) -> Sequence[int]:
     """The cut a case runs where no block is timed to choose it: a given cut
-    (``balanced:6,12``), ``tutorial``'s or ``balanced-flops``' (``sweep.predict``'s choice,
+    (``balanced:6,12``), ``tutorial``'s or ``balanced-flops``' (``sweep.predict_memory``'s choice,
     the one the memory prediction uses; for ``balanced``, too, where only that is known)."""
-    from bench_lib.sweep.predict import cut_label, num_stages
+    from bench_lib.sweep.predict_memory import cut_label, num_stages
     from bench_lib.workloads import Workload
 
     w = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,

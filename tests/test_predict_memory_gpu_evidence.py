@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench_lib.rig import Rig
-from bench_lib.sweep import predict
+from bench_lib.sweep import predict_memory
 from bench_lib.sweep.cases import new_case
 
 EVIDENCE = Path(__file__).parent / "data" / "h100-2026-11-26"
@@ -39,11 +39,11 @@ CASES = _evidence()
 IDS = [f"{folder}:{row['case_id']}" for folder, _, row in CASES]
 
 
-def _predicted(rig: Rig, row: dict[str, str]) -> predict.Prediction:
+def _predicted(rig: Rig, row: dict[str, str]) -> predict_memory.Prediction:
     split = int(row["split_size"]) if row["split_size"] else None
     case = new_case(rig, row["strategy"], row["model"], int(row["image_size"]),
                     int(row["batch_size"]), row["precision"], split_size=split)
-    return predict.predict(case, rig)
+    return predict_memory.predict(case, rig)
 
 
 def test_the_evidence_holds_every_kind_of_case():
@@ -104,6 +104,6 @@ def test_a_real_gpu_cases_peak_is_never_predicted_more_than_2_percent_under(prec
     outcome = run_case(case, rig, tmp_path, trace=False)
     assert outcome.status == "ok", outcome.reason
     measured = max(outcome.peak_mem_mib.values())
-    predicted = predict.predict(case, rig).max_mib
+    predicted = predict_memory.predict(case, rig).max_mib
     assert predicted >= 0.98 * measured
     assert predicted <= 1.05 * measured + PRE_HOPPER_SLACK_MIB

@@ -80,7 +80,7 @@ On a cuda rig the count is run through the caching allocator, with cuBLAS's and 
 workspaces beside it (``sweep.cuda_memory``): the allocator's peak (``mib_by_device``) and
 the segments it reserves (``reserved_mib_by_device``), what a card must hold, and what
 admission compares with it. Checked against the first GPU run (an H100,
-``tests/test_predict_gpu_evidence.py``): -0.1% to +3.8% of the allocator's peak over 14
+``tests/test_predict_memory_gpu_evidence.py``): -0.1% to +3.8% of the allocator's peak over 14
 cases, where the bare count was 0.8-39% under.
 """
 
