@@ -1,4 +1,4 @@
-"""The calibration's block times (``measure.calibrate.block_times``): the blocks timed as a
+"""The calibration's block times (``measure.calibration_timing.block_times``): the blocks timed as a
 pipelining stage runs them, chained, one forward then one backward, the gradients
 accumulating (#41: a block timed alone had priced 1f1b's last stage 20-30 ms a pass short on
 a cpu rig, where that stage's gradient buffers are paged in afresh each backward).
@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from bench_lib.measure import calibrate, trace
+from bench_lib.measure import calibration_timing, trace
 from bench_lib.workloads.models import BlockStack
 
 FORWARD = (0.010, 0.020, 0.040)
@@ -78,14 +78,14 @@ def model(monkeypatch) -> tuple[BlockStack, list[bool]]:
 
 def test_each_block_gets_its_own_forward_and_backward(model):
     stack, _ = model
-    fwd, bwd = calibrate.block_times(stack, Inputs(), 2, torch.device("cpu"))  # type: ignore[arg-type]
+    fwd, bwd = calibration_timing.block_times(stack, Inputs(), 2, torch.device("cpu"))  # type: ignore[arg-type]
     assert fwd == pytest.approx(FORWARD)
     assert bwd == pytest.approx(BACKWARD)
 
 
 def test_the_gradients_accumulate_across_passes_and_are_cleared_after(model):
     stack, seen = model
-    calibrate.block_times(stack, Inputs(), 2, torch.device("cpu"),  # type: ignore[arg-type]
+    calibration_timing.block_times(stack, Inputs(), 2, torch.device("cpu"),  # type: ignore[arg-type]
                           warmup=1, repeats=2)
     # The first pass finds no gradient (autograd keeps its result), every later one finds
     # the one it adds to, as a stage's backward does from its second micro-batch on.
@@ -104,6 +104,6 @@ def test_the_median_of_the_timed_passes_is_kept(model, monkeypatch):
         return forward(ctx, x, fwd * factor, bwd)
 
     monkeypatch.setattr(Tick, "forward", staticmethod(uneven))
-    fwd, _ = calibrate.block_times(stack, Inputs(), 2, torch.device("cpu"),  # type: ignore[arg-type]
+    fwd, _ = calibration_timing.block_times(stack, Inputs(), 2, torch.device("cpu"),  # type: ignore[arg-type]
                                    warmup=1, repeats=3)
     assert fwd[0] == pytest.approx(FORWARD[0])

@@ -1,6 +1,6 @@
 """Where a calibration's time goes, and how many passes it takes (#39, item 2): the pass
-rules (``measure.calibrate``: fixed counts on a cpu rig, a settling rule on a cuda rig),
-the worker's stamps (``run.calibration_worker``), their parts and line (``run.calibrate``),
+rules (``measure.calibration_timing``: fixed counts on a cpu rig, a settling rule on a cuda rig),
+the worker's stamps (``run.calibration_worker``), their parts and line (``run.calibration``),
 and calibration.json with and without them."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_lib.measure import calibrate as measure
+from bench_lib.measure import calibration_timing as measure
 from bench_lib.rig import Rig, available_cores
 from bench_lib.run import calibration_worker as worker
-from bench_lib.run.calibrate import (
+from bench_lib.run.calibration import (
     CalibrationKey,
     CalibrationSpec,
     combine,
@@ -208,7 +208,7 @@ def test_a_cuda_rank_creates_its_context_first_and_settles_its_passes(
 def test_a_real_launch_records_parts_that_add_up_to_its_wall_time(tmp_path, forks):
     """One calibration launch of a one-worker cpu rig, forked by the fork server: the
     runner's and the rank's monotonic stamps subtract (one clock for the host)."""
-    from bench_lib.run.calibrate import calibrate
+    from bench_lib.run.calibration import calibrate
 
     rig = Rig("cpu", 1, 1, tuple(available_cores()[:1]))
     cal = calibrate(KEY, Sizes(frozenset({4})), rig, tmp_path, server=forks)

@@ -1,5 +1,5 @@
 """The step-time predictor (``sweep.predict_time``) driven by hand-made calibrations,
-against the closed forms; the calibration's sizes, files and combination (``run.calibrate``)."""
+against the closed forms; the calibration's sizes, files and combination (``run.calibration``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from bench_lib.analysis import bound
 from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
 from bench_lib.analysis.step_parts import FRESH_COPY_BYTES, fsdp_copied_bytes, fsdp_copies_s
-from bench_lib.run.calibrate import CalibrationKey, CalibrationSpec, combine, sizes_for
+from bench_lib.run.calibration import CalibrationKey, CalibrationSpec, combine, sizes_for
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.predict_memory import schedule_actions
 from bench_lib.sweep.predict_time import (
@@ -291,7 +291,7 @@ def _stored(tmp_path, cpu_rig, cal, hardware=None):
     """A run folder holding ``cal`` as resnet-tiny 32 px's calibration, stamped with
     ``hardware`` (default: this machine's)."""
     from bench_lib.results.schema import CALIBRATION_FILE
-    from bench_lib.run.calibrate import hardware_id, write_calibrations
+    from bench_lib.run.calibration import hardware_id, write_calibrations
 
     folder = tmp_path / "earlier"
     folder.mkdir()
@@ -304,8 +304,8 @@ def _stored(tmp_path, cpu_rig, cal, hardware=None):
 def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
         tmp_path, cpu_rig, monkeypatch):
     from bench_lib.results.schema import CALIBRATION_FILE
-    from bench_lib.run import calibrate as calibration
-    from bench_lib.run.calibrate import Predictor, given_calibrations
+    from bench_lib.run import calibration
+    from bench_lib.run.calibration import Predictor, given_calibrations
 
     single = new_case(cpu_rig, "single", "resnet-tiny", 32, 16)
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16)
@@ -345,7 +345,7 @@ def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
     ("devices", "timed on 1 device(s), this rig has 2"),
 ])
 def test_a_calibration_from_elsewhere_is_refused(tmp_path, cpu_rig, content, message):
-    from bench_lib.run.calibrate import CALIBRATION_FILE, given_calibrations
+    from bench_lib.run.calibration import CALIBRATION_FILE, given_calibrations
 
     cal = Calibration(OPT, {16: BatchCosts(0.2)}, {}, 1 if content == "devices" else 2)
     if content is None:

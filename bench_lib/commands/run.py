@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from bench_lib.measure.flops import AttainablePeak
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.rig import Rig
-    from bench_lib.run.calibrate import GivenCalibrations
+    from bench_lib.run.calibration import GivenCalibrations
     from bench_lib.run.duty import DutyCycle, DutyMeter
     from bench_lib.run.launch import Launcher
     from bench_lib.run.multinode import Coordinator
@@ -210,7 +210,7 @@ def plan_run(args: argparse.Namespace) -> Planned:
         profile = profile.override(predict_time=True)
     given = None
     if args.calibration is not None:
-        from bench_lib.run.calibrate import given_calibrations
+        from bench_lib.run.calibration import given_calibrations
 
         try:
             given = given_calibrations(args.calibration, rig)
@@ -240,7 +240,7 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
     from bench_lib.measure.energy import IdlePower
     from bench_lib.results.read import read_env
     from bench_lib.results.store import start_run_dir, write_json_atomic
-    from bench_lib.run.calibrate import sweep_collectives
+    from bench_lib.run.calibration import sweep_collectives
     from bench_lib.run.multinode import cluster_env
     from bench_lib.run.runner import measure_idle_power
     from bench_lib.sweep.shard import record as sweep_record
@@ -337,7 +337,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.results.store import RunWriter
     from bench_lib.run.agent import WARM_MODULES
-    from bench_lib.run.calibrate import CalibrationKey, Predictor, describe_calibration
+    from bench_lib.run.calibration import CalibrationKey, Predictor, describe_calibration
     from bench_lib.run.duty import DutyMeter, write_duty
     from bench_lib.run.multinode import open_coordinator
     from bench_lib.run.progress import Progress

@@ -2,7 +2,7 @@
 watched until they end or must be stopped (``supervise``: a time limit, a caller's reason
 to stop them such as a memory cap, a dead process's peers given their grace), and killed,
 group and all (``kill_group``). Every launcher's one loop: a case's ranks (``run.ranks``),
-a calibration's (``run.calibrate``), a distance case's (``distance.launch``) and a parity
+a calibration's (``run.calibration``), a distance case's (``distance.launch``) and a parity
 run's (``parity.launch``). Torch-free.
 """
 

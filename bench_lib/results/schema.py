@@ -13,7 +13,7 @@ A run folder ``results/<run_id>/`` holds::
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
     calibration.json  where the profile predicts step times (``predict_time``): each
-                 workload's calibration (``run.calibrate``), or why it failed
+                 workload's calibration (``run.calibration``), or why it failed
     shards/K/    a merged folder only: shard K's own env.json (``run.merge``)
     distance.csv a ``distance`` run folder only (with env.json, no cases.csv): one row per
                  pairwise-distance case (``DISTANCE``; ``bench_lib.distance``)
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 SCHEMA_VERSION = 5
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
 CALIBRATION_FILE = "calibration.json"
-"""A run folder's calibrations, one entry per workload: written by ``run.calibrate``, reused
+"""A run folder's calibrations, one entry per workload: written by ``run.calibration``, reused
 by a gate's later rounds (``gate.rounds``)."""
 
 

@@ -1,4 +1,4 @@
-"""One process of a workload's calibration launch (``run.calibrate`` starts it).
+"""One process of a workload's calibration launch (``run.calibration`` starts it).
 
     python -m bench_lib.run.calibration_worker SPEC_JSON RANK RUNNER_PID
 
@@ -6,7 +6,7 @@ Like a case's worker (``bench_lib.run.worker``): it asks to die with the runner 
 importing torch, pins itself to its device's cores (a cpu rig) or creates its CUDA context
 (a cuda rig), joins the launch's process group (only for its barriers and a cuda rig's
 agreed step counts: no collective is timed), builds the workload's model as ``single``
-trains it, once for every size, and times (``measure.calibrate``, by the rig's pass rule):
+trains it, once for every size, and times (``measure.calibration_timing``, by the rig's pass rule):
 
 1. rank 0 alone, the others waiting at a barrier: the training step at each "alone" batch
    size, then the optimizer step (on the gradients the last step left);
@@ -16,12 +16,12 @@ trains it, once for every size, and times (``measure.calibrate``, by the rig's p
    the ranks compute side by side as a case's ranks do.
 
 Each part's end is stamped on ``time.monotonic()`` (one clock for the whole host on Linux,
-so the runner subtracts its own stamps from them: ``run.calibrate.parts_of``): the CUDA
+so the runner subtracts its own stamps from them: ``run.calibration.parts_of``): the CUDA
 context, the process group, the model build, each size's warm-up and timed passes, the
 optimizer, each size's blocks, the copies, the last barrier. A part that waits at a barrier
 counts the wait.
 
-Writes ``calibration<RANK>.json`` (``run.calibrate.result_file``) and exits 0; on a failure
+Writes ``calibration<RANK>.json`` (``run.calibration.result_file``) and exits 0; on a failure
 the traceback goes to its log, and it exits 1 without a file.
 """
 
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from bench_lib import strategies
-from bench_lib.measure.calibrate import (
+from bench_lib.measure.calibration_timing import (
     Passes,
     block_times,
     fresh_copy_s,
@@ -53,7 +53,7 @@ from bench_lib.measure.calibrate import (
 )
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import init_process_group, pin_worker, set_math_mode
-from bench_lib.run.calibrate import CalibrationSpec, result_file
+from bench_lib.run.calibration import CalibrationSpec, result_file
 from bench_lib.run.worker import (
     EXIT_FAILED,
     PROCESS_GROUP_TIMEOUT_S,

@@ -51,7 +51,7 @@ class DutyCycle:
     """Every launch's wall time, from starting its first rank to reaping its last."""
     launches: int
     calibration_s: float = 0.0
-    """The workloads' calibrations (``run.calibrate``): part of the per-run fixed cost."""
+    """The workloads' calibrations (``run.calibration``): part of the per-run fixed cost."""
     launch_parts_s: dict[str, float] = field(default_factory=dict)
     """The per-launch fixed cost by part, summed over launches (``launch_parts``: they add
     up to ``per_launch_s``); empty: not recorded (a run from before them)."""

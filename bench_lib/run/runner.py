@@ -54,7 +54,7 @@ from bench_lib.results.read import provisional_text
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
-from bench_lib.run.calibrate import Predictor
+from bench_lib.run.calibration import Predictor
 from bench_lib.run.launch import (
     LOCAL,
     AgentExits,
@@ -502,7 +502,7 @@ def run_sweep(
     (``processes.forkserver``) where it can make their memory read as fresh interpreters'
     (``ForkServer.mirrors_memory``); None, or a server that cannot: fresh interpreters.
     ``predictor``: predicts each case's step time before its workload's first round
-    (``run.calibrate``; None: no prediction columns).
+    (``run.calibration``; None: no prediction columns).
     """
     admission = admission or Admission.of(rig, cases)
     if admission.note:  # e.g. a GPU in MIG mode whose instance's memory NVML cannot name

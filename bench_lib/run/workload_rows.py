@@ -16,7 +16,7 @@ from bench_lib.measure.energy import IdlePower
 from bench_lib.measure.flops import AttainablePeak
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
-from bench_lib.run.calibrate import prediction_columns
+from bench_lib.run.calibration import prediction_columns
 from bench_lib.run.case_parts import waterfall_columns
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import (

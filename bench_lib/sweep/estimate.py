@@ -217,7 +217,7 @@ def needs_collectives(cases: Iterable[Case], rig: Rig) -> bool:
 
 
 def calibrated_sizes(cases: Iterable[Case], rig: Rig) -> dict[tuple[object, ...], int]:
-    """Batch sizes each workload's calibration times (``run.calibrate.sizes_for``): alone,
+    """Batch sizes each workload's calibration times (``run.calibration.sizes_for``): alone,
     together and with block times, counted."""
     from bench_lib.sweep.predict_time import Sizes, calibration_sizes, shape_of
 

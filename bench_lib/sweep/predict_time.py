@@ -1,6 +1,6 @@
 """A case's step time, predicted before it runs, from its workload's calibration.
 
-The calibration (``run.calibrate``; ``Calibration`` below) is measured once per workload
+The calibration (``run.calibration``; ``Calibration`` below) is measured once per workload
 (model, image size, precision, loss, memory format) before its cases launch, in a few
 seconds: on one device alone, and on every device at once with no communication
 ("together": what data-parallel ranks and pipeline stages do side by side), at each batch
@@ -114,7 +114,7 @@ class Calibration:
     """Bytes -> seconds to copy them into a freshly allocated buffer, every device at once
     (the slowest): the rate of FSDP2's copies around its collectives (``fsdp_copies_s``)."""
     parts_s: Mapping[str, float] = field(default_factory=dict)
-    """Where ``wall_s`` went, part by part in the order they ran (``run.calibrate.parts_of``:
+    """Where ``wall_s`` went, part by part in the order they ran (``run.calibration.parts_of``:
     ``process_start_s``, ``cuda_context_s``, ``process_group_s``, ``model_build_s``, each
     size's ``alone_B_warmup_s`` and ``alone_B_timed_s``, ``optimizer_passes_s``,
     ``together_B_*``, ``blocks_B_s``, ``copies_s``, ``finish_s``, ``teardown_s``), seconds;

@@ -188,7 +188,7 @@ class Profile:
     """Measure the rig's idle power and FLOP peak before the sweep (a few seconds: the net
     energy and MFU columns); off where only step times matter (the ci profile's gates)."""
     predict_time: bool = False
-    """Calibrate each workload before its cases launch (a few seconds: ``run.calibrate``)
+    """Calibrate each workload before its cases launch (a few seconds: ``run.calibration``)
     and predict every case's step time and speedup from it (``sweep.predict_time``); after
     the run, each prediction's error (``step_time_s_predicted``, ``speedup_predicted``,
     ``prediction_error_pct``)."""

@@ -113,7 +113,7 @@ class TuneLog:
 
 
 Predict = Callable[[list[Case]], "dict[str, Bound | str]"]
-"""The candidates -> each one's predicted step (``run.calibrate.Predictor``), by case id."""
+"""The candidates -> each one's predicted step (``run.calibration.Predictor``), by case id."""
 
 
 def skipped_by_prediction(cases: list[Case], predicted: dict[str, Bound | str],
@@ -221,7 +221,7 @@ def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSett
     unix time the command started; ``launch``: one launch of a case, default
     ``run.runner.run_case``; ``admission``: the memory prediction, default ``Admission.of``
     the candidates; ``predict``: the step-time prediction, default the profile's
-    ``predict_time``: a calibration of the workload, ``run.calibrate.Predictor``)."""
+    ``predict_time``: a calibration of the workload, ``run.calibration.Predictor``)."""
     with contextlib.ExitStack() as stack:  # the fork server, where one is started
         return _execute(args, space, rig, settings, started, stack, launch, admission,
                         predict)
@@ -299,8 +299,8 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
 def _calibrated(rig: Rig, run_dir: Path, server: ForkServer, say: Say, quiet: bool
                 ) -> Predict:
     """The step-time prediction of a real race: the collectives measured and the workload
-    calibrated (``run.calibrate``), as a run does before its cases."""
-    from bench_lib.run.calibrate import Predictor, describe_calibration, sweep_collectives
+    calibrated (``run.calibration``), as a run does before its cases."""
+    from bench_lib.run.calibration import Predictor, describe_calibration, sweep_collectives
 
     def predict(cases: list[Case]) -> dict[str, Bound | str]:
         collectives = sweep_collectives(rig, quiet, cases, server)

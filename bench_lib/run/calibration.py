@@ -14,7 +14,7 @@ Where its wall time goes (``parts_of``, ``Calibration.parts_s``): rank 0 stamps 
 end (it runs every phase, and waits at the barriers for the others, so its stamps are the
 launch's critical path); the runner adds the process start before them and the teardown
 after. On a cuda rig each size's passes settle by ``measure.timing``'s rules
-(``measure.calibrate.CUDA_RULE``, which states what a calibration should cost on an H100).
+(``measure.calibration_timing.CUDA_RULE``, which states what a calibration should cost on an H100).
 """
 
 from __future__ import annotations
