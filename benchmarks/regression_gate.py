@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 
 from bench_lib.compare import verdicts as cmp
+from bench_lib.fault_hooks import INJECT_SLOWDOWN_ENV
 from bench_lib.results.read import run_dirs_in
-from bench_lib.test_hooks import INJECT_SLOWDOWN_ENV
 
 
 def run_sweep(out: Path, run_args: list[str], slowdown: float) -> Path:

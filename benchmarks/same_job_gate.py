@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_lib.fault_hooks import INJECT_SLOWDOWN_ENV
 from bench_lib.measure.environment import cpu_model
-from bench_lib.test_hooks import INJECT_SLOWDOWN_ENV
 
 
 def one_gate(ref: str, slowdown: float, out: Path, gate_args: list[str]) -> tuple[int, dict, float]:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bench_lib import rig as rig_module
+from bench_lib.fault_hooks import QUICK_PEAK_ENV
 from bench_lib.rig import Rig, available_cores
-from bench_lib.test_hooks import QUICK_PEAK_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

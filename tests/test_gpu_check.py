@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from bench_lib.commands.parser import build_parser
+from bench_lib.fault_hooks import QUICK_PEAK_ENV
 from bench_lib.gpu_check import folders, shards, sweeps, testsuite
 from bench_lib.gpu_check.shards import Shard, ShardResult
 from bench_lib.gpu_check.verdict import Verdict
 from bench_lib.results.schema import CASE_COLUMNS
 from bench_lib.sweep.profile import load_profile, profile_path
-from bench_lib.test_hooks import QUICK_PEAK_ENV
 from tests.conftest import REPO
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"

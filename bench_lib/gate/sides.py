@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench_lib.fault_hooks import TEST_HOOK_VARIABLES
 from bench_lib.gate.plan import GateError
 from bench_lib.gate.worktrees import add_worktree, resolve_commit, working_tree_commit
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
-from bench_lib.test_hooks import TEST_HOOK_VARIABLES
 
 SIDES = ("base", "head")
 PROBE = ("import bench_lib, bench_lib.results.schema as s; "

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_lib.test_hooks import TEST_HOOK_VARIABLES
+from bench_lib.fault_hooks import TEST_HOOK_VARIABLES
 
 PROFILE = "gpu-check"
 SWEEPS = {"smoke": ["--profile", PROFILE],

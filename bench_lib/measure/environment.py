@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torchvision
 
+from bench_lib.fault_hooks import TEST_HOOK_VARIABLES
 from bench_lib.nvml import cuda_visible_gpus, nvml_session, nvml_text
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.rig import (
@@ -27,7 +28,6 @@ from bench_lib.rig import (
     read_cpu_topology,
     set_math_mode,
 )
-from bench_lib.test_hooks import TEST_HOOK_VARIABLES
 
 
 def git_info(repo: Path | None = None) -> dict[str, Any]:

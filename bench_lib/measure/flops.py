@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench_lib.fault_hooks import QUICK_PEAK_ENV
 from bench_lib.processes.forkserver import ForkServer, parent_pid, start_module
 from bench_lib.rig import (
     DEFAULT_MATH_MODE,
@@ -60,7 +61,6 @@ from bench_lib.rig import (
     set_math_mode,
     synchronize,
 )
-from bench_lib.test_hooks import QUICK_PEAK_ENV
 from bench_lib.workloads import LossFn, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -69,7 +69,7 @@ DTYPE_NAMES = {k: str(v).removeprefix("torch.") for k, v in DTYPES.items()}
 PEAK_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 PEAK_MIN_TIME_S = 0.5
 QUICK_PEAK_MIN_TIME_S = 0.03
-"""The probe's time under the test suite's hook (``test_hooks.QUICK_PEAK_ENV``)."""
+"""The probe's time under the test suite's hook (``fault_hooks.QUICK_PEAK_ENV``)."""
 PEAK_TIMEOUT_S = 300
 PROBES = ("gemm", "conv", "conv-cl")
 TF32_ENV = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")

@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
+from bench_lib.fault_hooks import INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV
 from bench_lib.rig import synchronize
-from bench_lib.test_hooks import INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV
 
 __all__ = ["INJECT_SLOWDOWN_ENV", "TEST_FAULT_ENV", "inject_test_fault", "inject_trace_fault",
            "with_injected_slowdown"]

@@ -1,5 +1,7 @@
-"""The test-only hooks' variable names (``bench_lib.run.faults``): a run made with one set is
-not a real measurement, and env.json's ``test_hooks`` says so (``measure.environment``).
+"""The environment variables of the hooks a test sets to bend a run (``bench_lib.run.faults``:
+an injected fault or slowdown; ``measure.flops``: a quick FLOP probe). A run made with one
+set is not a real measurement, and env.json says so: its ``test_hooks`` field (the results
+schema's name, which old run folders carry) records the ones set (``measure.environment``).
 Torch-free and outside the instruments, so that the readers (``compare``) can name them."""
 
 TEST_FAULT_ENV = "PARABENCH_TEST_FAULT"
