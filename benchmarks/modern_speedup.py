@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_lib import commands  # noqa: E402
+from bench_lib import commands, exit_codes  # noqa: E402
 from bench_lib.results.read import read_cases, run_dirs_in  # noqa: E402
 from bench_lib.rig import detect_rig, pin_worker  # noqa: E402
 from bench_lib.strategies.partition import Partition, block_costs, choose  # noqa: E402
@@ -77,7 +77,7 @@ def run_sweep(args: argparse.Namespace) -> Path:
             "--out", str(out)]
     code = commands.main(argv)
     runs = run_dirs_in(out)
-    if code == commands.EXIT_USAGE or len(runs) != 1:
+    if code == exit_codes.EXIT_USAGE or len(runs) != 1:
         raise SystemExit(code or 2)
     return runs[0]
 

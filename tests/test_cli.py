@@ -9,7 +9,7 @@ import subprocess
 import pandas as pd
 import pytest
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.commands.common import memory_mib
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.results.schema import CASE_COLUMNS
@@ -106,7 +106,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "out"
     code = commands.main(["run", "--profile", "smoke", *TINY, *args, "--out", str(out)])
     err = capsys.readouterr().err
-    assert code == commands.EXIT_USAGE == 2, err
+    assert code == exit_codes.EXIT_USAGE == 2, err
     assert message in err
     assert err.startswith("error: ")
     assert not out.exists(), "bad input must not create a results folder"
@@ -159,7 +159,7 @@ SAMPLE_VALUES = {"--profile": "smoke", "--rig": "cpu", "--max-memory-per-device"
 def test_resume_refuses_each_sweep_flag_given_beside_it(tmp_path, capsys, flag):
     value = [SAMPLE_VALUES.get(flag.flag, "1")] if flag.takes_value else []
     code = commands.main(["run", "--resume", str(tmp_path), flag.flag, *value])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert f"drop {flag.flag}" in capsys.readouterr().err
     assert not any(tmp_path.iterdir()), "a refused resume writes nothing"
 
@@ -187,14 +187,14 @@ def test_an_out_folder_that_cannot_be_created_is_a_usage_error(tmp_path, capsys,
     code = commands.main(["run", "--profile", "smoke", *TINY, "--strategies", "single",
                      "--out", out])
     err = capsys.readouterr().err
-    assert code == commands.EXIT_USAGE, err
+    assert code == exit_codes.EXIT_USAGE, err
     assert err.startswith("error: cannot create") and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_baseline_command_stores_a_run_and_refuses_a_non_run(tmp_path, capsys):
     code = commands.main(["baseline", str(tmp_path), "--store", str(tmp_path / "store")])
-    assert code == commands.EXIT_USAGE and "env.json" in capsys.readouterr().err
+    assert code == exit_codes.EXIT_USAGE and "env.json" in capsys.readouterr().err
     assert not (tmp_path / "store").exists()
 
 
@@ -249,7 +249,7 @@ def test_version_and_the_profiles_command(capsys):
     from bench_lib import __version__
 
     assert capsys.readouterr().out.strip() == f"parabench {__version__}"
-    assert commands.main(["profiles", "--rig", "cpu"]) == commands.EXIT_OK
+    assert commands.main(["profiles", "--rig", "cpu"]) == exit_codes.EXIT_OK
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("profile") and "default-cpu" in lines[0]
     by_name = {line.split()[0]: line for line in lines[1:]}
@@ -326,7 +326,7 @@ def test_parity_and_distance_dry_runs_plan_and_write_nothing(argv, shows, tmp_pa
     code = commands.main([*argv, "--rig", "cpu", "--devices", "2", "--threads-per-worker",
                           "1", "--out", str(out)])
     text = capsys.readouterr().out
-    assert code == commands.EXIT_OK
+    assert code == exit_codes.EXIT_OK
     for words in shows:
         assert words in text, (words, text)
     assert not out.exists()

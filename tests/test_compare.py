@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench_lib import exit_codes
 from bench_lib.commands import main
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.baseline import resolve_baseline, save_baseline
@@ -84,7 +85,7 @@ def test_a_a_runs_from_one_distribution_are_unchanged(tmp_path):
         cand = cmp.load_run(make_run(tmp_path, f"b{seed}", seed + 100))
         results = cmp.compare_runs(base, cand)
         assert {v for v, _ in verdicts(results).values()} == {"unchanged"}
-        assert cmp.exit_code(results) == cmp.EXIT_OK
+        assert cmp.exit_code(results) == exit_codes.EXIT_OK
 
 
 @pytest.mark.integration
@@ -105,7 +106,7 @@ def test_a_a_with_launch_to_launch_noise_passes(tmp_path):
                               launches=1)),
         cmp.load_run(make_run(tmp_path, f"d{seed}", seed + 100, noise=0.02, launch_noise=0.05,
                               launches=1)))) for seed in range(5)]
-    assert cmp.EXIT_REGRESSION in one  # what the gate said before it had launches
+    assert exit_codes.EXIT_NOT_OK in one  # what the gate said before it had launches
 
 
 def test_planted_15pct_slowdown_of_one_strategy_regresses_on_speedup(tmp_path):
@@ -120,7 +121,7 @@ def test_planted_15pct_slowdown_of_one_strategy_regresses_on_speedup(tmp_path):
         mp = next(r for r in results if r.strategy == "mp").changes["speedup"]
         assert mp.method == cmp.METHOD_WELCH and mp.ci_low > 0
         assert mp.ci_low < 0.15 < mp.ci_high  # the interval holds the planted change
-        assert cmp.exit_code(results) == cmp.EXIT_REGRESSION
+        assert cmp.exit_code(results) == exit_codes.EXIT_NOT_OK
 
 
 def test_uniform_15pct_slowdown_regresses_single_on_step_time_only(tmp_path):
@@ -148,7 +149,7 @@ def test_one_launch_runs_fall_back_to_the_bootstrap_over_steps_and_say_so(tmp_pa
             for ch in r.changes.values()} == {(cmp.METHOD_BOOTSTRAP, 1, 1)}
     assert verdicts(results)["ddp"] == ("regression", "speedup")
     md = tmp_path / "gate.md"
-    assert run_compare(ComparePlan(base, cand, markdown=md)) == cmp.EXIT_REGRESSION
+    assert run_compare(ComparePlan(base, cand, markdown=md)) == exit_codes.EXIT_NOT_OK
     out = capsys.readouterr().out
     assert out.count(cmp.METHOD_BOOTSTRAP) == 1 and cmp.METHOD_WELCH not in out
     assert "1 vs 1 launches" in out and "note: a run measured in 1 launch" in out
@@ -157,7 +158,7 @@ def test_one_launch_runs_fall_back_to_the_bootstrap_over_steps_and_say_so(tmp_pa
     three = make_run(tmp_path, "three", 3)
     results = cmp.compare_runs(cmp.load_run(three), cmp.load_run(cand))
     assert {ch.method for r in results for ch in r.changes.values()} == {cmp.METHOD_BOOTSTRAP}
-    assert run_compare(ComparePlan(three, cand)) == cmp.EXIT_REGRESSION
+    assert run_compare(ComparePlan(three, cand)) == exit_codes.EXIT_NOT_OK
     assert "3 vs 1 launches" in capsys.readouterr().out
 
 
@@ -244,18 +245,18 @@ def test_run_compare_is_the_compare_command_as_a_function(tmp_path, capsys):
     base = make_run(tmp_path, "base", 1)
     slow = make_run(tmp_path, "slow", 3, slowdown={s: 0.15 for s in BASE_S})
     md, js = tmp_path / "gate.md", tmp_path / "gate.json"
-    assert run_compare(ComparePlan(base, make_run(tmp_path, "same", 2))) == cmp.EXIT_OK
+    assert run_compare(ComparePlan(base, make_run(tmp_path, "same", 2))) == exit_codes.EXIT_OK
     assert capsys.readouterr().out.splitlines()[-1].startswith("PASS: ")
     assert run_compare(ComparePlan(base, slow, markdown=md, json_path=js)) == (
-        cmp.EXIT_REGRESSION)
+        exit_codes.EXIT_NOT_OK)
     assert capsys.readouterr().out.splitlines()[-1] == "FAIL: 1 regression, 2 unchanged"
     assert md.read_text().startswith("### parabench regression gate: FAIL") and js.exists()
-    assert run_compare(ComparePlan(base, slow, threshold_pct=20)) == cmp.EXIT_OK
+    assert run_compare(ComparePlan(base, slow, threshold_pct=20)) == exit_codes.EXIT_OK
     # single: n/a; others held
-    assert run_compare(ComparePlan(base, slow, metric="speedup")) == cmp.EXIT_OK
+    assert run_compare(ComparePlan(base, slow, metric="speedup")) == exit_codes.EXIT_OK
     md.unlink()
     assert run_compare(ComparePlan(tmp_path / "nowhere", slow, markdown=md)) == (
-        cmp.EXIT_UNUSABLE)
+        exit_codes.EXIT_USAGE)
     assert "does not exist" in capsys.readouterr().err and not md.exists()
 
 

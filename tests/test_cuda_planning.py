@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as pp
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-from bench_lib import commands, strategies
+from bench_lib import commands, exit_codes, strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies import schedules
 from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK, expand, schedule_refusal
@@ -158,7 +158,7 @@ def test_dry_run_plans_every_profile_for_n_gpus_without_touching_cuda(
         code = commands.main(["run", "--dry-run", "--rig", "cuda", "--devices", str(gpus),
                          "--profile", name, "--out", str(out)])
         captured = capsys.readouterr()
-        assert code == commands.EXIT_OK, (name, captured.err)
+        assert code == exit_codes.EXIT_OK, (name, captured.err)
         assert f"on rig cuda:{gpus}; estimated duration" in captured.out, name
     assert not out.exists()
 
@@ -168,7 +168,7 @@ def test_dry_run_for_7_gpus_lists_skipped_rows_with_their_reason(tmp_path, capsy
     code = commands.main(["run", "--dry-run", "--rig", "cuda", "--devices", "7",
                      "--out", str(tmp_path / "out")])
     text = capsys.readouterr().out
-    assert code == commands.EXIT_OK
+    assert code == exit_codes.EXIT_OK
     row = next(line for line in text.splitlines()
                if line.startswith("ddp_resnet50_img128_b120_s-_fp32 "))
     assert "skipped" in row and "batch size 120 is not divisible by world size 7" in row
@@ -182,7 +182,7 @@ def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path,
     args = ["run", "--dry-run", "--rig", "cuda", "--devices", "2", "--strategies",
             "single,gpipe", "--image-sizes", "224", "--batch-sizes", "64", "--split-sizes",
             "16", "--scaling", "strong", "--predict-memory", "--out", str(tmp_path / "out")]
-    assert commands.main(args) == commands.EXIT_OK
+    assert commands.main(args) == exit_codes.EXIT_OK
     text = capsys.readouterr().out
     single = next(line for line in text.splitlines() if line.startswith("single_"))
     gpipe = next(line for line in text.splitlines() if line.startswith("gpipe_"))
@@ -192,7 +192,7 @@ def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path,
     assert "memory not predicted" not in text
     assert "device memory not read in a dry run" in text
     capped = f"{peak - 1}MiB"
-    assert commands.main([*args, "--max-memory-per-device", capped]) == commands.EXIT_OK
+    assert commands.main([*args, "--max-memory-per-device", capped]) == exit_codes.EXIT_OK
     text = capsys.readouterr().out
     single = next(line for line in text.splitlines() if line.startswith("single_"))
     # Refused by the allocator's reserved segments, which hold its peak and more.
@@ -202,7 +202,7 @@ def test_dry_run_shows_each_case_predicted_peak_and_what_a_cap_refuses(tmp_path,
     assert to_run == planned - 1  # all but the refused one
     assert not (tmp_path / "out").exists()
     assert commands.main(["run", "--predict-memory", "--out", str(tmp_path / "out")]) == \
-        commands.EXIT_USAGE
+        exit_codes.EXIT_USAGE
     assert "--predict-memory goes with --dry-run" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -214,13 +214,13 @@ def test_a_real_cuda_run_without_gpus_exits_2_with_a_clear_message(tmp_path, cap
     code = commands.main(["run", "--rig", "cuda", "--devices", "2", "--profile", "smoke",
                      "--out", str(out)])
     err = capsys.readouterr().err
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert err.startswith("error: --rig cuda asked for, but no CUDA GPU is visible")
     assert "--dry-run --devices N" in err  # says how to plan without GPUs instead
     assert not out.exists()
     # A plan needs a GPU count when there are no GPUs to count.
     code = commands.main(["run", "--dry-run", "--rig", "cuda", "--out", str(out)])
-    assert code == commands.EXIT_USAGE and "give --devices N" in capsys.readouterr().err
+    assert code == exit_codes.EXIT_USAGE and "give --devices N" in capsys.readouterr().err
 
 
 def _saved_mib_per_image(model_name: str, image_size: int) -> float:
@@ -301,6 +301,6 @@ def test_split_sizes_on_the_command_line_replace_the_profiles_counts(tmp_path, c
                      "--strategies", "pipeline", "--image-sizes", "128", "--split-sizes", "30",
                      "--out", str(tmp_path / "out")])
     text = capsys.readouterr().out
-    assert code == commands.EXIT_OK
+    assert code == exit_codes.EXIT_OK
     assert "pipeline_resnet50_img128_b120_s30_fp32" in text
     assert "_s60_" not in text  # the profile's count 2 is gone

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.commands import run as run_command
 from bench_lib.measure import cuda_smoke, preflight
 from bench_lib.rig import Rig
@@ -90,7 +90,7 @@ def test_the_command_line_exits_2_when_cuda_fails_on_one_gpu(monkeypatch, tmp_pa
 
     monkeypatch.setattr(run_command, "plan_new", lambda args: (Rig("cuda", 1), Profile(), []))
     out = tmp_path / "out"
-    assert commands.main(["run", "--out", str(out)]) == commands.EXIT_USAGE
+    assert commands.main(["run", "--out", str(out)]) == exit_codes.EXIT_USAGE
     err = capsys.readouterr().err
     assert "cuda_smoke" in err and "no kernels for the GPU" in err
     assert not out.exists()  # stopped before the run folder

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.distance import methods
 from bench_lib.distance.benchmark import AGREE_RTOL, _agreement, progress_line
 from bench_lib.distance.launch import Computed
@@ -164,7 +164,7 @@ def test_agreement_is_judged_by_the_precisions_tolerance():
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, flags, message):
     out = tmp_path / "out"
     code = commands.main(["distance", "--rig", "cpu", "--out", str(out), *flags])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert message in capsys.readouterr().err
     assert not out.exists()
 
@@ -173,7 +173,7 @@ def test_a_bad_memory_cap_is_refused_by_the_parser(tmp_path):
     with pytest.raises(SystemExit) as e:
         commands.main(["distance", "--rig", "cpu", "--max-memory-per-device", "lots",
                   "--out", str(tmp_path / "out")])
-    assert e.value.code == commands.EXIT_USAGE
+    assert e.value.code == exit_codes.EXIT_USAGE
     assert not (tmp_path / "out").exists()
 
 

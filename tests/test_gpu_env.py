@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib import rig as rig_module
 from bench_lib.commands import run as run_command
 from bench_lib.measure import environment, preflight
@@ -471,11 +471,11 @@ def test_cli_runs_the_preflight_before_a_cuda_run_and_exits_2(monkeypatch, tmp_p
     monkeypatch.setattr(preflight, "check", failing)
     monkeypatch.setattr(run_command, "plan_new", _plan(Rig("cuda", 2)))
     out = tmp_path / "out"
-    assert commands.main(["run", "--out", str(out)]) == commands.EXIT_USAGE
+    assert commands.main(["run", "--out", str(out)]) == exit_codes.EXIT_USAGE
     assert calls == ["cuda:2"] and not out.exists()  # stopped before the run folder
     assert "error: pre-flight of rig cuda:2 failed; all_reduce: hang" in capsys.readouterr().err
     # A dry run only plans: no pre-flight.
-    assert commands.main(["run", "--dry-run", "--out", str(out)]) == commands.EXIT_OK
+    assert commands.main(["run", "--dry-run", "--out", str(out)]) == exit_codes.EXIT_OK
     assert calls == ["cuda:2"]
 
 
@@ -491,7 +491,7 @@ def test_cli_runs_no_preflight_on_a_cpu_rig(monkeypatch, tmp_path, cpu_rig):
         raise UsageError("stopped where the run folder would be created")
 
     monkeypatch.setattr(store, "create_run_dir", stop)
-    assert commands.main(["run", "--out", str(tmp_path / "out")]) == commands.EXIT_USAGE
+    assert commands.main(["run", "--out", str(tmp_path / "out")]) == exit_codes.EXIT_USAGE
 
 
 # --- The runner's device names: NVML, else a child process; never a CUDA call here --------

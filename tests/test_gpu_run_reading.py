@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.compare import paired
 from bench_lib.compare.baseline import save_baseline, stored_hardware
 from bench_lib.compare.output import ComparePlan, busy_cases, run_compare
@@ -79,7 +79,7 @@ def test_the_headlines_of_the_224_px_run_carry_its_intervals():
 @pytest.mark.parametrize("name", FOLDERS)
 def test_the_report_of_a_cuda_run_folder(tmp_path, capsys, name):
     run_dir = shutil.copytree(GPU_RUN / name, tmp_path / name)  # it writes into the folder
-    assert commands.main(["report", str(run_dir)]) == commands.EXIT_OK
+    assert commands.main(["report", str(run_dir)]) == exit_codes.EXIT_OK
     assert capsys.readouterr().out.strip() == str(run_dir / "report.html")
     html = (run_dir / "report.html").read_text()
     env = read_env(run_dir)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.rig import Rig
 from bench_lib.run import launch, multinode
 from bench_lib.run.launch import AgentExits, Launcher, failure_codes, resolve, torchrun_args
@@ -85,7 +85,7 @@ def test_the_cli_refuses_bad_launcher_input_with_exit_2_and_writes_nothing(
     out = tmp_path / "out"
     code = commands.main(["run", "--rig", "cpu", "--launcher", "torchrun", *argv,
                           "--out", str(out)])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert message in capsys.readouterr().err
     assert not out.exists()
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib import rig as rig_module
 from bench_lib.measure import flops
 from bench_lib.rig import Rig, available_cores
@@ -281,6 +281,6 @@ def test_parity_and_distance_refuse_an_unknown_math_mode(tmp_path, capsys, comma
     with pytest.raises(SystemExit) as exit_:
         commands.main([command, "--rig", "cpu", "--math-mode", "tf32", "--out",
                        str(tmp_path / "out")])
-    assert exit_.value.code == commands.EXIT_USAGE
+    assert exit_.value.code == exit_codes.EXIT_USAGE
     assert "invalid choice: 'tf32'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

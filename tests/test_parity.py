@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.commands.parser import build_parser
 from bench_lib.parity import check as parity_check
 from bench_lib.parity import launch as parity_launch
@@ -388,5 +388,5 @@ def test_a_tiny_resnet_parity_run_judges_each_batch_norm_statistics(tmp_path, ca
 
 def test_parity_is_a_command(capsys):
     code = commands.main(["parity", "--rig", "cpu", "--models", "resnet9000"])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert "unknown model 'resnet9000'" in capsys.readouterr().err

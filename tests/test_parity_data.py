@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.parity.data import dataset, parity_workload
 from bench_lib.results.read import run_dirs_in
 from bench_lib.sweep.profile import UsageError
@@ -98,7 +98,7 @@ def test_a_data_root_without_the_dataset_exits_2_writing_nothing(tmp_path, capsy
     out = tmp_path / "out"
     code = commands.main(["parity", "--rig", "cpu", "--models", models, "--data-root", str(root),
                      "--out", str(out)])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert message in capsys.readouterr().err
     assert not out.exists()
 

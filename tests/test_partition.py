@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.rig import Rig
 from bench_lib.strategies import partition
 from bench_lib.strategies.partition import (
@@ -147,7 +147,7 @@ def test_sweep_expands_partitions_and_options_into_unique_cases(cpu_rig: Rig):
 def test_cli_rejects_an_unknown_partition(tmp_path, capsys):
     code = commands.main(["run", "--profile", "smoke", "--rig", "cpu", "--partitions", "even",
                      "--out", str(tmp_path)])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert "unknown partition 'even'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 

@@ -364,12 +364,12 @@ def test_a_calibration_from_elsewhere_is_refused(tmp_path, cpu_rig, content, mes
     (["--resume", "RUN", "--predict"], "--resume predicts as the run folder's profile says"),
 ])
 def test_the_command_line_refuses_a_calibration_it_cannot_use(tmp_path, capsys, argv, message):
-    from bench_lib import commands
+    from bench_lib import commands, exit_codes
 
     argv = [str(tmp_path / a) if a in ("MISSING", "RUN") else a for a in argv]
     code = commands.main(["run", "--profile", "ci", "--rig", "cpu", *argv,
                      "--out", str(tmp_path / "out")])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -494,6 +494,7 @@ def test_the_figure_and_table_of_predicted_against_measured():
 
 def test_compare_notes_a_prediction_error_that_grew_beyond_ten_points(tmp_path):
     """A model regression is a note beside the verdict, never a failure."""
+    from bench_lib import exit_codes
     from bench_lib.compare import verdicts as cmp
     from bench_lib.compare.output import notes, prediction_regressions
 
@@ -508,7 +509,7 @@ def test_compare_notes_a_prediction_error_that_grew_beyond_ten_points(tmp_path):
     said = notes(results, base, cand)
     assert any("the step-time prediction got worse" in n and "ddp: +4.1% -> -18.9%" in n
                for n in said)
-    assert cmp.exit_code(results) == cmp.EXIT_OK
+    assert cmp.exit_code(results) == exit_codes.EXIT_OK
 
 
 def test_a_balanced_pipelines_first_launch_takes_its_cut_from_the_calibration(cpu_rig):

@@ -94,11 +94,11 @@ def test_a_link_is_replaced_atomically(tmp_path, monkeypatch):
 
 
 def test_a_run_refused_by_its_usage_checks_creates_nothing(tmp_path, capsys):
-    from bench_lib import commands
+    from bench_lib import commands, exit_codes
 
     code = commands.main(["run", "--profile", "smoke", "--rig", "cpu", "--strategies", "nope",
                           "--out", str(tmp_path / "out")])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     assert not (tmp_path / "out").exists()
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
@@ -56,7 +56,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 def test_a_bad_shard_exits_2_naming_the_form(tmp_path, capsys, text, message):
     with pytest.raises(SystemExit) as stop:
         commands.main(["run", "--rig", "cpu", "--shard", text, "--out", str(tmp_path / "out")])
-    assert stop.value.code == commands.EXIT_USAGE
+    assert stop.value.code == exit_codes.EXIT_USAGE
     err = capsys.readouterr().err
     assert "argument --shard" in err and message in err
     assert not (tmp_path / "out").exists()
@@ -135,11 +135,11 @@ def _planned(out: str) -> list[str]:
 
 
 def test_dry_run_shows_each_shards_plan(capsys):
-    assert commands.main(SMALL) == commands.EXIT_OK
+    assert commands.main(SMALL) == exit_codes.EXIT_OK
     whole = _planned(capsys.readouterr().out)
     parts = []
     for k in (1, 2):
-        assert commands.main([*SMALL, "--shard", f"{k}/2"]) == commands.EXIT_OK
+        assert commands.main([*SMALL, "--shard", f"{k}/2"]) == exit_codes.EXIT_OK
         out = capsys.readouterr().out
         parts.append(_planned(out))
         assert f"shard {k}/2 of sweep " in out and "of 4 workloads (estimates: 1/2 ~" in out
@@ -223,7 +223,7 @@ def test_merged_shards_read_like_the_unsharded_run(tmp_path, cpu_rig, capsys):
         writer.writeheader()
         writer.writerows(rows)
     assert commands.main(["merge", str(two), str(one), "--out", str(tmp_path / "merged")]
-                         ) == commands.EXIT_OK
+                         ) == exit_codes.EXIT_OK
     out = Path(capsys.readouterr().out.strip())  # a new run folder in --out, named so
     assert out.parent == tmp_path / "merged"
     assert re.fullmatch(r"\d{8}T\d{6}Z_[A-Za-z0-9.-]+_[0-9a-z]{5,7}_merge-shards", out.name)
@@ -255,7 +255,7 @@ def test_shards_of_a_multi_node_run_merge(tmp_path, cpu_rig, capsys):
     """Merge plans the sweep again as the multi-node run did (``run.multinode.plan``)."""
     one, two = (fake_run(tmp_path / f"s{k}", cpu_rig, Shard(k, 2), nodes=2) for k in (1, 2))
     assert commands.main(["merge", str(one), str(two), "--out", str(tmp_path / "merged")]
-                         ) == commands.EXIT_OK
+                         ) == exit_codes.EXIT_OK
     rows = read_rows(Path(capsys.readouterr().out.strip()) / "cases.csv")
     assert {r["rig"] for r in rows} == {"cpu:2x1t@2nodes"}
     assert {r["world_size"] for r in rows if r["strategy"] == "ddp"} == {"4"}
@@ -268,7 +268,7 @@ def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], folders: list[P
     out = tmp_path / "merged"
     before = sorted(tmp_path.iterdir())
     code = commands.main(["merge", *map(str, folders), "--out", str(out), *extra])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     err = capsys.readouterr().err
     assert "error: " in err and message in err, err
     assert sorted(tmp_path.iterdir()) == before, "a refused merge writes nothing"
@@ -345,7 +345,7 @@ def test_merge_out_is_the_folder_that_receives_the_merged_run_folder(
     one = fake_run(tmp_path / "s1", cpu_rig, Shard(1, 1))
     before = sorted(tmp_path.iterdir())
     # Given a run folder as --out (the old meaning: the merged folder itself), refused.
-    assert commands.main(["merge", str(one), "--out", str(one)]) == commands.EXIT_USAGE
+    assert commands.main(["merge", str(one), "--out", str(one)]) == exit_codes.EXIT_USAGE
     assert "is a run folder: --out names the folder that receives" in capsys.readouterr().err
     assert sorted(tmp_path.iterdir()) == before
     # An existing --out receives one more; none given: results/, as run's --out.
@@ -364,7 +364,7 @@ def test_a_resumed_shard_stays_that_shard(tmp_path, cpu_rig, capsys):
     part = record(PROFILE, cpu_rig, expand(PROFILE, cpu_rig), Shard(1, 2))[0].shard_case_ids
     left = [cid for cid in part if not cid.startswith("dp_")][-2:]
     one = fake_run(tmp_path / "s1", cpu_rig, Shard(1, 2), skip=tuple(left))
-    assert commands.main(["run", "--resume", str(one), "--dry-run"]) == commands.EXIT_OK
+    assert commands.main(["run", "--resume", str(one), "--dry-run"]) == exit_codes.EXIT_OK
     out = capsys.readouterr().out
     assert _planned(out) == left and "shard 1/2 of sweep" in out  # not shard 2's cases
     assert commands.main(["run", "--resume", str(one), "--shard", "1/2", "--dry-run"]) == 0

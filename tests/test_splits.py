@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from bench_lib import commands
+from bench_lib import commands, exit_codes
 from bench_lib.analysis.bound import Bound
 from bench_lib.report import figures
 from bench_lib.results.read import read_cases
@@ -230,7 +230,7 @@ def test_a_bad_split_search_in_a_profile_file_exits_2(tmp_path, capsys):
     out = tmp_path / "out"
     code = commands.main(["run", "--profile", str(path), "--dry-run", "--out", str(out)])
     err = capsys.readouterr().err
-    assert code == commands.EXIT_USAGE == 2
+    assert code == exit_codes.EXIT_USAGE == 2
     assert "split_search must be a whole number >= 0" in err and "got -3" in err
     assert not out.exists()
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from bench_lib import commands, strategies
+from bench_lib import commands, exit_codes, strategies
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.rig import Rig
@@ -217,7 +217,7 @@ def test_models_are_validated_before_anything_runs():
 def test_unknown_model_on_the_command_line_exits_2_naming_the_known(tmp_path, capsys):
     out = tmp_path / "out"
     code = commands.main(["run", "--rig", "cpu", "--models", "toy,vgg", "--out", str(out)])
-    assert code == commands.EXIT_USAGE
+    assert code == exit_codes.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("error: unknown model 'vgg'; valid: mlp, resnet-tiny, resnet101")
     assert not out.exists()

@@ -2,19 +2,17 @@
 plan -> run | report | compare | gate | tune | parity | distance; one module per command
 (``parser.COMMANDS``), each with ``HELP``, ``add_arguments(parser)`` and ``command(args)``.
 
-Exit codes: 0 success, 1 the run ended with failed cases (error/timeout) or a regression,
-2 bad input (nothing written), 130 interrupted (finished cases kept; finish with --resume).
+Exit codes: ``bench_lib.exit_codes``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from bench_lib.commands.common import EXIT_FAILED_CASES, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from bench_lib.commands.parser import COMMANDS, build_parser
+from bench_lib.exit_codes import EXIT_USAGE
 
-__all__ = ["COMMANDS", "EXIT_FAILED_CASES", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
-           "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 
 _BAD_INPUT = (("bench_lib.sweep.profile", "UsageError"), ("bench_lib.rig", "RigError"),

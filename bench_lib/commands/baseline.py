@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench_lib.commands.common import EXIT_OK
+from bench_lib.exit_codes import EXIT_OK
 
 HELP = "store a run folder as its hardware's baseline (for compare)"
 EXAMPLES = """\

@@ -1,4 +1,4 @@
-"""What the commands share: exit codes, argument types, the rig and sweep flag groups.
+"""What the commands share: argument types, the rig and sweep flag groups.
 
 Torch-free to import: a flag group that names the registries' entries (strategies, models,
 rig kinds, math modes) imports them as it is added, so that a command that only reads files
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from bench_lib.rig import Rig
     from bench_lib.sweep.shard import Shard
 
-EXIT_OK, EXIT_FAILED_CASES, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 SWEEP_GROUP = "sweep (flags > profile file > defaults; --resume takes them from the run folder)"
 RIG_GROUP = "rig (detected; these override)"
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from bench_lib.commands.common import (
-    EXIT_OK,
-    add_math_mode,
-    add_out,
-    add_rig_args,
-    memory_mib,
-    rig_of,
-)
+from bench_lib.commands.common import add_math_mode, add_out, add_rig_args, memory_mib, rig_of
+from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig

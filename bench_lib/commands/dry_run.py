@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_lib.commands.common import EXIT_OK
+from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from bench_lib.commands.common import EXIT_OK, add_rig_args, rig_of
+from bench_lib.commands.common import add_rig_args, rig_of
+from bench_lib.exit_codes import EXIT_OK
 
 HELP = "print the environment a run would record (JSON)"
 EXAMPLES = """\

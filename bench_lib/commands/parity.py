@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench_lib.commands.common import EXIT_OK, add_math_mode, add_out, add_rig_args, rig_of
+from bench_lib.commands.common import add_math_mode, add_out, add_rig_args, rig_of
+from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig

@@ -26,6 +26,7 @@ from bench_lib.commands import (
     run,
     tune,
 )
+from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
     from bench_lib.sweep.profile import Profile
@@ -91,11 +92,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {str(shown).replace('%', '%%')})"
 
 
-EXIT_CODES = """exit codes:
-  0    success
-  1    a case failed (error, timeout), a regression, or a strategy disagrees (parity, distance)
-  2    bad input: nothing was run or written
-  130  interrupted (a run's finished cases are kept: finish it with run --resume RUN_DIR)"""
+EXIT_CODES = "exit codes:" + "".join(f"\n  {code:<4} {meaning}" for code, meaning in (
+    (EXIT_OK, "success"),
+    (EXIT_NOT_OK, "a case failed (error, timeout), a regression, or a strategy disagrees "
+                  "(parity, distance)"),
+    (EXIT_USAGE, "bad input: nothing was run or written"),
+    (EXIT_INTERRUPTED, "interrupted (a run's finished cases are kept: finish it with run "
+                       "--resume RUN_DIR)")))
+"""The exit codes every --help lists (``bench_lib.exit_codes`` defines them)."""
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

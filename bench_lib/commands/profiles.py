@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from bench_lib.commands.common import EXIT_OK, add_rig_args, rig_of
+from bench_lib.commands.common import add_rig_args, rig_of
+from bench_lib.exit_codes import EXIT_OK
 
 HELP = "list the profiles: name, cases and estimated duration on this rig, description"
 EXAMPLES = """\

@@ -14,9 +14,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from bench_lib.commands.after_run import after_run, check_after_run_targets, interim_report
 from bench_lib.commands.common import (
-    EXIT_FAILED_CASES,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
     add_out,
     add_rig_args,
     add_sweep_args,
@@ -25,6 +22,7 @@ from bench_lib.commands.common import (
 )
 from bench_lib.commands.dry_run import print_plan, print_predictions
 from bench_lib.commands.plan import plan_new, plan_resume, plan_shard
+from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
 
 if TYPE_CHECKING:
     from bench_lib.analysis.collective_fits import Collectives
@@ -165,10 +163,10 @@ def follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[C
         return EXIT_INTERRUPTED
     except NodeZeroGone as e:
         print(f"error: node {launcher.node_rank}: {e}", file=sys.stderr)
-        return EXIT_FAILED_CASES
+        return EXIT_NOT_OK
     print(f"node {launcher.node_rank}: node 0 ended the run ({end}); its run folder holds "
           "the results", file=sys.stderr)
-    return {"done": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(end, EXIT_FAILED_CASES)
+    return {"done": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(end, EXIT_NOT_OK)
 
 
 def command(args: argparse.Namespace) -> int:
@@ -437,4 +435,4 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         print_answers(rows, plan.profile, cycle, run_dir)
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") for r in rows)
-    return after_run(args, run_dir) or (EXIT_FAILED_CASES if failed else EXIT_OK)
+    return after_run(args, run_dir) or (EXIT_NOT_OK if failed else EXIT_OK)

@@ -25,6 +25,7 @@ from bench_lib.analysis.stats import (
 )
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.baseline import resolve_baseline
+from bench_lib.exit_codes import EXIT_USAGE
 from bench_lib.results.read import number
 
 HEADER = ["case", "base_ms", "cand_ms", "step_time_change_pct [95% CI]",
@@ -295,7 +296,7 @@ def run_compare(plan: ComparePlan) -> int:
         results = cmp.compare_runs(base, cand, plan.threshold_pct, plan.metric)
     except cmp.CompareError as e:
         print(f"error: {e}", file=sys.stderr)
-        return cmp.EXIT_UNUSABLE
+        return EXIT_USAGE
     print(table(results))
     print(interval_methods(results))
     for n in notes(results, base, cand) + [f"different hardware: {d}" for d in diffs]:

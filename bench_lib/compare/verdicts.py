@@ -76,6 +76,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench_lib.analysis.stats import geometric_mean, slowest_per_step, welch_log_change
+from bench_lib.exit_codes import EXIT_NOT_OK, EXIT_OK
 from bench_lib.results.fingerprint import SOFTWARE_KEYS, hardware_of
 from bench_lib.results.read import read_cases, read_env, read_steps
 from bench_lib.results.schema import ResultsError
@@ -88,7 +89,6 @@ METHOD_WELCH = "welch over launches"
 METHOD_BOOTSTRAP = "bootstrap over steps (1 launch: launch-to-launch spread not included)"
 METRICS = ("auto", "step_time", "speedup")
 WORKLOAD_KEYS = ["model", "image_size", "batch_size", "precision", "loss"]
-EXIT_OK, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
 
 Samples = npt.NDArray[np.float64]
 """One launch's step times in seconds, a step's time being its slowest rank's."""
@@ -408,5 +408,5 @@ def compare_runs(base: Run, cand: Run, threshold_pct: float = DEFAULT_THRESHOLD_
 
 def exit_code(results: list[CaseResult]) -> int:
     """1 when any case regressed or broke, else 0."""
-    return EXIT_REGRESSION if any(r.verdict in ("regression", "broken")
-                                  for r in results) else EXIT_OK
+    return EXIT_NOT_OK if any(r.verdict in ("regression", "broken")
+                              for r in results) else EXIT_OK

@@ -41,6 +41,7 @@ from bench_lib.analysis.stats import launch_interval, paired_ratio_interval
 from bench_lib.distance import methods
 from bench_lib.distance.launch import Computed, launch
 from bench_lib.distance.spec import DTYPES, METHODS, DistanceCase, DistanceSpec, Layer, new_case
+from bench_lib.exit_codes import EXIT_NOT_OK, EXIT_OK
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
@@ -268,4 +269,4 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
                               len(rows), len(cases), forks)
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") or r.get("agrees") == 0 for r in rows)
-    return 1 if failed else 0
+    return EXIT_NOT_OK if failed else EXIT_OK

@@ -16,12 +16,11 @@ from pathlib import Path
 
 from bench_lib.compare import output, paired
 from bench_lib.compare import verdicts as cmp
+from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE
 from bench_lib.gate.plan import GateError, GatePlan, check
 from bench_lib.gate.rounds import measure, round_order
 from bench_lib.gate.sides import SIDES, Progress, plan_sides, prepare, say_on_stderr
 from bench_lib.gate.worktrees import remove_worktree, repo_root
-
-EXIT_INTERRUPTED = 130
 
 
 def _remove_new(gate_dir: Path, out_existed: bool) -> None:
@@ -46,7 +45,7 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
         sides = plan_sides(repo, plan.base_ref, plan.head_ref, head_env)
     except GateError as e:
         print(f"error: {e}", file=sys.stderr)
-        return cmp.EXIT_UNUSABLE
+        return EXIT_USAGE
     rounds = plan.rounds
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     gate_dir = out / f"{stamp}_{sides['base'].sha[:7]}_{sides['head'].sha[:7]}"
@@ -70,7 +69,7 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
     except (GateError, cmp.CompareError, OSError) as e:
         _remove_new(gate_dir, out_existed)
         print(f"error: {e}", file=sys.stderr)
-        return cmp.EXIT_UNUSABLE
+        return EXIT_USAGE
     except KeyboardInterrupt:
         _remove_new(gate_dir, out_existed)
         print("interrupted: the gate kept nothing", file=sys.stderr)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import strategies
+from bench_lib.exit_codes import EXIT_NOT_OK, EXIT_OK
 from bench_lib.parity.data import IMAGE_SIZE, dataset, parity_workload
 from bench_lib.parity.launch import Job, Outcome, launch_all
 from bench_lib.parity.train import ParitySpec
@@ -298,4 +299,4 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
     for v in verdicts:
         print(_summary(v), file=sys.stderr)
     print(run_dir)
-    return 1 if any(v["verdict"] in ("diverged", "error") for v in verdicts) else 0
+    return EXIT_NOT_OK if any(v["verdict"] in ("diverged", "error") for v in verdicts) else EXIT_OK

@@ -13,8 +13,8 @@ case of the space, the race's launches combined as a sweep combines them, speedu
 by rung), ``steps.csv`` and ``tune.json`` (the verdict), and the recommendation is printed
 (``tune.output``).
 
-Exit codes: 0 a recommendation; 1 no candidate measured ok; 2 bad input; 130 interrupted
-(the launches so far stay in tune.csv).
+Exit codes (``bench_lib.exit_codes``): 0 a recommendation; 1 no candidate measured ok; 2 bad
+input; 130 interrupted (the launches so far stay in tune.csv).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.run.admission import Admission
 
-EXIT_OK, EXIT_NONE_OK, EXIT_INTERRUPTED = 0, 1, 130
 BUDGET_FRACTION = 0.3
 """Default budget: a tenth under the third of the exhaustive sweep's time that issue #17
 allows, since tune's own start-up and the error of its rung predictions come on top of the
@@ -293,7 +293,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
         for line in output.result_lines(summary):
             print(line, file=sys.stderr)
     print(run_dir)
-    return EXIT_OK if result.winner is not None else EXIT_NONE_OK
+    return EXIT_OK if result.winner is not None else EXIT_NOT_OK
 
 
 def _calibrated(rig: Rig, run_dir: Path, server: ForkServer, say: Say, quiet: bool
