@@ -83,7 +83,7 @@ class CpuTopology:
         """The package (socket) holding logical CPU ``cpu``, or None if unknown."""
         return next((c.package for c in self.cores if cpu in c.cpus), None)
 
-    def summary(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, Any]:
         """Counts that identify the hardware (part of the hardware fingerprint)."""
         cpus = [cpu for c in self.cores for cpu in c.cpus]
         return {

@@ -21,7 +21,7 @@ def test_parts_and_shares_from_hand_made_seconds():
     d = duty.as_dict()
     assert d["warmup_share"] == pytest.approx(0.15) and d["fixed_share"] == pytest.approx(0.25)
     assert DutyCycle.from_dict(json.loads(json.dumps(d))) == duty
-    line = duty.summary()
+    line = duty.text()
     assert line.startswith("duty cycle 60% of 100 s: timed steps 60 s; warm-up 15 s (15%)")
     assert "fixed 25 s (25%: per launch 15 s over 6 launches, per run 10 s)" in line
 

@@ -279,12 +279,12 @@ def test_the_evidences_older_files_read_without_parts(run):
     duty = DutyCycle.from_dict(d)
     assert duty.launch_parts_s == duty.run_parts_s == duty.warmup_parts_s == {}
     assert duty.per_launch_s == pytest.approx(d["fixed_per_launch_s"])
-    line = duty.summary()
+    line = duty.text()
     assert "\n" not in line and "estimated" not in line  # nothing recorded, nothing said
 
 
 def test_the_end_line_names_the_biggest_parts():
-    lines = _cycle().summary().splitlines()
+    lines = _cycle().text().splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("duty cycle 60% of 100 s: timed steps 60 s; warm-up 15 s")
     assert lines[0].endswith("; estimated 80 s, took 100 s (+25%)")

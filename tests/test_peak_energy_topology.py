@@ -68,7 +68,7 @@ def _physical(topology: CpuTopology, cpus: list[int]) -> set[tuple[int, ...]]:
 
 
 def test_topology_groups_hyperthread_siblings(ht_topology):
-    assert ht_topology.summary() == {"packages": 2, "physical_cores": 8, "logical_cpus": 16,
+    assert ht_topology.counts() == {"packages": 2, "physical_cores": 8, "logical_cpus": 16,
                                      "threads_per_core": 2, "source": "sysfs"}
     assert ht_topology.cores[0].cpus == (0, 8) and ht_topology.cores[4].package == 1
     assert ht_topology.package_of(13) == 1  # thread 1 of core 1 on package 1
@@ -110,7 +110,7 @@ def test_too_few_physical_cores_is_a_rig_error(ht_topology, two_core_topology):
 def test_two_core_machine_without_smt(two_core_topology):
     rig = detect_rig("cpu", topology=two_core_topology)
     assert rig.label == "cpu:2x1t" and rig.cores_of(0) == [0] and rig.cores_of(1) == [1]
-    assert two_core_topology.summary()["threads_per_core"] == 1
+    assert two_core_topology.counts()["threads_per_core"] == 1
 
 
 def test_unreadable_sysfs_assumes_one_core_per_cpu_and_says_so(tmp_path):
@@ -124,7 +124,7 @@ def test_fingerprint_and_env_carry_the_topology(ht_topology, two_core_topology):
     plain_rig = detect_rig("cpu", 2, 1, topology=two_core_topology)
     ht = environment.hardware_fingerprint(ht_rig, ht_topology)
     plain = environment.hardware_fingerprint(plain_rig, two_core_topology)
-    assert ht["cpu_topology"] == ht_topology.summary()
+    assert ht["cpu_topology"] == ht_topology.counts()
     assert plain["cpu_topology"]["physical_cores"] == 2
     assert fingerprint_id(ht) != fingerprint_id(plain)
     assert not {"torch", "driver"} & set(ht)  # hardware only: versions are env.json's

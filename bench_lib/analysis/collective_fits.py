@@ -98,7 +98,7 @@ class Collectives:
     def fit(self, op: str) -> CollectiveFit | None:
         return self.fits.get(op)
 
-    def summary(self) -> str:
+    def bandwidth_line(self) -> str:
         """``all_reduce 0.81 GB/s, ... bus bandwidth at 100 MiB (8.6 s)``, or why skipped."""
         if self.skipped:
             return f"skipped: {self.skipped}"

@@ -326,7 +326,7 @@ def print_answers(rows: list[Row], profile: Profile, cycle: DutyCycle, run_dir: 
     score, the duty cycle and where the results are."""
     for line in answer_text(rows, profile):
         print(line, file=sys.stderr)
-    print(cycle.summary(), file=sys.stderr)
+    print(cycle.text(), file=sys.stderr)
     print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
 
 

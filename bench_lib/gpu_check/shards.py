@@ -120,7 +120,7 @@ class ShardResult:
     problem: str = ""
     """Why the shard's result cannot be read as a whole run (stopped, crashed, no report)."""
 
-    def summary(self) -> str:
+    def counts_line(self) -> str:
         """``1 failed, 201 passed, 3 skipped in 153 s`` (and its problem)."""
         parts = [f"{len(self.failed)} failed"] if self.failed else []
         parts += [f"{self.passed} passed"] + ([f"{self.skipped} skipped"] if self.skipped else [])

@@ -123,7 +123,7 @@ def run_shards(shards: Sequence[Shard], collection: Collection, repo: Path, out:
                     _stop(proc)
                 del running[index]
                 results[index] = _result(shard, out, code, now - start, collection.files)
-                say(f"  {shard.describe()}: {results[index].summary()}")
+                say(f"  {shard.describe()}: {results[index].counts_line()}")
             if running and now - beat >= HEARTBEAT_S:
                 beat = now
                 say(f"  tests: {len(results)} of {len(shards)} shards done after "
@@ -139,7 +139,7 @@ def write_summary(results: Sequence[ShardResult], out: Path) -> Path:
     lines = []
     for r in results:
         lines += [f"== {r.shard.describe()}: {' '.join(r.shard.tests)}",
-                  f"{r.summary()} (exit {r.returncode}, log {r.log.name})",
+                  f"{r.counts_line()} (exit {r.returncode}, log {r.log.name})",
                   *(f"FAILED {t}" for t in r.failed)]
     path = out / "summary.txt"
     path.write_text("\n".join(lines) + "\n")

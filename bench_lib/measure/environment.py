@@ -113,7 +113,7 @@ def hardware_fingerprint(rig: Rig, topology: CpuTopology | None = None) -> dict[
         "cpu_cores": len(available_cores()),
     }
     if rig.kind == "cpu":
-        fingerprint["cpu_topology"] = (topology or read_cpu_topology(rig.cores)).summary()
+        fingerprint["cpu_topology"] = (topology or read_cpu_topology(rig.cores)).counts()
     return fingerprint
 
 
@@ -135,7 +135,7 @@ def cpu_topology(rig: Rig, topology: CpuTopology | None = None) -> dict[str, Any
             "packages": sorted({c.package for c in mine if c is not None}),
         })
     return {
-        **topo.summary(),
+        **topo.counts(),
         "physical_cores_list": [{"package": c.package, "core_id": c.core_id,
                                  "cpus": list(c.cpus)} for c in topo.cores],
         "workers": workers,

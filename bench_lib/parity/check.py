@@ -272,7 +272,7 @@ def plan_of(args: argparse.Namespace) -> ParityPlan:
         raise UsageError(str(e)) from None
 
 
-def _summary(v: Row) -> str:
+def _verdict_line(v: Row) -> str:
     """One line of the verdict table printed at the end."""
     def num(key: str, fmt: str) -> str:
         value = v.get(key)
@@ -297,6 +297,6 @@ def command(args: argparse.Namespace, rig: Rig) -> int:
         rig, {"parity": dataclasses.asdict(plan)}, sys.argv, math_mode=plan.math_mode))
     verdicts = [v for model in plan.models for v in run_model(plan, rig, model, run_dir)]
     for v in verdicts:
-        print(_summary(v), file=sys.stderr)
+        print(_verdict_line(v), file=sys.stderr)
     print(run_dir)
     return EXIT_NOT_OK if any(v["verdict"] in ("diverged", "error") for v in verdicts) else EXIT_OK

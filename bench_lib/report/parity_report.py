@@ -220,7 +220,7 @@ HOW = (
     "strategy that diverged, or failed, makes <code>parity</code> exit 1.</p>")
 
 
-def _summary(verdicts: pd.DataFrame) -> str:
+def _matched_html(verdicts: pd.DataFrame) -> str:
     """One line: how many strategies matched, and which did not."""
     judged = verdicts[verdicts.verdict.isin(["match", *FAILED])]
     bad = [f"{r['model']} {r['strategy']} ({r['verdict']})" for r in records(judged)
@@ -237,7 +237,7 @@ def render(run: ParityRun, name: str, captions: list[str], png_b64: str | None) 
               else "<p class=missing>No epoch finished: no curve to draw.</p>")
     body = [f"<h1>parabench parity report</h1><p class=sub>{cell_text(name)} · written {now}</p>",
             "<p class=caption>" + "<br>".join(cell_text(c) for c in captions) + "</p>",
-            "<h2>Verdict</h2>", _summary(run.verdicts), HOW,
+            "<h2>Verdict</h2>", _matched_html(run.verdicts), HOW,
             "<h2 id=curves>Learning curves</h2>", figure,
             "<h2 id=verdicts>Verdict per strategy</h2>", _verdict_table(run.verdicts)]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><link rel=icon "

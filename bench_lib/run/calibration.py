@@ -427,5 +427,5 @@ def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServ
         print("measuring collectives ...", file=sys.stderr, flush=True)
     found = collectives.measure(rig, collectives.sizes_for(largest), server=server)
     if not quiet:
-        print(f"collectives: {found.summary()}", file=sys.stderr)
+        print(f"collectives: {found.bandwidth_line()}", file=sys.stderr)
     return found

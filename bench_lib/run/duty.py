@@ -127,7 +127,7 @@ class DutyCycle:
                    parts("warmup_parts_s"), parts("run_parts_s"),
                    float(d.get("estimate_s") or 0.0))
 
-    def summary(self) -> str:
+    def text(self) -> str:
         """Up to three lines for the terminal (module docstring): the shares, then the
         biggest parts where they were recorded."""
         lines = [

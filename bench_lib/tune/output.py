@@ -1,5 +1,5 @@
 """What ``tune`` prints and writes: the plan before it launches, the run folder's
-``cases.csv`` summary and ``tune.json``, and the recommendation.
+``cases.csv`` and ``tune.json``, and the recommendation.
 
 tune.json (one object): ``verdict`` (``race.VERDICTS``), ``stop_reason``, ``winner``,
 ``runner_up`` and ``tie`` (case ids), ``speedup_vs_single`` and ``speedup_vs_runner_up``
@@ -145,8 +145,8 @@ def measurement_flags(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def summary(result: RaceResult, admitted: list[Case], space: Space, rig: Rig,
-            settings: RaceSettings, args: argparse.Namespace, wall_s: float) -> dict[str, Any]:
+def tune_json(result: RaceResult, admitted: list[Case], space: Space, rig: Rig,
+              settings: RaceSettings, args: argparse.Namespace, wall_s: float) -> dict[str, Any]:
     """tune.json (module docstring)."""
     ids = [c.case_id for c in admitted]
     win, second = result.winner, result.runner_up

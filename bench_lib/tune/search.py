@@ -287,10 +287,10 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
         work_root.rmdir()
     output.write_cases(run_dir, space, rig, admitted, outcomes, refused, slow, predicted)
     wall = time.time() - started
-    summary = output.summary(result, admitted, space, rig, settings, args, wall)
-    write_json_atomic(run_dir / "tune.json", summary)
+    answer = output.tune_json(result, admitted, space, rig, settings, args, wall)
+    write_json_atomic(run_dir / "tune.json", answer)
     if not args.quiet:
-        for line in output.result_lines(summary):
+        for line in output.result_lines(answer):
             print(line, file=sys.stderr)
     print(run_dir)
     return EXIT_OK if result.winner is not None else EXIT_NOT_OK
