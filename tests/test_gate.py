@@ -12,8 +12,8 @@ import pytest
 
 from bench_lib import exit_codes
 from bench_lib.gate import plan, rounds, sides, worktrees
+from bench_lib.gate.job import run_gate
 from bench_lib.gate.plan import GatePlan
-from bench_lib.gate.run import run_gate
 from bench_lib.results.schema import SCHEMA_VERSION
 
 # ---- rounds ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ TORCH_FREE = [
     "bench_lib.report", "bench_lib.report.build", "bench_lib.report.figures",
     "bench_lib.report.device_figures", "bench_lib.report.gantt", "bench_lib.report.html",
     "bench_lib.report.headlines", "bench_lib.report.memory_prediction", "bench_lib.compare",
-    "bench_lib.compare.verdicts", "bench_lib.compare.paired", "bench_lib.gate.run",
+    "bench_lib.compare.verdicts", "bench_lib.compare.paired", "bench_lib.gate.job",
     "bench_lib.compare.output", "bench_lib.compare.baseline", "bench_lib.results",
     "bench_lib.results.schema", "bench_lib.results.read", "bench_lib.results.store",
     # the arithmetic the runner, the report and compare share

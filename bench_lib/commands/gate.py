@@ -53,9 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    """The ``gate`` subcommand: its flags as a ``GatePlan``, run (``gate.run.run_gate``)."""
+    """The ``gate`` subcommand: its flags as a ``GatePlan``, run (``gate.job.run_gate``)."""
+    from bench_lib.gate.job import run_gate
     from bench_lib.gate.plan import GatePlan
-    from bench_lib.gate.run import run_gate
 
     return run_gate(GatePlan(base_ref=args.base, head_ref=args.head,
                              head_env=tuple(args.head_env), profile=args.profile,
