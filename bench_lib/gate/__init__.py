@@ -53,7 +53,7 @@ The modules, by job: ``plan`` (``GatePlan``, the flags' values, and the refusals
 nothing but them), ``worktrees`` (git: the working tree's commit, each side's worktree),
 ``sides`` (a side, its environment, its checks and its runs, each a ``python -m bench_lib
 run`` in its own process), ``rounds`` (the ABBA order, the measuring, a side's reused
-calibration) and ``run`` (the whole command: refuse, prepare, measure, judge, write). The
+calibration) and ``job`` (the whole command: refuse, prepare, measure, judge, write). The
 verdicts, read from the rounds' run folders, are ``bench_lib.compare.paired``. Never
 imports torch: each side's ``run`` does, in its own process.
 """
