@@ -418,18 +418,10 @@ def pin_worker(rig: Rig, index: int) -> None:
     keep_heap()
 
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 """glibc's ``mallopt`` parameters (malloc.h)."""
 
-MMAP_THRESHOLD = 32 * 2**20
-"""Blocks from here up are still mapped for themselves and unmapped when freed: glibc's
-largest threshold on 64 bits (``DEFAULT_MMAP_THRESHOLD_MAX``). Below it blocks come from the
-heap. With no ``mmap`` at all (``M_MMAP_MAX`` 0) FSDP2's gathered buffers fragmented the
-heap: fsdp's peak at 64 px rose from 569 to 777 MiB, 619 with this threshold (one launch
-each, 2-core AMD EPYC)."""
-
-KEPT_HEAP = ("kept: glibc mallopt M_MMAP_THRESHOLD 32 MiB (fixed), M_TRIM_THRESHOLD "
-             "2**31 - 1")
+KEPT_HEAP = "kept: glibc mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD 2**31 - 1"
 """What ``keep_heap`` does where it can (env.json ``cpu_heap``)."""
 
 
@@ -442,16 +434,22 @@ def keep_heap(libc: Any = None) -> str:
     second one, so a pass may page its buffers in afresh every time (ResNet50 at 64 px: a
     pipeline stage's 45 MiB of layer4 and fc gradients each backward, 30 ms of a 99 ms
     pass; the tutorial pipeline's held micro-batches, 375 MiB a step, on a 2-core AMD
-    EPYC), depending on the order of allocations rather than on the strategy. A fixed
-    threshold (``MMAP_THRESHOLD``) and no trimming keep every freed block below it in the
-    heap for reuse, as a GPU's caching allocator does and as torch's own cpu launcher
-    (``torch.backends.xeon.run_cpu``) does with jemalloc or tcmalloc. The peak grows by what
-    a kept heap cannot reuse (fsdp at 64 px: 619 MiB against 569, ``MMAP_THRESHOLD``)."""
+    EPYC), depending on the order of allocations rather than on the strategy. No ``mmap``
+    and no trimming keep every freed block in the heap for reuse, as a GPU's caching
+    allocator does and as torch's own cpu launcher (``torch.backends.xeon.run_cpu``) does
+    with jemalloc or tcmalloc.
+
+    What it costs: a heap that gives nothing back fragments where a strategy frees buffers
+    of many sizes. FSDP2's gathered buffers raised fsdp's peak at 64 px from 617 to 933 MiB
+    (96 px: 682 to 1014; one run each, 2-core AMD EPYC), which the memory prediction does
+    not count. A fixed 32 MiB mmap threshold instead (glibc's largest) kept fsdp's peak near
+    the default's, but paged its bigger gathered buffers in afresh and the rest not, which
+    the copy rate the calibration times (one size) cannot price: fsdp's waterfall remainder
+    went from -6% to -29% (#41)."""
     mallopt = _mallopt(libc)
     if isinstance(mallopt, str):
         return mallopt
-    if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-            and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
+    if not (mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
         return "the C library's own: it refused mallopt"
     return KEPT_HEAP
 

@@ -155,8 +155,10 @@ def exposed_comm_s(compute_s: float, comm_s: float, overlap: bool) -> float:
 
 
 FRESH_COPY_BYTES = 64 * 2**20
-"""The copy the calibration times into a fresh buffer: above glibc's largest mmap threshold
-(32 MiB), so that its pages are new each time whatever ran before."""
+"""The copy the calibration times into a buffer allocated for it: above glibc's largest
+dynamic mmap threshold (32 MiB), so that where a process's heap is glibc's default its
+pages are new each time whatever ran before; in a cpu worker, which keeps its heap
+(``rig.keep_heap``), they are pages the heap kept, as FSDP2's buffers' are."""
 
 
 def fsdp_copied_bytes(units: Sequence[int], root: int, devices: int) -> float:
@@ -170,12 +172,12 @@ def fsdp_copied_bytes(units: Sequence[int], root: int, devices: int) -> float:
 def fsdp_copies_s(units: Sequence[int], root: int, devices: int,
                   copies: Mapping[int, float]) -> float:
     """FSDP2's copies per step (``fsdp_copied_bytes``) at the calibrated rate of a copy into
-    fresh pages: its all-gather and reduce-scatter buffers are allocated each time and freed
-    after. On a cpu rig a buffer above a worker's mmap threshold (``rig.keep_heap``: 32 MiB,
-    a ResNet's layer4 unit) is paged in afresh each time, and the faults cost more than the
-    bytes (about 2.6 GB/s against 20 into a reused buffer, 2-core AMD EPYC); one below it
-    lands on pages the heap kept, so this is the copies' upper end. KeyError: the rate was
-    not calibrated."""
+    a buffer allocated for it and freed after, as its all-gather and reduce-scatter buffers
+    are. A cpu worker keeps its heap (``rig.keep_heap``), so these land on pages it used
+    before, in the calibration as in the case; before it did, glibc paged them in afresh
+    (about 2.6 GB/s against 20 into a reused buffer, 2-core AMD EPYC) or not, as the heap
+    happened to be: timing each unit's size gave 75 to 550 ms for the same copies from one
+    calibration to the next. KeyError: the rate was not calibrated."""
     if FRESH_COPY_BYTES not in copies:
         raise KeyError("copy into a fresh buffer")
     return fsdp_copied_bytes(units, root, devices) * copies[FRESH_COPY_BYTES] / FRESH_COPY_BYTES

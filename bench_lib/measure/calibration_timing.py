@@ -162,9 +162,8 @@ one run (2-core AMD EPYC)."""
 def fresh_copy_s(nbytes: int, device: torch.device, warmup: int = WARMUP,
                  repeats: int = COPY_REPEATS) -> float:
     """Seconds to copy ``nbytes`` of fp32 into a buffer allocated for the copy and freed
-    after it, as FSDP2's copy-in and copy-out do each step (on a CPU the fresh pages' faults
-    cost more than the bytes where the buffer is above the worker's mmap threshold,
-    ``rig.keep_heap``): the median of ``repeats``."""
+    after it, as FSDP2's copy-in and copy-out do each step (in a cpu worker, on pages its
+    heap kept: ``rig.keep_heap``): the median of ``repeats``."""
     source = torch.ones(max(1, nbytes // 4), device=device)
     return timed(lambda: torch.empty_like(source).copy_(source), [device], warmup, repeats)
 
