@@ -180,6 +180,7 @@ def _flip_math_flags(mode: str) -> None:
 def test_parity_trains_and_records_in_the_math_mode_asked_for(
         monkeypatch, tmp_path, cpu_rig, restore_math_flags, mode):
     """#28: parity had no --math-mode and its ranks always set torch's own flags."""
+    from bench_lib.commands.parity import plan_of
     from bench_lib.commands.parser import build_parser
     from bench_lib.parity import check as parity_check
     from bench_lib.parity import launch as parity_launch
@@ -196,7 +197,7 @@ def test_parity_trains_and_records_in_the_math_mode_asked_for(
     args = build_parser().parse_args(["parity", "--models", "mlp", "--strategies",
                                       "single,ddp", "--math-mode", mode, "--out",
                                       str(tmp_path)])
-    assert parity_check.command(args, cpu_rig) == 0
+    assert parity_check.command(plan_of(args), cpu_rig, args.out) == 0
     assert specs and {s.math_mode for s in specs} == {mode}  # every run's ranks are told
     (run_dir,) = run_dirs_in(tmp_path)
     env = json.loads((run_dir / "env.json").read_text())

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bench_lib import commands, exit_codes
+from bench_lib.commands.parity import plan_of as parity_plan_of
 from bench_lib.commands.parser import build_parser
 from bench_lib.parity import check as parity_check
 from bench_lib.parity import launch as parity_launch
@@ -38,6 +39,7 @@ from bench_lib.parity.verdict import (
 )
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
+from bench_lib.rig import Rig
 from bench_lib.strategies import get as get_strategy
 from bench_lib.sweep.profile import UsageError
 from tests.conftest import in_process
@@ -203,8 +205,14 @@ def _args(**changes: object) -> argparse.Namespace:
     return args
 
 
+def _command(rig: Rig, **changes: object) -> int:
+    """``parity`` run on ``rig`` as its flags changed by ``changes`` ask."""
+    args = _args(**changes)
+    return parity_check.command(parity_plan_of(args), rig, args.out)
+
+
 def test_defaults_include_mlp_a_resnet_and_fsdp():
-    plan = parity_check.plan_of(_args())
+    plan = parity_plan_of(_args())
     assert {"mlp", "resnet-tiny"} <= set(plan.models)
     assert "fsdp" in plan.strategies and plan.seed_runs >= 2
 
@@ -218,7 +226,7 @@ def test_defaults_include_mlp_a_resnet_and_fsdp():
 ])
 def test_bad_parity_plans_are_usage_errors(changes, message):
     with pytest.raises(UsageError, match=re.escape(message)):
-        parity_check.plan_of(_args(**changes))
+        parity_plan_of(_args(**changes))
 
 
 def test_a_strategy_that_ends_elsewhere_diverges_and_fails_the_command(
@@ -230,8 +238,7 @@ def test_a_strategy_that_ends_elsewhere_diverges_and_fails_the_command(
         return [EpochResult(0, 1.0, ends[key], 0.9, 0.1)], ""
 
     monkeypatch.setattr(parity_launch, "launch", fake_launch)
-    code = parity_check.command(_args(models="mlp", strategies="single,ddp,gpipe",
-                                    out=tmp_path), cpu_rig)
+    code = _command(cpu_rig, models="mlp", strategies="single,ddp,gpipe", out=tmp_path)
     assert code == 1
     (run_dir,) = run_dirs_in(tmp_path)
     assert run_dir.name.endswith("_parity")
@@ -267,8 +274,8 @@ def test_batch_norm_strategies_are_judged_against_their_own_statistics(
         return [EpochResult(0, 1.0, 0.5, 0.5, 0.1), EpochResult(1, 0.5, end, accuracy, 0.1)], ""
 
     monkeypatch.setattr(parity_launch, "launch", fake_launch)
-    code = parity_check.command(_args(models="resnet-tiny", out=tmp_path,
-                                    strategies="single,accum,gpipe,1f1b,ddp,fsdp,mp"), cpu_rig)
+    code = _command(cpu_rig, models="resnet-tiny", out=tmp_path,
+                    strategies="single,accum,gpipe,1f1b,ddp,fsdp,mp")
     assert code == 1
     assert sorted(c for c in calls if c[0] == "single") == [
         ("single", "fp32", 0, 0), ("single", "fp32", 1, 0), ("single", "fp32", 2, 0),
@@ -302,8 +309,8 @@ def test_sync_bn_is_unsupported_on_a_cpu_rig_and_moot_without_batch_norm(
         return [EpochResult(0, 1.0, 0.3, 0.9, 0.1)], ""
 
     monkeypatch.setattr(parity_launch, "launch", fake_launch)
-    code = parity_check.command(_args(models="mlp,resnet-tiny", strategies="single,ddp,fsdp",
-                                    sync_bn=True, out=tmp_path), cpu_rig)
+    code = _command(cpu_rig, models="mlp,resnet-tiny", strategies="single,ddp,fsdp",
+                    sync_bn=True, out=tmp_path)
     assert code == 0
     (run_dir,) = run_dirs_in(tmp_path)
     v = pd.read_csv(run_dir / "parity_verdicts.csv").set_index(["model", "strategy"])
@@ -325,8 +332,7 @@ def test_one_process_runs_go_side_by_side_on_a_cpu_rig(tmp_path, monkeypatch, cp
         return [EpochResult(0, 1.0, 0.3, 0.9, 0.1)], ""
 
     monkeypatch.setattr(parity_launch, "launch", fake_launch)
-    code = parity_check.command(_args(models="mlp", strategies="single,accum,ddp",
-                                    out=tmp_path), cpu_rig)
+    code = _command(cpu_rig, models="mlp", strategies="single,accum,ddp", out=tmp_path)
     assert code == 0
     assert {w for s, w, _ in seen if s == "single"} == {0, 1}  # a worker each
     assert seen[-1] == ("ddp", 0, 2)  # a process group: after them, on every worker

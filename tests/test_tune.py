@@ -3,7 +3,6 @@ reproducing command, the run folder (fake launches and one real tiny run), bad i
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -18,6 +17,7 @@ import pytest
 from bench_lib.commands import main
 from bench_lib.commands.parser import build_parser
 from bench_lib.commands.plan import plan_new
+from bench_lib.commands.tune import plan_of as tune_plan_of
 from bench_lib.results.read import run_dirs_in
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission, DeviceMemory
@@ -25,6 +25,7 @@ from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.predict_memory import Prediction
 from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_path
+from bench_lib.tune.plan import TunePlan
 from bench_lib.tune.race import LaunchResult, Measure, RaceSettings, race
 from bench_lib.tune.search import BUDGET_FRACTION, execute, settings_of
 from bench_lib.tune.space import build_space, race_launch, reproduce_command
@@ -152,15 +153,15 @@ def test_the_time_budget_cuts_later_rungs_to_the_best_that_fit():
     assert 2 <= len(tight.tie) <= 4  # after rung 0 alone: among the half halving keeps
 
 
-def _space(*flags: str) -> tuple[argparse.Namespace, Rig, Profile]:
+def _space(*flags: str) -> tuple[TunePlan, Rig, Profile]:
     args = build_parser().parse_args(["tune", *flags])
     rig, profile, _ = plan_new(args)
-    return args, rig, profile
+    return tune_plan_of(args), rig, profile
 
 
 def test_the_reproducing_command_parses_and_yields_the_same_case():
-    args, rig, profile = _space("--profile", "default", "--image-sizes", "64", "--rig", "cpu",
-                                "--devices", "2", "--threads-per-worker", "1")
+    _, rig, profile = _space("--profile", "default", "--image-sizes", "64", "--rig", "cpu",
+                             "--devices", "2", "--threads-per-worker", "1")
     space = build_space(profile, rig)
     assert [c.strategy for c in space.candidates][0] == "single"
     # dp on a cpu rig (the split search's candidates stop short of one micro-batch, which
@@ -200,7 +201,7 @@ def _mlp_race(tmp_path: Path, visible_gpus: Callable[[int], None]):
     the race asks for the cpu rig (a GPU box detects cuda:1 by default, where mp and
     pipeline cannot run and the race would lose the candidates these tests are about)."""
     visible_gpus(1)
-    args, rig, profile = _space("--profile", "smoke", "--models", "mlp", "--strategies",
+    plan, rig, profile = _space("--profile", "smoke", "--models", "mlp", "--strategies",
                                 "single,ddp,mp,pipeline", "--rig", "cpu", "--devices", "2",
                                 "--out", str(tmp_path / "r"))
     assert rig.kind == "cpu" and rig.num_devices == 2
@@ -211,18 +212,18 @@ def _mlp_race(tmp_path: Path, visible_gpus: Callable[[int], None]):
         launched.append(case.case_id)
         return base(case, rung, cut)
 
-    return args, rig, build_space(profile, rig), launched, launch
+    return plan, rig, build_space(profile, rig), launched, launch
 
 
 def test_predicted_oom_is_never_launched_and_the_folder_is_complete(
         tmp_path: Path, visible_gpus: Callable[[int], None]):
-    args, rig, space, launched, launch = _mlp_race(tmp_path, visible_gpus)
+    plan, rig, space, launched, launch = _mlp_race(tmp_path, visible_gpus)
 
     def predictor(case: Case, rig: Rig, cut: str) -> Prediction:
         return Prediction({"0": 900.0 if case.strategy == "mp" else 10.0})
 
     admission = Admission(rig, DeviceMemory((100.0, 100.0), "test cap"), predictor)
-    code = execute(args, space, rig, settings_of(args, space, rig), time.time(), launch,
+    code = execute(plan, space, rig, settings_of(plan, space, rig), time.time(), launch,
                    admission)
     assert code == 0
     assert not any(i.startswith("mp_") for i in launched)
@@ -331,7 +332,7 @@ def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicte
     from bench_lib.analysis.bound import Bound
     from bench_lib.tune.search import PREDICTION_MARGIN, by_prediction, skipped_by_prediction
 
-    args, rig, space, launched_ids, launch = _mlp_race(tmp_path, visible_gpus)
+    plan, rig, space, launched_ids, launch = _mlp_race(tmp_path, visible_gpus)
     limit = (1 + PREDICTION_MARGIN) / (1 - PREDICTION_MARGIN)  # 1.67x the best
     steps = {"single": 0.4, "ddp": 0.3, "mp": 0.3 * limit * 0.99, "pipeline": 0.3 * limit * 1.01}
 
@@ -345,7 +346,7 @@ def test_a_candidate_predicted_too_slow_is_skipped_and_the_rest_race_in_predicte
     assert "slower even were both predictions 25% off" in next(iter(slow.values()))
     order = [c.strategy for c in by_prediction(space.candidates, predicted)]
     assert order == ["single", "ddp", "mp"] + ["pipeline"] * len(pipelines)
-    code = execute(args, space, rig, settings_of(args, space, rig), time.time(), launch,
+    code = execute(plan, space, rig, settings_of(plan, space, rig), time.time(), launch,
                    predict=predict)
     assert code == 0
     launched = {i.split("_")[0] for i in launched_ids}

@@ -1,14 +1,23 @@
-"""``distance``: the pairwise distance of a conv weight's kernels (bench_lib.distance)."""
+"""``distance``: the pairwise distance of a conv weight's kernels (bench_lib.distance): its
+flags, and the ``DistancePlan`` they make."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from bench_lib.commands.common import add_math_mode, add_out, add_rig_args, memory_mib, rig_of
+from bench_lib.commands.common import (
+    add_math_mode,
+    add_out,
+    add_rig_args,
+    memory_mib,
+    rig_of,
+    str_list,
+)
 from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
+    from bench_lib.distance.benchmark import DistancePlan
     from bench_lib.rig import Rig
 
 HELP = ("time the pairwise distance of a conv weight's kernels (a loop, blocked cdist, split "
@@ -51,17 +60,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    """The ``distance`` subcommand: its flags as a ``DistancePlan``, measured
+    (``distance.benchmark``) or, with ``--dry-run``, listed."""
     from bench_lib.distance import benchmark
 
     rig = rig_of(args, plan_only=args.dry_run)
-    return dry_run(args, rig) if args.dry_run else benchmark.command(args, rig)
+    plan = plan_of(args, rig)
+    return dry_run(plan, rig) if args.dry_run else benchmark.command(plan, rig, args.out)
 
 
-def dry_run(args: argparse.Namespace, rig: Rig) -> int:
+def plan_of(args: argparse.Namespace, rig: Rig) -> DistancePlan:
+    """The validated plan of the flags on ``rig`` (UsageError: exit 2, nothing written)."""
+    from bench_lib.distance.benchmark import DistancePlan, measurement_of
+    from bench_lib.distance.spec import Layer
+
+    measurement = measurement_of(args.launches, args.max_memory_per_device_mib,
+                                 args.math_mode, rig)
+    return DistancePlan(tuple(Layer.parse(t) for t in str_list(args.layers)),
+                        str_list(args.methods), args.precision, args.block_rows,
+                        args.loop_max_kernels, args.seed, measurement)
+
+
+def dry_run(plan: DistancePlan, rig: Rig) -> int:
     """The plan of ``distance``: each case, its devices and processes, run or why not."""
-    from bench_lib.distance import benchmark
-
-    plan = benchmark.plan_of(args, rig)
     cases = plan.cases(rig)
     width = max(len(c.case_id) for c in cases)
     print(f"{'case':<{width}}  devices  processes  will")

@@ -1,4 +1,5 @@
-"""``parity``: every strategy trained on real data from the same weights (bench_lib.parity)."""
+"""``parity``: every strategy trained on real data from the same weights (bench_lib.parity):
+its flags, and the ``ParityPlan`` they make."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench_lib.commands.common import add_math_mode, add_out, add_rig_args, rig_of
+from bench_lib.commands.common import add_math_mode, add_out, add_rig_args, rig_of, str_list
 from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
+    from bench_lib.parity.check import ParityPlan
     from bench_lib.rig import Rig
 
 HELP = ("train every strategy on real data from the same weights; exit 1 when one learns "
@@ -56,18 +58,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    """The ``parity`` subcommand: its flags as a ``ParityPlan``, trained (``parity.check``)
+    or, with ``--dry-run``, listed."""
     from bench_lib.parity import check
 
     rig = rig_of(args, plan_only=args.dry_run)
-    return dry_run(args, rig) if args.dry_run else check.command(args, rig)
+    plan = plan_of(args)
+    return dry_run(plan, rig) if args.dry_run else check.command(plan, rig, args.out)
 
 
-def dry_run(args: argparse.Namespace, rig: Rig) -> int:
+def plan_of(args: argparse.Namespace) -> ParityPlan:
+    """The validated plan of the flags (UsageError: exit 2, nothing written)."""
+    from bench_lib.parity.check import ParityPlan
+    from bench_lib.sweep.profile import UsageError
+
+    try:
+        return ParityPlan(str_list(args.models), str_list(args.strategies), args.epochs,
+                          args.batch_size, args.split_size, args.lr, args.seed, args.seed_runs,
+                          args.sync_bn, args.data_root, args.math_mode)
+    except ValueError as e:  # strategies.get's too, naming the known ones
+        raise UsageError(str(e)) from None
+
+
+def dry_run(plan: ParityPlan, rig: Rig) -> int:
     """The plan of ``parity``: per model its runs (single in float64 and float32, its
     further seeds on a BatchNorm model, every other strategy) and the unsupported ones."""
     from bench_lib.parity import check
 
-    plan = check.plan_of(args)
     total = 0
     print(f"{'model':<12}  {'run':<28}  processes  will")
     for model in plan.models:

@@ -1,11 +1,16 @@
-"""``tune``: race one workload's configurations and recommend one (bench_lib.tune)."""
+"""``tune``: race one workload's configurations and recommend one (bench_lib.tune): its
+flags, and the ``TunePlan`` they make."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from bench_lib.commands.common import add_out, add_rig_args, add_sweep_args, sweep_flags
 from bench_lib.commands.plan import plan_new
+
+if TYPE_CHECKING:
+    from bench_lib.tune.plan import TunePlan
 
 HELP = ("race one workload's configurations (successive halving) and recommend one, with its "
         "interval against single and the runner-up")
@@ -34,7 +39,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    """The ``tune`` subcommand: the rig and the profile as ``run`` resolves them, the
+    rest of its flags as a ``TunePlan``, searched (``tune.search.command``)."""
     from bench_lib.tune import search
 
     rig, profile, _ = plan_new(args)  # the same flags, profile and validation as run's
-    return search.command(args, rig, profile)
+    return search.command(plan_of(args), rig, profile)
+
+
+def plan_of(args: argparse.Namespace) -> TunePlan:
+    """The ``TunePlan`` of the flags (``UsageError`` on a bad limit: exit 2, nothing
+    written)."""
+    from bench_lib.tune.plan import TunePlan
+
+    return TunePlan(out=args.out, budget_fraction=args.budget_fraction,
+                    time_budget_s=args.time_budget_s, max_rungs=args.max_rungs,
+                    seed=args.seed, quiet=args.quiet, dry_run=args.dry_run,
+                    profile=args.profile_flag or "default",
+                    measurement_flags=measurement_flags(args))
+
+
+def measurement_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The measurement flags tune was given, to repeat in the reproducing command."""
+    from bench_lib.sweep.profile import MEASUREMENT_KEYS
+
+    out: list[str] = []
+    for f in args.sweep_flags:
+        value = getattr(args, f.dest)
+        if f.dest in MEASUREMENT_KEYS and value is not None:
+            out += [f.flag, str(value)] if f.takes_value else [f.flag]
+    return tuple(out)

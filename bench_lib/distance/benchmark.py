@@ -23,7 +23,6 @@ it peaks near 1.25 GiB), under it split over two (about 0.7 GiB each).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import math
@@ -67,7 +66,7 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True)
 class DistancePlan:
-    """A distance run, validated."""
+    """A distance run, validated (``bench_lib.commands.distance`` builds it from the flags)."""
 
     layers: tuple[Layer, ...]
     methods: tuple[str, ...]
@@ -232,31 +231,27 @@ def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: 
     return rows
 
 
-def plan_of(args: argparse.Namespace, rig: Rig) -> DistancePlan:
-    """The validated plan of the command's flags (UsageError: exit 2, nothing written)."""
-    cap = args.max_memory_per_device_mib
-    if cap is None:
-        cap = DEFAULT_CPU_CAP_MIB if rig.kind == "cpu" else 0.0
+def measurement_of(launches: int, cap_mib: float | None, math_mode: str, rig: Rig
+                   ) -> Measurement:
+    """``MEASUREMENT`` with the flags' launches, memory cap and math mode (no cap given:
+    ``DEFAULT_CPU_CAP_MIB`` on a cpu rig, none on GPUs); UsageError on a bad value."""
+    if cap_mib is None:
+        cap_mib = DEFAULT_CPU_CAP_MIB if rig.kind == "cpu" else 0.0
     try:
-        measurement = dataclasses.replace(MEASUREMENT, launches=args.launches,
-                                          max_memory_per_device_mib=cap,
-                                          math_mode=args.math_mode)
+        return dataclasses.replace(MEASUREMENT, launches=launches,
+                                   max_memory_per_device_mib=cap_mib, math_mode=math_mode)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    names = [tuple(v.strip() for v in text.split(",") if v.strip())
-             for text in (args.layers, args.methods)]
-    return DistancePlan(tuple(Layer.parse(t) for t in names[0]), names[1], args.precision,
-                        args.block_rows, args.loop_max_kernels, args.seed, measurement)
 
 
-def command(args: argparse.Namespace, rig: Rig) -> int:
-    """Run the plan on ``rig`` into a new run folder; 1 when a case failed or disagrees."""
+def command(plan: DistancePlan, rig: Rig, out: Path) -> int:
+    """Run the plan on ``rig`` into a new run folder under ``out``; 1 when a case failed
+    or disagrees."""
     from bench_lib.measure import environment
     from bench_lib.results.store import start_run_dir, write_json_atomic
 
-    plan = plan_of(args, rig)
     cases = plan.cases(rig)  # every check before the run folder exists
-    run_dir = start_run_dir(args.out, environment.git_info()["sha"], "distance")
+    run_dir = start_run_dir(out, environment.git_info()["sha"], "distance")
     write_json_atomic(run_dir / "env.json", environment.collect(
         rig, {"distance": plan.as_dict()}, sys.argv, math_mode=plan.measurement.math_mode))
     print(f"distance {run_dir.name}: {len(cases)} cases x {plan.measurement.launches} "

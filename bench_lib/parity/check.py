@@ -19,7 +19,6 @@ The defaults (``DEFAULTS``) are the run ``make parity`` makes: ``mlp``, ``toy`` 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import sys
@@ -60,7 +59,8 @@ Key = tuple[str, str, int]
 
 @dataclass(frozen=True)
 class ParityPlan:
-    """A parity run, validated: its models, strategies and training settings."""
+    """A parity run, validated: its models, strategies and training settings
+    (``bench_lib.commands.parity`` builds it from the flags)."""
 
     models: tuple[str, ...]
     strategies: tuple[str, ...]
@@ -260,18 +260,6 @@ def _tolerance_columns(tol: Tolerance | None) -> Row:
             "accuracy_tolerance": tol.accuracy, "tolerance_note": tol.note}
 
 
-def plan_of(args: argparse.Namespace) -> ParityPlan:
-    """The validated plan of the command's flags (UsageError: exit 2, nothing written)."""
-    names = [tuple(v.strip() for v in text.split(",") if v.strip())
-             for text in (args.models, args.strategies)]
-    try:
-        return ParityPlan(names[0], names[1], args.epochs, args.batch_size, args.split_size,
-                          args.lr, args.seed, args.seed_runs, args.sync_bn, args.data_root,
-                          args.math_mode)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
 def _verdict_line(v: Row) -> str:
     """One line of the verdict table printed at the end."""
     def num(key: str, fmt: str) -> str:
@@ -286,13 +274,13 @@ def _verdict_line(v: Row) -> str:
             f"{v.get('reason', '')}")
 
 
-def command(args: argparse.Namespace, rig: Rig) -> int:
-    """Run the plan on ``rig`` into a new run folder; 1 when a strategy diverged or failed."""
+def command(plan: ParityPlan, rig: Rig, out: Path) -> int:
+    """Run the plan on ``rig`` into a new run folder under ``out``; 1 when a strategy
+    diverged or failed."""
     from bench_lib.measure import environment
     from bench_lib.results.store import start_run_dir, write_json_atomic
 
-    plan = plan_of(args)
-    run_dir = start_run_dir(args.out, environment.git_info()["sha"], "parity")
+    run_dir = start_run_dir(out, environment.git_info()["sha"], "parity")
     write_json_atomic(run_dir / "env.json", environment.collect(
         rig, {"parity": dataclasses.asdict(plan)}, sys.argv, math_mode=plan.math_mode))
     verdicts = [v for model in plan.models for v in run_model(plan, rig, model, run_dir)]

@@ -12,7 +12,6 @@ launched in each rung, in launch order), ``launches``, ``launch_seconds``, ``bud
 
 from __future__ import annotations
 
-import argparse
 import math
 import shlex
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.estimate import case_seconds, format_duration
-from bench_lib.sweep.profile import MEASUREMENT_KEYS
+from bench_lib.tune.plan import TunePlan
 from bench_lib.tune.race import RaceResult, RaceSettings
 from bench_lib.tune.space import (
     RACE_MAX_TIME_S,
@@ -135,18 +134,8 @@ def _interval(speedup: LaunchInterval | None, confidence: float) -> dict[str, An
             "rounds": speedup.n, "note": speedup.note}
 
 
-def measurement_flags(args: argparse.Namespace) -> list[str]:
-    """The measurement flags tune was given, to repeat in the reproducing command."""
-    out: list[str] = []
-    for f in args.sweep_flags:
-        value = getattr(args, f.dest)
-        if f.dest in MEASUREMENT_KEYS and value is not None:
-            out += [f.flag, str(value)] if f.takes_value else [f.flag]
-    return out
-
-
 def tune_json(result: RaceResult, admitted: list[Case], space: Space, rig: Rig,
-              settings: RaceSettings, args: argparse.Namespace, wall_s: float) -> dict[str, Any]:
+              settings: RaceSettings, plan: TunePlan, wall_s: float) -> dict[str, Any]:
     """tune.json (module docstring)."""
     ids = [c.case_id for c in admitted]
     win, second = result.winner, result.runner_up
@@ -155,8 +144,8 @@ def tune_json(result: RaceResult, admitted: list[Case], space: Space, rig: Rig,
                  and win != ref else None)
     vs_second = (result.speedup(win, second, settings.look_confidence)
                  if win is not None and second is not None else None)
-    command = (reproduce_command(admitted[win], args.profile_flag or "default", space.profile,
-                                 rig, measurement_flags(args)) if win is not None else [])
+    command = (reproduce_command(admitted[win], plan.profile, space.profile, rig,
+                                 plan.measurement_flags) if win is not None else [])
     return {
         "verdict": result.verdict, "stop_reason": result.stop_reason,
         "winner": ids[win] if win is not None else None,

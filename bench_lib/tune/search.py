@@ -19,7 +19,6 @@ input; 130 interrupted (the launches so far stay in tune.csv).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import dataclasses
@@ -35,8 +34,9 @@ from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.profile import Profile, UsageError
+from bench_lib.sweep.profile import Profile
 from bench_lib.tune import output
+from bench_lib.tune.plan import TunePlan
 from bench_lib.tune.race import LaunchRecord, LaunchResult, RaceResult, RaceSettings, race
 from bench_lib.tune.space import Space, build_space, race_launch
 
@@ -66,21 +66,17 @@ def one_launch(case: Case) -> Case:
                                                                      launches=1))
 
 
-def settings_of(args: argparse.Namespace, space: Space, rig: Rig) -> RaceSettings:
-    """The race's settings from the flags (``UsageError`` on bad values)."""
+def settings_of(plan: TunePlan, space: Space, rig: Rig) -> RaceSettings:
+    """The race's settings: the plan's limits, and how much longer the exhaustive sweep's
+    launches take than the race's (estimated)."""
     from bench_lib.sweep.estimate import case_seconds
 
-    if args.max_rungs < 1 or args.budget_fraction <= 0 or (
-            args.time_budget_s is not None and args.time_budget_s <= 0):
-        raise UsageError(f"--max-rungs must be >= 1 (got {args.max_rungs}), --budget-fraction "
-                         f"and --time-budget-s positive (got {args.budget_fraction}, "
-                         f"{args.time_budget_s})")
     full = sum(case_seconds(one_launch(c), rig) for c in space.candidates)
     short = sum(case_seconds(race_launch(c, space.profile.measurement), rig)
                 for c in space.candidates)
-    return RaceSettings(max_rungs=args.max_rungs,
-                        budget_s=math.inf if args.time_budget_s is None else args.time_budget_s,
-                        budget_fraction=args.budget_fraction,
+    return RaceSettings(max_rungs=plan.max_rungs,
+                        budget_s=math.inf if plan.time_budget_s is None else plan.time_budget_s,
+                        budget_fraction=plan.budget_fraction,
                         sweep_launches=space.profile.measurement.launches,
                         sweep_over_race=full / short if short else 1.0)
 
@@ -200,21 +196,22 @@ def run_race(space: Space, candidates: list[Case], reference: int | None,
     return race(len(candidates), reference, measure, settings, seed), outcomes
 
 
-def command(args: argparse.Namespace, rig: Rig, profile: Profile) -> int:
-    """The whole ``tune`` command (``commands.tune`` resolves the rig and the profile)."""
+def command(plan: TunePlan, rig: Rig, profile: Profile) -> int:
+    """The whole ``tune`` command (``commands.tune`` resolves the rig and the profile and
+    makes the plan)."""
     import psutil
 
     started = psutil.Process().create_time()  # the whole command, as its user waits for it
     space = build_space(profile, rig)
-    settings = settings_of(args, space, rig)
-    if not args.quiet or args.dry_run:
+    settings = settings_of(plan, space, rig)
+    if not plan.quiet or plan.dry_run:
         output.print_plan(space, rig, settings, sys.stderr)
-    if args.dry_run:
+    if plan.dry_run:
         return EXIT_OK
-    return execute(args, space, rig, settings, started)
+    return execute(plan, space, rig, settings, started)
 
 
-def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSettings,
+def execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
             started: float, launch: LaunchFn | None = None,
             admission: Admission | None = None, predict: Predict | None = None) -> int:
     """Admit, predict, race, write the run folder, print the recommendation (``started``:
@@ -223,11 +220,11 @@ def execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSett
     the candidates; ``predict``: the step-time prediction, default the profile's
     ``predict_time``: a calibration of the workload, ``run.calibration.Predictor``)."""
     with contextlib.ExitStack() as stack:  # the fork server, where one is started
-        return _execute(args, space, rig, settings, started, stack, launch, admission,
+        return _execute(plan, space, rig, settings, started, stack, launch, admission,
                         predict)
 
 
-def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSettings,
+def _execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
              started: float, stack: contextlib.ExitStack, launch: LaunchFn | None,
              admission: Admission | None, predict: Predict | None = None) -> int:
     """``execute``'s body."""
@@ -236,7 +233,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     from bench_lib.run.admission import Admission
 
     def say(text: str) -> None:
-        if not args.quiet:
+        if not plan.quiet:
             print(text, file=sys.stderr, flush=True)
 
     admission = admission or Admission.of(rig, space.candidates)
@@ -244,7 +241,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     for case_id, why in refused.items():
         say(f"  {case_id}: oom ({why}): not launched")
     admitted = [c for c in space.candidates if c.case_id not in refused]
-    run_dir = start_run_dir(args.out, environment.git_info()["sha"], "tune", space.profile.name)
+    run_dir = start_run_dir(plan.out, environment.git_info()["sha"], "tune", space.profile.name)
     work_root = run_dir / ".work"
     server = None
     if launch is None:  # every launch forked by one server that imported torch once
@@ -255,7 +252,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
         server = stack.enter_context(ForkServer.take(WARM_MODULES))
         launch = _runner_launch(rig, work_root, memory_true_forks(server))
     if predict is None and server is not None and space.profile.predict_time:
-        predict = _calibrated(rig, run_dir, server, say, args.quiet)
+        predict = _calibrated(rig, run_dir, server, say, plan.quiet)
     predicted = predict(admitted) if predict is not None else {}
     slow = skipped_by_prediction(admitted, predicted)
     for case_id, why in slow.items():
@@ -264,7 +261,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
     reference = next((i for i, c in enumerate(admitted) if c.strategy == "single"), None)
     env = environment.collect(rig, space.profile.as_dict(), sys.argv,
                               math_mode=space.profile.measurement.math_mode)
-    env["tune"] = output.settings_dict(settings, args.seed, space, refused) | {
+    env["tune"] = output.settings_dict(settings, plan.seed, space, refused) | {
         "predicted_slow": slow,
         "predicted_step_s": {k: p.step_s for k, p in predicted.items()
                              if not isinstance(p, str)}}
@@ -276,7 +273,7 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
         f"{rig.label}")
     try:
         result, outcomes = run_race(space, admitted, reference, settings, launch, log, say,
-                                    args.seed)
+                                    plan.seed)
     except KeyboardInterrupt:
         print(f"interrupted: the launches so far are in {run_dir / 'tune.csv'}",
               file=sys.stderr)
@@ -287,9 +284,9 @@ def _execute(args: argparse.Namespace, space: Space, rig: Rig, settings: RaceSet
         work_root.rmdir()
     output.write_cases(run_dir, space, rig, admitted, outcomes, refused, slow, predicted)
     wall = time.time() - started
-    answer = output.tune_json(result, admitted, space, rig, settings, args, wall)
+    answer = output.tune_json(result, admitted, space, rig, settings, plan, wall)
     write_json_atomic(run_dir / "tune.json", answer)
-    if not args.quiet:
+    if not plan.quiet:
         for line in output.result_lines(answer):
             print(line, file=sys.stderr)
     print(run_dir)
