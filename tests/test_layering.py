@@ -15,6 +15,9 @@ The rules (docs/architecture.md, "Layout"):
 - ``results/`` never imports torch, directly or through another module.
 - ``processes/`` imports nothing of ``bench_lib`` but itself, nor names one of its modules in
   a string (an ``importlib.import_module`` of it is an import all the same), nor torch.
+- ``commands/`` is the only package that sees argparse: no function below it takes an
+  ``argparse.Namespace``, and no module below it imports ``argparse`` (``OWN_PARSERS``
+  lists the ones that parse an argv of their own, with why: none today).
 - No two modules of ``bench_lib`` import each other, through any number of others; nor do
   two of its packages (``KNOWN_PACKAGE_CIRCLES`` lists the one left, with why).
 
@@ -311,3 +314,76 @@ def test_the_checks_see_lazy_and_typing_imports(tmp_path):
                                       'importlib.import_module("bench_lib.a")\n'
                                       'SELF = "bench_lib.sub.e"\n')
     assert named_modules("bench_lib.sub", modules(pkg)) == ["bench_lib.sub.e:3 'bench_lib.a'"]
+
+
+def below_commands(module: str) -> bool:
+    """A module below ``commands/``: any of ``bench_lib`` but ``commands/`` and
+    ``__main__`` (which hands ``sys.argv`` to ``commands.main``)."""
+    return not within(module, "bench_lib.commands") and module != "bench_lib.__main__"
+
+
+NAMESPACE = re.compile(r"\b(argparse\.)?Namespace\b")
+"""An annotation that names argparse's ``Namespace`` (``types.SimpleNamespace`` is none)."""
+
+
+def namespace_parameters(known: Mapping[str, tuple[Path, bool]] = MODULES) -> list[str]:
+    """Every parameter of a function below ``commands/`` annotated with an
+    ``argparse.Namespace`` (or ``Namespace``; quoted or not)."""
+    found = []
+    for name, (path, _) in known.items():
+        if not below_commands(name):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                if arg is not None and arg.annotation is not None and NAMESPACE.search(
+                        text := ast.unparse(arg.annotation)):
+                    found.append(f"{name}:{arg.lineno} {node.name}({arg.arg}: {text})")
+    return found
+
+
+OWN_PARSERS: dict[str, str] = {}
+"""Modules below ``commands/`` that import ``argparse`` to parse an argv of their own (a
+worker's or a tool's ``python -m`` entry point), each with why; none does today (the
+workers read positional arguments from their launcher; ``reference`` takes no flags and
+builds the commands' parser through ``commands``), and one that stops must leave the list."""
+
+
+def argparse_importers(edges: Iterable[Import]) -> dict[str, str]:
+    """Module below ``commands/`` -> one of its imports of ``argparse``."""
+    return {e.source: str(e) for e in edges
+            if within(e.target, "argparse") and below_commands(e.source)}
+
+
+def test_only_the_commands_see_argparse():
+    """A command builds a frozen plan from its flags (``TunePlan``, ``ParityPlan``,
+    ``DistancePlan``, ``GatePlan``, ``ComparePlan``) and hands that down: no function below
+    ``commands/`` takes an ``argparse.Namespace``, and no module there imports ``argparse``
+    unless it parses an argv of its own (``OWN_PARSERS``)."""
+    assert not namespace_parameters()
+    found = argparse_importers(EDGES)
+    assert set(found) <= set(OWN_PARSERS), [v for k, v in found.items() if k not in OWN_PARSERS]
+    gone = set(OWN_PARSERS) - set(found)
+    assert not gone, f"no longer imports argparse, remove from OWN_PARSERS: {sorted(gone)}"
+
+
+def test_the_namespace_check_sees_what_it_should(tmp_path):
+    """The scanner itself: an annotated parameter below ``commands/`` is found, quoted or
+    not, keyword-only too; ``commands/``'s own and a ``SimpleNamespace`` are not."""
+    pkg = tmp_path / ROOT
+    (pkg / "commands").mkdir(parents=True)
+    (pkg / "sub").mkdir()
+    for init in (pkg, pkg / "commands", pkg / "sub"):
+        (init / "__init__.py").write_text("")
+    (pkg / "commands" / "c.py").write_text(
+        "import argparse\ndef command(args: argparse.Namespace) -> int:\n    return 0\n")
+    (pkg / "sub" / "s.py").write_text(
+        "import argparse\nimport types\n"
+        "def f(args: argparse.Namespace, x: types.SimpleNamespace) -> None: ...\n"
+        "def g(*, flags: 'Namespace | None' = None) -> None: ...\n")
+    assert namespace_parameters(modules(pkg)) == [
+        "bench_lib.sub.s:3 f(args: argparse.Namespace)",
+        "bench_lib.sub.s:4 g(flags: 'Namespace | None')"]
+    assert list(argparse_importers(imports(pkg))) == ["bench_lib.sub.s"]
