@@ -1,0 +1,78 @@
+"""docs/architecture.md cannot drift from the package: every module of ``bench_lib`` is named
+in its map, and every module the page names exists (a module added, moved or removed without
+the page fails here). Read from the file system and the page; nothing is imported.
+
+How the page names a module: in the map (the fenced block that starts ``bench_lib/``) a
+line at two spaces opens an entry, a package (``commands/``, which names its
+``__init__.py``) or a module of ``bench_lib`` itself (``rig.py``); a bare ``name.py`` on the
+entry's lines is a module of that package. A path (``analysis/bound.py``, anywhere on the
+page) names ``bench_lib/analysis/bound.py``, unless it starts with a folder of the
+repository (``benchmarks/gpu_check.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PAGE = REPO / "docs" / "architecture.md"
+PACKAGE = REPO / "bench_lib"
+TOP_FOLDERS = ("bench_lib", "benchmarks", "docs", "notebooks", "tests")
+PY = re.compile(r"(?<![\w/<.-])[\w/]+\.py\b")
+"""A module's name or path; ``<name>.py`` is a placeholder, not a name."""
+ENTRY = re.compile(r"^(?P<indent> {0,2})(?P<name>[\w/]+/)\s")
+"""A folder's line in the map: a top folder at column 0, a package at two spaces."""
+
+
+def the_map(text: str) -> list[str]:
+    """The lines of the page's map: the fenced block whose first line is ``bench_lib/``."""
+    blocks = re.findall(r"^```\n(.*?)^```$", text, flags=re.M | re.S)
+    found = [b for b in blocks if b.startswith("bench_lib/")]
+    assert len(found) == 1, "docs/architecture.md: no map (a fenced block starting bench_lib/)"
+    return found[0].splitlines()
+
+
+def path_of(token: str) -> Path:
+    """The file a path on the page names."""
+    return REPO / token if token.split("/")[0] in TOP_FOLDERS else PACKAGE / token
+
+
+def page_names() -> tuple[set[Path], set[Path]]:
+    """(the modules of ``bench_lib`` the map names, every file the page names as a module)."""
+    text = PAGE.read_text()
+    named: set[Path] = set()
+    folder = REPO
+    for line in the_map(text):
+        if entry := ENTRY.match(line):
+            parent = REPO if not entry["indent"] else PACKAGE
+            folder = parent / entry["name"]
+            if folder.is_relative_to(PACKAGE):  # a package: its line names its __init__.py
+                named.add(folder / "__init__.py")
+        elif line[:3].strip():  # a module of bench_lib itself (``  rig.py``)
+            folder = PACKAGE
+        named |= {folder / token for token in PY.findall(line) if "/" not in token}
+    referred = named | {path_of(token) for token in PY.findall(text) if "/" in token}
+    return {p for p in named if p.is_relative_to(PACKAGE)}, referred
+
+
+def relative(paths: set[Path]) -> list[str]:
+    return sorted(str(p.relative_to(REPO)) for p in paths)
+
+
+def test_every_module_is_named_on_the_architecture_page() -> None:
+    modules = {p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    named, _ = page_names()
+    missing = relative(modules - named)
+    assert not missing, (
+        "docs/architecture.md does not name these modules: give each a line (what it holds) "
+        "under its package in the map: " + ", ".join(missing))
+
+
+def test_every_module_the_architecture_page_names_exists() -> None:
+    _, referred = page_names()
+    gone = relative({p for p in referred if not p.is_file()})
+    assert not gone, (
+        "docs/architecture.md names modules that do not exist (moved or removed?): "
+        + ", ".join(gone))
