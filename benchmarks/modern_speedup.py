@@ -21,8 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_lib import commands, exit_codes  # noqa: E402
+from bench_lib.pinning import pin_worker  # noqa: E402
 from bench_lib.results.read import read_cases, run_dirs_in  # noqa: E402
-from bench_lib.rig import detect_rig, pin_worker  # noqa: E402
+from bench_lib.rig_detection import detect_rig  # noqa: E402
 from bench_lib.strategies.partition import Partition, block_costs, choose  # noqa: E402
 from bench_lib.workloads import Workload, default_cuts  # noqa: E402
 

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_lib.analysis.stats import Stats  # noqa: E402
-from bench_lib.rig import detect_rig  # noqa: E402
+from bench_lib.rig_detection import detect_rig  # noqa: E402
 from bench_lib.run.runner import case_sampler  # noqa: E402
 from bench_lib.sweep.cases import new_case  # noqa: E402
 from bench_lib.sweep.profile import Measurement  # noqa: E402
@@ -36,7 +36,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from bench_lib import strategies
     from bench_lib.measure.timing import time_steps
-    from bench_lib.rig import pin_worker
+    from bench_lib.pinning import pin_worker
     from bench_lib.strategies import BuildContext
     from bench_lib.workloads import Workload
 

@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from bench_lib import strategies
-from bench_lib.rig import detect_rig, pin_worker, synchronize
+from bench_lib.pinning import pin_worker
+from bench_lib.rig import synchronize
+from bench_lib.rig_detection import detect_rig
 from bench_lib.strategies import BuildContext, Microbatching
 from bench_lib.workloads import Workload
 

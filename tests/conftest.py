@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_lib import rig as rig_module
+from bench_lib import rig_detection
 from bench_lib.fault_hooks import QUICK_PEAK_ENV
-from bench_lib.rig import Rig, available_cores
+from bench_lib.rig import Rig
+from bench_lib.topology import available_cores
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -73,7 +74,7 @@ def _restore_affinity_and_threads():
 
 @pytest.fixture
 def restore_math_flags() -> Iterator[None]:
-    """Undo a test's change of the TF32 and cuDNN benchmark flags (``rig.set_math_mode``):
+    """Undo a test's change of the TF32 and cuDNN benchmark flags (``math_modes.set_math_mode``):
     they are process-wide, and a later test would compute in that mode."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     before = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark)
@@ -103,12 +104,13 @@ def cpu_rig() -> Rig:
 
 @pytest.fixture
 def visible_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
-    """``visible_gpus(n)``: the rig's detection in this process (``rig.cuda_device_count``:
-    the default rig, ``--rig cuda``, a help page's default profile) sees ``n`` CUDA GPUs,
-    whatever this machine has. A test then says the machine it means: one that asks for
-    the cpu rig shows it still gets it on a GPU box, one about a machine without GPUs makes
-    that true itself. Processes the test starts see the machine's own GPUs."""
+    """``visible_gpus(n)``: the rig's detection in this process
+    (``rig_detection.cuda_device_count``: the default rig, ``--rig cuda``, a help page's
+    default profile) sees ``n`` CUDA GPUs, whatever this machine has. A test then says the
+    machine it means: one that asks for the cpu rig shows it still gets it on a GPU box, one
+    about a machine without GPUs makes that true itself. Processes the test starts see the
+    machine's own GPUs."""
     def see(n: int) -> None:
-        monkeypatch.setattr(rig_module, "cuda_device_count", lambda: n)
+        monkeypatch.setattr(rig_detection, "cuda_device_count", lambda: n)
 
     return see

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench_lib.measure import calibration_timing as measure
-from bench_lib.rig import Rig, available_cores
+from bench_lib.rig import Rig
 from bench_lib.run import calibration_worker as worker
 from bench_lib.run.calibration import (
     CalibrationKey,
@@ -26,6 +26,7 @@ from bench_lib.run.calibration import (
     write_calibrations,
 )
 from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes
+from bench_lib.topology import available_cores
 
 EVIDENCE = Path(__file__).parent / "data" / "h100-2026-11-26" / "resnet50-224-single-accum"
 KEY = CalibrationKey("resnet-tiny", 32, "fp32", "ce")

@@ -31,7 +31,8 @@ from torch import nn
 from bench_lib import commands, strategies
 from bench_lib.commands.plan import profile_overrides
 from bench_lib.results.schema import ADDED_CASE_COLUMNS, CASE_COLUMNS
-from bench_lib.rig import Rig, detect_rig
+from bench_lib.rig import Rig
+from bench_lib.rig_detection import detect_rig
 from bench_lib.run.protocol import CaseOutcome, CaseSpec
 from bench_lib.run.rows import case_row
 from bench_lib.run.runner import run_case

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from bench_lib import commands, exit_codes
+from bench_lib import commands, exit_codes, process_groups, rig_detection
 from bench_lib import rig as rig_module
 from bench_lib.commands import run as run_command
 from bench_lib.measure import environment, preflight
@@ -317,14 +317,14 @@ def group_calls(monkeypatch):
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         monkeypatch.setenv(name, "placeholder")  # so that the test's value is undone after
         monkeypatch.delenv(name)
-    monkeypatch.setattr(rig_module.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(process_groups.platform, "system", lambda: "Linux")
     return calls
 
 
 def test_a_cuda_rank_selects_its_gpu_then_joins_nccl_over_loopback(group_calls):
     import os
 
-    rig_module.init_process_group(Rig("cuda", 2), 1, 2, "/tmp/rendezvous", 30.0)
+    process_groups.init_process_group(Rig("cuda", 2), 1, 2, "/tmp/rendezvous", 30.0)
     assert [c[0] for c in group_calls] == ["set_device", "init"]
     assert group_calls[0] == ("set_device", 1)
     kwargs = group_calls[1][1]
@@ -339,7 +339,7 @@ def test_socket_interfaces_set_by_the_user_are_kept(group_calls, monkeypatch):
     import os
 
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
-    rig_module.init_process_group(Rig("cuda", 2), 0, 2, "/tmp/rendezvous", 30.0)
+    process_groups.init_process_group(Rig("cuda", 2), 0, 2, "/tmp/rendezvous", 30.0)
     assert os.environ["NCCL_SOCKET_IFNAME"] == "ib0" and os.environ["GLOO_SOCKET_IFNAME"] == "lo"
 
 
@@ -347,14 +347,14 @@ def test_a_cpu_rank_joins_gloo_without_a_gpu_and_other_systems_keep_their_defaul
         group_calls, cpu_rig, monkeypatch):
     import os
 
-    rig_module.init_process_group(cpu_rig, 0, 2, "/tmp/rendezvous", 30.0)
+    process_groups.init_process_group(cpu_rig, 0, 2, "/tmp/rendezvous", 30.0)
     (call,) = group_calls
     assert call[1]["backend"] == "gloo" and call[1]["device_id"] is None
     assert os.environ["NCCL_SOCKET_IFNAME"] == "lo"
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         monkeypatch.delenv(name)
-    monkeypatch.setattr(rig_module.platform, "system", lambda: "Darwin")
-    rig_module.init_process_group(cpu_rig, 0, 2, "/tmp/rendezvous", 30.0)
+    monkeypatch.setattr(process_groups.platform, "system", lambda: "Darwin")
+    process_groups.init_process_group(cpu_rig, 0, 2, "/tmp/rendezvous", 30.0)
     assert "NCCL_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in os.environ
 
 
@@ -538,9 +538,9 @@ def test_rig_detection_counts_gpus_without_initialising_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", no_runtime)
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # NVML-based in torch
-    assert rig_module.detect_rig("cuda").num_devices == 2
-    assert rig_module.detect_rig().kind == "cuda"
+    assert rig_detection.detect_rig("cuda").num_devices == 2
+    assert rig_detection.detect_rig().kind == "cuda"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert rig_module.detect_rig().kind == "cpu"
+    assert rig_detection.detect_rig().kind == "cpu"
     with pytest.raises(RigError, match="no CUDA GPU is visible"):
-        rig_module.detect_rig("cuda")
+        rig_detection.detect_rig("cuda")

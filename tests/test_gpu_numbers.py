@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from bench_lib import rig as rig_module
+from bench_lib import math_modes
 from bench_lib.commands.parser import build_parser
 from bench_lib.measure import flops, memory
 from bench_lib.run.rows import mfu_note
@@ -153,7 +153,7 @@ def fake_probes(monkeypatch: pytest.MonkeyPatch, op_of: Any) -> None:
 
 def test_probe_computes_under_the_training_flags(monkeypatch, cpu_rig, restore_math_flags):
     # Training's mode: IEEE fp32 (the run's math mode), no cuDNN autotuning...
-    monkeypatch.setattr(rig_module, "CUDNN_BENCHMARK", False)
+    monkeypatch.setattr(math_modes, "CUDNN_BENCHMARK", False)
     # ...and the probe process starting in the opposite one.
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -171,7 +171,7 @@ def test_probe_computes_under_the_training_flags(monkeypatch, cpu_rig, restore_m
     result = flops.probe_device(cpu_rig, 0, ["fp32"], 8, shape, 0.0, mode="ieee")
     assert {name for name, _ in seen} == set(flops.PROBES)
     assert {flags for _, flags in seen} == {(False, False, False)}  # every call, every probe
-    worker_mode = rig_module.set_math_mode("ieee")  # a worker's, before it builds its model
+    worker_mode = math_modes.set_math_mode("ieee")  # a worker's, before it builds its model
     assert result["math_mode"] == worker_mode
     peak = flops.AttainablePeak.of_probes({"0": result, "1": result}, 8, shape)
     recorded = json.loads(json.dumps(peak.as_dict()))

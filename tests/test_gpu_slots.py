@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from bench_lib import rig as rig_module
-from bench_lib import strategies
+from bench_lib import rig_detection, strategies
 from bench_lib.measure import preflight
-from bench_lib.rig import Rig, RigError, detect_rig, init_process_group
+from bench_lib.process_groups import init_process_group
+from bench_lib.rig import Rig, RigError
+from bench_lib.rig_detection import detect_rig
 from bench_lib.sweep.cases import new_case
 from tests.conftest import PYTHON, REPO
 
@@ -48,12 +50,12 @@ def test_slots_are_refused_where_they_mean_nothing():
 
 
 def test_detection_fits_the_slots_on_the_gpus_there_are(monkeypatch):
-    monkeypatch.setattr(rig_module, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(rig_detection, "cuda_device_count", lambda: 1)
     assert detect_rig("cuda", 2, gpu_slots=2) == Rig("cuda", 2, gpu_slots=2)
     assert detect_rig(None, None, gpu_slots=2) == Rig("cuda", 2, gpu_slots=2)  # all slots
     with pytest.raises(RigError, match="3 devices asked for at 2 slots per GPU.*1 GPU"):
         detect_rig("cuda", 3, gpu_slots=2)
-    monkeypatch.setattr(rig_module, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(rig_detection, "cuda_device_count", lambda: 0)
     assert detect_rig("cuda", 2, plan_only=True, gpu_slots=2).label.endswith("validation")
 
 

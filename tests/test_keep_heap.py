@@ -1,4 +1,4 @@
-"""A cpu worker keeps the memory it frees (``rig.keep_heap``, #41): glibc's default unmaps big
+"""A cpu worker keeps the memory it frees (``pinning.keep_heap``, #41): glibc's default unmaps big
 blocks and trims its heap, so a pass pages its big buffers in afresh, which a GPU's caching
 allocator never makes a device do."""
 
@@ -10,16 +10,16 @@ import sys
 
 import pytest
 
-from bench_lib import rig as rig_mod
+from bench_lib import pinning
 from bench_lib.measure.environment import collect
-from bench_lib.rig import (
+from bench_lib.pinning import (
     KEPT_HEAP,
     M_MMAP_MAX,
     M_TRIM_THRESHOLD,
-    Rig,
     heap_policy,
     keep_heap,
 )
+from bench_lib.rig import Rig
 
 
 class Libc:
@@ -48,13 +48,13 @@ def test_a_c_library_that_refuses_or_lacks_mallopt_is_said_so():
 
 def test_every_cpu_worker_keeps_its_heap_and_a_cuda_one_is_left_alone(monkeypatch):
     calls: list[str] = []
-    monkeypatch.setattr(rig_mod, "keep_heap", lambda: calls.append("kept") or KEPT_HEAP)
-    monkeypatch.setattr(rig_mod.os, "sched_setaffinity", lambda pid, cores: None,
+    monkeypatch.setattr(pinning, "keep_heap", lambda: calls.append("kept") or KEPT_HEAP)
+    monkeypatch.setattr(pinning.os, "sched_setaffinity", lambda pid, cores: None,
                         raising=False)
-    monkeypatch.setattr(rig_mod.torch, "set_num_threads", lambda n: None)
-    rig_mod.pin_worker(Rig("cpu", 1, cores=(0,)), 0)
+    monkeypatch.setattr(pinning.torch, "set_num_threads", lambda n: None)
+    pinning.pin_worker(Rig("cpu", 1, cores=(0,)), 0)
     assert calls == ["kept"]
-    rig_mod.pin_worker(Rig("cuda", 1), 0)
+    pinning.pin_worker(Rig("cuda", 1), 0)
     assert calls == ["kept"]
 
 
@@ -65,7 +65,7 @@ def test_env_json_says_what_a_cpu_worker_does_with_its_heap():
 
 CHILD = """
 import resource, sys, torch
-from bench_lib.rig import keep_heap
+from bench_lib.pinning import keep_heap
 if sys.argv[1] == "keep":
     keep_heap()
 # Three 16 MiB weights: their gradients are freed as each step starts and made anew.

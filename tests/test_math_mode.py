@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from bench_lib import commands, exit_codes
-from bench_lib import rig as rig_module
+from bench_lib import commands, exit_codes, math_modes
 from bench_lib.measure import flops
-from bench_lib.rig import Rig, available_cores
+from bench_lib.rig import Rig
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
+from bench_lib.topology import available_cores
 
 IEEE = {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False}
 
@@ -38,7 +38,7 @@ def test_torch_mode_is_what_a_fresh_torch_process_computes_in():
          "torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32]))"],
         capture_output=True, text=True, check=True, timeout=120)
     matmul, cudnn = json.loads(fresh.stdout)
-    assert rig_module.TORCH_TF32 == {"cuda_matmul_allow_tf32": matmul,
+    assert math_modes.TORCH_TF32 == {"cuda_matmul_allow_tf32": matmul,
                                      "cudnn_allow_tf32": cudnn}
     # torch 2.14 (checked in its source, torch/backends/cudnn/__init__.py and ATen's
     # Context): TF32 allowed in cuDNN convolutions, not in cuBLAS matmuls.
@@ -53,7 +53,7 @@ def test_set_math_mode_sets_each_modes_flags(restore_math_flags, mode, expected)
     torch.backends.cuda.matmul.allow_tf32 = not expected["cuda_matmul_allow_tf32"]
     torch.backends.cudnn.allow_tf32 = not expected["cudnn_allow_tf32"]
     torch.backends.cudnn.benchmark = False
-    recorded = rig_module.set_math_mode(mode)
+    recorded = math_modes.set_math_mode(mode)
     assert tf32_now() == expected
     assert torch.backends.cudnn.benchmark  # autotuning in either mode (warm-up pays for it)
     assert {k: recorded[k] for k in expected} == expected  # what env.json records
@@ -64,7 +64,7 @@ def test_set_math_mode_sets_each_modes_flags(restore_math_flags, mode, expected)
 
 def test_an_unknown_math_mode_is_refused(restore_math_flags, tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown math mode 'tf32'; valid: torch, ieee"):
-        rig_module.set_math_mode("tf32")
+        math_modes.set_math_mode("tf32")
     with pytest.raises(UsageError, match="unknown math mode 'tf32'; valid: torch, ieee"):
         Measurement(math_mode="tf32")
     with pytest.raises(UsageError, match="unknown math mode"):
@@ -98,12 +98,12 @@ def test_the_worker_trains_in_the_cases_math_mode(monkeypatch, tmp_path, restore
     monkeypatch.setattr(worker, "pin_worker", lambda rig, index: None)  # the test's process
     rig = Rig("cpu", 1, 1, tuple(available_cores()[:1]))
     case = new_case(rig, "single", "toy", 0, 8, measurement=Measurement(math_mode=mode))
-    flipped = {k: not v for k, v in rig_module.math_flags(mode).items()}
+    flipped = {k: not v for k, v in math_modes.math_flags(mode).items()}
     torch.backends.cuda.matmul.allow_tf32 = flipped["cuda_matmul_allow_tf32"]
     torch.backends.cudnn.allow_tf32 = flipped["cudnn_allow_tf32"]
     with pytest.raises(Timed):
         worker.run_rank(case, rig, 0, tmp_path, trace=False)
-    assert seen == [rig_module.math_flags(mode)]
+    assert seen == [math_modes.math_flags(mode)]
 
 
 def test_the_calibration_is_keyed_by_and_computes_in_the_math_mode():
@@ -148,7 +148,7 @@ def test_the_peak_probe_receives_the_mode_and_probes_in_it(monkeypatch, cpu_rig,
     monkeypatch.setattr(flops, "FileBarrier", lambda *a, **k: None)
     torch.backends.cudnn.allow_tf32 = mode == "ieee"  # the opposite of torch's default
     assert flops.main(argv) == 0
-    assert seen and all(flags == rig_module.math_flags(mode) for flags in seen)
+    assert seen and all(flags == math_modes.math_flags(mode) for flags in seen)
 
 
 def test_a_run_folder_from_before_the_choice_resumes_in_ieee(tmp_path, cpu_rig):
@@ -171,7 +171,7 @@ def test_a_run_folder_from_before_the_choice_resumes_in_ieee(tmp_path, cpu_rig):
 
 def _flip_math_flags(mode: str) -> None:
     """Set the TF32 flags opposite to ``mode``'s, so that a worker must set every one."""
-    flipped = {k: not v for k, v in rig_module.math_flags(mode).items()}
+    flipped = {k: not v for k, v in math_modes.math_flags(mode).items()}
     torch.backends.cuda.matmul.allow_tf32 = flipped["cuda_matmul_allow_tf32"]
     torch.backends.cudnn.allow_tf32 = flipped["cudnn_allow_tf32"]
 
@@ -201,7 +201,7 @@ def test_parity_trains_and_records_in_the_math_mode_asked_for(
     assert specs and {s.math_mode for s in specs} == {mode}  # every run's ranks are told
     (run_dir,) = run_dirs_in(tmp_path)
     env = json.loads((run_dir / "env.json").read_text())
-    assert {k: env["math_mode"][k] for k in IEEE} == rig_module.math_flags(mode)
+    assert {k: env["math_mode"][k] for k in IEEE} == math_modes.math_flags(mode)
     assert env["profile"]["parity"]["math_mode"] == mode
     # A rank sets the mode of its spec before it trains.
     seen: list[dict[str, bool]] = []
@@ -217,7 +217,7 @@ def test_parity_trains_and_records_in_the_math_mode_asked_for(
     specs[0].write(spec_path)
     _flip_math_flags(mode)
     assert parity_train.main([str(spec_path), "0"]) == 0
-    assert seen == [rig_module.math_flags(mode)]
+    assert seen == [math_modes.math_flags(mode)]
 
 
 @pytest.mark.parametrize("mode", ["torch", "ieee"])
@@ -252,7 +252,7 @@ def test_distance_computes_and_records_in_the_math_mode_asked_for(
     assert [s.measurement.math_mode for s in specs] == [mode]
     (run_dir,) = run_dirs_in(out)
     env = json.loads((run_dir / "env.json").read_text())
-    assert {k: env["math_mode"][k] for k in IEEE} == rig_module.math_flags(mode)
+    assert {k: env["math_mode"][k] for k in IEEE} == math_modes.math_flags(mode)
     assert env["profile"]["distance"]["measurement"]["math_mode"] == mode
     # The spec a worker reads carries the mode, and the worker sets it before its steps.
     spec_path = tmp_path / "spec.json"
@@ -274,7 +274,7 @@ def test_distance_computes_and_records_in_the_math_mode_asked_for(
     _flip_math_flags(mode)
     with pytest.raises(Built):
         distance_worker.run_rank(spec, 0, tmp_path)
-    assert seen == [rig_module.math_flags(mode)]
+    assert seen == [math_modes.math_flags(mode)]
 
 
 @pytest.mark.parametrize("command", ["parity", "distance"])

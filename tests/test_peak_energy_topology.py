@@ -13,24 +13,19 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench_lib.math_modes import math_mode, set_math_mode
 from bench_lib.measure import environment, flops
 from bench_lib.measure.energy import IdlePower, idle_power, rig_packages
 from bench_lib.measure.sampler import ProcessSource, RaplSource, Sampler
 from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import CASE_COLUMNS, SAMPLE_METRIC_NAMES
-from bench_lib.rig import (
-    CpuTopology,
-    Rig,
-    RigError,
-    detect_rig,
-    math_mode,
-    read_cpu_topology,
-    set_math_mode,
-)
+from bench_lib.rig import Rig, RigError
+from bench_lib.rig_detection import detect_rig
 from bench_lib.run import runner
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row, derived_columns, window_columns
 from bench_lib.sweep.cases import new_case
+from bench_lib.topology import CpuTopology, read_cpu_topology
 from tests.conftest import PYTHON, REPO
 
 # ---- a fake sysfs ---------------------------------------------------------------------------

@@ -5,7 +5,10 @@ import os
 import pytest
 import torch
 
-from bench_lib.rig import Rig, RigError, detect_rig, pin_worker, read_cpu_topology
+from bench_lib.pinning import pin_worker
+from bench_lib.rig import Rig, RigError
+from bench_lib.rig_detection import detect_rig
+from bench_lib.topology import read_cpu_topology
 
 
 def test_cpu_rig_defaults_and_cores():

@@ -186,10 +186,11 @@ def test_a_fast_gpu_case_times_until_the_minimum_and_fills_the_sampler_columns(m
 
 def test_without_a_minimum_the_fast_case_stops_at_the_ci_target_and_its_columns_are_empty(
         monkeypatch):
-    from bench_lib.rig import Rig, available_cores
+    from bench_lib.rig import Rig
     from bench_lib.run.rows import window_columns
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import Measurement
+    from bench_lib.topology import available_cores
 
     cpu = new_case(Rig("cpu", 1, 1, tuple(available_cores()[:1])), "single", "resnet50", 128, 120,
                    measurement=Measurement(timed_steps=20, max_time_s=60)).measurement
@@ -235,10 +236,11 @@ def test_the_minimum_is_checked_and_capped_by_max_time_s():
 
 
 def test_the_worker_times_a_case_under_its_minimum(monkeypatch, tmp_path):
-    from bench_lib.rig import Rig, available_cores
+    from bench_lib.rig import Rig
     from bench_lib.run import worker
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import Measurement
+    from bench_lib.topology import available_cores
 
     class Timed(Exception):
         pass

@@ -64,7 +64,7 @@ def _assert_timed_to_the_cuda_minimum(case: Case, outcome: CaseOutcome) -> None:
 
 
 def _cuda_rig(devices: int) -> Rig:
-    from bench_lib.rig import detect_rig
+    from bench_lib.rig_detection import detect_rig
 
     return detect_rig("cuda", devices)
 

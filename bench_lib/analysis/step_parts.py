@@ -158,7 +158,7 @@ FRESH_COPY_BYTES = 64 * 2**20
 """The copy the calibration times into a buffer allocated for it: above glibc's largest
 dynamic mmap threshold (32 MiB), so that where a process's heap is glibc's default its
 pages are new each time whatever ran before; in a cpu worker, which keeps its heap
-(``rig.keep_heap``), they are pages the heap kept, as FSDP2's buffers' are."""
+(``pinning.keep_heap``), they are pages the heap kept, as FSDP2's buffers' are."""
 
 
 def fsdp_copied_bytes(units: Sequence[int], root: int, devices: int) -> float:
@@ -173,7 +173,7 @@ def fsdp_copies_s(units: Sequence[int], root: int, devices: int,
                   copies: Mapping[int, float]) -> float:
     """FSDP2's copies per step (``fsdp_copied_bytes``) at the calibrated rate of a copy into
     a buffer allocated for it and freed after, as its all-gather and reduce-scatter buffers
-    are. A cpu worker keeps its heap (``rig.keep_heap``), so these land on pages it used
+    are. A cpu worker keeps its heap (``pinning.keep_heap``), so these land on pages it used
     before, in the calibration as in the case; before it did, glibc paged them in afresh
     (about 2.6 GB/s against 20 into a reused buffer, 2-core AMD EPYC) or not, as the heap
     happened to be: timing each unit's size gave 75 to 550 ms for the same copies from one

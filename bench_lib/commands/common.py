@@ -69,8 +69,8 @@ def gpu_slots(args: argparse.Namespace) -> int:
 
 def rig_of(args: argparse.Namespace, plan_only: bool = False) -> Rig:
     """The rig the rig flags (``add_rig_args``) ask for, detected where they are silent;
-    ``plan_only``: a dry run's, which asks no GPU anything (``rig.detect_rig``)."""
-    from bench_lib.rig import detect_rig
+    ``plan_only``: a dry run's, which asks no GPU anything (``rig_detection.detect_rig``)."""
+    from bench_lib.rig_detection import detect_rig
 
     return detect_rig(args.rig, args.devices, args.threads_per_worker, plan_only=plan_only,
                       gpu_slots=gpu_slots(args))
@@ -87,13 +87,13 @@ def add_out(p: argparse.ArgumentParser | argparse._ArgumentGroup, made: str) -> 
 
 MATH_MODE_HELP = ("torch (PyTorch's defaults: TF32 in cuDNN convolutions on Ampere and later, "
                   "IEEE in cuBLAS matmuls) or ieee (TF32 off in both)")
-"""What ``--math-mode``'s two values mean (``rig.MATH_MODES``), the same in every command."""
+"""What ``--math-mode``'s two values mean (``math_modes.MATH_MODES``), the same in every command."""
 
 
 def add_math_mode(p: argparse.ArgumentParser, what: str) -> None:
-    """``--math-mode`` of a command whose workers set it themselves (``rig.set_math_mode``)
+    """``--math-mode`` of a command whose workers set it themselves (``math_modes.set_math_mode``)
     and whose env.json records it; ``what``: what computes in it."""
-    from bench_lib.rig import DEFAULT_MATH_MODE, MATH_MODES
+    from bench_lib.math_modes import DEFAULT_MATH_MODE, MATH_MODES
 
     p.add_argument("--math-mode", choices=MATH_MODES, default=DEFAULT_MATH_MODE,
                    metavar="torch|ieee",

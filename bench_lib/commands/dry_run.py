@@ -74,7 +74,7 @@ def print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
     import time
 
     from bench_lib.processes.forkserver import ForkServer
-    from bench_lib.rig import cuda_device_count
+    from bench_lib.rig_detection import cuda_device_count
     from bench_lib.run.admission import Admission
     from bench_lib.run.agent import WARM_MODULES
     from bench_lib.run.calibration import Predictor, describe_calibration, sweep_collectives

@@ -139,7 +139,7 @@ def _help_profile(argv: Sequence[str] | None, command: str) -> Profile | None:
     args = list(argv or ())
     if not args or args[0] != command or not {"-h", "--help"} & set(args):
         return None
-    from bench_lib.rig import cuda_device_count
+    from bench_lib.rig_detection import cuda_device_count
     from bench_lib.sweep.profile import UsageError, load_profile, profile_path
 
     def given(flag: str) -> str | None:

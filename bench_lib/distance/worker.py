@@ -39,10 +39,12 @@ import torch
 
 from bench_lib.distance import methods
 from bench_lib.distance.spec import DistanceSpec, result_file
+from bench_lib.math_modes import set_math_mode
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory
 from bench_lib.measure.timing import measure_steps
+from bench_lib.pinning import pin_worker
+from bench_lib.process_groups import init_process_group
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import init_process_group, pin_worker, set_math_mode
 from bench_lib.run.protocol import RankResult, baseline_path
 from bench_lib.run.worker import (
     EXIT_FAILED,

@@ -16,7 +16,7 @@ micro-batch on), each block's share stamped at its boundaries (``measure.trace``
 CUDA events on GPUs). Not one block at a time (``strategies.partition.block_costs``'
 profiling, which keeps the fastest pass to choose a cut): a stage runs its blocks back to
 back, and what one block leaves behind (freed buffers, caches) is what the next one finds.
-Before a cpu worker kept its heap (``rig.keep_heap``), a block timed alone had priced
+Before a cpu worker kept its heap (``pinning.keep_heap``), a block timed alone had priced
 1f1b's last stage 20-30 ms a pass short: its 45 MiB of layer4's and fc's gradients were
 paged in afresh every backward, which the chained passes showed and a lone block did not
 (ResNet50, 64 px, 2 images, 2-core AMD EPYC; #41).
@@ -163,7 +163,7 @@ def fresh_copy_s(nbytes: int, device: torch.device, warmup: int = WARMUP,
                  repeats: int = COPY_REPEATS) -> float:
     """Seconds to copy ``nbytes`` of fp32 into a buffer allocated for the copy and freed
     after it, as FSDP2's copy-in and copy-out do each step (in a cpu worker, on pages its
-    heap kept: ``rig.keep_heap``): the median of ``repeats``."""
+    heap kept: ``pinning.keep_heap``): the median of ``repeats``."""
     source = torch.ones(max(1, nbytes // 4), device=device)
     return timed(lambda: torch.empty_like(source).copy_(source), [device], warmup, repeats)
 

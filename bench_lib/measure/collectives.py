@@ -1,8 +1,8 @@
 """The rig's collectives, measured once per run: time per size, and a latency-bandwidth fit.
 
 Before the sweep (``commands.run``), one fresh process per device, pinned like the workers
-(``rig.pin_worker``), joins a process group of its own (gloo on a cpu rig, NCCL on GPUs,
-``rig.init_process_group`` with a timeout) and times, at each of ``SIZES_MIB`` (scaled
+(``pinning.pin_worker``), joins a process group of its own (gloo on a cpu rig, NCCL on GPUs,
+``process_groups.init_process_group`` with a timeout) and times, at each of ``SIZES_MIB`` (scaled
 down to the sweep's largest message: ``sizes_for``)::
 
     all_reduce                 a buffer of n bytes on every rank
@@ -238,7 +238,8 @@ def _time_ops(rig: Rig, rank: int, sizes_bytes: Sequence[int],
 
 def main(argv: list[str]) -> int:
     """One rank of the micro-benchmark (``measure`` starts them); rank 0 writes the result."""
-    from bench_lib.rig import init_process_group, pin_worker
+    from bench_lib.pinning import pin_worker
+    from bench_lib.process_groups import init_process_group
 
     rig, rank, folder = Rig.from_dict(json.loads(argv[0])), int(argv[1]), Path(argv[2])
     world = rig.num_devices

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench_lib.measure.sampler import Reading, Sampler, Source
-from bench_lib.rig import CpuTopology, Rig, read_cpu_topology
+from bench_lib.rig import Rig
+from bench_lib.topology import CpuTopology, read_cpu_topology
 
 IDLE_SECONDS = 2.0
 """How long idle power is sampled, once per run."""

@@ -16,18 +16,13 @@ import torch
 import torchvision
 
 from bench_lib.fault_hooks import TEST_HOOK_VARIABLES
+from bench_lib.math_modes import DEFAULT_MATH_MODE, set_math_mode
 from bench_lib.nvml import cuda_visible_gpus, nvml_session, nvml_text
+from bench_lib.pinning import heap_policy
 from bench_lib.results.schema import SCHEMA_VERSION
-from bench_lib.rig import (
-    DEFAULT_MATH_MODE,
-    CpuTopology,
-    Rig,
-    available_cores,
-    cuda_device_count,
-    heap_policy,
-    read_cpu_topology,
-    set_math_mode,
-)
+from bench_lib.rig import Rig
+from bench_lib.rig_detection import cuda_device_count
+from bench_lib.topology import CpuTopology, available_cores, read_cpu_topology
 
 
 def git_info(repo: Path | None = None) -> dict[str, Any]:
@@ -77,7 +72,7 @@ def software_versions() -> dict[str, Any]:
     """Versions of everything that changes what is measured.
 
     Read in the runner, so without a CUDA context: the GPU count through NVML
-    (``rig.cuda_device_count``); NCCL's and cuDNN's versions are library calls.
+    (``rig_detection.cuda_device_count``); NCCL's and cuDNN's versions are library calls.
     """
     cuda = cuda_device_count() > 0
     nccl = None
@@ -301,11 +296,11 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         "git": git_info(),
         "fingerprint": hardware_fingerprint(rig),
         "cpu_topology": cpu_topology(rig),
-        # What a cpu worker does with the memory it frees (rig.keep_heap).
+        # What a cpu worker does with the memory it frees (pinning.keep_heap).
         "cpu_heap": heap_policy() if rig.kind == "cpu" else None,
         # /dev/shm, GPU ordering and NCCL variables; on GPUs links, P2P and bus ids (NVML).
         "multi_gpu": multi_gpu_environment(rig),
-        # What every worker and the peak probe set (rig.set_math_mode), read back here.
+        # What every worker and the peak probe set (math_modes.set_math_mode), read back here.
         "math_mode": set_math_mode(math_mode),
         "profile": profile,
         "command_line": argv,

@@ -9,7 +9,7 @@ GPUs cuDNN's convolutions and cuBLAS's GEMMs differ too, so a GEMM alone is not 
 attainable peak of a convolutional network.
 
 The math mode: the probe process sets the run's (``Measurement.math_mode``: ``torch`` or
-``ieee``) with the workers' own ``rig.set_math_mode`` before it builds a probe, refuses to
+``ieee``) with the workers' own ``math_modes.set_math_mode`` before it builds a probe, refuses to
 report a peak if the flags change while it probes, and records the flags (``math_mode``),
 the TF32 environment variables set (``math_env``) and, per precision, the mode in words
 (``math``). That matters on Ampere and later, where a TF32 convolution runs several times
@@ -52,15 +52,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench_lib.fault_hooks import QUICK_PEAK_ENV
+from bench_lib.math_modes import DEFAULT_MATH_MODE, math_mode, set_math_mode
+from bench_lib.pinning import pin_worker
 from bench_lib.processes.forkserver import ForkServer, parent_pid, start_module
-from bench_lib.rig import (
-    DEFAULT_MATH_MODE,
-    Rig,
-    math_mode,
-    pin_worker,
-    set_math_mode,
-    synchronize,
-)
+from bench_lib.rig import Rig, synchronize
 from bench_lib.workloads import LossFn, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -87,7 +82,7 @@ def tf32_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def math_mode_label(mode: Mapping[str, Any], precision: str = "fp32",
                     env: Mapping[str, str] | None = None) -> str:
     """In words, the arithmetic of ``precision`` matmuls and convolutions under the math
-    flags ``mode`` (``rig.math_mode``) and the TF32 environment ``env``."""
+    flags ``mode`` (``math_modes.math_mode``) and the TF32 environment ``env``."""
     if precision != "fp32":
         return f"{precision} (the fp32 TF32 flags do not apply)"
     if not mode:
@@ -315,7 +310,7 @@ class AttainablePeak:
     conv: tuple[int, ...] = ()
     """The probe convolution: batch, channels, image size, kernel (``ConvShape``)."""
     math_mode: dict[str, Any] = field(default_factory=dict)
-    """The math flags the probe ran under (``rig.math_mode``): the workers' too."""
+    """The math flags the probe ran under (``math_modes.math_mode``): the workers' too."""
     window_unix_s: dict[str, tuple[float, float]] = field(default_factory=dict)
     """device -> wall-clock start and end of its probing (they overlap: probed together)."""
     math_env: dict[str, str] = field(default_factory=dict)

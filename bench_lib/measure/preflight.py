@@ -19,10 +19,10 @@ instead of hours into a sweep.
   for this torch's CUDA, a GPU the wheel has no kernels for, a container without its GPUs
   stop the run here, with what to do, instead of making every case an error.
 - ``all_reduce`` (more than one device, after a passed smoke test): one process per device,
-  joined through the workers' own
-  ``rig.init_process_group`` (NCCL on GPUs, gloo on a cpu rig), a short all-reduce checked
-  against its expected sum, a barrier, under a timeout: a hang (P2P broken by ACS or an
-  IOMMU, a blocked interface) or a crash stops the run before any case.
+  joined through the workers' own ``process_groups.init_process_group`` (NCCL on GPUs,
+  gloo on a cpu rig), a short all-reduce checked against its expected sum, a barrier, under
+  a timeout: a hang (P2P broken by ACS or an IOMMU, a blocked interface) or a crash stops
+  the run before any case.
 - ``peer_access``: which GPU pairs reach each other directly (CUDA, in those processes):
   a pair without is a warning (NCCL then goes through host memory: slower, not wrong).
 
@@ -366,7 +366,8 @@ def _rank(argv: Sequence[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from bench_lib.rig import init_process_group, synchronize
+    from bench_lib.process_groups import init_process_group
+    from bench_lib.rig import synchronize
 
     rig = Rig.from_dict(json.loads(argv[0]))
     rank, world, init_file, result_path = int(argv[1]), int(argv[2]), argv[3], Path(argv[4])

@@ -29,6 +29,7 @@ from typing import Any
 
 from bench_lib import strategies
 from bench_lib.exit_codes import EXIT_NOT_OK, EXIT_OK
+from bench_lib.math_modes import DEFAULT_MATH_MODE, MATH_MODES
 from bench_lib.parity.data import IMAGE_SIZE, dataset, parity_workload
 from bench_lib.parity.launch import Job, Outcome, launch_all
 from bench_lib.parity.train import ParitySpec
@@ -43,7 +44,7 @@ from bench_lib.parity.verdict import (
     tolerance,
 )
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
-from bench_lib.rig import DEFAULT_MATH_MODE, MATH_MODES, Rig
+from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case, model_facts, new_case
 from bench_lib.sweep.profile import UsageError
 from bench_lib.workloads import MODELS
@@ -78,7 +79,7 @@ class ParityPlan:
     data_root: Path | None = None
     """The user's MNIST / CIFAR-10 folder (``parity.data``); None: the digits."""
     math_mode: str = DEFAULT_MATH_MODE
-    """The fp32 math every run computes in (``rig.MATH_MODES``; env.json records its
+    """The fp32 math every run computes in (``math_modes.MATH_MODES``; env.json records its
     flags)."""
 
     def __post_init__(self) -> None:

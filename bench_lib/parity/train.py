@@ -48,9 +48,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from bench_lib import strategies
+from bench_lib.math_modes import DEFAULT_MATH_MODE, set_math_mode
 from bench_lib.parity.data import Split, dataset, loader, parity_workload
+from bench_lib.pinning import pin_worker
+from bench_lib.process_groups import init_process_group
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import DEFAULT_MATH_MODE, Rig, init_process_group, pin_worker, set_math_mode
+from bench_lib.rig import Rig
 from bench_lib.strategies import BuildContext, Microbatching, Trainer
 from bench_lib.workloads import Workload
 
@@ -93,7 +96,7 @@ class ParitySpec:
     """The cpu rig's worker a one-process run is pinned to (``parity.check`` runs such runs
     side by side, one per worker)."""
     math_mode: str = DEFAULT_MATH_MODE
-    """The fp32 math the ranks compute in (``rig.MATH_MODES``, ``parity --math-mode``)."""
+    """The fp32 math the ranks compute in (``math_modes.MATH_MODES``, ``parity --math-mode``)."""
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, dataclasses.asdict(self) | {"rig": self.rig.as_dict()})

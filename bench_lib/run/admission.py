@@ -48,7 +48,7 @@ handles. Measured on the first GPU run (one H100 80GB, driver 580, torch 2.11.0+
 cuDNN 9.19; ``tests/data/h100-2026-11-26``): NVML's used memory over a case's timed steps,
 less the idle GPU's (483 MiB) and the allocator's reserved peak, was 742-770 MiB in each of
 its 9 one-process cases; the most is taken (it differs by GPU, driver and CUDA version). A
-case's process touches its own GPU(s) only (``rig.init_process_group`` selects its GPU
+case's process touches its own GPU(s) only (``process_groups.init_process_group`` selects its GPU
 first), so each GPU a process uses counts one."""
 NCCL_BUFFERS_MIB = 600.0
 """What NCCL holds on each GPU of a multi-process case (a process group on NCCL): per

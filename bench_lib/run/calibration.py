@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.math_modes import DEFAULT_MATH_MODE
 from bench_lib.results.schema import CALIBRATION_FILE
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import DEFAULT_MATH_MODE, Rig
+from bench_lib.rig import Rig
 from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes, calibration_sizes
 
 if TYPE_CHECKING:

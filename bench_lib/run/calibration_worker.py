@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from bench_lib import strategies
+from bench_lib.math_modes import set_math_mode
 from bench_lib.measure.calibration_timing import (
     Passes,
     block_times,
@@ -51,8 +52,9 @@ from bench_lib.measure.calibration_timing import (
     step_passes,
     timed,
 )
+from bench_lib.pinning import pin_worker
+from bench_lib.process_groups import init_process_group
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import init_process_group, pin_worker, set_math_mode
 from bench_lib.run.calibration import CalibrationSpec, result_file
 from bench_lib.run.worker import (
     EXIT_FAILED,

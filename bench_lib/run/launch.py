@@ -216,7 +216,7 @@ def start_agent(spec_path: Path, args: list[str], log_path: Path,
 def agent_env(threads_per_worker: int | None) -> dict[str, str]:
     """The agent's environment: ours, and on a cpu rig OMP_NUM_THREADS = the worker's
     threads where the user set none, so torchrun does not set 1 (its default for several
-    ranks); the worker pins its threads either way (``rig.pin_worker``)."""
+    ranks); the worker pins its threads either way (``pinning.pin_worker``)."""
     env = dict(os.environ)
     if threads_per_worker is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads_per_worker))

@@ -80,12 +80,15 @@ import torch
 import torch.distributed as dist
 
 from bench_lib import strategies
+from bench_lib.math_modes import set_math_mode
 from bench_lib.measure.kernels import kernel_names
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory, peak_reserved_mib
 from bench_lib.measure.timing import COMPUTE_ONLY_STEPS, measure_steps
 from bench_lib.measure.trace import TracedStep, trace_step
+from bench_lib.pinning import pin_worker
+from bench_lib.process_groups import init_process_group
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import Rig, init_process_group, pin_worker, set_math_mode, synchronize
+from bench_lib.rig import Rig, synchronize
 from bench_lib.run import faults
 from bench_lib.run.launch_parts import DONE, MAIN, Stamps, span, stamp
 from bench_lib.run.protocol import CaseSpec, RankResult, baseline_path, is_oom
@@ -174,7 +177,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
         if place.world_size not in (None, case.world_size):
             raise RuntimeError(f"torchrun started {place.world_size} ranks; the case needs "
                                f"{case.world_size}")
-        # NCCL's communicator is counted here: rig.init_process_group passes device_id,
+        # NCCL's communicator is counted here: process_groups.init_process_group passes device_id,
         # with which torch creates it eagerly, inside init_process_group. gloo (cpu rigs,
         # --gpu-slots) connects its pairs there too. Where a backend still connected
         # lazily, its first collective (the first warm-up step) would pay for it.

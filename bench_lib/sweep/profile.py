@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import strategies
-from bench_lib.rig import DEFAULT_MATH_MODE, MATH_MODES
+from bench_lib.math_modes import DEFAULT_MATH_MODE, MATH_MODES
 from bench_lib.strategies.ddp_knobs import COMM_HOOKS, KNOB_GRIDS, DdpKnobs, knob_grid
 from bench_lib.strategies.partition import PARTITIONS
 from bench_lib.workloads import CLASSIFIER_LOSSES, MODELS, PRECISIONS, get_model
@@ -77,7 +77,7 @@ class Measurement:
     """Interval of the utilisation/memory/power sampler (NVML refreshes every 1/6 s to 1 s)."""
     math_mode: str = DEFAULT_MATH_MODE
     """The fp32 math every case, its calibration and the FLOP peak probe compute in
-    (``rig.MATH_MODES``): ``torch``, PyTorch's own TF32 flags (cuDNN convolutions in TF32 on
+    (``math_modes.MATH_MODES``): ``torch``, PyTorch's own TF32 flags (cuDNN convolutions in TF32 on
     Ampere and later, cuBLAS matmuls in IEEE fp32), as users train; ``ieee``, TF32 off in
     both. bf16 cases run under autocast either way."""
 
