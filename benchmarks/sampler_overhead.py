@@ -1,6 +1,6 @@
 """Does the sampler disturb what it measures? Paired, interleaved blocks of training steps
 with the sampler on and off, in one process tree: the runner-like parent samples a pinned
-worker child that trains, exactly as ``bench_lib.run.runner`` does for a case.
+worker child that trains, exactly as ``bench_lib.run.case_launch`` does for a case.
 
     .venv/bin/python benchmarks/sampler_overhead.py [--pairs 12] [--interval-ms 100]
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_lib.analysis.stats import Stats  # noqa: E402
 from bench_lib.rig_detection import detect_rig  # noqa: E402
-from bench_lib.run.runner import case_sampler  # noqa: E402
+from bench_lib.run.sampling import case_sampler  # noqa: E402
 from bench_lib.sweep.cases import new_case  # noqa: E402
 from bench_lib.sweep.profile import Measurement  # noqa: E402
 

@@ -13,7 +13,7 @@ import pytest
 
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
-from bench_lib.run import runner, worker
+from bench_lib.run import case_launch, runner, worker
 from bench_lib.run.multinode import Coordinator, LaunchNotice
 from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult
 from bench_lib.sweep.cases import new_case
@@ -71,7 +71,7 @@ def test_tunes_short_launches_run_no_compute_only_steps(tmp_path, monkeypatch):
         asked.append(kwargs)
         return CaseOutcome("ok")
 
-    monkeypatch.setattr(runner, "run_case", fake_run_case)
+    monkeypatch.setattr(case_launch, "run_case", fake_run_case)
     launch = tune_search._runner_launch(RIG, tmp_path, None)
     launch(new_case(RIG, "ddp", "toy", 0, 8, measurement=QUICK), 1, "")
     assert asked and asked[0]["compute_only"] is False and asked[0]["trace"] is False

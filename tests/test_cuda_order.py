@@ -17,7 +17,7 @@ from bench_lib.measure import preflight
 from bench_lib.nvml import CudaOrderUnknown, cuda_visible_gpus
 from bench_lib.processes import forkserver
 from bench_lib.rig import Rig
-from bench_lib.run import runner
+from bench_lib.run import sampling
 from bench_lib.run.agent import WARM_MODULES
 from tests.conftest import PYTHON, REPO, in_process
 from tests.test_gpu_env import GPUS, no_cuda_calls, topo_nvml  # noqa: F401 (a fixture)
@@ -89,6 +89,6 @@ def test_nvml_maps_cuda_indices_in_the_order_cuda_uses(no_cuda_calls):  # noqa: 
 def test_the_sampler_reads_no_gpu_it_cannot_place(monkeypatch, no_cuda_calls):  # noqa: F811
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     with pytest.raises(CudaOrderUnknown):  # the case's sampler_note says why
-        runner._cuda_bus_ids(2, topo_nvml(gpus=MIXED))
+        sampling._cuda_bus_ids(2, topo_nvml(gpus=MIXED))
     warn = preflight.nvml_check(Rig("cuda", 2), topo_nvml(gpus=MIXED), dict(os.environ))
     assert warn.status == "warn" and "FASTEST_FIRST" in warn.detail, warn.detail

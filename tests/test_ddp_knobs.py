@@ -33,9 +33,9 @@ from bench_lib.commands.plan import profile_overrides
 from bench_lib.results.schema import ADDED_CASE_COLUMNS, CASE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.rig_detection import detect_rig
+from bench_lib.run.case_launch import run_case
 from bench_lib.run.protocol import CaseOutcome, CaseSpec
 from bench_lib.run.rows import case_row
-from bench_lib.run.runner import run_case
 from bench_lib.strategies import BuildContext
 from bench_lib.strategies.ddp_knobs import (
     COMM_HOOKS,

@@ -30,10 +30,10 @@ import torch.distributed as dist
 from bench_lib.processes import forkserver, lifeline
 from bench_lib.processes.supervision import PEER_GRACE_S
 from bench_lib.run import faults, worker
+from bench_lib.run.case_launch import run_case
 from bench_lib.run.protocol import RankResult
 from bench_lib.run.ranks import combine as combine_rank_files
 from bench_lib.run.ranks import launch_ranks
-from bench_lib.run.runner import run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 from tests.conftest import PYTHON, REPO

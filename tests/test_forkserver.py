@@ -21,7 +21,7 @@ from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.processes.lifeline import EXIT_ORPHANED
 from bench_lib.processes.supervision import kill_group
 from bench_lib.run.agent import WARM_MODULES, WORKER_MODULE
-from bench_lib.run.runner import run_case
+from bench_lib.run.case_launch import run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 

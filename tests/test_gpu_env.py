@@ -22,7 +22,7 @@ from bench_lib.measure import environment, preflight
 from bench_lib.measure.sampler import NvmlSource, Sampler, UnavailableSource
 from bench_lib.nvml import cuda_visible_gpus
 from bench_lib.rig import Rig, RigError
-from bench_lib.run import runner
+from bench_lib.run import sampling
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 from tests.test_monitor import FakeNvmlError, fake_nvml
@@ -123,22 +123,22 @@ def test_visible_gpus_follow_cuda_visible_devices(visible, expected, no_cuda_cal
 def test_cuda_bus_ids_come_from_nvml_without_a_cuda_context(monkeypatch, no_cuda_calls):
     nvml = topo_nvml()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
-    assert runner._cuda_bus_ids(2, nvml) == {"0": "00000000:5E:00.0", "1": "00000000:3B:00.0"}
+    assert sampling._cuda_bus_ids(2, nvml) == {"0": "00000000:5E:00.0", "1": "00000000:3B:00.0"}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     with pytest.raises(RuntimeError, match=r"sees 1 GPU\(s\).*'1'.*needs 2"):
-        runner._cuda_bus_ids(2, nvml)
+        sampling._cuda_bus_ids(2, nvml)
     assert nvml.state["inits"] == nvml.state["shutdowns"] == 2
     # The default (no fake) goes through pynvml too.
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setitem(sys.modules, "pynvml", topo_nvml())
-    assert runner._cuda_bus_ids(1) == {"0": "00000000:3B:00.0"}
+    assert sampling._cuda_bus_ids(1) == {"0": "00000000:3B:00.0"}
 
 
 def test_bus_ids_open_the_sampler_on_the_right_gpus(monkeypatch, no_cuda_calls):
     nvml = fake_nvml()  # knows 3B as handle 0 and 5E as handle 1
     topo = topo_nvml()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # CUDA's device 0 is the GPU at 5E
-    source = NvmlSource(runner._cuda_bus_ids(1, topo), nvml=nvml)
+    source = NvmlSource(sampling._cuda_bus_ids(1, topo), nvml=nvml)
     (row,) = source.read()
     assert row["device"] == "0" and row["util_gpu_pct"] == 91.0  # handle 1's reading
     source.close()
@@ -181,11 +181,11 @@ def test_first_gpm_figure_waits_for_its_minimum_span():
 
 def test_case_sampler_takes_no_gpm_figure_from_its_first_tick(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
-    monkeypatch.setattr(runner, "_cuda_bus_ids", lambda n: {"0": "00000000:3B:00.0"})
+    monkeypatch.setattr(sampling, "_cuda_bus_ids", lambda n: {"0": "00000000:3B:00.0"})
     rig = Rig("cuda", 1)
     case = new_case(rig, "single", "resnet-tiny", 32, 8,
                     measurement=Measurement(sample_interval_ms=50))
-    with runner.case_sampler(case, rig, [1]) as s:
+    with sampling.case_sampler(case, rig, [1]) as s:
         time.sleep(0.3)
     gpm = [r["sm_util_pct"] for r in s.samples]
     assert gpm[0] is None  # the tick right after opening spans ~0 ms
@@ -197,14 +197,14 @@ def test_case_sampler_says_why_nvml_is_unavailable(monkeypatch):
     case = new_case(rig, "ddp", "resnet-tiny", 32, 8,
                     measurement=Measurement(sample_interval_ms=20))
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no nvidia-ml-py installed
-    with runner.case_sampler(case, rig, [1, 2]) as s:
+    with sampling.case_sampler(case, rig, [1, 2]) as s:
         pass
     assert s.samples == []
     assert s.note.startswith("NVML unavailable (ModuleNotFoundError")
     assert "its columns are empty" in s.note
-    monkeypatch.setattr(runner, "_cuda_bus_ids",
+    monkeypatch.setattr(sampling, "_cuda_bus_ids",
                         lambda n: (_ for _ in ()).throw(FakeNvmlError("driver not loaded")))
-    with runner.case_sampler(case, rig, [1, 2]) as s:
+    with sampling.case_sampler(case, rig, [1, 2]) as s:
         pass
     assert s.note == ("NVML unavailable (FakeNvmlError: driver not loaded): its columns "
                       "are empty")
@@ -212,7 +212,7 @@ def test_case_sampler_says_why_nvml_is_unavailable(monkeypatch):
 
 def test_idle_power_says_why_nvml_is_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    idle = runner.measure_idle_power(Rig("cuda", 2), seconds=0.1)
+    idle = sampling.measure_idle_power(Rig("cuda", 2), seconds=0.1)
     assert idle.unsupported.startswith("NVML unavailable (ModuleNotFoundError")
 
 

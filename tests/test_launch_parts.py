@@ -15,6 +15,7 @@ import pytest
 
 from bench_lib.rig import Rig
 from bench_lib.run import worker
+from bench_lib.run.case_launch import run_case
 from bench_lib.run.duty import DUTY_FILE, DutyCycle, DutyMeter, write_duty
 from bench_lib.run.launch_parts import (
     DONE,
@@ -27,7 +28,6 @@ from bench_lib.run.launch_parts import (
 )
 from bench_lib.run.protocol import CaseSpec, RankResult
 from bench_lib.run.ranks import combine
-from bench_lib.run.runner import run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 

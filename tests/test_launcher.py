@@ -15,9 +15,9 @@ import pytest
 from bench_lib import commands, exit_codes
 from bench_lib.rig import Rig
 from bench_lib.run import launch, multinode
+from bench_lib.run.case_launch import _combine_launch
 from bench_lib.run.launch import AgentExits, Launcher, failure_codes, resolve, torchrun_args
 from bench_lib.run.protocol import RankResult
-from bench_lib.run.runner import _combine_launch
 from bench_lib.sweep.profile import Profile, UsageError
 from tests.test_reliability import finish, only_run_dir, start, statuses, workers_of
 

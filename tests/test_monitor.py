@@ -15,7 +15,7 @@ from bench_lib.results.schema import SAMPLE_COLUMNS
 from bench_lib.results.schema import SAMPLE_METRIC_NAMES as SAMPLE_METRICS
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
-from bench_lib.run import runner
+from bench_lib.run import case_launch, sampling
 from bench_lib.run.rows import window_columns
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
@@ -105,12 +105,12 @@ def test_nvml_missing_metrics_are_empty_not_zero():
 def test_case_sampler_on_a_cuda_rig_uses_nvml_by_bus_id(monkeypatch):
     nvml = fake_nvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(runner, "_cuda_bus_ids",
+    monkeypatch.setattr(sampling, "_cuda_bus_ids",
                         lambda n: {"0": "00000000:3B:00.0", "1": "00000000:5E:00.0"})
     rig = Rig("cuda", 2)
     case = new_case(rig, "ddp", "resnet-tiny", 32, 8,
                     measurement=Measurement(sample_interval_ms=20))
-    with runner.case_sampler(case, rig, [1, 2]) as s:
+    with sampling.case_sampler(case, rig, [1, 2]) as s:
         pass
     devices = {r["device"] for r in s.samples}
     assert devices == {"0", "1"} and s.interval_s == 0.02
@@ -227,7 +227,7 @@ def test_bad_interval_is_refused():
 def test_real_nvml_reads_the_first_gpu():
     import torch
 
-    keys = runner._cuda_bus_ids(1)
+    keys = sampling._cuda_bus_ids(1)
     with Sampler([NvmlSource(keys)], interval_s=0.05) as s:
         torch.ones(1, device="cuda").sum().item()
     assert s.samples and all(r["device"] == "0" for r in s.samples)
@@ -246,7 +246,7 @@ def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path, for
     measurement = Measurement(warmup_steps=1, timed_steps=80, max_time_s=1e6,
                               case_timeout_s=150, interval_target_pct=0.0, sample_interval_ms=20)
     case = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 4, measurement=measurement)
-    outcome = runner.run_case(case, cpu_rig, tmp_path, server=forks)
+    outcome = case_launch.run_case(case, cpu_rig, tmp_path, server=forks)
     assert outcome.status == "ok", outcome.reason
     assert {s["device"] for s in outcome.samples} == {"0", "1"}
     t0, t1 = outcome.timed_window_unix_s

@@ -21,7 +21,7 @@ from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import CASE_COLUMNS, SAMPLE_METRIC_NAMES
 from bench_lib.rig import Rig, RigError
 from bench_lib.rig_detection import detect_rig
-from bench_lib.run import runner
+from bench_lib.run import sampling
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row, derived_columns, window_columns
 from bench_lib.sweep.cases import new_case
@@ -185,7 +185,7 @@ def test_idle_power_is_the_counters_mean_power():
 
 
 def test_measure_idle_power_on_this_rig_is_a_figure_or_a_reason(cpu_rig):
-    idle = runner.measure_idle_power(cpu_rig, seconds=0.3)
+    idle = sampling.measure_idle_power(cpu_rig, seconds=0.3)
     assert idle.watts or idle.unsupported
 
 
@@ -193,9 +193,9 @@ def test_idle_power_of_a_cuda_rig_reads_every_gpu_through_nvml(monkeypatch):
     from tests.test_monitor import fake_nvml
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
-    monkeypatch.setattr(runner, "_cuda_bus_ids",
+    monkeypatch.setattr(sampling, "_cuda_bus_ids",
                         lambda n: {"0": "00000000:3B:00.0", "1": "00000000:5E:00.0"})
-    idle = runner.measure_idle_power(Rig("cuda", 2), seconds=0.3)
+    idle = sampling.measure_idle_power(Rig("cuda", 2), seconds=0.3)
     assert set(idle.watts) == {"0", "1"} and all(w > 0 for w in idle.watts.values())
     assert idle.sources == ["nvml gpu 0", "nvml gpu 1"]
 

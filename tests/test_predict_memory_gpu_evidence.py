@@ -95,7 +95,7 @@ def test_a_real_gpu_cases_peak_is_never_predicted_more_than_2_percent_under(prec
     prediction, never more than 2% under it (a prediction that admits a case must not be
     low), and within 5% over, plus two workspaces' difference on a GPU before Hopper."""
     from bench_lib.rig_detection import detect_rig
-    from bench_lib.run.runner import run_case
+    from bench_lib.run.case_launch import run_case
     from bench_lib.sweep.profile import Measurement
 
     rig = detect_rig("cuda", 1)

@@ -11,9 +11,9 @@ import pytest
 from bench_lib import strategies
 from bench_lib.measure.timing import WARMUP_EXTRA_MAX
 from bench_lib.rig import Rig
+from bench_lib.run.case_launch import run_case
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
-from bench_lib.run.runner import run_case
 from bench_lib.strategies.base import Strategy
 from bench_lib.sweep.cases import Case, new_case
 from bench_lib.sweep.profile import MIN_TIME_S_BY_RIG, Measurement

@@ -176,12 +176,12 @@ def test_a_mig_instance_is_read_as_its_own_share_of_the_card(monkeypatch):
     """Under MIG NVML's utilisation, power and energy are the card's, every instance's work:
     the instance's utilisation is its own GPM SM activity, and the rest is said, not read."""
     from bench_lib.measure.sampler import NvmlSource, Sampler
-    from bench_lib.run import runner
+    from bench_lib.run import sampling
     from tests.test_gpu_env import topo_nvml
     from tests.test_monitor import MIB, fake_nvml
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-cccc-3333")
-    assert runner._cuda_bus_ids(1, topo_nvml()) == {"0": "MIG-cccc-3333"}
+    assert sampling._cuda_bus_ids(1, topo_nvml()) == {"0": "MIG-cccc-3333"}
 
     nvml = fake_nvml()
     card_reads: list[str] = []

@@ -151,8 +151,8 @@ def resolve_launcher(args: argparse.Namespace) -> Launcher:
 
 def follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[Case]) -> int:
     """A non-first node of a multi-node run: follow node 0, which writes the run folder."""
+    from bench_lib.run.follower_run import run_follower
     from bench_lib.run.multinode import NodeZeroGone
-    from bench_lib.run.runner import run_follower
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -240,7 +240,7 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
     from bench_lib.results.store import start_run_dir, write_json_atomic
     from bench_lib.run.calibration import sweep_collectives
     from bench_lib.run.multinode import cluster_env
-    from bench_lib.run.runner import measure_idle_power
+    from bench_lib.run.sampling import measure_idle_power
     from bench_lib.sweep.shard import record as sweep_record
 
     rig, profile, cases = plan.rig, plan.profile, plan.cases

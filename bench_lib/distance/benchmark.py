@@ -45,9 +45,10 @@ from bench_lib.processes.forkserver import ForkServer
 from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.run.agent import WARM_MODULES
+from bench_lib.run.case_launch import memory_true_forks
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import by_device
-from bench_lib.run.runner import memory_true_forks, round_order
+from bench_lib.run.runner import round_order
 from bench_lib.sweep.profile import Measurement, UsageError
 
 DEFAULT_LAYERS = ("64x64x3x3", "128x128x3x3", "512x512x3x3", "2048x512x1x1", "16384x64x1x1")

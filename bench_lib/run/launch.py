@@ -1,6 +1,6 @@
 """How a case's ranks are started: the local launcher, or PyTorch's torchrun.
 
-``local`` (the default): the runner starts each rank itself (``runner._launch``), and the
+``local`` (the default): the runner starts each rank itself (``case_launch._run_local``), and the
 ranks meet through a ``file://`` rendezvous in the case's folder. ``torchrun``: the runner
 starts one torchrun agent per case launch on each node (``python -m torch.distributed.run``,
 through ``run.agent`` so that it dies with the runner), with ``--max-restarts 0`` (a

@@ -48,7 +48,7 @@ SPANS: dict[str, tuple[str, str]] = {
 the diagnostics' start lie the steps, warm-up and timed (the diagnostics start as
 ``measure_steps`` returns: everything after the timed steps is theirs)."""
 RUNNER_PARTS = ("prepare_s", "sampler_s", "collect_s")
-"""The runner's own parts of a launch (``runner.run_case``, ``runner._run_local``)."""
+"""The runner's own parts of a launch (``case_launch.run_case``, ``case_launch._run_local``)."""
 LAUNCH_PARTS = ("process_start_s", *SPANS, "teardown_s", *RUNNER_PARTS, "unaccounted_s")
 """Every part of a launch's fixed cost, in the order a launch goes through them."""
 

@@ -13,7 +13,7 @@ the baseline of the speedups (the other nodes sit it out).
 
 **Coordination.** Node 0's runner walks the sweep (``runner.run_sweep``) and hosts a c10d
 ``TCPStore`` on the coordination port (the rendezvous port + 1 unless ``--coord-port``); the
-other nodes' runners follow it (``runner.follow_sweep``). Keys, under ``parabench/``::
+other nodes' runners follow it (``follower_run.follow_sweep``). Keys, under ``parabench/``::
 
     hello/<i>       node i's NodeInfo: host, devices, versions, fingerprint, sweep digest;
                     then ADMITTED (node 0 took it) or WITHDRAWN (node i gave up first)

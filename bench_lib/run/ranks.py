@@ -2,8 +2,9 @@
 ``processes.supervision.start_group``), their memory checked against the cpu cap
 (``rss_over_cap``, for ``supervision.supervise``), and their result files combined into one
 ``CaseOutcome`` by the runner's rules (the first failure blamed, an ``oom`` first; else the
-slowest rank per step). The runner (``run.runner``), the calibration (``run.calibration``) and
-the distance command (``distance.launch``) start and read their ranks through it.
+slowest rank per step). The runner's launches (``run.case_launch``, ``run.agent_run``), the
+calibration (``run.calibration``) and the distance command (``distance.launch``) start and
+read their ranks through it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Before anything launches: the space is expanded and validated (bad input: exit 2
 written), the plan printed (candidates, rung 0's estimate, the exhaustive sweep's, the
 halving schedule and the budget; ``--dry-run`` stops there), and the memory prediction
 refuses what will not fit (``run.admission``: recorded ``oom``, reason "predicted: ...",
-never launched). Then each launch is one fresh ``run.runner.run_case``, short
+never launched). Then each launch is one fresh ``run.case_launch.run_case``, short
 (``tune.space.race_launch``: every rung alike, so that rungs pair), with no traced step;
 later launches reuse the first launch's stage cut, as a sweep's do. Each is printed as it
 ends and appended to ``tune.csv``. At the end the run folder gets ``cases.csv`` (one row per
@@ -216,7 +216,7 @@ def execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
             admission: Admission | None = None, predict: Predict | None = None) -> int:
     """Admit, predict, race, write the run folder, print the recommendation (``started``:
     unix time the command started; ``launch``: one launch of a case, default
-    ``run.runner.run_case``; ``admission``: the memory prediction, default ``Admission.of``
+    ``run.case_launch.run_case``; ``admission``: the memory prediction, default ``Admission.of``
     the candidates; ``predict``: the step-time prediction, default the profile's
     ``predict_time``: a calibration of the workload, ``run.calibration.Predictor``)."""
     with contextlib.ExitStack() as stack:  # the fork server, where one is started
@@ -247,7 +247,7 @@ def _execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
     if launch is None:  # every launch forked by one server that imported torch once
         from bench_lib.processes.forkserver import ForkServer
         from bench_lib.run.agent import WARM_MODULES
-        from bench_lib.run.runner import memory_true_forks
+        from bench_lib.run.case_launch import memory_true_forks
 
         server = stack.enter_context(ForkServer.take(WARM_MODULES))
         launch = _runner_launch(rig, work_root, memory_true_forks(server))
@@ -309,9 +309,9 @@ def _calibrated(rig: Rig, run_dir: Path, server: ForkServer, say: Say, quiet: bo
 
 
 def _runner_launch(rig: Rig, work_root: Path, server: ForkServer | None) -> LaunchFn:
-    """One fresh launch through the runner (``run.runner.run_case``), its ranks forked by
+    """One fresh launch through the runner (``run.case_launch.run_case``), its ranks forked by
     ``server``."""
-    from bench_lib.run.runner import run_case
+    from bench_lib.run.case_launch import run_case
 
     def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
         return run_case(case, rig, work_root, trace=False, cut=cut, launch=rung,

@@ -1,0 +1,194 @@
+"""One launch of a case (``run_case``): fresh worker process(es) with a timeout, whichever
+launcher starts them; its case folder and spec, the machine's load over it, its wall time
+and the parts it went to.
+
+Every process of a launch shares one process group of its own, so a crash, hang or OOM
+ends that launch alone: on timeout or on a dead rank the whole group is killed, and the
+case still yields exactly one row. The local launcher (``_run_local``) starts the ranks
+here (``run.ranks``). Under ``--launcher torchrun`` (``run.launch``) a multi-process launch
+is one torchrun agent instead (``run.agent_run``), supervised the same way (timeout, memory
+cap, sampler, the ranks' files combined by the same rules: ``_run_torchrun``); on node 0
+of a multi-node run it is announced to the other nodes, whose runners follow
+(``follower_run.follow_sweep``), and their ranks' files come back over node 0's
+coordination store (``run.multinode``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_lib.measure.contention import CpuSnapshot, machine_load
+from bench_lib.processes.forkserver import ForkServer
+from bench_lib.processes.supervision import PEER_GRACE_S, supervise
+from bench_lib.rig import Rig
+from bench_lib.run.agent_run import run_agent
+from bench_lib.run.launch import LOCAL, AgentExits, Launcher
+from bench_lib.run.launch_parts import with_unaccounted
+from bench_lib.run.multinode import Coordinator
+from bench_lib.run.protocol import CaseOutcome, CaseSpec
+from bench_lib.run.ranks import combine, launch_ranks, rss_over_cap
+from bench_lib.run.sampling import case_sampler
+from bench_lib.sweep.cases import Case
+
+REPORT_GRACE_S = 15.0
+"""Multi-node: how long node 0 waits for the other nodes' reports beyond ``PEER_GRACE_S``
+(after which they stop their ranks) once its own have ended."""
+
+
+def memory_true_forks(server: ForkServer | None) -> ForkServer | None:
+    """``server`` if its forked ranks' resident memory reads as fresh interpreters' (so the
+    memory columns and the cpu memory cap mean the same either way), else None: fresh
+    interpreters, said once on stderr."""
+    if server is None or server.mirrors_memory():
+        return server
+    print("the fork server cannot map its resident library pages into its ranks here "
+          "(/proc/self/pagemap unreadable): cases' ranks start as fresh interpreters",
+          file=sys.stderr, flush=True)
+    return None
+
+
+def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
+             cut: str = "", launcher: Launcher = LOCAL,
+             coordinator: Coordinator | None = None, launch: int = 0,
+             server: ForkServer | None = None,
+             warmup_steps: int | None = None, compute_only: bool = True) -> CaseOutcome:
+    """Run one launch of a case in fresh process(es) and return its outcome (never raises
+    for the case); ``trace``: trace a step for the pipeline timeline after the timed ones;
+    ``compute_only``: time the steps with no collective after them (``CaseSpec``);
+    ``cut``: the stage cut to use (``CaseSpec.cut``). ``launcher``: how its ranks start
+    (a case of one process always starts here); ``coordinator`` and ``launch`` (its round):
+    node 0's side of a multi-node run. ``server``: the run's fork server, which starts the
+    local launcher's ranks (None: each rank a fresh interpreter). ``warmup_steps``: a fixed
+    warm-up (``CaseSpec.warmup_steps``).
+
+    The launch's wall time runs from its case folder's creation to its removal; its
+    ``parts_s`` say where it went beyond the steps (``launch_parts``): the ranks' parts, this
+    side's ``prepare_s`` (the folder and spec), ``sampler_s`` and ``collect_s`` (the rank
+    files combined, the folder removed), and the unaccounted rest."""
+    start = time.monotonic()
+    case_dir = work_root / case.case_id
+    shutil.rmtree(case_dir, ignore_errors=True)
+    case_dir.mkdir(parents=True)
+    spec_path = case_dir / "spec.json"
+    CaseSpec(case, rig, trace, cut, warmup_steps, compute_only).write(spec_path)
+    log_path = case_dir / "worker.log"
+    # The machine's and our CPU times: contention over the case. Ranks the fork server
+    # reaped are its children, not ours: it reports their CPU.
+    def snapshot() -> CpuSnapshot:
+        return CpuSnapshot.now(server.reaped_cpu_s if server is not None else 0.0)
+
+    cpu_start = snapshot()
+    prepare_s = time.monotonic() - start
+    if launcher.kind == "torchrun" and case.process_group:
+        outcome = _run_torchrun(case, rig, case_dir, log_path, launcher, coordinator,
+                                launch, trace, cut, warmup_steps, compute_only)
+    else:
+        outcome = _run_local(case, rig, case_dir, log_path, server)
+    returned = time.monotonic()
+    # Every rank has been reaped (supervise waits for them; under torchrun the agent reaped
+    # its ranks and we the agent): their CPU is in our children's, or the server's count.
+    outcome.machine_load = machine_load(cpu_start, snapshot())
+    if outcome.status == "ok" and not outcome.trace_note:  # else keep worker.log: why
+        shutil.rmtree(case_dir, ignore_errors=True)
+    end = time.monotonic()
+    outcome.wall_time_s = end - start
+    parts = outcome.parts_s | {"prepare_s": prepare_s,
+                               "collect_s": outcome.parts_s.get("collect_s", 0.0) + end - returned}
+    outcome.parts_s = with_unaccounted(parts, outcome.wall_time_s, sum(outcome.step_times_s),
+                                       outcome.warmup_time_s)
+    return outcome
+
+
+def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path,
+               server: ForkServer | None = None) -> CaseOutcome:
+    """The local launcher: the runner starts every rank itself (``launch_ranks``)."""
+    requested = time.monotonic()  # the process start's beginning (launch_parts)
+    procs = launch_ranks(case_dir / "spec.json", case.processes, log_path, server)
+    # CPU workers are capped here by the resident memory the case adds, per device they
+    # drive; GPUs by their allocator (worker.py).
+    cap = case.measurement.max_memory_per_device_mib if rig.kind == "cpu" else 0.0
+    per_process = 1 if case.process_group else case.world_size
+    baselines: dict[int, float] = {}
+
+    def over_cap() -> str | None:
+        return rss_over_cap(procs, cap, case_dir, per_process, baselines)
+
+    exited_at: dict[int, float] = {}
+    # The sampler starts while the ranks start (off the launch's critical path); its stop,
+    # after the last rank is reaped, is on it: sampler_s.
+    with case_sampler(case, rig, [p.pid for p in procs]) as sampler:
+        stopped = supervise(procs, case.measurement.case_timeout_s,
+                             over_cap if cap else None, exited_at)
+        reaped = time.monotonic()
+    stopped_sampler = time.monotonic()
+    # The ranks' files, also when the runner stopped them: one may have failed first.
+    outcome = combine(case_dir, procs, log_path, stopped, exited_at, requested, reaped)
+    outcome.samples = sampler.samples
+    outcome.sampler_note = sampler.note
+    outcome.parts_s |= {"sampler_s": stopped_sampler - reaped,
+                        "collect_s": time.monotonic() - stopped_sampler}
+    return outcome
+
+
+def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: Launcher,
+                  coordinator: Coordinator | None, launch: int, trace: bool,
+                  cut: str, warmup_steps: int | None = None,
+                  compute_only: bool = True) -> CaseOutcome:
+    """One launch through torchrun: this node's agent; on node 0 of a multi-node run,
+    announced to the other nodes first, and their reports gathered after
+    (``run.multinode``)."""
+    if not launcher.multi_node:
+        part = run_agent(case, rig, case_dir, log_path, launcher)
+        outcome = _combine_launch(case_dir, case.world_size, log_path, part.stopped,
+                                  [part.exits])
+    else:
+        if coordinator is None:
+            raise ValueError("node 0 of a multi-node run needs its coordinator")
+        notice = coordinator.announce(case.case_id, launch, trace, cut, warmup_steps,
+                                      compute_only)
+        part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
+                         coordinator.watch(notice.seq, PEER_GRACE_S))
+        coordinator.over(notice.seq)
+        reports, lost = coordinator.collect(notice.seq, PEER_GRACE_S + REPORT_GRACE_S)
+        exits = [part.exits]
+        with log_path.open("a") as log:
+            for report in reports.values():
+                for rank, text in report.results.items():
+                    path = case_dir / f"rank{rank}.json"
+                    if not path.exists():
+                        path.write_text(text)
+                log.write(f"\n--- node {report.node} ({report.hostname}) ---\n"
+                          f"{report.log_tail}\n")
+                exits.append(AgentExits(report.exit_codes, report.exited_at))
+        outcome = _combine_launch(case_dir, case.world_size, log_path, part.stopped, exits,
+                                  lost)
+    outcome.samples = part.samples
+    outcome.sampler_note = part.sampler_note
+    return outcome
+
+
+@dataclass(frozen=True)
+class _Exit:
+    returncode: int | None
+
+
+def _combine_launch(case_dir: Path, world_size: int, log_path: Path,
+                    stopped: tuple[str, str] | None, exits: Sequence[AgentExits],
+                    lost: Mapping[int, str] | None = None) -> CaseOutcome:
+    """``combine`` for a torchrun launch: the nodes' exit codes and exit times, and the
+    nodes lost meanwhile named first (unless a rank ran out of memory: that is blamed
+    first, as always)."""
+    codes = {r: c for e in exits for r, c in e.exit_codes.items()}
+    exited_at = {r: t for e in exits for r, t in e.exited_at.items()}
+    outcome = combine(case_dir, [_Exit(codes.get(r)) for r in range(world_size)], log_path,
+                       stopped, exited_at)
+    if not lost or outcome.status == "oom":
+        return outcome
+    why = "; ".join(lost[i] for i in sorted(lost))
+    tail = "" if outcome.status == "ok" or outcome.reason.startswith(why) else outcome.reason
+    return CaseOutcome("error", f"{why}; then {tail}" if tail else why)
