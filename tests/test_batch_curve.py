@@ -22,8 +22,8 @@ from bench_lib.report.curve_figure import curve_points, fig_batch_curve
 from bench_lib.report.headlines import headline_lines, is_curve_point
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import launch_medians
-from bench_lib.run.rows import SpeedupTable
 from bench_lib.run.runner import workload_groups
+from bench_lib.run.speedup_table import SpeedupTable
 from bench_lib.sweep.cases import expand, new_case
 from bench_lib.sweep.profile import Profile
 from tests.conftest import in_process

@@ -24,8 +24,8 @@ from bench_lib.report.runs import load_runs
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.run import case_bound
+from bench_lib.run.bound_columns import bound_columns
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import bound_columns
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.predict_memory import schedule_actions
 from bench_lib.workloads import Workload

@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from bench_lib.measure import flops
+from bench_lib.run.mfu import efficiency
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import SpeedupTable, derived_columns, efficiency
+from bench_lib.run.rows import derived_columns
+from bench_lib.run.speedup_table import SpeedupTable
 from bench_lib.sweep.cases import new_case
 
 

@@ -331,8 +331,8 @@ def test_one_process_moves_nothing_between_the_slots_of_one_gpu():
     on two GPUs each boundary costs the send/recv fit's time there and back."""
     from bench_lib.analysis.collective_fits import Collectives
     from bench_lib.run import case_bound
+    from bench_lib.run.bound_columns import bound_columns
     from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.rows import bound_columns
     from tests.test_bound import traced
 
     shared, two = Rig("cuda", 2, gpu_slots=2), Rig("cuda", 2)
@@ -357,9 +357,9 @@ def test_ddp_on_gpu_slots_gets_its_bound_and_communication_part():
     bound overlaps compute with the all-reduce, and the waterfall's comm part is what the
     bound leaves exposed."""
     from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
+    from bench_lib.run.bound_columns import bound_columns, bound_columns_of, case_bound_or_why
     from bench_lib.run.case_parts import waterfall_columns
     from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.rows import bound_columns, bound_columns_of, case_bound_or_why
     from bench_lib.workloads.sizes import parameter_bytes
 
     shared = Rig("cuda", 2, gpu_slots=2)

@@ -16,7 +16,7 @@ from bench_lib.results.schema import SAMPLE_METRIC_NAMES as SAMPLE_METRICS
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.run import case_launch, sampling
-from bench_lib.run.rows import window_columns
+from bench_lib.run.sampler_columns import window_columns
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 

@@ -23,7 +23,8 @@ from bench_lib.rig import Rig, RigError
 from bench_lib.rig_detection import detect_rig
 from bench_lib.run import sampling
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row, derived_columns, window_columns
+from bench_lib.run.rows import case_row, derived_columns
+from bench_lib.run.sampler_columns import window_columns
 from bench_lib.sweep.cases import new_case
 from bench_lib.topology import CpuTopology, read_cpu_topology
 from tests.conftest import PYTHON, REPO

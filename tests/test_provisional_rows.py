@@ -24,7 +24,7 @@ from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
 from bench_lib.run import runner
 from bench_lib.run.admission import Admission
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import SpeedupTable
+from bench_lib.run.speedup_table import SpeedupTable
 from bench_lib.run.workload_rows import RoundDone, RowInputs, workload_rows
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement

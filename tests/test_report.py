@@ -95,8 +95,8 @@ def synthetic_run(root: Path, name: str = "20260101T000000Z_host_abcdef0", scale
             for k, ((strategy, split), step_s) in enumerate(steps.items()):
                 medians = launch_medians(step_s * scale, k)
                 row = ok_row(strategy, image, split, medians)
-                # Filled as the runner fills them (run.rows.SpeedupTable): single runs first,
-                # the speedup paired with it by round.
+                # Filled as the runner fills them (run.speedup_table.SpeedupTable): single runs
+                # first, the speedup paired with it by round.
                 speedup = paired_ratio_interval(single, medians)
                 row |= {"speedup_vs_single": speedup.point, "speedup_ci_low": speedup.low,
                         "speedup_ci_high": speedup.high,

@@ -28,8 +28,9 @@ from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.run.multinode import plan as plan_nodes
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import SPEEDUP_COLUMNS, SpeedupTable, case_row, step_rows
+from bench_lib.run.rows import case_row, step_rows
 from bench_lib.run.runner import workload_groups
+from bench_lib.run.speedup_table import SPEEDUP_COLUMNS, SpeedupTable
 from bench_lib.sweep.cases import Case, expand
 from bench_lib.sweep.estimate import case_seconds
 from bench_lib.sweep.profile import Measurement, Profile, UsageError

@@ -160,7 +160,7 @@ def _measure(clock: FastClock, m, monkeypatch) -> timing.TimedSteps:
 
 def test_a_fast_gpu_case_times_until_the_minimum_and_fills_the_sampler_columns(monkeypatch):
     from bench_lib.rig import Rig
-    from bench_lib.run.rows import window_columns
+    from bench_lib.run.sampler_columns import window_columns
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import MIN_TIME_S_BY_RIG, Measurement
 
@@ -187,7 +187,7 @@ def test_a_fast_gpu_case_times_until_the_minimum_and_fills_the_sampler_columns(m
 def test_without_a_minimum_the_fast_case_stops_at_the_ci_target_and_its_columns_are_empty(
         monkeypatch):
     from bench_lib.rig import Rig
-    from bench_lib.run.rows import window_columns
+    from bench_lib.run.sampler_columns import window_columns
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import Measurement
     from bench_lib.topology import available_cores

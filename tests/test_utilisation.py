@@ -12,7 +12,7 @@ from bench_lib.analysis import utilisation
 from bench_lib.results.schema import SAMPLE_METRIC_NAMES
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import util_check_columns, window_columns
+from bench_lib.run.sampler_columns import util_check_columns, window_columns
 from bench_lib.sweep.cases import new_case
 
 

@@ -1,7 +1,7 @@
 """The pipeline bubble, per device and per schedule: measured from a timeline, and in theory.
 
-Pure Python, no torch: the runner fills cases.csv from it (``run.rows``) and the report
-draws with it (``report.gantt``), so both read one definition.
+Pure Python, no torch: the runner fills cases.csv from it (``run.bound_columns``) and the
+report draws with it (``report.gantt``), so both read one definition.
 
 Measured. A *device* is a rank's device in the distributed schedules, or a device slot of
 the one process of ``mp``/``pipeline`` (timeline rows are keyed by (rank, device), and the

@@ -31,11 +31,11 @@ if TYPE_CHECKING:
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.rig import Rig
     from bench_lib.run.calibration import GivenCalibrations
+    from bench_lib.run.cells import Row
     from bench_lib.run.duty import DutyCycle, DutyMeter
     from bench_lib.run.launch import Launcher
     from bench_lib.run.multinode import Coordinator
     from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.rows import Row
     from bench_lib.run.workload_rows import RoundDone
     from bench_lib.sweep.cases import Case
     from bench_lib.sweep.profile import Profile

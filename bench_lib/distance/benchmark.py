@@ -46,8 +46,8 @@ from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.run.agent import WARM_MODULES
 from bench_lib.run.case_launch import memory_true_forks
+from bench_lib.run.cells import by_device
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import by_device
 from bench_lib.run.runner import round_order
 from bench_lib.sweep.profile import Measurement, UsageError
 

@@ -35,8 +35,8 @@ from typing import Any
 
 from bench_lib.nvml import VisibleGpu, cuda_visible_gpus, nvml_session
 from bench_lib.rig import Rig
+from bench_lib.run.cells import by_device
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import by_device
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.predict_memory import Prediction, predict
 

@@ -1,9 +1,9 @@
 """A case's bound from what its run recorded: which formula of ``analysis.bound`` applies,
 the traced step's pass times, and the byte sizes the transfers and collectives move.
 
-``run.rows.bound_columns`` calls ``case_bound`` for each ok case; ``run.calibration`` asks
-``largest_message`` how large the collective micro-benchmark's messages must be. Byte sizes
-come from the model built on meta tensors (``workloads.sizes``).
+``run.bound_columns.bound_columns`` calls ``case_bound`` for each ok case;
+``run.calibration`` asks ``largest_message`` how large the collective micro-benchmark's
+messages must be. Byte sizes come from the model built on meta tensors (``workloads.sizes``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ the empty folder that claimed its name), so a failure leaves nothing half-writte
   Figures, report.html and compare outputs are not copied: ``report`` the merged folder.
 
 It lives beside the runner, not in ``results/``, because it expands the sweep and fills
-speedups with ``run.rows``, which import torch; ``results/`` never does.
+speedups with ``run.speedup_table``, which imports torch; ``results/`` never does.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ from bench_lib.results.store import (
     write_json_atomic,
 )
 from bench_lib.rig import Rig
-from bench_lib.run.rows import EFFICIENCY_COLUMNS, SPEEDUP_COLUMNS, Row, SpeedupTable
+from bench_lib.run.cells import Row
+from bench_lib.run.speedup_table import EFFICIENCY_COLUMNS, SPEEDUP_COLUMNS, SpeedupTable
 from bench_lib.sweep.cases import Case, expand
 from bench_lib.sweep.profile import Profile, UsageError
 from bench_lib.sweep.shard import Shard, SweepRecord, sweep_id

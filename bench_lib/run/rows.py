@@ -1,44 +1,25 @@
-"""The cases.csv row of a case: its identity, its timing statistics, and the figures derived
-from what the runner saw (utilisation, memory, energy, FLOP efficiency, speedup)."""
+"""A case's rows: its cases.csv row (``case_row``: its identity, its timing statistics, and
+the figures derived from what the runner saw, each family of columns made by its own
+module: ``run.sampler_columns``, ``run.mfu``, ``run.bound_columns``; the speedup columns
+come from ``run.speedup_table``) and its steps.csv rows (``step_rows``)."""
 
 from __future__ import annotations
 
-import csv
-import dataclasses
-import math
 import statistics
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
 
-from bench_lib.analysis import bubble, utilisation
-from bench_lib.analysis.bound import Bound
-from bench_lib.analysis.collective_fits import Collectives
 from bench_lib.analysis.launch_spread import describe, kernels_note, launch_spread
-from bench_lib.analysis.stats import (
-    LaunchInterval,
-    Stats,
-    lag1_autocorr_within,
-    launch_interval,
-    paired_ratio_interval,
-)
+from bench_lib.analysis.stats import Stats, lag1_autocorr_within, launch_interval
 from bench_lib.measure.contention import contention, cpu_per_wall
-from bench_lib.measure.energy import MIN_SAMPLES, MIN_WINDOW_S, IdlePower
+from bench_lib.measure.energy import IdlePower
 from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
 from bench_lib.measure.throttling import throttling
-from bench_lib.results.schema import launch_medians
 from bench_lib.rig import Rig
-from bench_lib.run import case_bound
-from bench_lib.run.case_parts import device_compute_s
-from bench_lib.run.protocol import CaseOutcome, SampleRow
+from bench_lib.run.bound_columns import bubble_columns
+from bench_lib.run.cells import Row, by_device, finite
+from bench_lib.run.mfu import efficiency, mfu_note
+from bench_lib.run.protocol import CaseOutcome
+from bench_lib.run.sampler_columns import energy_left_empty, unsampled_nodes, window_columns
 from bench_lib.sweep.cases import Case
-
-Row = dict[str, Any]
-
-
-def by_device(values: dict[str, float]) -> str:
-    """``0:812.3;1:790.1``: a per-device column's text."""
-    return ";".join(f"{k}:{v:.1f}" for k, v in sorted(values.items()))
 
 
 def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
@@ -99,11 +80,11 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
             "step_time_s_p10": s.p10,
             "step_time_s_p90": s.p90,
             "step_time_s_iqr": s.iqr,
-            "step_time_s_ci_low": _finite(step.low),
-            "step_time_s_ci_high": _finite(step.high),
+            "step_time_s_ci_low": finite(step.low),
+            "step_time_s_ci_high": finite(step.high),
             "step_time_ci_method": step.method,
             "step_time_ci_note": step.note,
-            "step_time_lag1_autocorr": _finite(lag1_autocorr_within(per_launch)),
+            "step_time_lag1_autocorr": finite(lag1_autocorr_within(per_launch)),
             **launch_spread_columns(outcome),
             "throughput_img_s": case.batch_size / step.point,
             "peak_mem_mib_max": max(outcome.peak_mem_mib.values()),
@@ -133,8 +114,8 @@ def launch_spread_columns(outcome: CaseOutcome) -> Row:
     untested = spread.note if len(launches) > 1 else ""  # 1 launch: the ci note says so
     kernels = kernels_note([p.kernel_names for p in outcome.parts()])
     return {"launches_differ": int(spread.differ) if spread.tested else None,
-            "launch_spread_ratio": _finite(spread.ratio),
-            "launch_spread_p": _finite(spread.p_value),
+            "launch_spread_ratio": finite(spread.ratio),
+            "launch_spread_p": finite(spread.p_value),
             "launch_note": "; ".join(filter(None, [describe(spread), untested, kernels]))}
 
 
@@ -156,22 +137,6 @@ def shared_gpus(row: Row, case: Case, rig: Rig) -> Row:
                 "left empty (utilisation is the shared GPU's)")
         cols |= energy_left_empty(row, note) | {"energy_source": ""}
     return cols
-
-
-def unsampled_nodes(row: Row, nodes: int) -> Row:
-    """A case across ``nodes`` nodes: only node 0's devices are sampled, so its power and
-    energy cover part of the case's devices while the images are all of them: left empty,
-    with the reason (its utilisation, node 0's devices', stays)."""
-    note = (f"only node 0 is sampled: power and energy of a case across {nodes} nodes left "
-            "empty")
-    return energy_left_empty(row, note)
-
-
-def energy_left_empty(row: Row, note: str) -> Row:
-    """The columns that leave ``row``'s power and energy empty, ``note`` added to its
-    sampler note (after the sampler's own)."""
-    return {"power_w_mean": None, "energy_j_per_img": None, "energy_j_per_img_net": None,
-            "sampler_note": "; ".join(filter(None, [row.get("sampler_note"), note]))}
 
 
 def contention_columns(case: Case, rig: Rig, outcome: CaseOutcome) -> Row:
@@ -196,11 +161,6 @@ def contention_columns(case: Case, rig: Rig, outcome: CaseOutcome) -> Row:
         cols |= {"cpu_steal_pct": round(load.cpu_steal_pct, 2),
                  "other_cpu_pct": round(load.other_cpu_pct, 2)}
     return cols
-
-
-def _finite(x: float) -> float | None:
-    """``x``, or None (an empty cell) where it is NaN: a figure that could not be had."""
-    return None if math.isnan(x) else x
 
 
 def derived_columns(case: Case, outcome: CaseOutcome, throughput_img_s: float,
@@ -241,96 +201,6 @@ def derived_columns(case: Case, outcome: CaseOutcome, throughput_img_s: float,
     return cols
 
 
-def bubble_columns(case: Case, outcome: CaseOutcome, median_s: float) -> Row:
-    """The pipeline bubble per device beside the schedule's theory, and the traced step
-    against the median step (``median_s``); empty for strategies that do not pipeline."""
-    ideal = bubble.theory(case.strategy, case.world_size, case.num_microbatches)
-    if ideal is None:
-        return {}
-    cols: Row = {"bubble_theory_pct": 100 * ideal.fraction}
-    idle = bubble.measured(outcome.timeline)
-    if idle is not None:
-        lo, hi = bubble.span(outcome.timeline)
-        cols |= {"bubble_measured_pct": 100 * idle, "timeline_span_s": hi - lo}
-    if outcome.traced_step_s is not None:
-        cols |= {"traced_step_s": outcome.traced_step_s,
-                 "traced_vs_median_pct": 100 * (outcome.traced_step_s / median_s - 1)}
-    return cols
-
-
-def case_bound_or_why(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | None,
-                      single_s: float | None = None, collectives: Collectives | None = None,
-                      ddp_compute_s: float | None = None,
-                      copies: Mapping[int, float] | None = None) -> Bound | str | None:
-    """The case's bound from its own parts (``run.case_bound``), why it has none, or None
-    (a case not ok, a strategy without a bound). ``single_s``: the same workload's single
-    median step (ddp, fsdp); ``collectives``: the run's micro-benchmark;
-    ``ddp_compute_s``: for fsdp, a ddp case's measured compute of the same local batch;
-    ``copies``: the workload's calibrated copy rate (fsdp's copies)."""
-    if outcome.status != "ok" or not median_s:
-        return None
-    try:
-        return case_bound.case_bound(case, rig, outcome, median_s, single_s, collectives,
-                                     ddp_compute_s, copies)
-    except Exception as e:  # a bound is a derived figure: never worth losing the row for
-        return f"no bound: {type(e).__name__}: {e}"
-
-
-def bound_columns_of(found: Bound | str | None, median_s: float | None) -> Row:
-    """``found``'s columns beside the median step: empty for None."""
-    if found is None or not median_s:
-        return {}
-    if isinstance(found, str):
-        return {"bound_note": found}
-    return {"step_time_s_bound": found.step_s,
-            "step_time_s_bound_no_overlap": found.no_overlap_s,
-            "efficiency_vs_bound_pct": 100 * found.step_s / median_s,
-            "bound_compute_s": found.compute_s, "bound_bubble_s": found.bubble_s,
-            "bound_comm_s": found.comm_s, "bound_other_s": found.other_s,
-            "bound_note": found.note()}
-
-
-def bound_columns(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float | None,
-                  single_s: float | None = None, collectives: Collectives | None = None,
-                  ddp_compute_s: float | None = None,
-                  copies: Mapping[int, float] | None = None) -> Row:
-    """The bound's columns (``case_bound_or_why``, ``bound_columns_of``)."""
-    return bound_columns_of(case_bound_or_why(case, rig, outcome, median_s, single_s,
-                                              collectives, ddp_compute_s, copies), median_s)
-
-
-def util_check_columns(case: Case, rig: Rig, outcome: CaseOutcome, row: Row,
-                       optimizer_s: float | None = None,
-                       ddp_compute_s: float | None = None) -> Row:
-    """The utilisation read against the case's own compute (``analysis.utilisation``):
-    ``util_timeline_pct``, one device's compute a step over the median step
-    (``device_compute_s``), and ``util_check``, why they disagree where they do. Empty
-    where the case has no such measure (single, dp: no timeline), no utilisation, or one
-    cpu worker drives several devices (its utilisation is the one process's, not a
-    device's)."""
-    util, median = row.get("util_pct_mean"), row.get("step_time_s_median")
-    if outcome.status != "ok" or util in (None, "") or not median:
-        return {}
-    if rig.kind == "cpu" and not case.process_group:
-        return {}
-    compute = device_compute_s(case, outcome, float(median), optimizer_s or 0.0,
-                               ddp_compute_s)
-    if compute is None:
-        return {}
-    busy = min(100.0, 100 * compute / float(median))
-    return {"util_timeline_pct": busy,
-            "util_check": utilisation.disagreement(float(util), busy,
-                                                   str(row.get("util_source") or ""))}
-
-
-def _number(value: object) -> float:
-    """A row's number, 0 where it has none."""
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0.0
-
-
 def memory_columns(outcome: CaseOutcome) -> Row:
     """The net peak-memory columns and how the peaks were read (empty where not measured)."""
     if not outcome.peak_mem_net_mib:
@@ -338,111 +208,6 @@ def memory_columns(outcome: CaseOutcome) -> Row:
     return {"peak_mem_net_mib_max": max(outcome.peak_mem_net_mib.values()),
             "peak_mem_net_mib_by_device": by_device(outcome.peak_mem_net_mib),
             "peak_mem_source": outcome.peak_mem_source}
-
-
-def efficiency(flops_per_img: float, throughput_img_s: float,
-               peak_tflop_s: float | None) -> tuple[float, float | None]:
-    """Achieved TFLOP/s and its percentage of ``peak_tflop_s`` (None without a peak)."""
-    achieved = flops_per_img * throughput_img_s / 1e12
-    if not peak_tflop_s:
-        return achieved, None
-    return achieved, 100 * achieved / peak_tflop_s
-
-
-def mfu_note(mfu: float | None, peak: AttainablePeak | None, precision: str,
-             devices: int) -> str:
-    """Why ``mfu_pct`` is empty, or a flag where it is over 100% (the case beat the peak
-    probe, so the probe is not the attainable peak here: read the figure as suspect). The
-    flag names the math mode the peak was measured in (``AttainablePeak.math_of``), the
-    one the workers train in: a TF32 case against an IEEE peak is not the reason."""
-    if mfu is None:
-        why = peak.unsupported if peak is not None else ""
-        return f"no attainable peak: {why or f'none measured for {precision} on these devices'}"
-    if mfu > 100:
-        probes = "/".join(peak.probes_of(precision, devices) if peak else []) or "peak"
-        mode = (f"; peak measured in {peak.math_of(precision)}, the workers' math mode"
-                if peak is not None and peak.math_mode else
-                "; the math mode of the peak is not recorded")
-        return (f"over 100%: the case beat the measured peak ({probes} probe), so that "
-                f"probe is not the attainable peak here{mode}")
-    return ""
-
-
-def _plural(devices: dict[str, int]) -> str:
-    return ", ".join(f"{d}: {n}" for d, n in sorted(devices.items()))
-
-
-def window_columns(samples: list[SampleRow], windows: Sequence[tuple[float, float]],
-                   images: int, idle_w: dict[str, float] | None = None) -> Row:
-    """Sampler columns over the timed windows [t0, t1] (unix seconds; one per launch) in
-    which ``images`` ran in all.
-
-    Utilisation: the mean per device of its samples inside the windows, of the first
-    counter it has enough of (``analysis.utilisation.SOURCES``: GPM SM activity, NVML
-    kernel-active time, a cpu worker's CPU percent of what it holds; all 0-100), named in
-    ``util_source``.
-    Energy: per window, each counter's mean power between its first and last sample inside
-    it, summed over counters, times the window's length; summed over windows, per image;
-    net of ``idle_w`` (idle watts per counter's device label) too. Left empty, with the
-    reason in ``sampler_note``, where a window is shorter than ``MIN_WINDOW_S``, a device
-    (counter) has fewer than ``MIN_SAMPLES`` samples in one, or no counter exists.
-    """
-    energy: dict[str, list[list[tuple[float, float]]]] = {}
-    for s in samples:  # every counter that reports, so one with no sample inside counts as 0
-        if s["energy_j"] is not None:
-            energy.setdefault(s["device"], [[] for _ in windows])
-    for w, (t0, t1) in enumerate(windows):
-        for s in samples:
-            if s["energy_j"] is not None and t0 <= s["time_unix_s"] <= t1:
-                energy[s["device"]][w].append((s["time_unix_s"], s["energy_j"]))
-    out: Row = {
-        "util_pct_mean_by_device": "",
-        "util_pct_mean": None,
-        "util_source": "",
-        "power_w_mean": None,
-        "energy_j_per_img": None,
-        "energy_j_per_img_net": None,
-        "energy_source": "",
-        "sampler_note": "",
-    }
-    shortest = min(t1 - t0 for t0, t1 in windows)
-    if shortest < MIN_WINDOW_S:
-        out["sampler_note"] = (f"timed window {shortest:.2f} s is under {MIN_WINDOW_S:g} s "
-                               "(NVML averages over up to 1 s): utilisation and energy left "
-                               "empty (--min-time-s sets a launch's minimum)")
-        return out
-    notes = []
-    means, sources, few = utilisation.device_means(samples, windows, MIN_SAMPLES)
-    if few:
-        notes.append(f"samples in the timed window per device ({_plural(few)}) under "
-                     f"{MIN_SAMPLES}: utilisation left empty")
-    elif means:
-        out["util_pct_mean_by_device"] = by_device(means)
-        out["util_pct_mean"] = sum(means.values()) / len(means)
-        out["util_source"] = utilisation.source_text(sources)
-    short = {d: min(len(p) for p in per) for d, per in energy.items()
-             if any(len(p) < MIN_SAMPLES or p[-1][0] <= p[0][0] for p in per)}
-    if not energy:
-        notes.append("no readable energy counter")
-    elif short:
-        notes.append(f"energy counter samples in the timed window ({_plural(short)}) under "
-                     f"{MIN_SAMPLES}: energy left empty")
-    elif images > 0:
-        span = sum(t1 - t0 for t0, t1 in windows)
-        joules = {d: sum((p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0]) * (t1 - t0)
-                         for p, (t0, t1) in zip(per, windows))
-                  for d, per in energy.items()}
-        total = sum(joules.values())
-        out["power_w_mean"] = total / span
-        out["energy_j_per_img"] = total / images
-        out["energy_source"] = "rapl-rig-packages" if "host" in energy else "nvml-gpus"
-        if idle_w is not None and all(d in idle_w for d in joules):
-            idle = sum(idle_w[d] for d in joules)
-            out["energy_j_per_img_net"] = (total - idle * span) / images
-        else:
-            notes.append("no idle power measured for these counters: net energy left empty")
-    out["sampler_note"] = "; ".join(notes)
-    return out
 
 
 def step_rows(outcome: CaseOutcome) -> list[Row]:
@@ -455,107 +220,3 @@ def step_rows(outcome: CaseOutcome) -> list[Row]:
                       "cpu_time_s": cpu[i] if i < len(cpu) else ""}
                      for i, t in enumerate(times)]
     return rows
-
-
-class SpeedupTable:
-    """Fills the speedup columns from the ``single`` case of the same workload in the same
-    run (``sweep.cases.baselines_first`` puts it first): the speedup is single's launch
-    medians over the case's, paired by round (``paired_ratio_interval``), with its interval,
-    times the case's images per step over single's (1 under strong scaling, the world size
-    under weak: a throughput ratio); scaling efficiency is the speedup over the world size.
-
-    A batch-curve point (``Case.curve_of``) gets no speedup: it is compared with the
-    ``single`` case of its workload's full batch, per image (``per_image_efficiency``). It
-    is kept as the ``single`` of its own batch, which no case of the sweep has (else there
-    would be no point): ``single_steps`` gives the curve to the waterfall.
-    """
-
-    def __init__(self) -> None:
-        self._single: dict[tuple[str, int, int, str, str], list[float]] = {}
-        self._steps: dict[tuple[str, int, int, str, str], float] = {}
-        """Each ``single`` row's ``step_time_s_median``, by workload key."""
-
-    def seed(self, cases_csv: Path) -> None:
-        """Learn the `single` rows a run folder already holds (a resumed run)."""
-        if not cases_csv.is_file():
-            return
-        with cases_csv.open(newline="") as f:
-            for r in csv.DictReader(f):
-                if r["strategy"] == "single" and r["status"] == "ok" and r["launch_medians_s"]:
-                    key = (r["model"], int(r["image_size"]), int(r["batch_size"]),
-                           r["precision"], r["loss"])
-                    self._single[key] = launch_medians(r["launch_medians_s"])
-                    self._learn_step(key, r.get("step_time_s_median"))
-
-    def fill(self, case: Case, row: Row) -> None:
-        if row.get("status") != "ok":
-            return
-        medians = launch_medians(row["launch_medians_s"])
-        if case.strategy == "single":
-            self._single[case.workload_key] = medians
-            self._learn_step(case.workload_key, row.get("step_time_s_median"))
-        if case.curve_of is not None:
-            full = self._single.get(case.group_key)
-            if full:
-                rounds = min(len(full), len(medians))
-                row |= efficiency_columns(
-                    paired_ratio_interval(full[:rounds], medians[:rounds]),
-                    case.batch_size / case.curve_of)
-            return
-        base = self._single.get(case.workload_key)
-        if not base:
-            return
-        rounds = min(len(base), len(medians))
-        # Throughput over single's: under weak scaling the case steps through more images.
-        images = case.batch_size / case.workload_batch
-        speedup = paired_ratio_interval(base[:rounds], medians[:rounds])
-        row |= speedup_columns(dataclasses.replace(
-            speedup, point=speedup.point * images, low=speedup.low * images,
-            high=speedup.high * images), case.world_size)
-
-    def single_step_s(self, case: Case) -> float | None:
-        """The median step of the ``single`` case of ``case``'s workload, if known."""
-        base = self._single.get(case.workload_key)
-        return launch_interval(base).point if base else None
-
-    def _learn_step(self, key: tuple[str, int, int, str, str], step: object) -> None:
-        if step not in (None, ""):
-            self._steps[key] = float(step)  # type: ignore[arg-type]
-
-    def single_steps(self, case: Case) -> dict[int, float]:
-        """single's median step per batch for ``case``'s model, image size, precision and
-        loss: its full batch and its batch curve, as far as measured so far."""
-        same = (case.model, case.image_size, case.precision, case.loss)
-        return {batch: step for (model, image, batch, precision, loss), step in self._steps.items()
-                if (model, image, precision, loss) == same}
-
-
-SPEEDUP_COLUMNS = ("speedup_vs_single", "speedup_ci_low", "speedup_ci_high",
-                   "speedup_ci_note", "scaling_efficiency")
-"""The columns ``speedup_columns`` fills (``run.merge`` clears them before filling again)."""
-
-
-EFFICIENCY_COLUMNS = ("per_image_efficiency", "per_image_efficiency_ci_low",
-                      "per_image_efficiency_ci_high")
-"""The columns ``efficiency_columns`` fills in a batch-curve row."""
-
-
-def efficiency_columns(step_ratio: LaunchInterval, batch_ratio: float) -> Row:
-    """A batch-curve row's per-image efficiency: full-batch single's step over this row's
-    (``step_ratio``, paired by round) times this row's batch over the full one."""
-    return {
-        "per_image_efficiency": step_ratio.point * batch_ratio,
-        "per_image_efficiency_ci_low": _finite(step_ratio.low * batch_ratio),
-        "per_image_efficiency_ci_high": _finite(step_ratio.high * batch_ratio),
-    }
-
-
-def speedup_columns(speedup: LaunchInterval, world_size: int) -> Row:
-    """The speedup columns of a row from its paired interval (``SPEEDUP_COLUMNS``)."""
-    return {
-        "speedup_vs_single": speedup.point,
-        "speedup_ci_low": _finite(speedup.low),
-        "speedup_ci_high": _finite(speedup.high),
-        "speedup_ci_note": speedup.note,
-        "scaling_efficiency": speedup.point / world_size,
-    }

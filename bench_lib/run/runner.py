@@ -31,10 +31,12 @@ from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
 from bench_lib.run.calibration import Predictor
 from bench_lib.run.case_launch import memory_true_forks, run_case
+from bench_lib.run.cells import Row
 from bench_lib.run.launch import LOCAL, Launcher
 from bench_lib.run.multinode import Coordinator
 from bench_lib.run.protocol import CaseOutcome, reused_warmup
-from bench_lib.run.rows import Row, SpeedupTable, step_rows
+from bench_lib.run.rows import step_rows
+from bench_lib.run.speedup_table import SpeedupTable
 from bench_lib.run.workload_rows import RoundCallback, RoundDone, RowInputs, workload_rows
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.splits import settle

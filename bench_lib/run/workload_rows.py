@@ -16,17 +16,14 @@ from bench_lib.measure.energy import IdlePower
 from bench_lib.measure.flops import AttainablePeak
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
+from bench_lib.run.bound_columns import bound_columns_of, case_bound_or_why
 from bench_lib.run.calibration import prediction_columns
 from bench_lib.run.case_parts import waterfall_columns
+from bench_lib.run.cells import Row
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import (
-    Row,
-    SpeedupTable,
-    bound_columns_of,
-    case_bound_or_why,
-    case_row,
-    util_check_columns,
-)
+from bench_lib.run.rows import case_row
+from bench_lib.run.sampler_columns import util_check_columns
+from bench_lib.run.speedup_table import SpeedupTable
 from bench_lib.strategies.ddp_knobs import DdpKnobs
 from bench_lib.sweep.cases import Case
 

@@ -40,7 +40,7 @@ predicted and measured values disagree is where this model is wrong.
 Each prediction is a ``analysis.bound.Bound`` (its parts say where the time goes) or the
 reason there is none (``dp``: no model of its scatter and gather; no calibration; a
 batch the calibration lacks). ``speedup`` turns two predictions into a speedup the way
-``run.rows.SpeedupTable`` turns two measurements into one.
+``run.speedup_table.SpeedupTable`` turns two measurements into one.
 
 Pure arithmetic: no torch (the schedules' action lists and the cut's boundary bytes are
 passed in, or computed on demand by the modules that need torch).

@@ -102,7 +102,8 @@ def write_cases(run_dir: Path, space: Space, rig: Rig, admitted: list[Case],
     case's predicted step (``step_time_s_predicted`` and its error)."""
     from bench_lib.results.store import RunWriter
     from bench_lib.run.calibration import prediction_columns
-    from bench_lib.run.rows import SpeedupTable, case_row, step_rows
+    from bench_lib.run.rows import case_row, step_rows
+    from bench_lib.run.speedup_table import SpeedupTable
 
     index = {c.case_id: i for i, c in enumerate(admitted)}
     speedups = SpeedupTable()
