@@ -51,7 +51,7 @@ COMPAT := .venv-torch-$(TORCH)
 $(COMPAT)/.installed: pyproject.toml
 	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
 	$(COMPAT)/bin/python -m pip install --quiet --upgrade pip
-	PIP_CONSTRAINT=/dev/null $(COMPAT)/bin/python -m pip install --quiet "torch==$(TORCH)" torchvision -e '.[test]'
+	PIP_CONSTRAINT=/dev/null $(COMPAT)/bin/python -m pip install --quiet --no-cache-dir "torch==$(TORCH)" torchvision -e '.[test]'
 	touch $@
 
 test-compat:     ## the compatibility subset (every strategy) on another torch in its own venv: make test-compat TORCH=2.11.0
