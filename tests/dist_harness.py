@@ -10,7 +10,7 @@ that exceeds ``timeout_s``, fails with the rank's error.
 Ranks are fresh processes forked by multiprocessing's fork server, which imports torch and
 the library once per test session (``PRELOAD``): a spawned rank paid seconds of imports
 each time, two ranks a test. The server runs no torch operation, so a forked rank starts
-with no thread pool to inherit (as ``bench_lib.processes.forkserver``'s ranks do). Its
+with no thread pool to inherit (as ``bench_lib.processes.forkserver_process``'s ranks do). Its
 environment is the test session's at its start: a rank sets what it needs itself.
 """
 

@@ -1,4 +1,5 @@
-"""The fork server (processes/forkserver.py): ranks forked from one process that imported torch.
+"""The fork server (processes/forkserver.py, forkserver_process.py, resident_pages.py): ranks
+forked from one process that imported torch.
 
 The premise (a server with no thread of its own to inherit half-alive), real cases through
 it, exit codes as ``Popen`` reads them, process groups, CPU accounting, and a server that
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_lib.processes import forkserver
+from bench_lib.processes import forkserver, resident_pages
 from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.processes.lifeline import EXIT_ORPHANED
 from bench_lib.processes.supervision import kill_group
@@ -175,7 +176,7 @@ def _rss_file_kib() -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="needs Linux's /proc")
-@pytest.mark.parametrize("advice", [forkserver.MADV_POPULATE_READ, -1],
+@pytest.mark.parametrize("advice", [resident_pages.MADV_POPULATE_READ, -1],
                          ids=["madvise", "byte-reads"])
 def test_a_forked_child_maps_the_file_pages_its_parent_had_resident(tmp_path, monkeypatch,
                                                                     advice):
@@ -183,14 +184,14 @@ def test_a_forked_child_maps_the_file_pages_its_parent_had_resident(tmp_path, mo
     so a forked rank's resident memory would read ~300 MiB (the libraries) below a fresh
     interpreter's; ``mirror_resident`` maps back what ``resident_file_ranges`` listed.
     Advice -1: a kernel without MADV_POPULATE_READ (madvise fails), one read per page."""
-    monkeypatch.setattr(forkserver, "MADV_POPULATE_READ", advice)
+    monkeypatch.setattr(resident_pages, "MADV_POPULATE_READ", advice)
     size = 32 * 2**20
     data = tmp_path / "mapped.bin"
     data.write_bytes(os.urandom(size))
     with data.open("rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapped:
-        for page in range(0, size, 2 * forkserver.PAGE):  # half its pages resident
+        for page in range(0, size, 2 * resident_pages.PAGE):  # half its pages resident
             mapped[page]
-        ranges = forkserver.resident_file_ranges()
+        ranges = resident_pages.resident_file_ranges()
         # Read beside the listing: a kernel that reclaims cold pages on its own (DAMON) can
         # take some of this process's out of its page tables while the child runs.
         parent = _rss_file_kib()
@@ -201,7 +202,7 @@ def test_a_forked_child_maps_the_file_pages_its_parent_had_resident(tmp_path, mo
         pid = os.fork()
         if pid == 0:  # the child: no torch, no pytest; its RssFile before and after
             before = _rss_file_kib()
-            forkserver.mirror_resident(ranges)
+            resident_pages.mirror_resident(ranges)
             os.write(write, f"{before} {_rss_file_kib()}".encode())
             os._exit(0)
         os.close(write)
