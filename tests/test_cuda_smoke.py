@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench_lib import commands, exit_codes
-from bench_lib.commands import run as run_command
+from bench_lib.commands import plan as run_plan
 from bench_lib.measure import cuda_smoke, preflight
 from bench_lib.rig import Rig
 from tests.conftest import PYTHON, REPO
@@ -88,7 +88,7 @@ def test_the_command_line_exits_2_when_cuda_fails_on_one_gpu(monkeypatch, tmp_pa
     fake_smoke(monkeypatch, smoke_run(gpu(ok=False, error=NO_KERNEL)))
     from bench_lib.sweep.profile import Profile
 
-    monkeypatch.setattr(run_command, "plan_new", lambda args: (Rig("cuda", 1), Profile(), []))
+    monkeypatch.setattr(run_plan, "plan_new", lambda args: (Rig("cuda", 1), Profile(), []))
     out = tmp_path / "out"
     assert commands.main(["run", "--out", str(out)]) == exit_codes.EXIT_USAGE
     err = capsys.readouterr().err

@@ -17,7 +17,7 @@ import torch
 
 from bench_lib import commands, exit_codes, process_groups, rig_detection
 from bench_lib import rig as rig_module
-from bench_lib.commands import run as run_command
+from bench_lib.commands import plan as run_plan
 from bench_lib.measure import environment, preflight
 from bench_lib.measure.sampler import NvmlSource, Sampler, UnavailableSource
 from bench_lib.nvml import cuda_visible_gpus
@@ -469,7 +469,7 @@ def test_cli_runs_the_preflight_before_a_cuda_run_and_exits_2(monkeypatch, tmp_p
         raise preflight.PreflightError("pre-flight of rig cuda:2 failed; all_reduce: hang")
 
     monkeypatch.setattr(preflight, "check", failing)
-    monkeypatch.setattr(run_command, "plan_new", _plan(Rig("cuda", 2)))
+    monkeypatch.setattr(run_plan, "plan_new", _plan(Rig("cuda", 2)))
     out = tmp_path / "out"
     assert commands.main(["run", "--out", str(out)]) == exit_codes.EXIT_USAGE
     assert calls == ["cuda:2"] and not out.exists()  # stopped before the run folder
@@ -485,7 +485,7 @@ def test_cli_runs_no_preflight_on_a_cpu_rig(monkeypatch, tmp_path, cpu_rig):
     from bench_lib.sweep.profile import UsageError
 
     monkeypatch.setattr(preflight, "check", lambda *a, **k: pytest.fail("pre-flight ran"))
-    monkeypatch.setattr(run_command, "plan_new", _plan(cpu_rig))
+    monkeypatch.setattr(run_plan, "plan_new", _plan(cpu_rig))
 
     def stop(*_args):
         raise UsageError("stopped where the run folder would be created")

@@ -208,7 +208,7 @@ def test_the_headlines_say_their_rows_are_provisional():
 
 
 def test_the_report_is_due_after_a_workloads_first_round_only():
-    from bench_lib.commands.run import report_due
+    from bench_lib.commands.after_run import report_due
 
     def due(done: int, rounds: int, workload: int = 1, workloads: int = 2) -> bool:
         return report_due(RoundDone((), done, rounds, workload, workloads))

@@ -1,5 +1,6 @@
 """What ``run`` does with the run folder it wrote (``--report``, ``--compare-to``,
-``--save-baseline``), and the checks of those targets made before the sweep starts."""
+``--save-baseline``), the checks of those targets made before the sweep starts, and the
+reports ``--report`` writes while it runs (after which rounds: ``report_due``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
+    from bench_lib.run.workload_rows import RoundDone
 
 
 def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool = False
@@ -69,6 +71,14 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
                              "folder this user can write")
 
 
+def report_due(done: RoundDone) -> bool:
+    """Whether ``--report`` writes the report after this round: after a workload's first
+    round only, since a report costs seconds that a round of a few launches would feel
+    (the first gives the workload's answer early; the next workload's first round shows
+    this one's final figures, and the run's end writes the last one's)."""
+    return not done.last and done.round_done == 1
+
+
 def interim_report(run_dir: Path, when: str) -> str:
     """Write the report of a run still going (``run --report`` after a workload's round;
     provisional rows say so on the page), and a line saying where, or why not: a report
@@ -105,3 +115,4 @@ def after_run(args: argparse.Namespace, run_dir: Path) -> int:
 
         print(f"baseline: {save_baseline(run_dir, args.save_baseline)}", file=sys.stderr)
     return code
+

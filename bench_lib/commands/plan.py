@@ -1,15 +1,20 @@
-"""A sweep planned from the flags: the rig, the profile with the flags over it, the cases (new,
-resumed, or one shard of them), validated before anything runs."""
+"""A run planned from the flags: the launcher, the rig, the profile with the flags over it,
+the cases (new, resumed, or one shard of them) and a reused calibration, validated before
+anything runs (``plan_run``: the ``Planned`` run)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bench_lib.commands.after_run import check_after_run_targets
 from bench_lib.commands.common import rig_of
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
+    from bench_lib.run.calibration import GivenCalibrations
+    from bench_lib.run.launch import Launcher
     from bench_lib.sweep.cases import Case
     from bench_lib.sweep.profile import Profile
     from bench_lib.sweep.shard import ShardPlan, SweepRecord
@@ -89,3 +94,69 @@ def plan_shard(args: argparse.Namespace, rig: Rig, profile: Profile, cases: list
         return cases, None, None
     sweep, cut = shard.record(profile, rig, cases, args.shard)
     return shard.select(cases, sweep), sweep, cut
+
+
+def resolve_launcher(args: argparse.Namespace) -> Launcher:
+    """The run's launcher (exit 2 on bad input); ``--nproc-per-node`` fills ``--devices``."""
+    from bench_lib.run.launch import resolve
+    from bench_lib.sweep.profile import UsageError
+
+    launcher = resolve(args.launcher, args.nnodes, args.node_rank, args.rdzv_endpoint,
+                       args.coord_port, rdzv_timeout_s=args.rdzv_timeout_s)
+    if args.nproc_per_node is not None:
+        if launcher.kind != "torchrun":
+            raise UsageError("--nproc-per-node needs --launcher torchrun")
+        if args.devices not in (None, args.nproc_per_node):
+            raise UsageError(f"--nproc-per-node {args.nproc_per_node} and --devices "
+                             f"{args.devices} disagree: each node runs one rank per device")
+        args.devices = args.nproc_per_node
+    if launcher.multi_node and args.resume:
+        raise UsageError("--resume of a multi-node run is not supported: run it again")
+    return launcher
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A run's plan, every input checked (nothing written yet)."""
+
+    launcher: Launcher
+    rig: Rig
+    profile: Profile
+    cases: list[Case]
+    sweep: SweepRecord | None
+    """This shard's record (``--shard``, or a resumed shard's), else None."""
+    cut: ShardPlan | None
+    given: GivenCalibrations | None
+    """The calibrations ``--calibration`` named, else None."""
+
+
+def plan_run(args: argparse.Namespace) -> Planned:
+    """Every check before the run folder exists (UsageError and the like: exit 2, nothing
+    written): the flags that go together, the launcher, the sweep (new, resumed, a node's
+    share, a shard), a reused calibration, the post-sweep targets."""
+    from bench_lib.run.multinode import plan as plan_nodes
+    from bench_lib.sweep.profile import UsageError
+
+    if args.predict_memory and not args.dry_run:
+        raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
+                         "before launching it anyway: peak_mem_mib_predicted_by_device)")
+    if args.resume and (args.predict or args.calibration is not None):
+        raise UsageError("--resume predicts as the run folder's profile says (and reads its "
+                         "calibration.json); drop --predict and --calibration")
+    launcher = resolve_launcher(args)
+    rig, profile, cases = plan_resume(args) if args.resume else plan_new(args)
+    if args.predict or args.calibration is not None:
+        profile = profile.override(predict_time=True)
+    given = None
+    if args.calibration is not None:
+        from bench_lib.run.calibration import given_calibrations
+
+        try:
+            given = given_calibrations(args.calibration, rig)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if launcher.multi_node:  # planned again, on every node's devices
+        rig, cases = plan_nodes(profile, rig, launcher.nnodes)
+    cases, sweep, cut = plan_shard(args, rig, profile, cases)
+    check_after_run_targets(args, rig, launcher.multi_node)
+    return Planned(launcher, rig, profile, cases, sweep, cut, given)

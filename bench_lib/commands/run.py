@@ -1,4 +1,6 @@
-"""``run``: a sweep, its run folder, and what follows it (report, gate, baseline)."""
+"""``run``: a sweep, its run folder, and what follows it (report, gate, baseline): the
+command's flags and its sequence; its plan is ``commands.plan``'s, its run folder
+``commands.run_folder``'s, its answers on stderr ``run.answers``'."""
 
 from __future__ import annotations
 
@@ -6,13 +8,10 @@ import argparse
 import contextlib
 import signal
 import sys
-import textwrap
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from bench_lib.commands.after_run import after_run, check_after_run_targets, interim_report
+from bench_lib.commands.after_run import after_run, interim_report, report_due
 from bench_lib.commands.common import (
     add_out,
     add_rig_args,
@@ -21,25 +20,16 @@ from bench_lib.commands.common import (
     sweep_flags,
 )
 from bench_lib.commands.dry_run import print_plan, print_predictions
-from bench_lib.commands.plan import plan_new, plan_resume, plan_shard
+from bench_lib.commands.plan import plan_run
+from bench_lib.commands.run_folder import start_folder
 from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
 
 if TYPE_CHECKING:
-    from bench_lib.analysis.collective_fits import Collectives
-    from bench_lib.measure.energy import IdlePower
-    from bench_lib.measure.flops import AttainablePeak
-    from bench_lib.processes.forkserver import ForkServer
     from bench_lib.rig import Rig
-    from bench_lib.run.calibration import GivenCalibrations
-    from bench_lib.run.cells import Row
-    from bench_lib.run.duty import DutyCycle, DutyMeter
     from bench_lib.run.launch import Launcher
-    from bench_lib.run.multinode import Coordinator
     from bench_lib.run.protocol import CaseOutcome
     from bench_lib.run.workload_rows import RoundDone
     from bench_lib.sweep.cases import Case
-    from bench_lib.sweep.profile import Profile
-    from bench_lib.sweep.shard import ShardPlan, SweepRecord
 
 HELP = "run a sweep and write a run folder under results/"
 EXAMPLES = """\
@@ -130,24 +120,6 @@ def add_launcher_args(run: argparse.ArgumentParser) -> None:
                    help="ranks per node, torchrun's word for --devices (must match it)")
 
 
-def resolve_launcher(args: argparse.Namespace) -> Launcher:
-    """The run's launcher (exit 2 on bad input); ``--nproc-per-node`` fills ``--devices``."""
-    from bench_lib.run.launch import resolve
-    from bench_lib.sweep.profile import UsageError
-
-    launcher = resolve(args.launcher, args.nnodes, args.node_rank, args.rdzv_endpoint,
-                       args.coord_port, rdzv_timeout_s=args.rdzv_timeout_s)
-    if args.nproc_per_node is not None:
-        if launcher.kind != "torchrun":
-            raise UsageError("--nproc-per-node needs --launcher torchrun")
-        if args.devices not in (None, args.nproc_per_node):
-            raise UsageError(f"--nproc-per-node {args.nproc_per_node} and --devices "
-                             f"{args.devices} disagree: each node runs one rank per device")
-        args.devices = args.nproc_per_node
-    if launcher.multi_node and args.resume:
-        raise UsageError("--resume of a multi-node run is not supported: run it again")
-    return launcher
-
 
 def follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[Case]) -> int:
     """A non-first node of a multi-node run: follow node 0, which writes the run folder."""
@@ -174,167 +146,12 @@ def command(args: argparse.Namespace) -> int:
         return _run(args, stack)
 
 
-@dataclass(frozen=True)
-class Planned:
-    """A run's plan, every input checked (nothing written yet)."""
-
-    launcher: Launcher
-    rig: Rig
-    profile: Profile
-    cases: list[Case]
-    sweep: SweepRecord | None
-    """This shard's record (``--shard``, or a resumed shard's), else None."""
-    cut: ShardPlan | None
-    given: GivenCalibrations | None
-    """The calibrations ``--calibration`` named, else None."""
-
-
-def plan_run(args: argparse.Namespace) -> Planned:
-    """Every check before the run folder exists (UsageError and the like: exit 2, nothing
-    written): the flags that go together, the launcher, the sweep (new, resumed, a node's
-    share, a shard), a reused calibration, the post-sweep targets."""
-    from bench_lib.run.multinode import plan as plan_nodes
-    from bench_lib.sweep.profile import UsageError
-
-    if args.predict_memory and not args.dry_run:
-        raise UsageError("--predict-memory goes with --dry-run (a run predicts every case "
-                         "before launching it anyway: peak_mem_mib_predicted_by_device)")
-    if args.resume and (args.predict or args.calibration is not None):
-        raise UsageError("--resume predicts as the run folder's profile says (and reads its "
-                         "calibration.json); drop --predict and --calibration")
-    launcher = resolve_launcher(args)
-    rig, profile, cases = plan_resume(args) if args.resume else plan_new(args)
-    if args.predict or args.calibration is not None:
-        profile = profile.override(predict_time=True)
-    given = None
-    if args.calibration is not None:
-        from bench_lib.run.calibration import given_calibrations
-
-        try:
-            given = given_calibrations(args.calibration, rig)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    if launcher.multi_node:  # planned again, on every node's devices
-        rig, cases = plan_nodes(profile, rig, launcher.nnodes)
-    cases, sweep, cut = plan_shard(args, rig, profile, cases)
-    check_after_run_targets(args, rig, launcher.multi_node)
-    return Planned(launcher, rig, profile, cases, sweep, cut, given)
-
-
-class RigFigures(NamedTuple):
-    """What a run measures once, before its cases (or reads back from a resumed folder)."""
-
-    peak: AttainablePeak
-    idle: IdlePower
-    collectives: Collectives
-
-
-def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
-                 coordinator: Coordinator | None,
-                 duty: DutyMeter | None = None) -> tuple[Path, RigFigures]:
-    """The run folder (new, with its env.json, or the resumed one) and its rig figures;
-    ``duty`` times each of them as a part of the run (``DutyMeter.part``)."""
-    from bench_lib.measure import environment, flops
-    from bench_lib.measure.energy import IdlePower
-    from bench_lib.results.read import read_env
-    from bench_lib.results.store import start_run_dir, write_json_atomic
-    from bench_lib.run.calibration import sweep_collectives
-    from bench_lib.run.multinode import cluster_env
-    from bench_lib.run.sampling import measure_idle_power
-    from bench_lib.sweep.shard import record as sweep_record
-
-    rig, profile, cases = plan.rig, plan.profile, plan.cases
-
-    def part(name: str) -> contextlib.AbstractContextManager[None]:
-        return duty.part(name) if duty is not None else contextlib.nullcontext()
-
-    if args.resume:
-        recorded = read_env(args.resume)
-        with part("collectives"):
-            collectives = sweep_collectives(rig, args.quiet, cases, server,
-                                            recorded.get("collectives"))
-        if "collectives" not in recorded:  # a folder from before they were measured
-            write_json_atomic(args.resume / "env.json",
-                              recorded | {"collectives": collectives.as_dict()})
-        return args.resume, RigFigures(
-            flops.AttainablePeak.from_dict(recorded.get("attainable_peak")),
-            IdlePower.from_dict(recorded.get("idle_power")), collectives)
-    run_dir = start_run_dir(args.out, environment.git_info()["sha"], "run", profile.name)
-    # Measured once per run, before any case: idle power first, with nothing of ours
-    # running (for net energy), then the FLOP peak (for the MFU columns).
-    if profile.rig_figures:
-        with part("idle_power"):
-            idle = measure_idle_power(rig)
-        with part("flop_peak"):
-            peak = flops.measure_peak(rig, list(profile.precisions), server=server,
-                                      math_mode=profile.measurement.math_mode)
-    else:
-        off = "not measured: the profile's rig_figures is off"
-        idle, peak = IdlePower(unsupported=off), flops.AttainablePeak(unsupported=off)
-    with part("collectives"):
-        collectives = sweep_collectives(rig, args.quiet, cases, server)  # ddp/fsdp, p2p bounds
-    with part("environment"):  # versions, devices, git: subprocesses and NVML reads
-        env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
-                                  idle.as_dict(), profile.measurement.math_mode)
-    env["sweep"] = (plan.sweep or sweep_record(profile, rig, cases)[0]).as_dict()
-    env["launcher"] = plan.launcher.as_dict()
-    env["collectives"] = collectives.as_dict()
-    if coordinator is not None:
-        env = cluster_env(env, coordinator.infos)
-    write_json_atomic(run_dir / "env.json", env)
-    if coordinator is not None:
-        coordinator.welcome(run_dir.name)
-    return run_dir, RigFigures(peak, idle, collectives)
-
-
-def answer_text(rows: Sequence[Row], profile: Profile) -> list[str]:
-    """The headlines, the answer in words and the prediction's score of ``rows``: the
-    run's at its end, a workload's after each of its rounds (``round_answer``)."""
-    from bench_lib.report.answer import answer_lines
-    from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
-    from bench_lib.report.headlines import headline_lines, tutorial_lines
-    from bench_lib.report.part_errors import part_error_lines
-    from bench_lib.report.time_prediction import score_lines
-
-    rows = list(rows)
-    lines = headline_lines(rows)
-    if profile.name == "tutorial":
-        lines += tutorial_lines(rows)
-    return lines + [line for answer in answer_lines(rows) + score_lines(rows)
-                    + part_error_lines(rows) for line in textwrap.wrap(answer, ANSWER_WIDTH)]
-
-
-def round_answer(done: RoundDone, profile: Profile) -> list[str]:
-    """A workload's answer after one of its rounds: ``answer_text`` of its rows so far
-    (provisional before its last round: the headlines say so), under a line naming the
-    round."""
-    head = (f"workload {done.workload} of {done.workloads}, after round {done.round_done} "
-            f"of {done.rounds}" + (" (final):" if done.final else ":"))
-    return [head, *(f"  {line}" for line in answer_text(done.rows, profile))]
-
-
-def report_due(done: RoundDone) -> bool:
-    """Whether ``--report`` writes the report after this round: after a workload's first
-    round only, since a report costs seconds that a round of a few launches would feel
-    (the first gives the workload's answer early; the next workload's first round shows
-    this one's final figures, and the run's end writes the last one's)."""
-    return not done.last and done.round_done == 1
-
-
-def print_answers(rows: list[Row], profile: Profile, cycle: DutyCycle, run_dir: Path) -> None:
-    """After the sweep, on stderr: the headlines, the answer in words, the prediction's
-    score, the duty cycle and where the results are."""
-    for line in answer_text(rows, profile):
-        print(line, file=sys.stderr)
-    print(cycle.text(), file=sys.stderr)
-    print(f"results: {run_dir / 'cases.csv'}", file=sys.stderr)
-
-
 def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     """``command``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.results.store import RunWriter
     from bench_lib.run.agent import WARM_MODULES
+    from bench_lib.run.answers import print_answers, round_answer
     from bench_lib.run.calibration import CalibrationKey, Predictor, describe_calibration
     from bench_lib.run.duty import DutyMeter, write_duty
     from bench_lib.run.multinode import open_coordinator

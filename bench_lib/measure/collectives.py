@@ -1,6 +1,6 @@
 """The rig's collectives, measured once per run: time per size, and a latency-bandwidth fit.
 
-Before the sweep (``commands.run``), one fresh process per device, pinned like the workers
+Before the sweep (``commands.run_folder``), one fresh process per device, pinned like the workers
 (``pinning.pin_worker``), joins a process group of its own (gloo on a cpu rig, NCCL on GPUs,
 ``process_groups.init_process_group`` with a timeout) and times, at each of ``SIZES_MIB`` (scaled
 down to the sweep's largest message: ``sizes_for``)::

@@ -118,6 +118,7 @@ def from_duty(duty: Mapping[str, Any], steady_warmup: float = 0.0,
 
 
 RIG_FIGURE_PARTS = frozenset({"idle_power_s", "flop_peak_s"})
-"""``duty.json`` ``run_parts_s`` keys that are the rig figures (``commands.run``'s parts)."""
+"""``duty.json`` ``run_parts_s`` keys that are the rig figures (parts of
+``commands.run_folder``'s ``start_folder``)."""
 COLLECTIVE_PARTS = frozenset({"collectives_s"})
 """``duty.json`` ``run_parts_s`` keys that are the collectives."""
