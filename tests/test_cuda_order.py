@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from bench_lib.measure import preflight
+from bench_lib.measure import preflight_static
 from bench_lib.nvml import CudaOrderUnknown, cuda_visible_gpus
 from bench_lib.processes import forkserver
 from bench_lib.rig import Rig
@@ -90,5 +90,5 @@ def test_the_sampler_reads_no_gpu_it_cannot_place(monkeypatch, no_cuda_calls):  
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     with pytest.raises(CudaOrderUnknown):  # the case's sampler_note says why
         sampling._cuda_bus_ids(2, topo_nvml(gpus=MIXED))
-    warn = preflight.nvml_check(Rig("cuda", 2), topo_nvml(gpus=MIXED), dict(os.environ))
+    warn = preflight_static.nvml_check(Rig("cuda", 2), topo_nvml(gpus=MIXED), dict(os.environ))
     assert warn.status == "warn" and "FASTEST_FIRST" in warn.detail, warn.detail

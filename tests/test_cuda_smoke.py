@@ -14,7 +14,7 @@ import torch
 
 from bench_lib import commands, exit_codes
 from bench_lib.commands import plan as run_plan
-from bench_lib.measure import cuda_smoke, preflight
+from bench_lib.measure import cuda_smoke, preflight, preflight_probes
 from bench_lib.rig import Rig
 from tests.conftest import PYTHON, REPO
 from tests.test_gpu_env import GPUS, OK_RANK, topo_nvml
@@ -31,7 +31,7 @@ INSUFFICIENT = ("RuntimeError: CUDA error: CUDA driver version is insufficient f
 
 
 def smoke_run(*results: dict[str, object], finished: bool = True) -> object:
-    """What ``preflight.smoke_results`` returns (a ``SmokeRun``): one result per GPU."""
+    """What ``preflight_probes.smoke_results`` returns (a ``SmokeRun``): one result per GPU."""
     return SimpleNamespace(finished=finished, results=dict(enumerate(results)),
                            codes=[0 if r.get("ok") else 1 for r in results], tail="",
                            seconds=2.5)
@@ -50,14 +50,15 @@ def no_settle(monkeypatch):
 
 
 def fake_smoke(monkeypatch, found) -> list[Rig]:
-    """``preflight.smoke_results`` replaced by ``found``; returns the rigs it was asked for."""
+    """``preflight_probes.smoke_results`` replaced by ``found``; returns the rigs it was
+    asked for."""
     asked: list[Rig] = []
 
     def results(rig, *args, **kwargs):
         asked.append(rig)
         return found
 
-    monkeypatch.setattr(preflight, "smoke_results", results, raising=False)
+    monkeypatch.setattr(preflight_probes, "smoke_results", results, raising=False)
     return asked
 
 
@@ -128,26 +129,26 @@ FAKE_CHILD = ("import json, sys; open(sys.argv[2], 'w').write(json.dumps({'ok': 
 def test_one_process_per_physical_gpu_tied_to_the_runner():
     import os
 
-    found = preflight.smoke_results(Rig("cuda", 4, gpu_slots=2), timeout_s=60,
-                                    command=[sys.executable, "-c", FAKE_CHILD])
+    found = preflight_probes.smoke_results(Rig("cuda", 4, gpu_slots=2), timeout_s=60,
+                                           command=[sys.executable, "-c", FAKE_CHILD])
     assert found.finished and found.codes == [0, 0]
     assert [r["device"] for r in found.results.values()] == ["cuda:0", "cuda:1"]
     assert all(r["argv"][-1] == str(os.getpid()) for r in found.results.values())
-    check = preflight.cuda_smoke(Rig("cuda", 4, gpu_slots=2), 60,
-                                 [sys.executable, "-c", FAKE_CHILD])
+    check = preflight_probes.cuda_smoke(Rig("cuda", 4, gpu_slots=2), 60,
+                                        [sys.executable, "-c", FAKE_CHILD])
     assert check.status == "ok" and "cuda:0 (Fake GPU), cuda:1 (Fake GPU)" in check.detail
 
 
 @pytest.mark.integration  # starts processes or waits on real time
 def test_a_child_that_dies_or_hangs_fails_the_check():
-    died = preflight.cuda_smoke(Rig("cuda", 1), 60, [sys.executable, "-c",
-                                                     "import sys; print('Segfault-ish'); "
-                                                     "sys.exit(139)"])
+    died = preflight_probes.cuda_smoke(Rig("cuda", 1), 60, [sys.executable, "-c",
+                                                            "import sys; print('Segfault-ish'); "
+                                                            "sys.exit(139)"])
     assert died.status == "fail"
     assert "cuda:0: the process exited with code 139 without a result" in died.detail
     assert "log: Segfault-ish" in died.detail
-    hung = preflight.cuda_smoke(Rig("cuda", 1), 1, [sys.executable, "-c",
-                                                    "import time; time.sleep(60)"])
+    hung = preflight_probes.cuda_smoke(Rig("cuda", 1), 1, [sys.executable, "-c",
+                                                           "import time; time.sleep(60)"])
     assert hung.status == "fail" and "did not finish within 1 s" in hung.detail
 
 
@@ -201,7 +202,7 @@ def test_the_real_child_on_this_machine(tmp_path):
         return
     assert proc.returncode == 1 and not result["ok"]
     assert cuda_smoke.advice(result["error"]), result["error"]  # a known failure, advised
-    check = preflight.cuda_smoke(Rig("cuda", 1))
+    check = preflight_probes.cuda_smoke(Rig("cuda", 1))
     assert check.status == "fail" and result["error"] in check.detail
 
 

@@ -18,7 +18,7 @@ import torch
 from bench_lib import commands, exit_codes, process_groups, rig_detection
 from bench_lib import rig as rig_module
 from bench_lib.commands import plan as run_plan
-from bench_lib.measure import environment, preflight
+from bench_lib.measure import environment, preflight, preflight_probes, preflight_static
 from bench_lib.measure.sampler import NvmlSource, Sampler, UnavailableSource
 from bench_lib.nvml import cuda_visible_gpus
 from bench_lib.rig import Rig, RigError
@@ -362,35 +362,36 @@ def test_a_cpu_rank_joins_gloo_without_a_gpu_and_other_systems_keep_their_defaul
 
 def test_shm_check_fails_docker_default_with_the_hint():
     docker = {"path": "/dev/shm", "total_mib": 64.0, "free_mib": 64.0}
-    fail = preflight.shm_check(Rig("cuda", 2), docker, environ={})
+    fail = preflight_static.shm_check(Rig("cuda", 2), docker, environ={})
     assert fail.status == "fail"
     assert "64 MiB" in fail.detail and "--shm-size" in fail.detail
     assert "NCCL_SHM_DISABLE=1" in fail.detail
-    assert preflight.shm_check(Rig("cuda", 2), docker, {"NCCL_SHM_DISABLE": "1"}).status == "warn"
-    assert preflight.shm_check(Rig("cuda", 1), docker, {}).status == "ok"  # no shared memory
+    assert preflight_static.shm_check(Rig("cuda", 2), docker,
+                                      {"NCCL_SHM_DISABLE": "1"}).status == "warn"
+    assert preflight_static.shm_check(Rig("cuda", 1), docker, {}).status == "ok"  # no shared memory
     big = {"path": "/dev/shm", "total_mib": 16384.0, "free_mib": 16000.0}
-    assert preflight.shm_check(Rig("cuda", 8), big, {}).status == "ok"
+    assert preflight_static.shm_check(Rig("cuda", 8), big, {}).status == "ok"
     unreadable = {"path": "/dev/shm", "unsupported": "FileNotFoundError: no"}
-    assert preflight.shm_check(Rig("cuda", 2), unreadable, {}).status == "warn"
+    assert preflight_static.shm_check(Rig("cuda", 2), unreadable, {}).status == "warn"
 
 
 def test_nvml_check(no_cuda_calls):
-    assert preflight.nvml_check(Rig("cuda", 2), topo_nvml(), {}).status == "ok"
-    few = preflight.nvml_check(Rig("cuda", 2), topo_nvml(), {"CUDA_VISIBLE_DEVICES": "0"})
+    assert preflight_static.nvml_check(Rig("cuda", 2), topo_nvml(), {}).status == "ok"
+    few = preflight_static.nvml_check(Rig("cuda", 2), topo_nvml(), {"CUDA_VISIBLE_DEVICES": "0"})
     assert few.status == "warn" and "1 of the rig's 2" in few.detail
     mixed = topo_nvml(gpus=(GPUS[0], ("00000000:3B:00.0", "GPU-aaaa-1111", "NVIDIA L4")))
-    warn = preflight.nvml_check(Rig("cuda", 2), mixed, {})
+    warn = preflight_static.nvml_check(Rig("cuda", 2), mixed, {})
     assert warn.status == "warn" and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in warn.detail
     ordered = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    assert preflight.nvml_check(Rig("cuda", 2), mixed, ordered).status == "ok"
+    assert preflight_static.nvml_check(Rig("cuda", 2), mixed, ordered).status == "ok"
     missing = topo_nvml(init_error=FakeNvmlError("no driver"))
-    assert "empty" in preflight.nvml_check(Rig("cuda", 2), missing, {}).detail
+    assert "empty" in preflight_static.nvml_check(Rig("cuda", 2), missing, {}).detail
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.integration
 def test_all_reduce_runs_the_real_routine_with_gloo_on_a_cpu_rig(cpu_rig):
-    (check,) = preflight.all_reduce(cpu_rig, timeout_s=180)
+    (check,) = preflight_probes.all_reduce(cpu_rig, timeout_s=180)
     assert check.name == "all_reduce" and check.status == "ok", check.detail
     assert check.detail.startswith("gloo all-reduce between the 2 workers")
 
@@ -411,7 +412,7 @@ def test_all_reduce_that_hangs_is_killed_at_its_timeout(cpu_rig):
     marker = "preflight-hang-marker"
     hang = [sys.executable, "-c", "import time; time.sleep(600)", marker]
     start = time.monotonic()
-    (check,) = preflight.all_reduce(cpu_rig, timeout_s=2, command=hang)
+    (check,) = preflight_probes.all_reduce(cpu_rig, timeout_s=2, command=hang)
     assert time.monotonic() - start < 30
     assert check.status == "fail" and "did not finish within 2 s" in check.detail
     assert "gloo" in check.detail and "NCCL_DEBUG" not in check.detail  # hints are NCCL's
@@ -419,13 +420,14 @@ def test_all_reduce_that_hangs_is_killed_at_its_timeout(cpu_rig):
 
 
 def test_all_reduce_ranks_that_fail_are_named(cpu_rig):
-    (check,) = preflight.all_reduce(cpu_rig, timeout_s=60,
-                                    command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    (check,) = preflight_probes.all_reduce(
+        cpu_rig, timeout_s=60, command=[sys.executable, "-c", "import sys; sys.exit(3)"])
     assert check.status == "fail"
     assert "rank 0 exited with code 3 without a result" in check.detail
     wrong = ("import json, sys; open(sys.argv[5], 'w').write(json.dumps("
              "{'ok': False, 'value': 1.0} if sys.argv[2] == '1' else {'ok': True}))")
-    (check,) = preflight.all_reduce(cpu_rig, timeout_s=60, command=[sys.executable, "-c", wrong])
+    (check,) = preflight_probes.all_reduce(cpu_rig, timeout_s=60,
+                                           command=[sys.executable, "-c", wrong])
     assert check.status == "fail" and "rank 1: wrong sum 1.0 (expected 3)" in check.detail
 
 

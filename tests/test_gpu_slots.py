@@ -18,7 +18,7 @@ import torch
 
 from bench_lib import rig as rig_module
 from bench_lib import rig_detection, strategies
-from bench_lib.measure import preflight
+from bench_lib.measure import preflight, preflight_probes, preflight_static
 from bench_lib.process_groups import init_process_group
 from bench_lib.rig import Rig, RigError
 from bench_lib.rig_detection import detect_rig
@@ -209,9 +209,9 @@ def test_the_preflight_ranks_tie_themselves_to_the_runner(monkeypatch, tmp_path)
         started.append((cmd, kwargs))
         return Done()
 
-    monkeypatch.setattr(preflight.subprocess, "Popen", popen)
-    monkeypatch.setattr(preflight.os, "killpg", lambda pgid, sig: None)  # 4242 is not ours
-    preflight.all_reduce(Rig("cuda", 2, gpu_slots=2), timeout_s=1, command=["rank"])
+    monkeypatch.setattr(preflight_probes.subprocess, "Popen", popen)
+    monkeypatch.setattr(preflight_probes.os, "killpg", lambda pgid, sig: None)  # 4242 is not ours
+    preflight_probes.all_reduce(Rig("cuda", 2, gpu_slots=2), timeout_s=1, command=["rank"])
     assert len(started) == 2
     assert all("preexec_fn" not in kwargs for _, kwargs in started)
     assert all(json.loads(cmd[1])["gpu_slots"] == 2 for cmd, _ in started)
@@ -223,7 +223,7 @@ def test_a_preflight_rank_whose_runner_is_gone_does_not_start():
     # PARENT_PID names a process that is not this rank's parent: it exits 4 at once.
     rig = json.dumps(Rig("cuda", 2).as_dict())
     proc = subprocess.run(
-        [sys.executable, "-m", "bench_lib.measure.preflight", rig, "0", "2", "/nonexistent",
+        [sys.executable, "-m", "bench_lib.measure.preflight_probes", rig, "0", "2", "/nonexistent",
          "/nonexistent.json", "5", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stderr
 
@@ -237,7 +237,7 @@ def test_slots_on_one_gpu_pass_the_preflight_in_a_default_docker_container(monke
     from tests.test_gpu_env import GPUS, OK_RANK, topo_nvml
 
     monkeypatch.setattr(preflight, "SETTLE_S", 0.0)
-    monkeypatch.setattr(preflight, "smoke_results", lambda rig, *a, **k: ok_smoke(rig),
+    monkeypatch.setattr(preflight_probes, "smoke_results", lambda rig, *a, **k: ok_smoke(rig),
                         raising=False)  # the CUDA smoke child, faked (item 3)
     slots = Rig("cuda", 2, gpu_slots=2)
     checks = preflight.check(slots, quiet=True, shm=DOCKER_SHM, environ={},
@@ -248,19 +248,20 @@ def test_slots_on_one_gpu_pass_the_preflight_in_a_default_docker_container(monke
     assert found["nvml"].status == "ok", found["nvml"].detail
     # Two GPUs of two slots each: still gloo, still no shared memory; NVML must see 2 GPUs.
     four = Rig("cuda", 4, gpu_slots=2)
-    assert preflight.shm_check(four, DOCKER_SHM, {}).status == "ok"
-    assert preflight.nvml_check(four, topo_nvml(), {}).status == "ok"
-    few = preflight.nvml_check(four, topo_nvml(gpus=GPUS[:1]), {})
+    assert preflight_static.shm_check(four, DOCKER_SHM, {}).status == "ok"
+    assert preflight_static.nvml_check(four, topo_nvml(), {}).status == "ok"
+    few = preflight_static.nvml_check(four, topo_nvml(gpus=GPUS[:1]), {})
     assert few.status == "warn" and "NVML sees 1 of the rig's 2 GPUs" in few.detail
     # Two GPUs without slots talk NCCL: the Docker default still fails there.
-    assert preflight.shm_check(Rig("cuda", 2), DOCKER_SHM, {}).status == "fail"
+    assert preflight_static.shm_check(Rig("cuda", 2), DOCKER_SHM, {}).status == "fail"
 
 
 def ok_smoke(rig: Rig) -> Any:
-    """A CUDA smoke run (``preflight.smoke_results``) in which every GPU passed."""
-    return preflight.SmokeRun(True, {g: {"ok": True, "device": f"cuda:{g}", "name": "Fake GPU",
-                                         "capability": "sm_90"}
-                                     for g in range(rig.num_gpus)}, [0] * rig.num_gpus, "", 1.0)
+    """A CUDA smoke run (``preflight_probes.smoke_results``) in which every GPU passed."""
+    return preflight_probes.SmokeRun(True, {g: {"ok": True, "device": f"cuda:{g}",
+                                                "name": "Fake GPU", "capability": "sm_90"}
+                                            for g in range(rig.num_gpus)},
+                                     [0] * rig.num_gpus, "", 1.0)
 
 
 def handed_to_collectives(monkeypatch, rig: Rig, rank: int) -> set[torch.device]:

@@ -2,9 +2,9 @@
 matrix product and a convolution run there, synchronised and checked against the CPU's.
 
 Why: every CUDA failure that is the machine's, not a case's, then stops the run in seconds
-(exit 2, ``preflight.cuda_smoke``) instead of making every case an error: a driver too old
-for this torch's CUDA, a GPU the wheel has no kernels for (sm_70 under a CUDA 13 build), no
-GPU in a container, a GPU held by another process. On a one-GPU rig this is the only
+(exit 2, ``preflight_probes.cuda_smoke``) instead of making every case an error: a driver
+too old for this torch's CUDA, a GPU the wheel has no kernels for (sm_70 under a CUDA 13
+build), no GPU in a container, a GPU held by another process. On a one-GPU rig this is the only
 pre-flight check that touches CUDA (the all-reduce needs two devices).
 
     python -m bench_lib.measure.cuda_smoke DEVICE RESULT_JSON [PARENT_PID]
