@@ -1,6 +1,6 @@
 """NVML read without a CUDA context: a session, its strings, and the GPUs this process's
 CUDA would see (``cuda_visible_gpus``). The rig names its GPUs with it (``rig``), the sampler
-opens them by bus id (``measure.sampler``), env.json and the pre-flight check describe them,
+opens them by bus id (``measure.nvml_source``), env.json and the pre-flight check describe them,
 the admission reads their memory: all without CUDA, in the runner. Torch-free.
 """
 

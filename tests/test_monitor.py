@@ -10,7 +10,9 @@ import types
 
 import pytest
 
-from bench_lib.measure.sampler import NvmlSource, ProcessSource, RaplSource, Sampler
+from bench_lib.measure.cpu_sources import ProcessSource, RaplSource
+from bench_lib.measure.nvml_source import NvmlSource
+from bench_lib.measure.sampler import Sampler
 from bench_lib.results.schema import SAMPLE_COLUMNS
 from bench_lib.results.schema import SAMPLE_METRIC_NAMES as SAMPLE_METRICS
 from bench_lib.results.store import RunWriter

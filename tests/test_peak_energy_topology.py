@@ -15,8 +15,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench_lib.math_modes import math_mode, set_math_mode
 from bench_lib.measure import environment, flops
+from bench_lib.measure.cpu_sources import ProcessSource, RaplSource
 from bench_lib.measure.energy import IdlePower, idle_power, rig_packages
-from bench_lib.measure.sampler import ProcessSource, RaplSource, Sampler
+from bench_lib.measure.sampler import Sampler
 from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import CASE_COLUMNS, SAMPLE_METRIC_NAMES
 from bench_lib.rig import Rig, RigError

@@ -9,7 +9,9 @@ import types
 
 import pytest
 
-from bench_lib.measure.sampler import NvmlSource, ProcessSource, Sampler
+from bench_lib.measure.cpu_sources import ProcessSource
+from bench_lib.measure.nvml_source import NvmlSource
+from bench_lib.measure.sampler import Sampler
 from bench_lib.results.schema import SAMPLE_COLUMNS, SAMPLE_METRIC_NAMES
 from bench_lib.results.store import RunWriter
 from tests.test_monitor import fake_nvml

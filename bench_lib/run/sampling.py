@@ -11,15 +11,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench_lib.measure.cpu_sources import ProcessSource, RaplSource
 from bench_lib.measure.energy import IDLE_SECONDS, IdlePower, idle_power, rig_packages
-from bench_lib.measure.sampler import (
-    NvmlSource,
-    ProcessSource,
-    RaplSource,
-    Sampler,
-    Source,
-    UnavailableSource,
-)
+from bench_lib.measure.nvml_source import NvmlSource
+from bench_lib.measure.sampler import Sampler, Source, UnavailableSource
 from bench_lib.nvml import cuda_visible_gpus
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
