@@ -25,7 +25,7 @@ from bench_lib.run.calibration import (
     summary_parts,
     write_calibrations,
 )
-from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes
+from bench_lib.sweep.calibration_data import BatchCosts, Calibration, Sizes
 from bench_lib.topology import available_cores
 
 EVIDENCE = Path(__file__).parent / "data" / "h100-2026-11-26" / "resnet50-224-single-accum"

@@ -16,14 +16,10 @@ from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
 from bench_lib.rig import Rig
 from bench_lib.run import case_bound, case_parts
 from bench_lib.run.protocol import CaseOutcome
+from bench_lib.sweep.calibration_data import BatchCosts, Calibration
+from bench_lib.sweep.case_shape import shape_of
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict_time import (
-    BatchCosts,
-    Calibration,
-    predict_case,
-    predicted_parts,
-    shape_of,
-)
+from bench_lib.sweep.predict_time import predict_case, predicted_parts
 from tests.test_bound import traced
 
 OPT = 0.01

@@ -1,5 +1,6 @@
-"""The step-time predictor (``sweep.predict_time``) driven by hand-made calibrations,
-against the closed forms; the calibration's sizes, files and combination (``run.calibration``)."""
+"""The step-time predictor (``sweep.predict_time``, ``sweep.predict_pipeline``) driven by
+hand-made calibrations, against the closed forms; the calibration's sizes, files and
+combination (``run.calibration``)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,17 @@ from bench_lib.analysis import bound
 from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
 from bench_lib.analysis.step_parts import FRESH_COPY_BYTES, fsdp_copied_bytes, fsdp_copies_s
 from bench_lib.run.calibration import CalibrationKey, CalibrationSpec, combine, sizes_for
+from bench_lib.sweep.calibration_data import BatchCosts, Calibration, Sizes
+from bench_lib.sweep.case_shape import Shape, shape_of
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.predict_memory import schedule_actions
+from bench_lib.sweep.predict_pipeline import PipelineParts, stage_passes
 from bench_lib.sweep.predict_time import (
-    BatchCosts,
-    Calibration,
-    PipelineParts,
-    Shape,
-    Sizes,
     calibration_sizes,
     error_pct,
     predict,
     predict_case,
-    shape_of,
     speedup,
-    stage_passes,
 )
 from bench_lib.workloads.sizes import parameter_bytes
 
@@ -517,7 +514,7 @@ def test_a_balanced_pipelines_first_launch_takes_its_cut_from_the_calibration(cp
     micro-batch, as a label the case runs; nothing where the calibration lacks that size,
     or the partition is not ``balanced`` (or already given)."""
     from bench_lib.strategies.partition import min_max_cuts
-    from bench_lib.sweep.predict_time import calibrated_cut
+    from bench_lib.sweep.predict_pipeline import calibrated_cut
     from bench_lib.workloads import Workload, blocks
 
     n = len(blocks(Workload("resnet-tiny", 32, 4).build_model()))

@@ -157,8 +157,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.run.multinode import open_coordinator
     from bench_lib.run.progress import Progress
     from bench_lib.run.runner import run_sweep
+    from bench_lib.sweep.calibration_data import Calibration
     from bench_lib.sweep.estimate import case_seconds, run_estimate
-    from bench_lib.sweep.predict_time import Calibration
     from bench_lib.sweep.shard import describe as describe_shard
 
     duty = DutyMeter()  # the run's wall clock starts with the command

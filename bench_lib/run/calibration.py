@@ -1,7 +1,7 @@
 """The runner's side of a workload's calibration: which batch sizes to time, one launch of
 ``run.calibration_worker`` on every device of the rig (forked by the run's fork server, with
 a timeout, its ranks killed as a group), and its ranks' files combined into one
-``sweep.predict_time.Calibration``.
+``sweep.calibration_data.Calibration``.
 
 A calibration belongs to a workload's computation (``CalibrationKey``: model, image size,
 precision, loss, memory format): the strong and weak workloads of one image size share
@@ -32,7 +32,8 @@ from bench_lib.math_modes import DEFAULT_MATH_MODE
 from bench_lib.results.schema import CALIBRATION_FILE
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig
-from bench_lib.sweep.predict_time import BatchCosts, Calibration, Sizes, calibration_sizes
+from bench_lib.sweep.calibration_data import BatchCosts, Calibration, Sizes
+from bench_lib.sweep.predict_time import calibration_sizes
 
 if TYPE_CHECKING:
     from bench_lib.analysis.bound import Bound
@@ -97,7 +98,7 @@ def sizes_for(cases: Iterable[Case], rig: Rig) -> dict[CalibrationKey, Sizes]:
     """The batch sizes each workload's calibration times: every size its cases to run read
     (``predict_time.calibration_sizes``)."""
     from bench_lib.analysis.step_parts import FRESH_COPY_BYTES
-    from bench_lib.sweep.predict_time import shape_of
+    from bench_lib.sweep.case_shape import shape_of
 
     out: dict[CalibrationKey, Sizes] = {}
     for case in cases:
@@ -244,9 +245,9 @@ class Predictor:
         return None if cal is None or isinstance(cal, str) else cal.copies
 
     def cut(self, case: Case) -> str:
-        """The cut ``case``'s first launch runs (``predict_time.calibrated_cut``), or ""
+        """The cut ``case``'s first launch runs (``predict_pipeline.calibrated_cut``), or ""
         (the case profiles its blocks itself)."""
-        from bench_lib.sweep.predict_time import calibrated_cut
+        from bench_lib.sweep.predict_pipeline import calibrated_cut
 
         cal = self.calibration(case)
         try:
@@ -256,13 +257,8 @@ class Predictor:
 
     def predict(self, case: Case) -> tuple[Bound | str, Bound | str]:
         """``case``'s predicted step, and its workload's single's (for the speedup)."""
-        from bench_lib.sweep.predict_time import (
-            Shape,
-            predict,
-            predict_case,
-            predicted_parts,
-            shape_of,
-        )
+        from bench_lib.sweep.case_shape import Shape, shape_of
+        from bench_lib.sweep.predict_time import predict, predict_case, predicted_parts
 
         cal = self.calibration(case)
         if isinstance(cal, str):

@@ -63,7 +63,7 @@ from bench_lib.run.worker import (
     init_cuda,
 )
 from bench_lib.strategies import BuildContext, Trainer
-from bench_lib.sweep.predict_time import BatchCosts
+from bench_lib.sweep.calibration_data import BatchCosts
 from bench_lib.workloads import Workload
 
 Stamps = list[tuple[str, float]]

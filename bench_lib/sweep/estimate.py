@@ -219,7 +219,9 @@ def needs_collectives(cases: Iterable[Case], rig: Rig) -> bool:
 def calibrated_sizes(cases: Iterable[Case], rig: Rig) -> dict[tuple[object, ...], int]:
     """Batch sizes each workload's calibration times (``run.calibration.sizes_for``): alone,
     together and with block times, counted."""
-    from bench_lib.sweep.predict_time import Sizes, calibration_sizes, shape_of
+    from bench_lib.sweep.calibration_data import Sizes
+    from bench_lib.sweep.case_shape import shape_of
+    from bench_lib.sweep.predict_time import calibration_sizes
 
     found: dict[tuple[object, ...], Sizes] = {}
     for case in cases:

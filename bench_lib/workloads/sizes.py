@@ -1,7 +1,8 @@
 """A workload's byte sizes, counted on its model built on meta tensors (shapes only: no
 memory, no compute), cached: the gradients, each FSDP unit's share, and the activation that
 crosses each stage cut. The bound (``run.case_bound``) and the time prediction
-(``sweep.predict_time``) price transfers and collectives with them.
+(``sweep.predict_time``, ``sweep.predict_pipeline``) price transfers and collectives with
+them.
 """
 
 from __future__ import annotations
