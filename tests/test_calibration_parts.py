@@ -21,10 +21,9 @@ from bench_lib.run.calibration import (
     combine,
     describe_calibration,
     parts_of,
-    read_calibrations,
     summary_parts,
-    write_calibrations,
 )
+from bench_lib.run.calibration_file import read_calibrations, write_calibrations
 from bench_lib.sweep.calibration_data import BatchCosts, Calibration, Sizes
 from bench_lib.topology import available_cores
 

@@ -107,7 +107,8 @@ def test_the_worker_trains_in_the_cases_math_mode(monkeypatch, tmp_path, restore
 
 
 def test_the_calibration_is_keyed_by_and_computes_in_the_math_mode():
-    from bench_lib.run.calibration import CalibrationKey, _calibrations_of
+    from bench_lib.run.calibration import CalibrationKey
+    from bench_lib.run.calibration_file import _calibrations_of
     from bench_lib.sweep.cases import new_case
 
     rig = Rig("cpu", 1, 1, tuple(available_cores()[:1]))

@@ -1,6 +1,7 @@
 """The step-time predictor (``sweep.predict_time``, ``sweep.predict_pipeline``) driven by
-hand-made calibrations, against the closed forms; the calibration's sizes, files and
-combination (``run.calibration``)."""
+hand-made calibrations, against the closed forms; the calibration's sizes and
+combination (``run.calibration``), its files (``run.calibration_file``) and the run's
+predictor (``run.predictions``)."""
 
 from __future__ import annotations
 
@@ -288,7 +289,7 @@ def _stored(tmp_path, cpu_rig, cal, hardware=None):
     """A run folder holding ``cal`` as resnet-tiny 32 px's calibration, stamped with
     ``hardware`` (default: this machine's)."""
     from bench_lib.results.schema import CALIBRATION_FILE
-    from bench_lib.run.calibration import hardware_id, write_calibrations
+    from bench_lib.run.calibration_file import hardware_id, write_calibrations
 
     folder = tmp_path / "earlier"
     folder.mkdir()
@@ -301,8 +302,9 @@ def _stored(tmp_path, cpu_rig, cal, hardware=None):
 def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
         tmp_path, cpu_rig, monkeypatch):
     from bench_lib.results.schema import CALIBRATION_FILE
-    from bench_lib.run import calibration
-    from bench_lib.run.calibration import Predictor, given_calibrations
+    from bench_lib.run import predictions
+    from bench_lib.run.calibration_file import given_calibrations
+    from bench_lib.run.predictions import Predictor
 
     single = new_case(cpu_rig, "single", "resnet-tiny", 32, 16)
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16)
@@ -314,7 +316,7 @@ def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
     assert source == folder / CALIBRATION_FILE and list(found.values()) == [cal]
     assert given_calibrations(source, cpu_rig) == (source, found)
     launched = []
-    monkeypatch.setattr(calibration, "calibrate",
+    monkeypatch.setattr(predictions, "calibrate",
                         lambda key, *a, **k: launched.append(key) or "not launched")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -342,7 +344,8 @@ def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
     ("devices", "timed on 1 device(s), this rig has 2"),
 ])
 def test_a_calibration_from_elsewhere_is_refused(tmp_path, cpu_rig, content, message):
-    from bench_lib.run.calibration import CALIBRATION_FILE, given_calibrations
+    from bench_lib.results.schema import CALIBRATION_FILE
+    from bench_lib.run.calibration_file import given_calibrations
 
     cal = Calibration(OPT, {16: BatchCosts(0.2)}, {}, 1 if content == "devices" else 2)
     if content is None:

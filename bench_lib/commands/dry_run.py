@@ -13,7 +13,7 @@ from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
-    from bench_lib.run.calibration import GivenCalibrations
+    from bench_lib.run.calibration_file import GivenCalibrations
     from bench_lib.sweep.cases import Case
 
 
@@ -77,7 +77,9 @@ def print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
     from bench_lib.rig_detection import cuda_device_count
     from bench_lib.run.admission import Admission
     from bench_lib.run.agent import WARM_MODULES
-    from bench_lib.run.calibration import Predictor, describe_calibration, sweep_collectives
+    from bench_lib.run.calibration import describe_calibration
+    from bench_lib.run.predictions import Predictor
+    from bench_lib.run.sweep_collectives import sweep_collectives
     from bench_lib.sweep.predict_time import speedup
 
     start = time.monotonic()

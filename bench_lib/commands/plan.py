@@ -13,7 +13,7 @@ from bench_lib.commands.common import rig_of
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
-    from bench_lib.run.calibration import GivenCalibrations
+    from bench_lib.run.calibration_file import GivenCalibrations
     from bench_lib.run.launch import Launcher
     from bench_lib.sweep.cases import Case
     from bench_lib.sweep.profile import Profile
@@ -149,7 +149,7 @@ def plan_run(args: argparse.Namespace) -> Planned:
         profile = profile.override(predict_time=True)
     given = None
     if args.calibration is not None:
-        from bench_lib.run.calibration import given_calibrations
+        from bench_lib.run.calibration_file import given_calibrations
 
         try:
             given = given_calibrations(args.calibration, rig)

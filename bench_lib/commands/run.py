@@ -152,9 +152,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.results.store import RunWriter
     from bench_lib.run.agent import WARM_MODULES
     from bench_lib.run.answers import print_answers, round_answer
-    from bench_lib.run.calibration import CalibrationKey, Predictor, describe_calibration
+    from bench_lib.run.calibration import CalibrationKey, describe_calibration
     from bench_lib.run.duty import DutyMeter, write_duty
     from bench_lib.run.multinode import open_coordinator
+    from bench_lib.run.predictions import Predictor
     from bench_lib.run.progress import Progress
     from bench_lib.run.runner import run_sweep
     from bench_lib.sweep.calibration_data import Calibration

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 SCHEMA_VERSION = 5
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
 CALIBRATION_FILE = "calibration.json"
-"""A run folder's calibrations, one entry per workload: written by ``run.calibration``, reused
+"""A run folder's calibrations, one entry per workload: written by ``run.calibration_file``, reused
 by a gate's later rounds (``gate.rounds``)."""
 
 

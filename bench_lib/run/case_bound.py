@@ -2,7 +2,7 @@
 the traced step's pass times, and the byte sizes the transfers and collectives move.
 
 ``run.bound_columns.bound_columns`` calls ``case_bound`` for each ok case;
-``run.calibration`` asks ``largest_message`` how large the collective micro-benchmark's
+``run.sweep_collectives`` asks ``largest_message`` how large the collective micro-benchmark's
 messages must be. Byte sizes come from the model built on meta tensors (``workloads.sizes``).
 """
 

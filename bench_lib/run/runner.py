@@ -29,11 +29,11 @@ from bench_lib.results.read import provisional_text
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
-from bench_lib.run.calibration import Predictor
 from bench_lib.run.case_launch import memory_true_forks, run_case
 from bench_lib.run.cells import Row
 from bench_lib.run.launch import LOCAL, Launcher
 from bench_lib.run.multinode import Coordinator
+from bench_lib.run.predictions import Predictor
 from bench_lib.run.protocol import CaseOutcome, reused_warmup
 from bench_lib.run.rows import step_rows
 from bench_lib.run.speedup_table import SpeedupTable
@@ -101,7 +101,7 @@ def run_sweep(
     (``processes.forkserver``) where it can make their memory read as fresh interpreters'
     (``ForkServer.mirrors_memory``); None, or a server that cannot: fresh interpreters.
     ``predictor``: predicts each case's step time before its workload's first round
-    (``run.calibration``; None: no prediction columns).
+    (``run.predictions``; None: no prediction columns).
     """
     admission = admission or Admission.of(rig, cases)
     if admission.note:  # e.g. a GPU in MIG mode whose instance's memory NVML cannot name

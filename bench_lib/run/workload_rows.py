@@ -17,9 +17,9 @@ from bench_lib.measure.flops import AttainablePeak
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
 from bench_lib.run.bound_columns import bound_columns_of, case_bound_or_why
-from bench_lib.run.calibration import prediction_columns
 from bench_lib.run.case_parts import waterfall_columns
 from bench_lib.run.cells import Row
+from bench_lib.run.predictions import prediction_columns
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
 from bench_lib.run.sampler_columns import util_check_columns

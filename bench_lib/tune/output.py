@@ -101,7 +101,7 @@ def write_cases(run_dir: Path, space: Space, rig: Rig, admitted: list[Case],
     the cases skipped as predicted too slow (``skipped``, with why); ``predicted``: each
     case's predicted step (``step_time_s_predicted`` and its error)."""
     from bench_lib.results.store import RunWriter
-    from bench_lib.run.calibration import prediction_columns
+    from bench_lib.run.predictions import prediction_columns
     from bench_lib.run.rows import case_row, step_rows
     from bench_lib.run.speedup_table import SpeedupTable
 

@@ -109,7 +109,7 @@ class TuneLog:
 
 
 Predict = Callable[[list[Case]], "dict[str, Bound | str]"]
-"""The candidates -> each one's predicted step (``run.calibration.Predictor``), by case id."""
+"""The candidates -> each one's predicted step (``run.predictions.Predictor``), by case id."""
 
 
 def skipped_by_prediction(cases: list[Case], predicted: dict[str, Bound | str],
@@ -218,7 +218,7 @@ def execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
     unix time the command started; ``launch``: one launch of a case, default
     ``run.case_launch.run_case``; ``admission``: the memory prediction, default ``Admission.of``
     the candidates; ``predict``: the step-time prediction, default the profile's
-    ``predict_time``: a calibration of the workload, ``run.calibration.Predictor``)."""
+    ``predict_time``: a calibration of the workload, ``run.predictions.Predictor``)."""
     with contextlib.ExitStack() as stack:  # the fork server, where one is started
         return _execute(plan, space, rig, settings, started, stack, launch, admission,
                         predict)
@@ -297,7 +297,9 @@ def _calibrated(rig: Rig, run_dir: Path, server: ForkServer, say: Say, quiet: bo
                 ) -> Predict:
     """The step-time prediction of a real race: the collectives measured and the workload
     calibrated (``run.calibration``), as a run does before its cases."""
-    from bench_lib.run.calibration import Predictor, describe_calibration, sweep_collectives
+    from bench_lib.run.calibration import describe_calibration
+    from bench_lib.run.predictions import Predictor
+    from bench_lib.run.sweep_collectives import sweep_collectives
 
     def predict(cases: list[Case]) -> dict[str, Bound | str]:
         collectives = sweep_collectives(rig, quiet, cases, server)

@@ -1,0 +1,39 @@
+"""The rig's collectives a sweep's bounds and predictions are priced with: env.json's
+record, or the collective micro-benchmark (``measure.collectives``) run once per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.rig import Rig
+
+if TYPE_CHECKING:
+    from bench_lib.processes.forkserver import ForkServer
+    from bench_lib.sweep.cases import Case
+
+
+def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServer | None,
+                      recorded: Mapping[str, Any] | None = None) -> Collectives:
+    """The rig's collectives for a sweep's bounds and predictions: as ``recorded`` in
+    env.json, else measured now, once per run, up to the largest message of ``cases``
+    (``measure.collectives``; skipped where no case is priced with them)."""
+    import sys
+
+    from bench_lib.measure import collectives
+    from bench_lib.run import case_bound
+
+    if recorded is not None:
+        return Collectives.from_dict(recorded)
+    largest = case_bound.largest_message(cases, rig)
+    if largest is None:
+        return Collectives(skipped="no case of the sweep to run is priced with collectives "
+                                   "(ddp, fsdp, pipelines)")
+    if not quiet:
+        print("measuring collectives ...", file=sys.stderr, flush=True)
+    found = collectives.measure(rig, collectives.sizes_for(largest), server=server)
+    if not quiet:
+        print(f"collectives: {found.bandwidth_line()}", file=sys.stderr)
+    return found
