@@ -27,7 +27,7 @@ from bench_lib.run import case_bound
 from bench_lib.run.bound_columns import bound_columns
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict_memory import schedule_actions
+from bench_lib.sweep.schedule_orders import schedule_actions
 from bench_lib.workloads import Workload
 from bench_lib.workloads.sizes import boundary_bytes, parameter_bytes
 from tests.test_report import env

@@ -22,7 +22,7 @@ from bench_lib.run import runner
 from bench_lib.run.admission import Admission, DeviceMemory, device_memory
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
-from bench_lib.sweep import predict_memory
+from bench_lib.sweep import predict_memory, schedule_orders
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.fake_step import Program, simulate
 from bench_lib.sweep.profile import Measurement
@@ -82,7 +82,7 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_stages_minus_rank():
 
 
 def test_1f1b_order_is_torchs_warmup_then_one_backward_one_forward():
-    assert predict_memory.schedule_actions("1f1b", 2, 3) == (
+    assert schedule_orders.schedule_actions("1f1b", 2, 3) == (
         (("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("F", 0, 2), ("B", 0, 1), ("B", 0, 2)),
         (("F", 1, 0), ("B", 1, 0), ("F", 1, 1), ("B", 1, 1), ("F", 1, 2), ("B", 1, 2)))
 

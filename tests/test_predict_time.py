@@ -16,7 +16,6 @@ from bench_lib.run.calibration import CalibrationKey, CalibrationSpec, combine, 
 from bench_lib.sweep.calibration_data import BatchCosts, Calibration, Sizes
 from bench_lib.sweep.case_shape import Shape, shape_of
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict_memory import schedule_actions
 from bench_lib.sweep.predict_pipeline import PipelineParts, stage_passes
 from bench_lib.sweep.predict_time import (
     calibration_sizes,
@@ -25,6 +24,7 @@ from bench_lib.sweep.predict_time import (
     predict_case,
     speedup,
 )
+from bench_lib.sweep.schedule_orders import schedule_actions
 from bench_lib.workloads.sizes import parameter_bytes
 
 OPT = 0.01  # the optimizer step, seconds

@@ -74,7 +74,7 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
             found = serial_bound("mp" if name == "mp" else "serial", times, m, 2 * sum(edges),
                                  other)
         else:
-            from bench_lib.sweep.predict_memory import schedule_actions
+            from bench_lib.sweep.schedule_orders import schedule_actions
 
             found = pipeline_bound(name, schedule_actions(
                 "gpipe" if name == "pipeline" else name, case.world_size, m), times, edges, other)

@@ -39,7 +39,7 @@ Per strategy (B the batch, s the split size, W the world size):
 - ``pipeline``: every micro-batch's activations are held until the single backward (the
   tutorial concatenates the outputs before the loss), as GPipe does.
 - ``gpipe``, ``1f1b``, ``interleaved-*``, ``zbv`` (each rank): its stages, in the order in
-  which its torch schedule runs them (``schedule_actions``: GPipe holds every
+  which its torch schedule runs them (``sweep.schedule_orders``: GPipe holds every
   micro-batch before the first backward, 1F1B at most stages - rank of them), plus the
   receive buffers a pipelining stage keeps per micro-batch (its input's, its output
   gradient's). Zero-bubble schedules hold a micro-batch's activations until its weight
@@ -91,8 +91,6 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
-from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
-from torch.distributed.pipelining.schedules import _ComputationType
 
 from bench_lib.analysis.bound import DDP_BUCKET_BYTES
 from bench_lib.rig import Rig
@@ -106,6 +104,7 @@ from bench_lib.strategies.schedules import SCHEDULE_CLASSES
 from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK, Case
 from bench_lib.sweep.cuda_memory import cublas_workspace_bytes, on_gpu
 from bench_lib.sweep.fake_step import Action, Footprint, Program, simulate
+from bench_lib.sweep.schedule_orders import fill_drain, schedule_actions
 from bench_lib.workloads import Workload, blocks, shard_units
 
 MIB = 2**20
@@ -113,8 +112,6 @@ CPU_HEAP_FACTOR = 1.41
 """A cpu worker's resident peak over its peak of live tensor bytes (module docstring):
 fitted on ``single`` alone, ResNet50 at batch 16 on a 2-core cpu rig, where it was 1.396
 at 64 px and 1.418 at 128 px, and then held to the other strategies (issue #17's note)."""
-_KINDS = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B",
-          _ComputationType.BACKWARD_INPUT: "I", _ComputationType.BACKWARD_WEIGHT: "W"}
 
 
 @dataclass(frozen=True)
@@ -240,39 +237,6 @@ def _chosen_cut(w: Workload, stages: int, micro_batch: int, method: str,
     return tuple(min_max_cuts(costs, stages))
 
 
-@functools.cache
-def schedule_actions(strategy: str, world: int, microbatches: int
-                      ) -> tuple[tuple[Action, ...], ...]:
-    """Each rank's computations in the order its torch schedule runs them.
-
-    GPipe and 1F1B run one stage per rank from code (``_step_microbatches``), mirrored
-    here: 1F1B's rank r runs min(m, stages - r) forwards, then alternates a backward and a
-    forward, then the remaining backwards. The multi-stage schedules run their own
-    ``pipeline_order``, which torch's schedule visualizer returns (its order for 1F1B is
-    not the one that runs: it numbers rank 1's micro-batches from 1 in torch 2.14).
-    """
-    if strategy == "gpipe":
-        return tuple(_fill_drain(r, microbatches) for r in range(world))
-    if strategy == "1f1b":
-        return tuple(_one_f_one_b(r, world, microbatches) for r in range(world))
-    ops = get_schedule_ops(SCHEDULE_CLASSES[strategy], world, microbatches,
-                           PIPELINING_STAGES_PER_RANK[strategy])
-    return tuple(tuple((_KINDS[a.computation_type], a.stage_index, int(a.microbatch_index or 0))
-                       for a in rank if a is not None and a.computation_type in _KINDS)
-                 for rank in ops)
-
-
-def _one_f_one_b(rank: int, stages: int, count: int) -> tuple[Action, ...]:
-    """Torch's ``Schedule1F1B`` on ``rank``: warm-up forwards, then 1B1F, then cool-down."""
-    warmup = min(count, stages - rank)
-    order: list[Action] = [("F", rank, i) for i in range(warmup)]
-    for i in range(count):
-        order.append(("B", rank, i))
-        if warmup + i < count:
-            order.append(("F", rank, warmup + i))
-    return tuple(order)
-
-
 def _programs(case: Case, rig: Rig, base: Program, stages: int) -> dict[str, Program]:
     """What each device's process holds and runs, by device label."""
     b, world = case.batch_size, case.world_size
@@ -290,9 +254,9 @@ def _programs(case: Case, rig: Rig, base: Program, stages: int) -> dict[str, Pro
         # --gpu-slots share their GPU): the whole model's, under the joined label.
         if rig.kind == "cpu" or rig.gpu_slots >= world:
             return {"+".join(map(str, range(world))): dataclasses.replace(
-                whole, micro_batches=mbs, actions=_fill_drain(0, len(mbs)))}
+                whole, micro_batches=mbs, actions=fill_drain(0, len(mbs)))}
         return {str(d): dataclasses.replace(base, stages=(d,), micro_batches=mbs,
-                                            actions=_fill_drain(d, len(mbs)))
+                                            actions=fill_drain(d, len(mbs)))
                 for d in range(stages)}
     if case.strategy in SCHEDULE_CLASSES:
         ranks = schedule_actions(case.strategy, world, len(splits))
@@ -314,12 +278,6 @@ def _splits(case: Case) -> tuple[int, ...]:
 def _sequential(stage: int, count: int) -> tuple[Action, ...]:
     """Forward then backward of each micro-batch in turn (gradient accumulation)."""
     return tuple(a for i in range(count) for a in (("F", stage, i), ("B", stage, i)))
-
-
-def _fill_drain(stage: int, count: int) -> tuple[Action, ...]:
-    """Every micro-batch's forward, then every backward (GPipe's order on one stage)."""
-    return (tuple(("F", stage, i) for i in range(count))
-            + tuple(("B", stage, i) for i in range(count)))
 
 
 def _bytes(case: Case, p: Program) -> Count:

@@ -1,7 +1,7 @@
 """A pipelined case's predicted step: the ``gpipe``, ``1f1b``, ``interleaved-*`` and ``zbv``
 rows of ``sweep.predict_time``'s formulas (and ``pipeline`` on GPUs, as GPipe's order).
 
-torch's action lists (``sweep.predict_memory.schedule_actions``) are replayed
+torch's action lists (``sweep.schedule_orders.schedule_actions``) are replayed
 (``analysis.bound.pipeline_bound``) with each stage's forward and backward: the sum of its
 blocks' together times at the micro-batch, scaled so that the blocks add up to the step
 less the optimizer's (``stage_passes``; a block timed alone misses the step's glue: loss,
@@ -103,7 +103,7 @@ def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> Pip
     ``tutorial``: the cut they choose without timing), and the send/recv fit's transfer
     time of one micro-batch at each boundary."""
     from bench_lib.strategies.partition import min_max_cuts, min_max_rank_cuts
-    from bench_lib.sweep.predict_memory import schedule_actions
+    from bench_lib.sweep.schedule_orders import schedule_actions
     from bench_lib.workloads.sizes import boundary_bytes
 
     name = "gpipe" if case.strategy == "pipeline" else case.strategy
