@@ -37,9 +37,9 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
     from bench_lib.measure.energy import IdlePower
     from bench_lib.results.read import read_env
     from bench_lib.results.store import start_run_dir, write_json_atomic
-    from bench_lib.run.sweep_collectives import sweep_collectives
     from bench_lib.run.multinode import cluster_env
     from bench_lib.run.sampling import measure_idle_power
+    from bench_lib.run.sweep_collectives import sweep_collectives
     from bench_lib.sweep.shard import record as sweep_record
 
     rig, profile, cases = plan.rig, plan.profile, plan.cases
