@@ -14,7 +14,7 @@ import pytest
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.run import case_launch, runner, worker
-from bench_lib.run.multinode import Coordinator, LaunchNotice
+from bench_lib.run.coordination import Coordinator, LaunchNotice
 from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement

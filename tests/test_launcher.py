@@ -14,7 +14,7 @@ import pytest
 
 from bench_lib import commands, exit_codes
 from bench_lib.rig import Rig
-from bench_lib.run import launch, multinode
+from bench_lib.run import coordination, launch, multinode
 from bench_lib.run.case_launch import _combine_launch
 from bench_lib.run.launch import AgentExits, Launcher, failure_codes, resolve, torchrun_args
 from bench_lib.run.protocol import RankResult
@@ -129,10 +129,10 @@ def test_a_multi_node_sweep_spans_process_group_strategies_and_refuses_the_other
 
 def test_nodes_with_another_sweep_or_rig_are_refused():
     me = {"node_rank": 0, "rig": {"label": "cuda:8@2nodes"}, "sweep_digest": "a"}
-    assert multinode._mismatch(me, me | {"node_rank": 1}) == ""
-    assert "another sweep" in multinode._mismatch(me, me | {"node_rank": 1,
-                                                            "sweep_digest": "b"})
-    assert "rig cuda:4@2nodes" in multinode._mismatch(
+    assert coordination._mismatch(me, me | {"node_rank": 1}) == ""
+    assert "another sweep" in coordination._mismatch(me, me | {"node_rank": 1,
+                                                               "sweep_digest": "b"})
+    assert "rig cuda:4@2nodes" in coordination._mismatch(
         me, me | {"node_rank": 1, "rig": {"label": "cuda:4@2nodes"}})
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from bench_lib.run import launch, multinode
+from bench_lib.run import coordination, launch
 from bench_lib.run.launch import Launcher
 from bench_lib.sweep.profile import UsageError
 from tests.conftest import PYTHON, REPO, in_process
@@ -34,8 +34,8 @@ NODE = [*TINY, "--devices", "1", "--threads-per-worker", "1", "--launcher", "tor
         "--nnodes", "2"]
 QUICK_LOSS = """\
 import runpy, sys
-from bench_lib.run import multinode
-multinode.LOST_AFTER_S, multinode.BYE_WAIT_S = 4.0, 1.0
+from bench_lib.run import coordination
+coordination.LOST_AFTER_S, coordination.BYE_WAIT_S = 4.0, 1.0
 sys.argv = ["bench_lib", *sys.argv[1:]]
 runpy.run_module("bench_lib", run_name="__main__", alter_sys=True)
 """
@@ -227,11 +227,11 @@ def test_a_node_without_node_0_says_it_waits_and_gives_up_with_exit_2(
 @pytest.mark.integration
 def test_node_0_without_the_others_says_it_waits_and_gives_up_with_exit_2(
         tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(multinode, "BYE_WAIT_S", 0.5)  # no node will read the refusal
+    monkeypatch.setattr(coordination, "BYE_WAIT_S", 0.5)  # no node will read the refusal
     proc, seconds = _alone(capsys, monkeypatch, tmp_path, 0, 3)
     assert proc.returncode == 2, proc.stderr
     # The 3 s, then BYE_WAIT_S for the (absent) nodes to read the refusal.
-    assert seconds < 3 + multinode.BYE_WAIT_S + 15
+    assert seconds < 3 + coordination.BYE_WAIT_S + 15
     assert "node 0: waiting for node(s) 1 of 2 to join: " in proc.stderr
     assert "did not join within 3 s (--rdzv-timeout-s" in proc.stderr
     assert not (tmp_path / "out").exists()
@@ -249,14 +249,14 @@ INFO = {"rig": {"label": "cpu:1x1t"}, "sweep_digest": "d", "hostname": "here"}
 @pytest.mark.integration  # starts processes or waits on real time
 @pytest.mark.timeout(60)
 def test_a_node_that_gave_up_is_not_admitted_after_all(monkeypatch):
-    monkeypatch.setattr(multinode, "BYE_WAIT_S", 0.1)
+    monkeypatch.setattr(coordination, "BYE_WAIT_S", 0.1)
     zero, one = _pair(1)
-    coordinator = multinode.Coordinator(zero)  # its store is up, but it gathers late
-    follower = multinode.Follower(one, INFO | {"node_rank": 1})
-    with pytest.raises(multinode.CoordinationError, match="node 1 gave up after 1 s"):
+    coordinator = coordination.Coordinator(zero)  # its store is up, but it gathers late
+    follower = coordination.Follower(one, INFO | {"node_rank": 1})
+    with pytest.raises(coordination.CoordinationError, match="node 1 gave up after 1 s"):
         follower.wait_welcome()
     follower.close()
-    with pytest.raises(multinode.CoordinationError, match="did not join within 1 s"):
+    with pytest.raises(coordination.CoordinationError, match="did not join within 1 s"):
         coordinator.gather(INFO | {"node_rank": 0})
 
 
@@ -264,8 +264,8 @@ def test_a_node_that_gave_up_is_not_admitted_after_all(monkeypatch):
 @pytest.mark.timeout(60)
 def test_a_node_admitted_before_its_time_is_up_waits_for_the_welcome():
     zero, one = _pair(0.5)
-    coordinator = multinode.Coordinator(zero)
-    follower = multinode.Follower(one, INFO | {"node_rank": 1})
+    coordinator = coordination.Coordinator(zero)
+    follower = coordination.Follower(one, INFO | {"node_rank": 1})
     coordinator.gather(INFO | {"node_rank": 0})  # admits node 1 at once
     # Node 0 measures its rig past node 1's 0.5 s; node 1, admitted, keeps waiting.
     later = threading.Timer(1.5, coordinator.welcome, args=("the-run",))

@@ -90,7 +90,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 
 def add_launcher_args(run: argparse.ArgumentParser) -> None:
     """How each multi-process case starts its ranks, and the multi-node run (run.launch,
-    run.multinode). Not sweep flags: the same sweep runs under either launcher."""
+    run.multinode, run.coordination). Not sweep flags: the same sweep runs under either
+    launcher."""
     from bench_lib.run.launch import ENDPOINT_ENV, LAUNCHERS, RDZV_TIMEOUT_S, WAIT_NOTE_S
 
     g = run.add_argument_group(
@@ -123,8 +124,8 @@ def add_launcher_args(run: argparse.ArgumentParser) -> None:
 
 def follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[Case]) -> int:
     """A non-first node of a multi-node run: follow node 0, which writes the run folder."""
+    from bench_lib.run.coordination import NodeZeroGone
     from bench_lib.run.follower_run import run_follower
-    from bench_lib.run.multinode import NodeZeroGone
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -153,8 +154,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.run.agent import WARM_MODULES
     from bench_lib.run.answers import print_answers, round_answer
     from bench_lib.run.calibration import CalibrationKey, describe_calibration
+    from bench_lib.run.coordination import open_coordinator
     from bench_lib.run.duty import DutyMeter, write_duty
-    from bench_lib.run.multinode import open_coordinator
     from bench_lib.run.predictions import Predictor
     from bench_lib.run.progress import Progress
     from bench_lib.run.runner import run_sweep

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from bench_lib.measure.energy import IdlePower
     from bench_lib.measure.flops import AttainablePeak
     from bench_lib.processes.forkserver import ForkServer
+    from bench_lib.run.coordination import Coordinator
     from bench_lib.run.duty import DutyMeter
-    from bench_lib.run.multinode import Coordinator
 
 
 class RigFigures(NamedTuple):

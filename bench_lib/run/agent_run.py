@@ -14,6 +14,7 @@ from pathlib import Path
 from bench_lib.measure.sampler import Sampler
 from bench_lib.processes.supervision import supervise
 from bench_lib.rig import Rig
+from bench_lib.run.coordination import LaunchWatch
 from bench_lib.run.launch import (
     AgentExits,
     AgentRanks,
@@ -22,7 +23,6 @@ from bench_lib.run.launch import (
     start_agent,
     torchrun_args,
 )
-from bench_lib.run.multinode import LaunchWatch
 from bench_lib.run.protocol import SampleRow
 from bench_lib.run.ranks import rss_over_cap
 from bench_lib.run.sampling import case_sampler

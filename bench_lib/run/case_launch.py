@@ -10,7 +10,7 @@ is one torchrun agent instead (``run.agent_run``), supervised the same way (time
 cap, sampler, the ranks' files combined by the same rules: ``_run_torchrun``); on node 0
 of a multi-node run it is announced to the other nodes, whose runners follow
 (``follower_run.follow_sweep``), and their ranks' files come back over node 0's
-coordination store (``run.multinode``).
+coordination store (``run.coordination``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from bench_lib.processes.forkserver import ForkServer
 from bench_lib.processes.supervision import PEER_GRACE_S, supervise
 from bench_lib.rig import Rig
 from bench_lib.run.agent_run import run_agent
+from bench_lib.run.coordination import Coordinator
 from bench_lib.run.launch import LOCAL, AgentExits, Launcher
 from bench_lib.run.launch_parts import with_unaccounted
-from bench_lib.run.multinode import Coordinator
 from bench_lib.run.protocol import CaseOutcome, CaseSpec
 from bench_lib.run.ranks import combine, launch_ranks, rss_over_cap
 from bench_lib.run.sampling import case_sampler
@@ -141,7 +141,7 @@ def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher
                   compute_only: bool = True) -> CaseOutcome:
     """One launch through torchrun: this node's agent; on node 0 of a multi-node run,
     announced to the other nodes first, and their reports gathered after
-    (``run.multinode``)."""
+    (``run.coordination``)."""
     if not launcher.multi_node:
         part = run_agent(case, rig, case_dir, log_path, launcher)
         outcome = _combine_launch(case_dir, case.world_size, log_path, part.stopped,

@@ -1,7 +1,7 @@
 """A non-first node's run of a multi-node sweep: join node 0 (``run_follower``), then start
 this node's torchrun agent (``run.agent_run``) for each launch node 0 announces and report
-its part back over node 0's coordination store (``follow_sweep``, ``run.multinode``), until
-node 0 ends the run.
+its part back over node 0's coordination store (``follow_sweep``, ``run.coordination``),
+until node 0 ends the run.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 from bench_lib.processes.supervision import PEER_GRACE_S
 from bench_lib.rig import Rig
 from bench_lib.run.agent_run import run_agent
+from bench_lib.run.coordination import Follower, LaunchNotice, NodeReport, NodeZeroGone
 from bench_lib.run.launch import Launcher
-from bench_lib.run.multinode import Follower, LaunchNotice, NodeReport, NodeZeroGone, this_node
+from bench_lib.run.multinode import this_node
 from bench_lib.run.protocol import CaseSpec, RankResult
 from bench_lib.run.ranks import log_tail
 from bench_lib.sweep.cases import Case
@@ -40,7 +41,7 @@ def follow_sweep(cases: Sequence[Case], rig: Rig, launcher: Launcher, follower: 
                  work_root: Path) -> str:
     """A non-first node's run: start this node's agent for each launch node 0 announces,
     and report its part, until node 0 ends the run; returns how it ended (``done``,
-    ``interrupted``...). Raises ``multinode.NodeZeroGone`` when node 0 vanishes."""
+    ``interrupted``...). Raises ``coordination.NodeZeroGone`` when node 0 vanishes."""
     by_id = {c.case_id: c for c in cases}
     seq = 0
     try:

@@ -11,10 +11,11 @@ environment, and they join through ``env://``.
 - One node: ``--standalone``, torchrun's c10d rendezvous on a free port, with a fresh
   rendezvous id per agent (so per case and launch; torchrun ignores an id given with it).
 - Several nodes: ``--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --nnodes N``,
-  with an id per case and launch that node 0's runner announces (``run.multinode``). Node 0's
-  agent hosts the rendezvous store (``is_host``, stated rather than guessed from host names,
-  so that two "nodes" on one host work too); the rendezvous, not ``--node-rank``, numbers the
-  nodes, so global ranks need not follow node order, and nothing here assumes they do.
+  with an id per case and launch that node 0's runner announces (``run.coordination``).
+  Node 0's agent hosts the rendezvous store (``is_host``, stated rather than guessed from
+  host names, so that two "nodes" on one host work too); the rendezvous, not
+  ``--node-rank``, numbers the nodes, so global ranks need not follow node order, and
+  nothing here assumes they do.
 
 Single-process cases (single, dp, mp, pipeline, accum) have no ranks to rendezvous: the
 runner starts them itself under either launcher.
@@ -74,13 +75,13 @@ class Launcher:
     rdzv_endpoint: str = ""
     """``HOST:PORT`` of node 0's rendezvous (multi-node only; empty on one node)."""
     coord_port: int = 0
-    """Port of node 0's coordination store (``run.multinode``; multi-node only)."""
+    """Port of node 0's coordination store (``run.coordination``; multi-node only)."""
     source: str = "flags"
     """Where ``nnodes``/``node_rank`` came from: ``flags``, ``SLURM`` or ``default``."""
     rdzv_timeout_s: float = RDZV_TIMEOUT_S
     """How long a node waits for the others to join before it gives up (exit 2): node 0
     for every node's hello, the others for node 0's store and its admission
-    (``run.multinode``); a waiting node says so on stderr meanwhile."""
+    (``run.coordination``); a waiting node says so on stderr meanwhile."""
 
     def __post_init__(self) -> None:
         if not (self.rdzv_timeout_s > 0 and math.isfinite(self.rdzv_timeout_s)):

@@ -31,8 +31,8 @@ from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
 from bench_lib.run.case_launch import memory_true_forks, run_case
 from bench_lib.run.cells import Row
+from bench_lib.run.coordination import Coordinator
 from bench_lib.run.launch import LOCAL, Launcher
-from bench_lib.run.multinode import Coordinator
 from bench_lib.run.predictions import Predictor
 from bench_lib.run.protocol import CaseOutcome, reused_warmup
 from bench_lib.run.rows import step_rows
