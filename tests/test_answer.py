@@ -113,7 +113,7 @@ def test_no_part_is_named_as_a_loss_at_zero():
 def test_the_first_gpu_runs_words():
     """The H100 smoke run (dp and ddp on one GPU): every part 0%, a median 18% unexplained;
     its answer once read "lose most to the smaller batch per device (a median 0% ...)"."""
-    from bench_lib.report.figures import records
+    from bench_lib.report.figure_kit import records
     from bench_lib.report.runs import load_runs
 
     (line,) = answer_lines(records(load_runs([GPU_RUN / "smoke-1gpu"]).every))

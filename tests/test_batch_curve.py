@@ -19,7 +19,8 @@ import pytest
 
 from bench_lib.analysis.waterfall import PARTS
 from bench_lib.report.curve_figure import curve_points, fig_batch_curve
-from bench_lib.report.headlines import headline_lines, is_curve_point
+from bench_lib.report.headlines import headline_lines
+from bench_lib.report.row_values import is_curve_point
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import launch_medians
 from bench_lib.run.runner import workload_groups

@@ -208,7 +208,7 @@ def test_the_runner_up_is_another_variant_not_another_split():
 
 
 def test_ddp_knob_variants_are_strategy_variants_of_their_own():
-    from bench_lib.report.headlines import case_name
+    from bench_lib.report.row_values import case_name
 
     plain = {"strategy": "ddp", "ddp_bucket_cap_mb": "default", "ddp_comm_hook": "none",
              "ddp_gradient_as_bucket_view": 0, "ddp_static_graph": 0}

@@ -15,7 +15,7 @@ from matplotlib.container import BarContainer
 
 from bench_lib import commands
 from bench_lib.analysis.stats import launch_interval, paired_ratio_interval
-from bench_lib.report import build, device_figures, figures
+from bench_lib.report import build, device_figures, figure_kit, figures
 from bench_lib.report.runs import Runs, load_runs
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
@@ -360,7 +360,7 @@ def test_figures_are_drawn_in_the_report_style_without_keeping_it(tmp_path):
         fig = figures.fig_throughput(cases)
         assert matplotlib.rcParams["axes.grid"] is False
         assert matplotlib.rcParams["figure.dpi"] == 72.0
-    assert fig.dpi == figures.STYLE["figure.dpi"]
+    assert fig.dpi == figure_kit.STYLE["figure.dpi"]
     ax = fig.axes[0]
     assert not ax.spines["top"].get_visible() and ax.spines["left"].get_visible()
     assert any(line.get_visible() for line in ax.yaxis.get_gridlines())

@@ -7,7 +7,7 @@ behind, each sentence built from the run's own numbers (no number, no sentence).
     per device (weak scaling), ddp gains most: 1.62x [1.50, 1.75] single's throughput on 2
     devices (81% scaling efficiency).
 
-The winner and its interval are the headlines' (``headlines.rank``) under strong scaling
+The winner and its interval are the headlines' (``ranking.rank``) under strong scaling
 (the batch split over the devices); the loss is the waterfall part
 (``bench_lib.analysis.waterfall``) with the largest median share of the other ok cases'
 steps, or the remainder (what no part explains) where that share is larger; the batch
@@ -25,13 +25,11 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench_lib.report.headlines import (
+from bench_lib.report.ranking import group_order, headline_groups, rank
+from bench_lib.report.row_values import (
     case_name,
-    group_order,
-    headline_groups,
     is_curve_point,
     is_weak,
-    rank,
     speedup_interval,
     throughput,
     throughput_interval,

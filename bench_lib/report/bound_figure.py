@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from bench_lib.report.figures import (
+from bench_lib.report.figure_kit import (
     labelled_ok_cases,
     new_figure,
     strategy_color,

@@ -27,6 +27,7 @@ from bench_lib.report import (
     curve_figure,
     device_figures,
     distance_report,
+    figure_kit,
     figures,
     memory_prediction,
     parity_report,
@@ -90,7 +91,7 @@ def _png(fig: Figure, captions: list[str]) -> bytes:
 
     Laid out and written under the figures' style (``rc_context``): nothing global changes.
     """
-    with matplotlib.rc_context(figures.STYLE):
+    with matplotlib.rc_context(figure_kit.STYLE):
         fig.text(0.01, 0.005, "\n".join(captions), fontsize=7, color="#444444", va="bottom",
                  ha="left", wrap=True)
         fig.tight_layout(rect=(0, 0.03 + 0.025 * len(captions), 1, 0.95))

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench_lib.report.figures import PALETTE, facets, strategy_order, styled, workload_title
+from bench_lib.report.figure_kit import PALETTE, facets, strategy_order, styled, workload_title
 
 KEY = ["run_label", "model", "image_size", "full_batch", "precision"]
 

@@ -1,7 +1,7 @@
 """Figures about devices: peak memory per device, samples over time, the pipeline timeline.
 
-Like ``figures``: ``Figure`` objects drawn under its ``STYLE``, nothing changed in matplotlib
-at import; data from the run folders' files only (cases, samples.csv, timeline.csv).
+Like ``figures``: ``Figure`` objects drawn under ``figure_kit.STYLE``, nothing changed in
+matplotlib at import; data from the run folders' files only (cases, samples.csv, timeline.csv).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench_lib.report.figures import (
+from bench_lib.report.figure_kit import (
     FAILED_STYLE,
     PALETTE,
     WORKLOAD,

@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from bench_lib.report.figures import PALETTE, new_figure, records, styled
+from bench_lib.report.figure_kit import PALETTE, new_figure, records, styled
 from bench_lib.report.html import CSS, cell_number, cell_text
 from bench_lib.results.read import read_table
 from bench_lib.results.schema import DISTANCE_COLUMNS, ResultsError

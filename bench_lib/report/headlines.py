@@ -11,36 +11,32 @@ interval, and the best split of each pipelined strategy.
 (each workload on one line, folded here), then the best split of each pipelined strategy
 (``pipeline 8, 1f1b 4``), and what the brackets mean.
 
-Every case of a workload is measured in the same rounds of fresh launches (schema 5), so two
-cases compare round by round: the runner-up's launch median over the best's in each round,
-with the 95% t interval of those ratios across rounds (``Best.paired``). Drift that slows a
-whole round cancels in the ratio, so this decides clear-vs-tie more sharply than setting the
-two cases' own intervals side by side, which is the rule left for cases with one launch.
-
-The comparison (``rank``, ``Best``) is shared with the report's headlines and its winner
-grid. Plain rows (dicts as the runner wrote them to cases.csv, or a DataFrame's records):
-no pandas, no matplotlib, no torch (the column parser is ``results.schema``'s).
+The ranking is ``ranking``'s (``rank``, ``Best``: paired by round where both cases ran 2 or
+more launches), the values ``row_values``'. What the brackets mean (``interval_note``,
+``speedup_note``) is the report page's words too. ``tutorial_lines`` sets the PyTorch
+model-parallel tutorial's published timings beside this machine's. Plain rows: no pandas, no
+matplotlib, no torch.
 """
 
 from __future__ import annotations
 
-import math
 import textwrap
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
-from bench_lib.analysis.stats import MIN_LAUNCHES_FOR_CI, LaunchInterval, paired_ratio_interval
+from bench_lib.analysis.stats import MIN_LAUNCHES_FOR_CI
+from bench_lib.report.ranking import group_order, headline_groups, rank
+from bench_lib.report.row_values import (
+    Interval,
+    is_single,
+    label,
+    launch_medians,
+    speedup,
+    speedup_interval,
+    throughput,
+    throughput_interval,
+)
 from bench_lib.results.read import number, provisional_words
-from bench_lib.results.schema import launch_medians as schema_launch_medians
-
-Interval = tuple[float, float]
-"""A (low, high) pair: a 95% interval, of a throughput in img/s or of a ratio."""
-
-OPTION_TAGS = (("channels_last", "cl"), ("compile", "compile"), ("sync_bn", "syncbn"))
-"""Option columns that make a strategy-variant of their own, and their tag in its label."""
 
 NOTE_WIDTH = 100
 TIE_RULE = ("'>': the best is clear of the runner-up (the best case of another "
@@ -83,268 +79,6 @@ INTERVAL_NOTE = interval_note()
 SPEEDUP_NOTE = speedup_note()
 
 
-def _flag(value: Any) -> bool:
-    """An option column set to 1 (cases.csv's 0/1; missing reads as not set)."""
-    return number(value) == 1.0
-
-
-def _label(row: Mapping[str, Any]) -> str:
-    """Strategy name plus what distinguishes its variants (partition, options set)."""
-    partition = row.get("partition")
-    if isinstance(partition, float) and math.isnan(partition):  # a DataFrame's missing value
-        partition = None
-    part = str(partition or "").split(":")[0]  # "balanced:9" -> "balanced"
-    options = "".join(f"+{tag}" for col, tag in OPTION_TAGS if _flag(row.get(col)))
-    return (str(row["strategy"]) + (f"[{part}]" if part not in ("", "tutorial") else "")
-            + options + ddp_tags(row))
-
-
-def ddp_tags(row: Mapping[str, Any]) -> str:
-    """The DDP knobs set away from torch's defaults, as tags: ``+bucket100+gradview+fp16``
-    (empty for other strategies and for torch's defaults, so older runs read the same)."""
-    cap = row.get("ddp_bucket_cap_mb")
-    tags = [f"bucket{cap}" if isinstance(cap, str) and cap not in ("", "default")
-            else f"bucket{cap:g}" if isinstance(cap, float) and not math.isnan(cap) else "",
-            "gradview" if _flag(row.get("ddp_gradient_as_bucket_view")) else "",
-            "static" if _flag(row.get("ddp_static_graph")) else ""]
-    hook = row.get("ddp_comm_hook")
-    if isinstance(hook, str) and hook not in ("", "none"):
-        tags.append(hook)
-    return "".join(f"+{t}" for t in tags if t)
-
-
-def case_name(row: Mapping[str, Any]) -> str:
-    """The strategy-variant and its split: ``1f1b[balanced] s8``, ``ddp``."""
-    split = number(row.get("split_size"))
-    return _label(row) + (f" s{split:g}" if split is not None else "")
-
-
-def throughput(row: Mapping[str, Any]) -> float | None:
-    """The row's throughput in img/s, None where it has none."""
-    return number(row.get("throughput_img_s"))
-
-
-def throughput_interval(row: Mapping[str, Any]) -> Interval | None:
-    """The 95% interval of the row's throughput: the batch over the interval of the median
-    step time (a t interval across launches; ``step_time_s_ci_high`` gives the low end);
-    None where it has none (1 launch)."""
-    batch = number(row.get("batch_size"))
-    low, high = number(row.get("step_time_s_ci_low")), number(row.get("step_time_s_ci_high"))
-    if batch is None or low is None or high is None or not 0 < low <= high or batch <= 0:
-        return None
-    return batch / high, batch / low
-
-
-def launch_medians(value: Any) -> list[float]:
-    """cases.csv's ``launch_medians_s`` (``0.451;0.447;0.462``, round order) as numbers; []
-    where missing or unreadable. One launch's may come as a number (pandas reads ``0.451`` as
-    a float). ``results.schema.launch_medians``, forgiving a number or an unreadable cell."""
-    if isinstance(value, (int, float)):
-        x = number(value)
-        return [] if x is None else [x]
-    try:
-        return schema_launch_medians(value)
-    except ValueError:
-        return []
-
-
-def _interval_text(interval: Interval | None) -> str:
-    return "" if interval is None else f" [{interval[0]:.1f}, {interval[1]:.1f}]"
-
-
-def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """False only where both rows name their run and the runs differ (rounds pair within a
-    run)."""
-    runs = [r.get("run_label", r.get("run_id")) for r in (a, b)]
-    return None in runs or runs[0] == runs[1]
-
-
-def paired_ratio(numerator: Mapping[str, Any],
-                 denominator: Mapping[str, Any]) -> LaunchInterval | None:
-    """``numerator``'s time per image over ``denominator``'s, round by round (their launch
-    medians paired by round, over the batch), with the 95% t interval across rounds
-    (``analysis.stats.paired_ratio_interval``). Where one ran fewer launches, its rounds are
-    the first ones (the runner launches a case in rounds 0..L-1). None under 2 paired rounds,
-    or for rows of different runs."""
-    a, b = launch_medians(numerator.get("launch_medians_s")), \
-        launch_medians(denominator.get("launch_medians_s"))
-    batch_a, batch_b = number(numerator.get("batch_size")), number(denominator.get("batch_size"))
-    rounds = min(len(a), len(b))
-    if rounds < MIN_LAUNCHES_FOR_CI or not _same_run(numerator, denominator) \
-            or batch_a is None or batch_b is None or batch_a <= 0 or batch_b <= 0:
-        return None
-    a, b = a[:rounds], b[:rounds]
-    if not all(math.isfinite(v) and v > 0 for v in a + b):
-        return None
-    return paired_ratio_interval([v / batch_a for v in a], [v / batch_b for v in b])
-
-
-def _ratio_text(ratio: LaunchInterval) -> str:
-    return f" (paired {ratio.point:.2f}x [{ratio.low:.2f}, {ratio.high:.2f}])"
-
-
-@dataclass(frozen=True)
-class Best:
-    """A workload's best ok case set against its runner-up: the best ok case of another
-    strategy-variant (``_label``: strategy, partition, options; its splits are one variant)."""
-
-    best: Mapping[str, Any]
-    runner_up: Mapping[str, Any] | None
-
-    @property
-    def interval(self) -> Interval | None:
-        return throughput_interval(self.best)
-
-    @property
-    def runner_up_interval(self) -> Interval | None:
-        return None if self.runner_up is None else throughput_interval(self.runner_up)
-
-    @cached_property
-    def paired(self) -> LaunchInterval | None:
-        """The runner-up's time per image over the best's, round by round (``paired_ratio``):
-        above 1 the best is faster. None without a runner-up or 2 paired launches."""
-        return None if self.runner_up is None else paired_ratio(self.runner_up, self.best)
-
-    @property
-    def rule(self) -> str:
-        """How ``verdict`` was decided: ``paired`` (the ratio's interval across rounds),
-        ``overlap`` (the two cases' own intervals: a case with 1 launch) or empty (no
-        comparison: alone, or an interval missing)."""
-        if self.runner_up is None:
-            return ""
-        if self.paired is not None:
-            return "paired"
-        return "overlap" if self.interval is not None and self.runner_up_interval is not None \
-            else ""
-
-    @property
-    def verdict(self) -> str:
-        """``winner`` (clear of the runner-up), ``tie``, ``no interval`` (no comparison
-        possible: no winner claimed) or ``alone`` (no other strategy-variant ran).
-
-        With 2 or more launches of both, paired by round: ``winner`` when the interval of the
-        runner-up's time over the best's lies above 1, else ``tie``. Otherwise (1 launch) by
-        the cases' own intervals: ``tie`` when they overlap."""
-        if self.runner_up is None:
-            return "alone"
-        if self.paired is not None:
-            return "winner" if self.paired.low > 1.0 else "tie"
-        mine, theirs = self.interval, self.runner_up_interval
-        if mine is None or theirs is None:
-            return "no interval"
-        return "tie" if max(mine[0], theirs[0]) <= min(mine[1], theirs[1]) else "winner"
-
-    def describe(self, unit: str = "img/s") -> tuple[str, str]:
-        """(lead, rest) in words: the lead is the best's name, ``tie:`` or ``best (no
-        interval):``; e.g. ``("tie:", "ddp 53.6 [51.0, 55.9] img/s ~ 1f1b[balanced] s8 52.1
-        [49.8, 54.0] (paired 1.03x [0.98, 1.08])")``: the paired ratio where it decided."""
-        name = case_name(self.best)
-        figures = f"{throughput(self.best) or 0.0:.1f}{_interval_text(self.interval)} {unit}"
-        if self.runner_up is None:
-            return name, f"{figures} (the only strategy that ran)"
-        other = (f"{case_name(self.runner_up)} {throughput(self.runner_up) or 0.0:.1f}"
-                 f"{_interval_text(self.runner_up_interval)}")
-        ratio = "" if self.paired is None else _ratio_text(self.paired)
-        verdict = self.verdict
-        if verdict == "winner":
-            return name, f"{figures} > {other}{ratio}"
-        if verdict == "tie":
-            return "tie:", f"{name} {figures} ~ {other}{ratio}"
-        lead = "best (no interval):" if self.interval is None else \
-            "best (runner-up has no interval):"
-        return lead, f"{name} {figures} vs {other}"
-
-    def text(self, unit: str = "img/s") -> str:
-        """``describe`` as one line."""
-        return " ".join(self.describe(unit))
-
-
-def rank(rows: Iterable[Mapping[str, Any]]) -> Best | None:
-    """The best ok case (largest throughput, the first of equals) and the runner-up: the best
-    ok case of another strategy-variant. ``rows`` are one workload's (same model, image size,
-    batch, precision; and run, in a report of several). None where no ok case has a
-    throughput."""
-    ok = [r for r in rows if r.get("status") == "ok" and throughput(r) is not None]
-    if not ok:
-        return None
-    best = max(ok, key=lambda r: throughput(r) or 0.0)
-    others = [r for r in ok if _label(r) != _label(best)]
-    return Best(best, max(others, key=lambda r: throughput(r) or 0.0) if others else None)
-
-
-def is_curve_point(row: Mapping[str, Any]) -> bool:
-    """Whether a row is a point of single's batch curve (``batch_curve_of`` set), not a
-    case the sweep compares: it has its own figure, and no place among the strategies."""
-    return number(row.get("batch_curve_of")) is not None
-
-
-def _is_single(row: Mapping[str, Any]) -> bool:
-    return row.get("strategy") == "single"
-
-
-def is_weak(row: Mapping[str, Any]) -> bool:
-    """Whether a row is a weak-scaling case (``scaling``: each device gets the workload's
-    batch); a row of a run before the column is strong."""
-    return row.get("scaling") == "weak"
-
-
-def workload_batch(row: Mapping[str, Any]) -> float | None:
-    """The batch of the row's workload: its own, or under weak scaling each device's."""
-    batch, world = number(row.get("batch_size")), number(row.get("world_size"))
-    if is_weak(row) and batch is not None and world:
-        return batch / world
-    return batch
-
-
-def group_order(key: tuple[Any, ...]) -> tuple[tuple[int, float, str], ...]:
-    """A sort key for ``headline_groups``' keys: numbers as numbers (64 px before 128),
-    then text; strong before weak."""
-    return tuple((0, n, "") if (n := number(v)) is not None else (1, 0.0, str(v))
-                 for v in key)
-
-
-def headline_groups(rows: Iterable[Mapping[str, Any]], by_run: bool = False
-                    ) -> dict[tuple[Any, ...], list[Mapping[str, Any]]]:
-    """The sweep's rows (batch-curve points left out) per workload and scaling: keys
-    (``run_label`` where ``by_run``,) model, image size, the workload's batch
-    (``workload_batch``), precision, ``strong`` or ``weak``. A weak group holds the weak
-    cases and the workload's ``single`` rows, the baseline they are compared with; every
-    other row is strong."""
-    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
-    rows = [r for r in rows if not is_curve_point(r)]
-    for r in rows:
-        run = (r.get("run_label", ""),) if by_run else ()
-        batch = workload_batch(r)
-        key = (*run, r["model"], r["image_size"], int(batch) if batch is not None else batch,
-               r["precision"])
-        groups[(*key, "weak" if is_weak(r) else "strong")].append(r)
-    for key in [k for k in groups if k[-1] == "weak"]:
-        groups[key] = [r for r in groups.get((*key[:-1], "strong"), []) if _is_single(r)] \
-            + groups[key]
-    return dict(groups)
-
-
-def speedup(row: Mapping[str, Any], single: Mapping[str, Any] | None = None) -> float | None:
-    """The row's speedup over single: its ``speedup_vs_single`` (paired by round), else its
-    throughput over ``single``'s; None without either."""
-    value = number(row.get("speedup_vs_single"))
-    if value is not None:
-        return value
-    if single is None:
-        return None
-    mine, theirs = throughput(row), throughput(single)
-    return None if mine is None or not theirs else mine / theirs
-
-
-def speedup_interval(row: Mapping[str, Any]) -> Interval | None:
-    """The 95% interval of the row's speedup over single (``speedup_ci_low``, ``_high``: a t
-    interval across rounds); None where it has none (1 launch) or the row is single itself."""
-    low, high = number(row.get("speedup_ci_low")), number(row.get("speedup_ci_high"))
-    if _is_single(row) or low is None or high is None or not 0 < low <= high:
-        return None
-    return low, high
-
-
 def speedup_text(value: float | None, interval: Interval | None) -> str:
     """``1.25x [1.15, 1.36]``, ``1.25x`` without an interval, ``n/a`` without a speedup."""
     if value is None:
@@ -365,7 +99,7 @@ def _best_splits(ok: list[Mapping[str, Any]]) -> str:
     for r in ok:
         if number(r.get("split_size")) is None or throughput(r) is None:
             continue
-        key = _label(r)
+        key = label(r)
         if key not in best or (throughput(r) or 0.0) > (throughput(best[key]) or 0.0):
             best[key] = r
     return ", ".join(f"{k} {number(r['split_size']):g}" for k, r in sorted(best.items())) or "-"
@@ -391,7 +125,7 @@ def headline_lines(rows: list[dict[str, Any]]) -> list[str]:
             table.append([*head, f"no case ran ({', '.join(statuses)})"])
             continue
         best = found.best
-        single = next((r for r in group if _is_single(r) and r["status"] == "ok"
+        single = next((r for r in group if is_single(r) and r["status"] == "ok"
                        and throughput(r) is not None), None)
         value = speedup(best, single)
         interval = speedup_interval(best) if value is not None else None

@@ -12,17 +12,10 @@ import pandas as pd
 from bench_lib.analysis.utilisation import DISAGREE_POINTS
 from bench_lib.report import bound_figure, memory_prediction, time_prediction
 from bench_lib.report.answer import answer_lines
-from bench_lib.report.figures import records
-from bench_lib.report.headlines import (
-    group_order,
-    headline_groups,
-    interval_note,
-    rank,
-    speedup,
-    speedup_interval,
-    speedup_note,
-    speedup_text,
-)
+from bench_lib.report.figure_kit import records
+from bench_lib.report.headlines import interval_note, speedup_note, speedup_text
+from bench_lib.report.ranking import group_order, headline_groups, rank
+from bench_lib.report.row_values import speedup, speedup_interval
 from bench_lib.results.read import devices_label, provisional_round, provisional_words
 
 if TYPE_CHECKING:
@@ -58,7 +51,7 @@ def cell_number(value: Any, fmt: str) -> str:
 
 def _headlines(cases: pd.DataFrame) -> str:
     """Per run and workload: the fastest strategy with its 95% interval, clear of the
-    runner-up or a tie with it (``headlines.rank``: paired by round where both ran 2 or more
+    runner-up or a tie with it (``ranking.rank``: paired by round where both ran 2 or more
     launches), and its speedup over single with its 95% interval."""
     items = []
     groups = headline_groups(records(cases), by_run=True)

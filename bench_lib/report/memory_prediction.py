@@ -15,14 +15,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bench_lib.report.device_figures import parse_by_device
-from bench_lib.report.figures import (
+from bench_lib.report.figure_kit import (
     new_figure,
     predicted_vs_measured_axes,
     strategy_color,
     strategy_order,
     styled,
 )
-from bench_lib.report.headlines import ddp_tags
+from bench_lib.report.row_values import ddp_tags
 
 BAND = 0.15
 """The goal: predicted within 15% of measured (issue #17)."""

@@ -20,7 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from bench_lib.report.figures import (
+from bench_lib.report.figure_kit import (
     ORDER,
     new_figure,
     records,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench_lib.analysis.step_parts import PARTS
-from bench_lib.report.headlines import case_name, is_weak
+from bench_lib.report.row_values import case_name, is_weak
 from bench_lib.results.read import number
 
 NAMED_WORST_PCT = 5.0

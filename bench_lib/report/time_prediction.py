@@ -8,7 +8,7 @@ predicted best was the measured best.
     64 px batch 16 (strong): predicted ddp (0.65x measured), measured single 1.00x
 
 A predicted best "matches" when it is the measured best, or is tied with it: the paired
-interval of its time per image over the best's (``headlines.paired_ratio``, round by
+interval of its time per image over the best's (``row_values.paired_ratio``, round by
 round) holds 1. Plain rows (cases.csv's records); the figure reads a DataFrame. Never
 imports torch.
 """
@@ -24,22 +24,16 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench_lib.report.figures import (
+from bench_lib.report.figure_kit import (
     new_figure,
     predicted_vs_measured_axes,
     strategy_color,
     strategy_order,
     styled,
 )
-from bench_lib.report.headlines import (
-    case_name,
-    headline_groups,
-    is_curve_point,
-    paired_ratio,
-    rank,
-    speedup,
-)
 from bench_lib.report.part_errors import part_error_lines
+from bench_lib.report.ranking import headline_groups, rank
+from bench_lib.report.row_values import case_name, is_curve_point, paired_ratio, speedup
 from bench_lib.results.read import number
 
 GOAL_MEDIAN_PCT = 7.0

@@ -21,7 +21,7 @@ from matplotlib.patches import Patch
 
 from bench_lib.analysis.step_parts import PARTS as STEP_PARTS
 from bench_lib.analysis.step_parts import WORDS
-from bench_lib.report.figures import (
+from bench_lib.report.figure_kit import (
     WORKLOAD,
     facets,
     labelled_ok_cases,
