@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from bench_lib.compare import verdicts as cmp
+from bench_lib.compare.runs import load_run
 from bench_lib.fault_hooks import INJECT_SLOWDOWN_ENV
 from bench_lib.results.read import run_dirs_in
 
@@ -48,7 +49,7 @@ def run_sweep(out: Path, run_args: list[str], slowdown: float) -> Path:
 
 def judge(base: Path, cand: Path, threshold: float) -> list[cmp.CaseResult]:
     """The gate's verdicts for one pair of run folders."""
-    return cmp.compare_runs(cmp.load_run(base), cmp.load_run(cand), threshold)
+    return cmp.compare_runs(load_run(base), load_run(cand), threshold)
 
 
 def deciding(results: list[cmp.CaseResult]) -> list[cmp.Change]:

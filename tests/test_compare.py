@@ -13,6 +13,7 @@ from bench_lib.commands import main
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.baseline import resolve_baseline, save_baseline
 from bench_lib.compare.output import ComparePlan, run_compare
+from bench_lib.compare.runs import check_fingerprints, load_run, software_differences, step_samples
 from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
@@ -81,8 +82,8 @@ def verdicts(results: list[cmp.CaseResult]) -> dict[str, tuple[str, str]]:
 
 def test_a_a_runs_from_one_distribution_are_unchanged(tmp_path):
     for seed in range(5):
-        base = cmp.load_run(make_run(tmp_path, f"a{seed}", seed))
-        cand = cmp.load_run(make_run(tmp_path, f"b{seed}", seed + 100))
+        base = load_run(make_run(tmp_path, f"a{seed}", seed))
+        cand = load_run(make_run(tmp_path, f"b{seed}", seed + 100))
         results = cmp.compare_runs(base, cand)
         assert {v for v, _ in verdicts(results).values()} == {"unchanged"}
         assert cmp.exit_code(results) == exit_codes.EXIT_OK
@@ -94,25 +95,25 @@ def test_a_a_with_launch_to_launch_noise_passes(tmp_path):
     spread, so A/A runs pass; the same machine measured in 1 launch a run is judged on its
     steps alone, whose interval leaves the launch offset out, and fails A/A runs."""
     for seed in range(5):
-        base = cmp.load_run(make_run(tmp_path, f"a{seed}", seed, noise=0.02, launch_noise=0.05))
-        cand = cmp.load_run(make_run(tmp_path, f"b{seed}", seed + 100, noise=0.02,
+        base = load_run(make_run(tmp_path, f"a{seed}", seed, noise=0.02, launch_noise=0.05))
+        cand = load_run(make_run(tmp_path, f"b{seed}", seed + 100, noise=0.02,
                                      launch_noise=0.05))
         results = cmp.compare_runs(base, cand)
         assert {v for v, _ in verdicts(results).values()} == {"unchanged"}
         assert {(ch.method, ch.n_base, ch.n_cand) for r in results
                 for ch in r.changes.values()} == {(cmp.METHOD_WELCH, LAUNCHES, LAUNCHES)}
     one = [cmp.exit_code(cmp.compare_runs(
-        cmp.load_run(make_run(tmp_path, f"c{seed}", seed, noise=0.02, launch_noise=0.05,
+        load_run(make_run(tmp_path, f"c{seed}", seed, noise=0.02, launch_noise=0.05,
                               launches=1)),
-        cmp.load_run(make_run(tmp_path, f"d{seed}", seed + 100, noise=0.02, launch_noise=0.05,
+        load_run(make_run(tmp_path, f"d{seed}", seed + 100, noise=0.02, launch_noise=0.05,
                               launches=1)))) for seed in range(5)]
     assert exit_codes.EXIT_NOT_OK in one  # what the gate said before it had launches
 
 
 def test_planted_15pct_slowdown_of_one_strategy_regresses_on_speedup(tmp_path):
     for seed in range(3):
-        base = cmp.load_run(make_run(tmp_path, f"base{seed}", seed))
-        cand = cmp.load_run(make_run(tmp_path, f"cand{seed}", seed + 100,
+        base = load_run(make_run(tmp_path, f"base{seed}", seed))
+        cand = load_run(make_run(tmp_path, f"cand{seed}", seed + 100,
                                      slowdown={"mp": 0.15}))
         results = cmp.compare_runs(base, cand)
         assert verdicts(results) == {"single": ("unchanged", "step_time"),
@@ -130,8 +131,8 @@ def test_uniform_15pct_slowdown_regresses_single_on_step_time_only(tmp_path):
     # (the point lands under the 10% threshold in the rest); at 1% of each, in 150 of 150.
     quiet = {"launch_noise": 0.01, "round_noise": 0.01}
     for seed in range(3):
-        base = cmp.load_run(make_run(tmp_path, f"base{seed}", seed, **quiet))
-        cand = cmp.load_run(make_run(tmp_path, f"cand{seed}", seed + 100, **quiet,
+        base = load_run(make_run(tmp_path, f"base{seed}", seed, **quiet))
+        cand = load_run(make_run(tmp_path, f"cand{seed}", seed + 100, **quiet,
                                      slowdown={s: 0.15 for s in BASE_S}))
         results = cmp.compare_runs(base, cand)
         assert verdicts(results) == {"single": ("regression", "step_time"),
@@ -144,7 +145,7 @@ def test_uniform_15pct_slowdown_regresses_single_on_step_time_only(tmp_path):
 def test_one_launch_runs_fall_back_to_the_bootstrap_over_steps_and_say_so(tmp_path, capsys):
     base = make_run(tmp_path, "base", 1, launches=1)
     cand = make_run(tmp_path, "cand", 2, launches=1, slowdown={"ddp": 0.15})
-    results = cmp.compare_runs(cmp.load_run(base), cmp.load_run(cand))
+    results = cmp.compare_runs(load_run(base), load_run(cand))
     assert {(ch.method, ch.n_base, ch.n_cand) for r in results
             for ch in r.changes.values()} == {(cmp.METHOD_BOOTSTRAP, 1, 1)}
     assert verdicts(results)["ddp"] == ("regression", "speedup")
@@ -156,16 +157,16 @@ def test_one_launch_runs_fall_back_to_the_bootstrap_over_steps_and_say_so(tmp_pa
     assert md.read_text().count(cmp.METHOD_BOOTSTRAP) == 1
     # One side with launches, the other without: still the fallback, said with the counts.
     three = make_run(tmp_path, "three", 3)
-    results = cmp.compare_runs(cmp.load_run(three), cmp.load_run(cand))
+    results = cmp.compare_runs(load_run(three), load_run(cand))
     assert {ch.method for r in results for ch in r.changes.values()} == {cmp.METHOD_BOOTSTRAP}
     assert run_compare(ComparePlan(three, cand)) == exit_codes.EXIT_NOT_OK
     assert "3 vs 1 launches" in capsys.readouterr().out
 
 
 def test_one_strategy_slower_is_caught_through_speedup_despite_machine_drift(tmp_path):
-    base = cmp.load_run(make_run(tmp_path, "base", 1))
+    base = load_run(make_run(tmp_path, "base", 1))
     # the whole machine is 20% faster now, yet ddp got 15% slower relative to it
-    cand = cmp.load_run(make_run(tmp_path, "cand", 2, slowdown={"ddp": 0.15}, machine=0.8))
+    cand = load_run(make_run(tmp_path, "cand", 2, slowdown={"ddp": 0.15}, machine=0.8))
     results = cmp.compare_runs(base, cand)
     v = verdicts(results)
     assert v["ddp"] == ("regression", "speedup")
@@ -175,8 +176,8 @@ def test_one_strategy_slower_is_caught_through_speedup_despite_machine_drift(tmp
 
 
 def test_machine_drift_alone_is_not_a_regression_on_the_speedup_metric(tmp_path):
-    base = cmp.load_run(make_run(tmp_path, "base", 1))
-    cand = cmp.load_run(make_run(tmp_path, "cand", 2, machine=1.3))
+    base = load_run(make_run(tmp_path, "base", 1))
+    cand = load_run(make_run(tmp_path, "cand", 2, machine=1.3))
     v = verdicts(cmp.compare_runs(base, cand, metric="speedup"))
     assert v["ddp"][0] == "unchanged" and v["mp"][0] == "unchanged"
     assert v["single"][0] == "n/a"
@@ -184,21 +185,21 @@ def test_machine_drift_alone_is_not_a_regression_on_the_speedup_metric(tmp_path)
 
 
 def test_threshold_is_respected(tmp_path):
-    base = cmp.load_run(make_run(tmp_path, "base", 1))
-    cand = cmp.load_run(make_run(tmp_path, "cand", 2, slowdown={"single": 0.15}))
+    base = load_run(make_run(tmp_path, "base", 1))
+    cand = load_run(make_run(tmp_path, "cand", 2, slowdown={"single": 0.15}))
     assert verdicts(cmp.compare_runs(base, cand, 10))["single"][0] == "regression"
     assert verdicts(cmp.compare_runs(base, cand, 20))["single"][0] == "unchanged"
 
 
 def test_improvement_needs_threshold_and_significance(tmp_path):
-    base = cmp.load_run(make_run(tmp_path, "base", 1))
-    cand = cmp.load_run(make_run(tmp_path, "cand", 2, slowdown={"single": -0.2}))
+    base = load_run(make_run(tmp_path, "base", 1))
+    cand = load_run(make_run(tmp_path, "cand", 2, slowdown={"single": -0.2}))
     assert verdicts(cmp.compare_runs(base, cand))["single"] == ("improvement", "step_time")
 
 
 def test_multi_rank_steps_take_the_slowest_rank_per_launch(tmp_path):
     run = make_run(tmp_path, "r", 1)
-    samples = cmp.step_samples(run)
+    samples = step_samples(run)
     import pandas as pd
 
     steps = pd.read_csv(run / "steps.csv")
@@ -210,7 +211,7 @@ def test_multi_rank_steps_take_the_slowest_rank_per_launch(tmp_path):
         np.testing.assert_allclose(times, expected)
         assert len(expected) == STEPS
     # The run's launch medians are the ones cases.csv recorded.
-    loaded = cmp.load_run(run)
+    loaded = load_run(run)
     cases = pd.read_csv(run / "cases.csv").set_index("case_id")
     for cid in loaded.launches:
         recorded = [float(v) for v in cases.loc[cid, "launch_medians_s"].split(";")]
@@ -332,8 +333,8 @@ def test_a_torch_and_driver_upgrade_gets_a_verdict_with_a_note(tmp_path, capsys)
     same = make_run(tmp_path, "same", 2, versions=UPGRADED)
     slow = make_run(tmp_path, "slow", 3, versions=UPGRADED,
                     slowdown={s: 0.15 for s in BASE_S})
-    assert cmp.check_fingerprints(cmp.load_run(base), cmp.load_run(same), False) == []
-    assert cmp.software_differences(cmp.load_run(base), cmp.load_run(same)) == [
+    assert check_fingerprints(load_run(base), load_run(same), False) == []
+    assert software_differences(load_run(base), load_run(same)) == [
         "torch 2.14.1 -> 2.15.0", "driver 570.124.06 -> 575.51.03"]
     md, js = tmp_path / "gate.md", tmp_path / "gate.json"
     assert main(["compare", str(base), str(same)]) == 0
@@ -356,17 +357,17 @@ def test_the_store_holds_one_baseline_per_hardware_whatever_the_software(tmp_pat
     store = tmp_path / "store"
     saved = save_baseline(make_run(tmp_path, "base", 1), store)
     upgraded = make_run(tmp_path, "upgraded", 2, versions=UPGRADED)
-    assert resolve_baseline(store, cmp.load_run(upgraded), False) == saved
+    assert resolve_baseline(store, load_run(upgraded), False) == saved
     assert saved.name == fingerprint_id(FINGERPRINT | {"torch": "2.15.0", "driver": "x"})
     assert main(["compare", str(store), str(upgraded)]) == 0
     assert "torch 2.14.1 -> 2.15.0" in capsys.readouterr().out
     # A candidate whose env.json predates hardware-only fingerprints (torch and driver in it)
     old_style = make_run(tmp_path, "old", 3, versions=UPGRADED,
                          fingerprint=FINGERPRINT | {"torch": "2.15.0", "driver": "575.51.03"})
-    assert resolve_baseline(store, cmp.load_run(old_style), False) == saved
+    assert resolve_baseline(store, load_run(old_style), False) == saved
     # A baseline filed under an older id is found through its env.json's hardware.
     moved = saved.rename(store / "0123456789ab")
-    assert resolve_baseline(store, cmp.load_run(upgraded), False) == moved
+    assert resolve_baseline(store, load_run(upgraded), False) == moved
     # Other hardware is still refused, in the store and between two run folders.
     other = make_run(tmp_path, "other", 4, versions=UPGRADED,
                      fingerprint=FINGERPRINT | {"cpu_model": "Other CPU"})

@@ -11,19 +11,20 @@ import pytest
 from bench_lib import exit_codes
 from bench_lib.compare import paired
 from bench_lib.compare import verdicts as cmp
+from bench_lib.compare.runs import Run
 
 ROW = {"model": "resnet50", "image_size": 64, "batch_size": 16, "precision": "fp32",
        "loss": "ce", "status": "ok"}
 
 
 def run_of(medians: dict[str, list[float]], status: dict[str, str] | None = None,
-           path: str = "x") -> cmp.Run:
+           path: str = "x") -> Run:
     """A run whose case ``cid`` had, in round r, a launch of 5 steps around medians[cid][r]."""
     cases = {cid: dict(ROW, strategy=cid.split("_")[0], case_id=cid,
                        status=(status or {}).get(cid, "ok")) for cid in medians}
     launches = {cid: {r: np.asarray([m * f for f in (0.99, 1.0, 1.0, 1.01, 1.02)])
                       for r, m in enumerate(ms)} for cid, ms in medians.items()}
-    return cmp.Run(Path(path), {}, cases, launches)
+    return Run(Path(path), {}, cases, launches)
 
 
 # ---- pairing ----------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def test_the_gate_names_the_rounds_whose_gpu_clocks_were_held_back() -> None:
 
 
 def test_each_sides_prediction_error_is_its_rounds_median_and_a_grown_one_is_noted() -> None:
-    def rounds(errors: list[float]) -> list[cmp.Run]:
+    def rounds(errors: list[float]) -> list[Run]:
         runs = [run_of({"single_a": [0.2], "ddp_a": [0.3]}) for _ in errors]
         for run, error in zip(runs, errors):
             run.cases["ddp_a"]["prediction_error_pct"] = error

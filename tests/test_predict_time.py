@@ -497,9 +497,10 @@ def test_compare_notes_a_prediction_error_that_grew_beyond_ten_points(tmp_path):
     from bench_lib import exit_codes
     from bench_lib.compare import verdicts as cmp
     from bench_lib.compare.output import notes, prediction_regressions
+    from bench_lib.compare.runs import Run
 
     def run(errors):
-        return cmp.Run(tmp_path, {}, {cid: {"prediction_error_pct": e, "status": "ok"}
+        return Run(tmp_path, {}, {cid: {"prediction_error_pct": e, "status": "ok"}
                                       for cid, e in errors.items()}, {})
 
     base = run({"ddp": 4.1, "fsdp": -15.0, "mp": 2.0, "single": float("nan")})

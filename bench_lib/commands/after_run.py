@@ -38,7 +38,7 @@ def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool
         raise UsageError(f"--threshold-pct must be a percentage >= 0, got {args.threshold_pct}")
     if args.compare_to is not None:
         from bench_lib.compare.baseline import resolve_baseline, stored_hardware
-        from bench_lib.compare.verdicts import CompareError, Run
+        from bench_lib.compare.runs import CompareError, Run
         from bench_lib.measure.environment import hardware_fingerprint
         from bench_lib.results.fingerprint import fingerprint_id, hardware_of
 

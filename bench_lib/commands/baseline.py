@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from bench_lib.compare.baseline import save_baseline
-    from bench_lib.compare.verdicts import CompareError
+    from bench_lib.compare.runs import CompareError
     from bench_lib.sweep.profile import UsageError
 
     try:

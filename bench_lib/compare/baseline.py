@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench_lib.compare.verdicts import CompareError, Run, load_run, run_dir_of
+from bench_lib.compare.runs import CompareError, Run, load_run, run_dir_of
 from bench_lib.results.fingerprint import fingerprint_id, hardware_of
 
 STORED_FILES = ("env.json", "cases.csv", "steps.csv")

@@ -25,6 +25,13 @@ from bench_lib.analysis.stats import (
 )
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.baseline import resolve_baseline
+from bench_lib.compare.runs import (
+    CompareError,
+    Run,
+    check_fingerprints,
+    load_run,
+    software_differences,
+)
 from bench_lib.exit_codes import EXIT_USAGE
 from bench_lib.results.read import number
 
@@ -78,7 +85,7 @@ def rows(results: list[cmp.CaseResult]) -> list[list[str]]:
 BUSY_SPREAD = 0.10
 
 
-def busy_cases(run: cmp.Run) -> list[str]:
+def busy_cases(run: Run) -> list[str]:
     """``case_id spread`` of each case whose step times spread beyond BUSY_SPREAD within
     the run (by case: two precisions of one strategy would read alike by strategy)."""
     spread = {cid: float(np.subtract(*np.percentile(v, [75, 25])) / np.median(v))
@@ -86,7 +93,7 @@ def busy_cases(run: cmp.Run) -> list[str]:
     return [f"{cid} {s:.0%}" for cid, s in spread.items() if s > BUSY_SPREAD]
 
 
-def contended_cases(run: cmp.Run) -> list[str]:
+def contended_cases(run: Run) -> list[str]:
     """``case_id (reason)`` of each case whose row says it ran under contention (the
     ``contention`` column: other processes' CPU or steal over the case, or a single-process
     cpu case that waited for its core), whose times may have doubled without spreading."""
@@ -94,16 +101,16 @@ def contended_cases(run: cmp.Run) -> list[str]:
             if isinstance(reason := row.get("contention"), str) and reason.strip()]
 
 
-def throttled_cases(run: cmp.Run) -> list[str]:
+def throttled_cases(run: Run) -> list[str]:
     """``case_id (reason)`` of each case whose row says its GPU clocks were held back (the
     ``throttled`` column: power cap, thermal, sync boost... over 10% of its timed window)."""
     return [f"{cid} ({reason.strip()})" for cid, row in run.cases.items()
             if isinstance(reason := row.get("throttled"), str) and reason.strip()]
 
 
-def software_note(base: cmp.Run, cand: cmp.Run) -> str | None:
+def software_note(base: Run, cand: Run) -> str | None:
     """The software versions that differ between the runs, said beside the verdict."""
-    diffs = cmp.software_differences(base, cand)
+    diffs = software_differences(base, cand)
     if not diffs:
         return None
     return ("software differs from the baseline's (baseline -> candidate): "
@@ -116,8 +123,8 @@ MODEL_REGRESSION_POINTS = 10.0
 baseline's is named in a note (issue #26: a regression of the model, not a failure)."""
 
 
-def prediction_regressions(results: list[cmp.CaseResult], base: cmp.Run,
-                           cand: cmp.Run) -> list[str]:
+def prediction_regressions(results: list[cmp.CaseResult], base: Run,
+                           cand: Run) -> list[str]:
     """``ddp 64 px: 4.1% -> 18.9%`` for each shared case whose step-time prediction error
     grew by more than ``MODEL_REGRESSION_POINTS`` (both runs predicted it)."""
     out = []
@@ -131,7 +138,7 @@ def prediction_regressions(results: list[cmp.CaseResult], base: cmp.Run,
     return out
 
 
-def prediction_note(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run
+def prediction_note(results: list[cmp.CaseResult], base: Run, cand: Run
                     ) -> str | None:
     """The note for ``prediction_regressions``, or None where there are none."""
     if not (grown := prediction_regressions(results, base, cand)):
@@ -142,7 +149,7 @@ def prediction_note(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run
             "measured; the verdicts above do not count it")
 
 
-def notes(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run) -> list[str]:
+def notes(results: list[cmp.CaseResult], base: Run, cand: Run) -> list[str]:
     """Plain-language warnings a reader needs to judge the verdicts."""
     out = []
     if software := software_note(base, cand):
@@ -193,7 +200,7 @@ def table(results: list[cmp.CaseResult]) -> str:
                      for row in body)
 
 
-def markdown_text(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
+def markdown_text(results: list[cmp.CaseResult], base: Run, cand: Run,
                   threshold_pct: float, diffs: list[str]) -> str:
     """Markdown for a pull-request comment: the verdict line, the table, the notes."""
     lines = [f"### parabench regression gate: {verdict_line(results)}", "",
@@ -208,8 +215,8 @@ def markdown_text(results: list[cmp.CaseResult], base: cmp.Run, cand: cmp.Run,
     return "\n".join(lines) + "\n"
 
 
-def benchmark_json(results: list[cmp.CaseResult], cand: cmp.Run,
-                   base: cmp.Run | None = None) -> list[dict[str, Any]]:
+def benchmark_json(results: list[cmp.CaseResult], cand: Run,
+                   base: Run | None = None) -> list[dict[str, Any]]:
     """github-action-benchmark ``customBiggerIsBetter`` entries: throughput and speedup.
 
     The throughput is the batch over the candidate's step time (the geometric mean of its
@@ -289,12 +296,12 @@ def run_compare(plan: ComparePlan) -> int:
     """
     allow = plan.allow_different_hardware
     try:
-        cand = cmp.load_run(plan.candidate)
+        cand = load_run(plan.candidate)
         base_dir = resolve_baseline(plan.baseline, cand, allow)
-        base = cmp.load_run(base_dir)
-        diffs = cmp.check_fingerprints(base, cand, allow)
+        base = load_run(base_dir)
+        diffs = check_fingerprints(base, cand, allow)
         results = cmp.compare_runs(base, cand, plan.threshold_pct, plan.metric)
-    except cmp.CompareError as e:
+    except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(table(results))

@@ -19,6 +19,7 @@ from typing import Any
 from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.compare import output
 from bench_lib.compare import verdicts as cmp
+from bench_lib.compare.runs import Launches, Run
 from bench_lib.results.read import number
 
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
@@ -34,14 +35,14 @@ SAID_PER_ROUND = ("contention", "throttled")
 clocks held back): a side's run says each with the rounds it happened in."""
 
 
-def side_run(path: Path, rounds: Sequence[cmp.Run]) -> cmp.Run:
+def side_run(path: Path, rounds: Sequence[Run]) -> Run:
     """A side's rounds as one ``compare`` run: launch r is round r's launch. A case's row
     is its first round's, with the status of the first round it did not end ``ok`` in,
     every round's contention and throttling (``SAID_PER_ROUND``) said with the round, and
     the median over rounds of its step-time prediction error (where the side predicts); its
     launches are the rounds it ran ok."""
     cases: dict[str, dict[str, Any]] = {}
-    launches: dict[str, cmp.Launches] = {}
+    launches: dict[str, Launches] = {}
     said: dict[tuple[str, str], list[str]] = {}  # (case, column) -> "round r: reason"
     errors: dict[str, list[float]] = {}
     for r, run in enumerate(rounds):
@@ -62,7 +63,7 @@ def side_run(path: Path, rounds: Sequence[cmp.Run]) -> cmp.Run:
         cases[cid][column] = "; ".join(reasons)
     for cid, values in errors.items():
         cases[cid]["prediction_error_pct"] = statistics.median(values)
-    return cmp.Run(path, rounds[0].env if rounds else {}, cases, launches)
+    return Run(path, rounds[0].env if rounds else {}, cases, launches)
 
 
 def paired_change(metric: str, head: Sequence[float], base: Sequence[float]) -> cmp.Change:
@@ -73,7 +74,7 @@ def paired_change(metric: str, head: Sequence[float], base: Sequence[float]) -> 
                       ratio.n, ratio.n)
 
 
-def paired_changes(base: cmp.Run, head: cmp.Run, case_id: str) -> dict[str, cmp.Change]:
+def paired_changes(base: Run, head: Run, case_id: str) -> dict[str, cmp.Change]:
     """The case's paired step-time change and, where both sides ran its ``single`` in the
     same rounds, its paired change of time over single's (None-free: left out otherwise)."""
     hb, bb = head.launch_medians(case_id), base.launch_medians(case_id)
@@ -90,7 +91,7 @@ def paired_changes(base: cmp.Run, head: cmp.Run, case_id: str) -> dict[str, cmp.
     return out
 
 
-def judge_cases(base: cmp.Run, head: cmp.Run, threshold_pct: float,
+def judge_cases(base: Run, head: Run, threshold_pct: float,
                 metric: str) -> list[cmp.CaseResult]:
     """Per case of either side, in the head's order: the verdict by the paired rounds;
     ``broken`` where the base ran it ok and the head did not; ``n/a`` (with why) where the
@@ -120,7 +121,7 @@ def judge_cases(base: cmp.Run, head: cmp.Run, threshold_pct: float,
     return results
 
 
-def gate_notes(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run) -> list[str]:
+def gate_notes(results: list[cmp.CaseResult], base: Run, head: Run) -> list[str]:
     """What a reader needs beside the verdicts: busy, contended or throttled rounds, and a
     slowdown that hit every strategy alike."""
     out = []
@@ -152,7 +153,7 @@ def method_line(results: list[cmp.CaseResult], rounds: int) -> str:
 
 
 def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],
-                  head: cmp.Run, summary: Mapping[str, Any], notes: list[str]) -> str:
+                  head: Run, summary: Mapping[str, Any], notes: list[str]) -> str:
     """Markdown for a pull-request comment: the verdict line, what was measured where, the
     table, the notes. ``sides``: each side's description (``base`` and ``head``: the
     commit, what was named, the variables set)."""
@@ -177,12 +178,12 @@ def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],
     return "\n".join(lines) + "\n"
 
 
-def verdicts_json(results: list[cmp.CaseResult], base: cmp.Run, head: cmp.Run
+def verdicts_json(results: list[cmp.CaseResult], base: Run, head: Run
                   ) -> list[dict[str, Any]]:
     """Per case: its verdict, the metric behind it, every change with its interval, and
     each side's step-time prediction error (the median over its rounds; None where that
     side made no prediction)."""
-    def error(run: cmp.Run, cid: str) -> float | None:
+    def error(run: Run, cid: str) -> float | None:
         return number(run.cases.get(cid, {}).get("prediction_error_pct"))
 
     return [{"case_id": r.case_id, "strategy": r.strategy, "verdict": r.verdict, "by": r.by,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench_lib.compare import output, paired
 from bench_lib.compare import verdicts as cmp
+from bench_lib.compare.runs import CompareError, load_run
 from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE
 from bench_lib.gate.plan import GateError, GatePlan, check
 from bench_lib.gate.rounds import measure, round_order
@@ -63,10 +64,10 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
         gate_dir.mkdir(parents=True)
         runs, record = measure(envs, gate_dir, work, profile=profile, rounds=rounds,
                                run_args=args, python=python, say=say)
-        base = paired.side_run(gate_dir / "base", [cmp.load_run(p) for p in runs["base"]])
-        head = paired.side_run(gate_dir / "head", [cmp.load_run(p) for p in runs["head"]])
+        base = paired.side_run(gate_dir / "base", [load_run(p) for p in runs["base"]])
+        head = paired.side_run(gate_dir / "head", [load_run(p) for p in runs["head"]])
         results = paired.judge_cases(base, head, plan.threshold_pct, plan.metric)
-    except (GateError, cmp.CompareError, OSError) as e:
+    except (GateError, CompareError, OSError) as e:
         _remove_new(gate_dir, out_existed)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
