@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from bench_lib.measure import flops
+from bench_lib.measure import flop_peak, flop_probe, flops
 from bench_lib.run.mfu import efficiency
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import derived_columns
@@ -41,20 +41,20 @@ def test_efficiency_hand_computed():
     assert efficiency(2e9, 500.0, None) == (pytest.approx(1.0), None)
 
 
-TINY_CONV = flops.ConvShape(1, 8, 8)
+TINY_CONV = flop_probe.ConvShape(1, 8, 8)
 
 
 @pytest.mark.integration
 def test_peak_is_measured_per_device_in_a_pinned_subprocess(cpu_rig):
-    peak = flops.measure_peak(cpu_rig, ["fp32"], n=128, min_time_s=0.02, conv=TINY_CONV)
+    peak = flop_peak.measure_peak(cpu_rig, ["fp32"], n=128, min_time_s=0.02, conv=TINY_CONV)
     assert set(peak.tflop_s["fp32"]) == {"0", "1"} and peak.matmul_n == 128
     assert all(0 < v < 100 for v in peak.tflop_s["fp32"].values())
     for dev, best in peak.tflop_s["fp32"].items():  # the best of the GEMM and conv probes
         figures = peak.by_probe["fp32"][dev]
-        assert set(figures) == set(flops.PROBES) and best == max(figures.values())
+        assert set(figures) == set(flop_probe.PROBES) and best == max(figures.values())
         assert figures[peak.probe["fp32"][dev]] == best
-    assert flops.AttainablePeak.from_dict(peak.as_dict()) == peak
-    here = flops.measure_here(cpu_rig, ["fp32"], n=64, min_time_s=0.01, conv=TINY_CONV)
+    assert flop_peak.AttainablePeak.from_dict(peak.as_dict()) == peak
+    here = flop_probe.measure_here(cpu_rig, ["fp32"], n=64, min_time_s=0.01, conv=TINY_CONV)
     assert all(math.isfinite(v) and v > 0 for v in here["fp32"].values())
 
 
@@ -72,7 +72,7 @@ def _columns(case, outcome, peak):
 
 def test_derived_columns_mfu_over_the_devices_used(cpu_rig):
     case = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8)
-    peak = flops.AttainablePeak({"fp32": {"0": 0.5, "1": 0.3}})
+    peak = flop_peak.AttainablePeak({"fp32": {"0": 0.5, "1": 0.3}})
     cols = _columns(case, _outcome([0.1, 0.1, 0.1], {"0": 300, "1": 400}), peak)
     per_img = flops.train_flops_per_image("resnet-tiny", 32)
     achieved = per_img * 80 / 1e12  # 8 images per 0.1 s
@@ -81,7 +81,7 @@ def test_derived_columns_mfu_over_the_devices_used(cpu_rig):
     assert cols["mem_imbalance_ratio"] == pytest.approx(400 / 300)
     assert cols["stop_reason"] == "ci_target"
     single = new_case(cpu_rig, "single", "resnet-tiny", 32, 8)
-    cols = _columns(single, _outcome([0.1], {"0": 300}), flops.AttainablePeak(unsupported="x"))
+    cols = _columns(single, _outcome([0.1], {"0": 300}), flop_peak.AttainablePeak(unsupported="x"))
     assert cols["mfu_pct"] is None and cols["mem_imbalance_ratio"] == 1.0
 
 

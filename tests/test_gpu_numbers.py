@@ -23,7 +23,7 @@ from torch import nn
 
 from bench_lib import math_modes
 from bench_lib.commands.parser import build_parser
-from bench_lib.measure import flops, memory
+from bench_lib.measure import flop_peak, flop_probe, memory
 from bench_lib.run.mfu import mfu_note
 from bench_lib.strategies import dp
 from bench_lib.strategies.base import BuildContext
@@ -145,9 +145,9 @@ def flags_now() -> tuple[bool, bool, bool]:
 def fake_probes(monkeypatch: pytest.MonkeyPatch, op_of: Any) -> None:
     """Replace the three probes by ``op_of(name)`` (1 FLOP each) and leave this process
     unpinned."""
-    monkeypatch.setattr(flops, "pin_worker", lambda rig, index: None)
-    monkeypatch.setattr(flops, "gemm_probe", lambda device, dtype, n: (op_of("gemm"), 1))
-    monkeypatch.setattr(flops, "conv_probe", lambda device, dtype, shape, channels_last=False:
+    monkeypatch.setattr(flop_probe, "pin_worker", lambda rig, index: None)
+    monkeypatch.setattr(flop_probe, "gemm_probe", lambda device, dtype, n: (op_of("gemm"), 1))
+    monkeypatch.setattr(flop_probe, "conv_probe", lambda device, dtype, shape, channels_last=False:
                         (op_of("conv-cl" if channels_last else "conv"), 1))
 
 
@@ -167,13 +167,13 @@ def test_probe_computes_under_the_training_flags(monkeypatch, cpu_rig, restore_m
         return op
 
     fake_probes(monkeypatch, op_of)
-    shape = flops.ConvShape(1, 4, 4)
-    result = flops.probe_device(cpu_rig, 0, ["fp32"], 8, shape, 0.0, mode="ieee")
-    assert {name for name, _ in seen} == set(flops.PROBES)
+    shape = flop_probe.ConvShape(1, 4, 4)
+    result = flop_probe.probe_device(cpu_rig, 0, ["fp32"], 8, shape, 0.0, mode="ieee")
+    assert {name for name, _ in seen} == set(flop_probe.PROBES)
     assert {flags for _, flags in seen} == {(False, False, False)}  # every call, every probe
     worker_mode = math_modes.set_math_mode("ieee")  # a worker's, before it builds its model
     assert result["math_mode"] == worker_mode
-    peak = flops.AttainablePeak.of_probes({"0": result, "1": result}, 8, shape)
+    peak = flop_peak.AttainablePeak.of_probes({"0": result, "1": result}, 8, shape)
     recorded = json.loads(json.dumps(peak.as_dict()))
     assert recorded["math_mode"]["cudnn_allow_tf32"] is False
     assert recorded["math"]["fp32"].startswith(
@@ -192,49 +192,49 @@ def test_probe_refuses_a_peak_whose_flags_changed_under_it(monkeypatch, cpu_rig,
     fake_probes(monkeypatch, op_of)
     with pytest.raises(RuntimeError, match="math flags changed while probing fp32 .*"
                                            "cudnn_allow_tf32"):
-        flops.probe_device(cpu_rig, 0, ["fp32"], 8, flops.ConvShape(1, 4, 4), 0.0,
-                           mode="ieee")
+        flop_probe.probe_device(cpu_rig, 0, ["fp32"], 8, flop_probe.ConvShape(1, 4, 4), 0.0,
+                                mode="ieee")
 
 
 def test_math_mode_in_words():
     ieee = {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False,
             "fp32_precision": {"cuda_matmul": "ieee", "mkldnn_matmul": "none"}}
-    assert flops.math_mode_label(ieee) == ("IEEE fp32 (TF32 off in cuBLAS matmuls and cuDNN "
-                                           "convolutions)")
+    assert flop_peak.math_mode_label(ieee) == ("IEEE fp32 (TF32 off in cuBLAS matmuls and cuDNN "
+                                               "convolutions)")
     ampere_default = {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": True}
-    assert flops.math_mode_label(ampere_default) == ("fp32 with IEEE cuBLAS matmuls and TF32 "
-                                                     "cuDNN convolutions")
+    assert flop_peak.math_mode_label(ampere_default) == ("fp32 with IEEE cuBLAS matmuls and TF32 "
+                                                         "cuDNN convolutions")
     amx = ieee | {"fp32_precision": {"mkldnn_matmul": "bf16", "mkldnn_conv": "ieee"}}
-    assert flops.math_mode_label(amx).endswith(", oneDNN matmul in bf16")
-    assert flops.math_mode_label(ieee, env={"NVIDIA_TF32_OVERRIDE": "0"}).endswith(
+    assert flop_peak.math_mode_label(amx).endswith(", oneDNN matmul in bf16")
+    assert flop_peak.math_mode_label(ieee, env={"NVIDIA_TF32_OVERRIDE": "0"}).endswith(
         ", with NVIDIA_TF32_OVERRIDE=0")
-    assert flops.math_mode_label(ieee, "bf16").startswith("bf16")
-    assert flops.math_mode_label({}) == "fp32 in an unrecorded math mode"
-    assert flops.tf32_env({"NVIDIA_TF32_OVERRIDE": "0", "PATH": "/bin"}) == {
+    assert flop_peak.math_mode_label(ieee, "bf16").startswith("bf16")
+    assert flop_peak.math_mode_label({}) == "fp32 in an unrecorded math mode"
+    assert flop_probe.tf32_env({"NVIDIA_TF32_OVERRIDE": "0", "PATH": "/bin"}) == {
         "NVIDIA_TF32_OVERRIDE": "0"}
 
 
 def test_env_json_peak_records_its_math_mode_and_reads_it_back():
     mode = {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False}
-    peak = flops.AttainablePeak({"fp32": {"0": 1.0}, "bf16": {"0": 2.0}}, math_mode=mode,
-                                math_env={"NVIDIA_TF32_OVERRIDE": "0"})
+    peak = flop_peak.AttainablePeak({"fp32": {"0": 1.0}, "bf16": {"0": 2.0}}, math_mode=mode,
+                                    math_env={"NVIDIA_TF32_OVERRIDE": "0"})
     recorded = json.loads(json.dumps(peak.as_dict()))
     assert recorded["math_env"] == {"NVIDIA_TF32_OVERRIDE": "0"}
     assert recorded["math"]["fp32"].startswith("IEEE fp32")
     assert recorded["math"]["bf16"].startswith("bf16")
-    again = flops.AttainablePeak.from_dict(recorded)
+    again = flop_peak.AttainablePeak.from_dict(recorded)
     assert again.math_mode == mode and again.math_env == peak.math_env
     assert again.math_of("fp32") == peak.math_of("fp32")
 
 
 def test_mfu_note_names_the_math_mode_of_the_peak():
     mode = {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False}
-    peak = flops.AttainablePeak({"fp32": {"0": 1.0}}, probe={"fp32": {"0": "conv"}},
-                                math_mode=mode)
+    peak = flop_peak.AttainablePeak({"fp32": {"0": 1.0}}, probe={"fp32": {"0": "conv"}},
+                                    math_mode=mode)
     note = mfu_note(130.0, peak, "fp32", 1)
     assert note.startswith("over 100%: the case beat the measured peak (conv probe)")
     assert "peak measured in IEEE fp32 (TF32 off in cuBLAS matmuls and cuDNN convolutions)" in note
-    unrecorded = flops.AttainablePeak({"fp32": {"0": 1.0}})
+    unrecorded = flop_peak.AttainablePeak({"fp32": {"0": 1.0}})
     assert mfu_note(130.0, unrecorded, "fp32", 1).endswith("math mode of the peak is not recorded")
     assert mfu_note(50.0, peak, "fp32", 1) == ""
 

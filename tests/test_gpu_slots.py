@@ -106,7 +106,7 @@ def _shared_gpu_row(strategy: str) -> dict[str, Any]:
     sampler read GPU 0 (200 W, 90% busy) once for each slot, the idle power is GPU 0's
     (50 W), and the FLOP peak was probed by both slots at once (each got half the card)."""
     from bench_lib.measure.energy import IdlePower
-    from bench_lib.measure.flops import AttainablePeak
+    from bench_lib.measure.flop_peak import AttainablePeak
     from bench_lib.results.schema import SAMPLE_METRIC_NAMES
     from bench_lib.run.protocol import CaseOutcome
     from bench_lib.run.rows import case_row
@@ -144,7 +144,7 @@ def test_slots_sharing_a_gpu_leave_energy_and_mfu_empty_and_say_why():
 def test_the_peak_probed_by_slots_sharing_a_gpu_says_so_in_env_json(monkeypatch):
     """Validation mode (#28): cases.csv leaves MFU empty because each slot's probed peak is
     a share of its card, but env.json's attainable_peak gave no sign of it."""
-    from bench_lib.measure import flops
+    from bench_lib.measure import flop_peak, flop_probe
 
     class Done:
         returncode = 0
@@ -156,19 +156,19 @@ def test_the_peak_probed_by_slots_sharing_a_gpu_says_so_in_env_json(monkeypatch)
             return 0
 
     def start_module(server: Any, module: str, args: list[str], out: Any, err: Any) -> Done:
-        out.write_text(json.dumps({"tflop_s": {"fp32": dict.fromkeys(flops.PROBES, 50.0)},
+        out.write_text(json.dumps({"tflop_s": {"fp32": dict.fromkeys(flop_probe.PROBES, 50.0)},
                                    "window_unix_s": [0.0, 1.0], "math_mode": {},
                                    "math_env": {}}))
         return Done()
 
-    monkeypatch.setattr(flops, "start_module", start_module)
-    shared = flops.measure_peak(Rig("cuda", 2, gpu_slots=2), ["fp32"], min_time_s=0.0)
+    monkeypatch.setattr(flop_peak, "start_module", start_module)
+    shared = flop_peak.measure_peak(Rig("cuda", 2, gpu_slots=2), ["fp32"], min_time_s=0.0)
     record = json.loads(json.dumps(shared.as_dict()))  # as env.json holds it
     assert record["tflop_s"] == {"fp32": {"0": 50.0, "1": 50.0}}  # the readers' figures
     assert record["slots_per_gpu"] == 2
     assert "2 slots sharing each GPU" in record["note"] and "not a card's peak" in record["note"]
-    assert flops.AttainablePeak.from_dict(record) == shared  # a resumed run keeps the label
-    alone = flops.measure_peak(Rig("cuda", 2), ["fp32"], min_time_s=0.0)
+    assert flop_peak.AttainablePeak.from_dict(record) == shared  # a resumed run keeps the label
+    alone = flop_peak.measure_peak(Rig("cuda", 2), ["fp32"], min_time_s=0.0)
     assert alone.note == "" and "note" not in alone.as_dict()
     assert "slots_per_gpu" not in alone.as_dict()
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bench_lib import commands, exit_codes, math_modes
-from bench_lib.measure import flops
+from bench_lib.measure import flop_peak, flop_probe
 from bench_lib.rig import Rig
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
 from bench_lib.topology import available_cores
@@ -132,9 +132,9 @@ def test_the_peak_probe_receives_the_mode_and_probes_in_it(monkeypatch, cpu_rig,
         argv.extend(args)
         raise Started
 
-    monkeypatch.setattr(flops, "start_module", start_module)
+    monkeypatch.setattr(flop_peak, "start_module", start_module)
     with pytest.raises(Started):
-        flops.measure_peak(cpu_rig, ["fp32"], min_time_s=0.0, math_mode=mode)
+        flop_peak.measure_peak(cpu_rig, ["fp32"], min_time_s=0.0, math_mode=mode)
     # The probe process's entry point, on the arguments the runner gave it.
     seen: list[dict[str, bool]] = []
 
@@ -142,13 +142,13 @@ def test_the_peak_probe_receives_the_mode_and_probes_in_it(monkeypatch, cpu_rig,
         seen.append(tf32_now())
         torch.ones(16).sum()
 
-    monkeypatch.setattr(flops, "pin_worker", lambda rig, index: None)
-    monkeypatch.setattr(flops, "gemm_probe", lambda device, dtype, n: (op, 1))
-    monkeypatch.setattr(flops, "conv_probe", lambda device, dtype, shape, channels_last=False:
+    monkeypatch.setattr(flop_probe, "pin_worker", lambda rig, index: None)
+    monkeypatch.setattr(flop_probe, "gemm_probe", lambda device, dtype, n: (op, 1))
+    monkeypatch.setattr(flop_probe, "conv_probe", lambda device, dtype, shape, channels_last=False:
                         (op, 1))
-    monkeypatch.setattr(flops, "FileBarrier", lambda *a, **k: None)
+    monkeypatch.setattr(flop_probe, "FileBarrier", lambda *a, **k: None)
     torch.backends.cudnn.allow_tf32 = mode == "ieee"  # the opposite of torch's default
-    assert flops.main(argv) == 0
+    assert flop_probe.main(argv) == 0
     assert seen and all(flags == math_modes.math_flags(mode) for flags in seen)
 
 

@@ -240,7 +240,7 @@ def test_real_nvml_reads_the_first_gpu():
 @pytest.mark.timeout(180)
 @pytest.mark.integration
 def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path, forks):
-    from bench_lib.measure.flops import AttainablePeak
+    from bench_lib.measure.flop_peak import AttainablePeak
     from bench_lib.measure.timing import STOP_REASONS
     from bench_lib.run.rows import case_row
 

@@ -14,7 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench_lib.math_modes import math_mode, set_math_mode
-from bench_lib.measure import environment, flops
+from bench_lib.measure import environment, flop_peak, flop_probe, flops
 from bench_lib.measure.cpu_sources import ProcessSource, RaplSource
 from bench_lib.measure.energy import IdlePower, idle_power, rig_packages
 from bench_lib.measure.sampler import Sampler
@@ -261,27 +261,27 @@ def test_process_source_normalises_cpu_percent_by_the_worker_threads():
 # ---- the peak: a conv probe beside the GEMM, all devices together ----------------------------
 
 def test_conv_probe_flops_are_counted_exactly():
-    shape = flops.ConvShape(2, 8, 6, 3)
+    shape = flop_probe.ConvShape(2, 8, 6, 3)
     assert shape.flops == 2 * 2 * 8 * 6 * 6 * 8 * 3 * 3
     x, w = torch.randn(2, 8, 6, 6), torch.randn(8, 8, 3, 3)
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.conv2d(x, w, padding=1)
     assert counter.get_total_flops() == shape.flops
     assert flops.conv_flops(1, 3, 64, 32, 32, 7) == 2 * 64 * 32 * 32 * 3 * 49
-    big = flops.PEAK_CONV["cpu"]
+    big = flop_probe.PEAK_CONV["cpu"]
     assert big.channels == 256 and big.kernel == 3
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.integration
 def test_cpu_workers_are_probed_together_pinned(cpu_rig):
-    peak = flops.measure_peak(cpu_rig, ["fp32"], n=96, min_time_s=0.3,
-                              conv=flops.ConvShape(1, 16, 16), math_mode="ieee")
+    peak = flop_peak.measure_peak(cpu_rig, ["fp32"], n=96, min_time_s=0.3,
+                                  conv=flop_probe.ConvShape(1, 16, 16), math_mode="ieee")
     assert not peak.unsupported
     (s0, e0), (s1, e1) = peak.window_unix_s["0"], peak.window_unix_s["1"]
     assert max(s0, s1) < min(e0, e1)  # the two pinned processes probed at the same time
     for dev in ("0", "1"):
-        assert peak.probe["fp32"][dev] in flops.PROBES
+        assert peak.probe["fp32"][dev] in flop_probe.PROBES
     assert peak.math_mode["cudnn_benchmark"] is True
     assert peak.math_mode["cuda_matmul_allow_tf32"] is False
     assert peak.math_mode["cudnn_allow_tf32"] is False  # the run's mode, given the probes
@@ -336,22 +336,22 @@ def test_mfu_over_100_is_flagged_not_stated(cpu_rig):
     case = new_case(cpu_rig, "single", "resnet-tiny", 32, 8)
     per_img = flops.train_flops_per_image("resnet-tiny", 32)
     achieved = per_img * 80 / 1e12  # 8 images per 0.1 s
-    beaten = flops.AttainablePeak({"fp32": {"0": achieved / 1.06, "1": 1.0}},
-                                  probe={"fp32": {"0": "conv", "1": "gemm"}})
+    beaten = flop_peak.AttainablePeak({"fp32": {"0": achieved / 1.06, "1": 1.0}},
+                                      probe={"fp32": {"0": "conv", "1": "gemm"}})
     cols = derived_columns(case, _ok([0.1] * 3, {"0": 300}), 80.0, beaten)
     assert cols["mfu_pct"] == pytest.approx(106.0)
     assert cols["mfu_note"].startswith("over 100%: the case beat the measured peak (conv probe)")
-    fine = flops.AttainablePeak({"fp32": {"0": achieved * 2, "1": 1.0}})
+    fine = flop_peak.AttainablePeak({"fp32": {"0": achieved * 2, "1": 1.0}})
     assert derived_columns(case, _ok([0.1] * 3, {"0": 300}), 80.0, fine)["mfu_note"] == ""
     missing = derived_columns(case, _ok([0.1] * 3, {"0": 300}), 80.0,
-                              flops.AttainablePeak(unsupported="probe crashed"))
+                              flop_peak.AttainablePeak(unsupported="probe crashed"))
     assert missing["mfu_pct"] is None and missing["mfu_note"] == "no attainable peak: probe crashed"
     assert {"mfu_note", "energy_j_per_img_net", "sampler_note"} <= set(CASE_COLUMNS)
 
 
 def test_cpu_mp_mfu_is_of_the_one_worker_it_is_pinned_to(cpu_rig):
     case = new_case(cpu_rig, "mp", "resnet-tiny", 32, 8)
-    peak = flops.AttainablePeak({"fp32": {"0": 0.5, "1": 0.5}})
+    peak = flop_peak.AttainablePeak({"fp32": {"0": 0.5, "1": 0.5}})
     row = case_row(case, cpu_rig, _ok([0.1] * 3, {"0+1": 300}), peak)
     achieved = flops.train_flops_per_image("resnet-tiny", 32) * 80 / 1e12
     assert row["mfu_pct"] == pytest.approx(100 * achieved / 0.5)  # not / (0.5 + 0.5)

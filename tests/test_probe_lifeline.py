@@ -27,13 +27,13 @@ from tests.conftest import PYTHON, REPO
 PARENT = """
 import json, sys
 from types import SimpleNamespace
-from bench_lib.measure import collectives, flops
+from bench_lib.measure import collectives, flop_peak, flop_probe
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.rig import Rig
 from bench_lib.run.agent import WARM_MODULES
 
 instrument, forked = sys.argv[1], sys.argv[2] == "forked"
-module = flops if instrument == "flops" else collectives
+module = flop_peak if instrument == "flops" else collectives
 real = module.start_module
 never = SimpleNamespace(pid=0, returncode=None, poll=lambda: None, kill=lambda: None,
                         wait=lambda *a, **k: 0)
@@ -47,8 +47,8 @@ module.start_module = first_only
 rig = Rig.from_dict(json.loads(sys.argv[3]))
 server = ForkServer(WARM_MODULES) if forked else None
 if instrument == "flops":
-    flops.measure_peak(rig, ["fp32"], n=32, min_time_s=0.01, conv=flops.ConvShape(1, 4, 8),
-                       server=server)
+    flop_peak.measure_peak(rig, ["fp32"], n=32, min_time_s=0.01, conv=flop_probe.ConvShape(1, 4, 8),
+                           server=server)
 else:
     collectives.measure(rig, (1.0,), repeats=1, timeout_s=300, server=server)
 """

@@ -14,7 +14,8 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from bench_lib import commands, exit_codes, strategies
-from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
+from bench_lib.measure.flop_peak import AttainablePeak
+from bench_lib.measure.flops import train_flops_per_image
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.rig import Rig
 from bench_lib.run import worker

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from bench_lib.analysis.collective_fits import Collectives
     from bench_lib.commands.plan import Planned
     from bench_lib.measure.energy import IdlePower
-    from bench_lib.measure.flops import AttainablePeak
+    from bench_lib.measure.flop_peak import AttainablePeak
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.run.coordination import Coordinator
     from bench_lib.run.duty import DutyMeter
@@ -33,8 +33,9 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
                  duty: DutyMeter | None = None) -> tuple[Path, RigFigures]:
     """The run folder (new, with its env.json, or the resumed one) and its rig figures;
     ``duty`` times each of them as a part of the run (``DutyMeter.part``)."""
-    from bench_lib.measure import environment, flops
+    from bench_lib.measure import environment
     from bench_lib.measure.energy import IdlePower
+    from bench_lib.measure.flop_peak import AttainablePeak, measure_peak
     from bench_lib.results.read import read_env
     from bench_lib.results.store import start_run_dir, write_json_atomic
     from bench_lib.run.multinode import cluster_env
@@ -56,7 +57,7 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
             write_json_atomic(args.resume / "env.json",
                               recorded | {"collectives": collectives.as_dict()})
         return args.resume, RigFigures(
-            flops.AttainablePeak.from_dict(recorded.get("attainable_peak")),
+            AttainablePeak.from_dict(recorded.get("attainable_peak")),
             IdlePower.from_dict(recorded.get("idle_power")), collectives)
     run_dir = start_run_dir(args.out, environment.git_info()["sha"], "run", profile.name)
     # Measured once per run, before any case: idle power first, with nothing of ours
@@ -65,11 +66,11 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
         with part("idle_power"):
             idle = measure_idle_power(rig)
         with part("flop_peak"):
-            peak = flops.measure_peak(rig, list(profile.precisions), server=server,
-                                      math_mode=profile.measurement.math_mode)
+            peak = measure_peak(rig, list(profile.precisions), server=server,
+                                math_mode=profile.measurement.math_mode)
     else:
         off = "not measured: the profile's rig_figures is off"
-        idle, peak = IdlePower(unsupported=off), flops.AttainablePeak(unsupported=off)
+        idle, peak = IdlePower(unsupported=off), AttainablePeak(unsupported=off)
     with part("collectives"):
         collectives = sweep_collectives(rig, args.quiet, cases, server)  # ddp/fsdp, p2p bounds
     with part("environment"):  # versions, devices, git: subprocesses and NVML reads

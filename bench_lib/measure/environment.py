@@ -281,7 +281,7 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
             attainable_peak: dict[str, Any] | None = None,
             idle_power: dict[str, Any] | None = None,
             math_mode: str = DEFAULT_MATH_MODE) -> dict[str, Any]:
-    """Everything env.json holds; ``attainable_peak`` is the measured FLOP peak (flops.py),
+    """Everything env.json holds; ``attainable_peak`` is the measured FLOP peak (flop_peak.py),
     ``idle_power`` the rig's power with nothing of ours running (energy.py), ``math_mode``
     the run's (``Measurement.math_mode``), whose flags are recorded."""
     env = {

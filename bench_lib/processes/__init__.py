@@ -5,6 +5,6 @@ processes, ``forkserver_process`` the server itself, ``resident_pages`` what mak
 child's memory read as a fresh one's) and ``supervision`` (a launch's processes in a group
 of their own, started, supervised and killed). Torch-free, and importing nothing of
 ``bench_lib`` above it; the runner (``run``), the instruments that run in processes of their
-own (``measure.flops``, ``measure.collectives``, ``measure.preflight_probes``), ``parity`` and
+own (``measure.flop_peak``, ``measure.collectives``, ``measure.preflight_probes``), ``parity`` and
 ``distance`` all start theirs here.
 """

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from bench_lib.measure.flops import AttainablePeak
+from bench_lib.measure.flop_peak import AttainablePeak
 
 
 def efficiency(flops_per_img: float, throughput_img_s: float,

@@ -11,7 +11,8 @@ from bench_lib.analysis.launch_spread import describe, kernels_note, launch_spre
 from bench_lib.analysis.stats import Stats, lag1_autocorr_within, launch_interval
 from bench_lib.measure.contention import contention, cpu_per_wall
 from bench_lib.measure.energy import IdlePower
-from bench_lib.measure.flops import AttainablePeak, train_flops_per_image
+from bench_lib.measure.flop_peak import AttainablePeak
+from bench_lib.measure.flops import train_flops_per_image
 from bench_lib.measure.throttling import throttling
 from bench_lib.rig import Rig
 from bench_lib.run.bound_columns import bubble_columns

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from bench_lib.analysis.collective_fits import Collectives
 from bench_lib.measure.energy import IdlePower
-from bench_lib.measure.flops import AttainablePeak
+from bench_lib.measure.flop_peak import AttainablePeak
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.results.read import provisional_text
 from bench_lib.results.store import RunWriter

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from bench_lib.analysis import step_parts
 from bench_lib.analysis.collective_fits import Collectives
 from bench_lib.measure.energy import IdlePower
-from bench_lib.measure.flops import AttainablePeak
+from bench_lib.measure.flop_peak import AttainablePeak
 from bench_lib.rig import Rig
 from bench_lib.run.admission import Admission
 from bench_lib.run.bound_columns import bound_columns_of, case_bound_or_why
