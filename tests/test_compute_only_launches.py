@@ -13,7 +13,7 @@ import pytest
 
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
-from bench_lib.run import case_launch, runner, worker
+from bench_lib.run import case_launch, diagnostics, runner, worker
 from bench_lib.run.coordination import Coordinator, LaunchNotice
 from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult
 from bench_lib.sweep.cases import new_case
@@ -114,7 +114,7 @@ def test_a_later_launch_s_rank_runs_the_compute_only_steps_its_spec_asks_for(
         calls.append(process_group)
         return 0.125
 
-    monkeypatch.setattr(worker, "_compute_only", spy)
+    monkeypatch.setattr(diagnostics, "compute_only", spy)
     monkeypatch.setattr(worker, "die_with_parent", lambda pid: True)
     monkeypatch.setattr(worker, "pin_worker", lambda rig, index: None)  # the test's process
     rig = Rig("cpu", 1, 1, (0,))

@@ -433,13 +433,13 @@ def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path, forks):
 
 
 def test_compute_only_steps_time_a_quiet_step_and_give_way_on_failure():
-    """``worker._compute_only``: the median of its steps where the strategy has a quiet mode,
+    """``diagnostics.compute_only``: the median of its steps where the strategy has a quiet mode,
     None where it has none, and None (not an error that loses the timed steps) where a step
     fails."""
     import contextlib
     import types
 
-    from bench_lib.run import worker
+    from bench_lib.run import diagnostics
 
     calls: list[int] = []
 
@@ -453,10 +453,10 @@ def test_compute_only_steps_time_a_quiet_step_and_give_way_on_failure():
             without_communication=lambda: contextlib.nullcontext() if quiet else None)
 
     x = y = torch.zeros(1)
-    seconds = worker._compute_only(trainer(True), x, y, process_group=False)
-    assert seconds is not None and seconds >= 0 and len(calls) == worker.COMPUTE_ONLY_STEPS
-    assert worker._compute_only(trainer(False), x, y, process_group=False) is None
-    assert worker._compute_only(trainer(True, fail=True), x, y, process_group=False) is None
+    seconds = diagnostics.compute_only(trainer(True), x, y, process_group=False)
+    assert seconds is not None and seconds >= 0 and len(calls) == diagnostics.COMPUTE_ONLY_STEPS
+    assert diagnostics.compute_only(trainer(False), x, y, process_group=False) is None
+    assert diagnostics.compute_only(trainer(True, fail=True), x, y, process_group=False) is None
 
 
 def test_sync_batch_norm_has_no_communication_free_steps():

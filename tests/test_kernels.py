@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from bench_lib.measure import kernels
-from bench_lib.run import worker
+from bench_lib.run import diagnostics
 from bench_lib.run.protocol import RankResult
 from bench_lib.run.ranks import combine
 
@@ -50,12 +50,12 @@ def test_the_worker_records_a_cuda_launchs_kernels_through_the_profiler(monkeypa
         step()
         return ("conv_b", "gemm")
 
-    monkeypatch.setattr(worker, "kernel_names", fake_profile)
+    monkeypatch.setattr(diagnostics, "kernel_names", fake_profile)
     trainer = FakeTrainer("cuda:0")
-    assert worker._kernels(trainer, None, None, False) == ("conv_b", "gemm")
+    assert diagnostics.kernels(trainer, None, None, False) == ("conv_b", "gemm")
     assert trainer.steps == 1 and seen == [trainer.devices]
     cpu = FakeTrainer("cpu")
-    assert worker._kernels(cpu, None, None, False) == () and cpu.steps == 0
+    assert diagnostics.kernels(cpu, None, None, False) == () and cpu.steps == 0
     assert len(seen) == 1  # a cpu rig is never profiled
 
 
@@ -63,8 +63,8 @@ def test_a_failed_kernel_step_costs_only_the_names(monkeypatch, capsys):
     def broken(step, devices):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED\nmore")
 
-    monkeypatch.setattr(worker, "kernel_names", broken)
-    assert worker._kernels(FakeTrainer("cuda:0"), None, None, False) == ()
+    monkeypatch.setattr(diagnostics, "kernel_names", broken)
+    assert diagnostics.kernels(FakeTrainer("cuda:0"), None, None, False) == ()
     assert "kernel-names step failed (RuntimeError: CUPTI_ERROR_NOT_INITIALIZED)" in \
         capsys.readouterr().err
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from bench_lib.distance import worker as distance_worker
-from bench_lib.run import worker
+from bench_lib.run import diagnostics, worker
 from bench_lib.run.protocol import RankResult, is_oom
 from bench_lib.run.ranks import combine
 
@@ -96,7 +96,7 @@ def test_the_traced_steps_note_names_an_oom_however_it_came(e, oom):
         raise e
 
     trainer = SimpleNamespace(step=lambda x, y: step(), devices=[torch.device("cpu")])
-    traced, note = worker._trace(trainer, None, None, [], ["cpu:0"], process_group=False)
+    traced, note = diagnostics.trace(trainer, None, None, [], ["cpu:0"], process_group=False)
     assert traced is None
     assert note.startswith("out of memory in the traced step") == oom, note
 

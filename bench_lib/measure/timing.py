@@ -60,7 +60,7 @@ WARMUP_EXTRA_MAX = 8
 STOP_REASONS = ("ci_target", "time_cap", "step_cap", "min_time")
 COMPUTE_ONLY_STEPS = 3
 """Steps every launch of a run (not tune's) times with no collective after its timed ones
-(``run.worker._compute_only``; the run's estimate counts them: ``sweep.estimate``)."""
+(``run.diagnostics.compute_only``; the run's estimate counts them: ``sweep.estimate``)."""
 
 
 def time_budget(max_time_s: float, min_steps: int = MIN_STEPS_UNDER_TIME_CAP) -> StopRule:

@@ -220,7 +220,7 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
         # Its split from the same rank: the two parts add up to the warm-up.
         warmup_first_step_s=slowest_warmup.warmup_first_step_s, parts_s=parts,
         # One time axis for all ranks: stamps share the host's monotonic clock (across nodes,
-        # each rank's counts from the barrier that starts the step: worker._trace). Only a
+        # each rank's counts from the barrier that starts the step: diagnostics.trace). Only a
         # trace every rank finished: part of one would misstate the bubble.
         timeline=[] if notes else align([{"rank": rank, **e} for rank, res in results.items()
                                          for e in res.timeline]),

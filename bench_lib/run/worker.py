@@ -9,8 +9,9 @@ store torchrun's rendezvous set up), and the device is the local rank's.
 
 Builds the workload, applies the strategy, measures its steps (``measure.timing``), reads
 peak memory (after warm-up, net of the process's footprint before the model was built:
-``measure.memory``), traces one pipeline step where the strategy has stages, and writes its
-``RankResult`` as ``rank<RANK>.json`` next to the spec. Any failure becomes a result with a
+``measure.memory``), runs its diagnostics (``run.diagnostics``: compute-only steps, the
+kernels, a traced step where the strategy has stages), and writes its ``RankResult`` as
+``rank<RANK>.json`` next to the spec. Any failure becomes a result with a
 status (and the time it was caught, so the runner can blame the rank that failed first);
 the runner turns a missing file into an ``error``.
 
@@ -44,12 +45,10 @@ import dataclasses
 import functools
 import gc
 import os
-import statistics
 import sys
 import threading
-import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,19 +80,16 @@ import torch.distributed as dist
 
 from bench_lib import strategies
 from bench_lib.math_modes import set_math_mode
-from bench_lib.measure.kernels import kernel_names
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory, peak_reserved_mib
-from bench_lib.measure.timing import COMPUTE_ONLY_STEPS, measure_steps
-from bench_lib.measure.trace import TracedStep, trace_step
+from bench_lib.measure.timing import measure_steps
 from bench_lib.pinning import pin_worker
 from bench_lib.process_groups import init_process_group
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import Rig, synchronize
-from bench_lib.run import faults
+from bench_lib.rig import Rig
+from bench_lib.run import diagnostics, faults
 from bench_lib.run.launch_parts import DONE, MAIN, Stamps, span, stamp
-from bench_lib.run.protocol import CaseSpec, RankResult, baseline_path, is_oom
+from bench_lib.run.protocol import CaseSpec, RankResult, baseline_path
 from bench_lib.strategies import BuildContext, Trainer
-from bench_lib.strategies.base import TimelineStage
 from bench_lib.sweep.cases import Case
 from bench_lib.workloads import Workload
 
@@ -103,7 +99,6 @@ PROCESS_GROUP_SHUTDOWN_S = 10.0
 in a collective) before it exits without it."""
 TRACE_UNFINISHED = "the traced step did not finish"
 """The ``trace_note`` of the timed result a rank writes before its traced step."""
-NOTE_CHARS = 300
 
 
 def result_path(workdir: Path, rank: int) -> Path:
@@ -212,9 +207,11 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     # Diagnostics after the timed steps. The compute-only steps run in every launch of a
     # run (not tune's short ones): one launch's few steps can fall on a busy moment, and
     # the case's figure is their median over launches. The rest: the launch that traces.
-    compute_s = _compute_only(trainer, x, y, case.process_group) if compute_only else None
-    optimizer_s = _optimizer_only(trainer) if trace and case.strategy == "single" else None
-    kernels = _kernels(trainer, x, y, case.process_group)  # every launch, cuda rigs only
+    compute_s = (diagnostics.compute_only(trainer, x, y, case.process_group)
+                 if compute_only else None)
+    optimizer_s = (diagnostics.optimizer_only(trainer)
+                   if trace and case.strategy == "single" else None)
+    kernels = diagnostics.kernels(trainer, x, y, case.process_group)  # every launch, cuda rigs only
     result = RankResult(
         rank, "ok", step_times_s=tuple(timed.times_s),
         step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
@@ -234,9 +231,10 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     dataclasses.replace(result, trace_note=TRACE_UNFINISHED,
                         stamps_s=dict(stamps)).write(result_path(workdir, rank))
     slots = [place.slot_label(rig.kind, i) for i in indices]
-    traced, note = _trace(trainer, x, y, stages, slots, case.process_group,
-                          fault=functools.partial(faults.inject_trace_fault, case.strategy, rank),
-                          rebase=place.node is not None)
+    traced, note = diagnostics.trace(
+        trainer, x, y, stages, slots, case.process_group,
+        fault=functools.partial(faults.inject_trace_fault, case.strategy, rank),
+        rebase=place.node is not None)
     if traced is None:
         return dataclasses.replace(result, trace_note=note)
     return dataclasses.replace(result, timeline=tuple(traced.events),
@@ -282,131 +280,6 @@ def _build(case: Case, rank: int, devices: list[torch.device],
     return trainer, x, y.to(trainer.output_device)
 
 
-def _compute_only(trainer: Trainer, x: torch.Tensor, y: torch.Tensor,
-                  process_group: bool) -> float | None:
-    """The median of ``COMPUTE_ONLY_STEPS`` steps run in ``trainer.without_communication``
-    (DDP's ``no_sync``: forward, backward and optimizer step, no all-reduce; none with
-    SyncBatchNorm, whose forward communicates anyway), timed like a
-    timed step, after the timed steps and their memory peaks; None where the strategy has
-    no such mode. Every rank starts them together (a barrier), so they share the machine as
-    the timed steps did: what remains is this rank's compute, the bound's compute part."""
-    if trainer.without_communication() is None:
-        return None
-    if process_group:
-        dist.barrier()
-    times = []
-    try:  # a derived figure: its failure (out of memory, say) must not cost the timed steps
-        for _ in range(COMPUTE_ONLY_STEPS):
-            quiet = trainer.without_communication()
-            assert quiet is not None
-            with quiet:
-                synchronize(trainer.devices)
-                t0 = time.perf_counter()
-                trainer.step(x, y)
-                synchronize(trainer.devices)
-                times.append(time.perf_counter() - t0)
-    except Exception as e:  # no collective follows in these steps: nothing for a peer to wait on
-        print(f"compute-only steps failed ({type(e).__name__}: {_first_line(e)}); the bound "
-              "falls back on single's share", file=sys.stderr)
-        return None
-    return statistics.median(times)
-
-
-OPTIMIZER_STEPS = 3
-"""Optimizer steps timed alone after the timed ones (``_optimizer_only``)."""
-
-
-def _optimizer_only(trainer: Trainer) -> float | None:
-    """The median of ``OPTIMIZER_STEPS`` optimizer steps alone, on the last timed step's
-    gradients (the weights move on: nothing is timed after), each between synchronised
-    clocks: the share of a step that does not shrink with the batch. None if it fails."""
-    times = []
-    try:
-        for _ in range(OPTIMIZER_STEPS):
-            synchronize(trainer.devices)
-            t0 = time.perf_counter()
-            trainer.optimizer.step()
-            synchronize(trainer.devices)
-            times.append(time.perf_counter() - t0)
-    except Exception as e:  # a derived figure: never worth the timed steps
-        print(f"optimizer steps failed ({type(e).__name__}: {_first_line(e)})",
-              file=sys.stderr)
-        return None
-    return statistics.median(times)
-
-
-def _kernels(trainer: Trainer, x: torch.Tensor, y: torch.Tensor,
-             process_group: bool) -> tuple[str, ...]:
-    """On GPUs, the names of the CUDA kernels one more step runs (``measure.kernels``), so
-    the runner can say whether the case's launches ran different ones; () elsewhere (nothing
-    is profiled) or where the step fails (a diagnostic: never worth the timed steps). Every
-    rank of a group runs it, together (a barrier), as the step's collectives need."""
-    if not any(d.type == "cuda" for d in trainer.devices):
-        return ()
-    try:
-        if process_group:
-            dist.barrier()
-        return kernel_names(lambda: trainer.step(x, y), trainer.devices)
-    except Exception as e:
-        print(f"the kernel-names step failed ({type(e).__name__}: {_first_line(e)})",
-              file=sys.stderr)
-        return ()
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:NOTE_CHARS] if text else ""
-
-
-def _trace(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, stages: Sequence[TimelineStage],
-           slot_labels: list[str], process_group: bool,
-           fault: Callable[[], None] = lambda: None,
-           rebase: bool = False) -> tuple[TracedStep | None, str]:
-    """One extra step after the timed ones, traced for the pipeline timeline; returns it, or
-    None and why there is none. Devices are labelled by rig slot (``cpu:1``, ``cuda:1``).
-
-    The step's failure does not throw the timed steps away: out of memory (the traced step
-    can need more than the timed ones: its stamps, a first stage's input that needs a
-    gradient) or any other exception (in a process group, a peer's failure in the step
-    surfaces here as a communication error, whose type depends on the backend) becomes the
-    note, and on GPUs the caching allocator's cache is emptied after it. ``fault``: the
-    test hook, called as the step starts (``faults.inject_trace_fault``).
-
-    ``rebase`` (ranks on several hosts, whose monotonic clocks have nothing in common): the
-    stamps count from the moment this rank left the barrier that starts the step, as its
-    peers did within the network's latency, so that the runner can still put every rank
-    on one time axis (``trace.align``).
-    """
-
-    def step() -> None:
-        fault()
-        trainer.step(x, y)
-
-    try:
-        if process_group:
-            dist.barrier()  # the ranks start it together, as they start the timed window
-        origin = time.perf_counter()
-        traced = trace_step(step, stages, trainer.devices, slot_labels)
-        if rebase:
-            traced = dataclasses.replace(traced, events=[
-                e | {"start_s": e["start_s"] - origin, "end_s": e["end_s"] - origin}
-                for e in traced.events])
-        return traced, ""
-    except Exception as e:  # the traceback goes to the worker log
-        if is_oom(e):  # NCCL's, cuDNN's and cuBLAS's too: not only torch.OutOfMemoryError
-            note = f"out of memory in the traced step after the timed ones: {_first_line(e)}"
-            print(f"traced step: {note}", file=sys.stderr)
-        else:
-            traceback.print_exc()
-            note = f"the traced step failed: {type(e).__name__}: {_first_line(e)}"
-    # Out of the handler, the failed step's frames (and the tensors they held) are gone.
-    gc.collect()
-    if any(d.type == "cuda" for d in trainer.devices):
-        # One call empties every device this process allocated on, not only the current
-        # one: the caching allocator's emptyCache walks every device's allocator (and the
-        # cudaMallocAsync backend trims every initialised device's pool).
-        torch.cuda.empty_cache()
-    return None, note
 
 
 def destroy_process_group(code: int, timeout_s: float = PROCESS_GROUP_SHUTDOWN_S) -> None:
