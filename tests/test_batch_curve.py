@@ -2,7 +2,7 @@
 with their workload, their per-image efficiency and its interval, and where they show.
 
 The points are ``single`` cases at each per-device batch the sweep's cases compute
-(``sweep.cases.batch_curve``), measured in their workload's rounds; their rows carry
+(``sweep.batch_curve``), measured in their workload's rounds; their rows carry
 ``batch_curve_of`` and ``per_image_efficiency``; the headlines leave them out and the report
 draws them (figure 10).
 """
@@ -25,7 +25,8 @@ from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import launch_medians
 from bench_lib.run.runner import workload_groups
 from bench_lib.run.speedup_table import SpeedupTable
-from bench_lib.sweep.cases import expand, new_case
+from bench_lib.sweep.cases import new_case
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile
 from tests.conftest import in_process
 

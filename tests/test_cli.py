@@ -16,7 +16,7 @@ from bench_lib.results.schema import CASE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
-from bench_lib.sweep.cases import expand
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile, profile_names
 from tests.conftest import PYTHON, REPO, in_process
 

@@ -16,12 +16,12 @@ from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 from bench_lib import commands, exit_codes, strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies import schedules
-from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK, expand, schedule_refusal
 from bench_lib.sweep.estimate import (
     SAVED_MIB_PER_IMAGE_224PX,
     fits_card,
     single_device_mib,
 )
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import (
     PROFILE_DIR,
     Profile,
@@ -29,6 +29,7 @@ from bench_lib.sweep.profile import (
     load_profile,
     profile_names,
 )
+from bench_lib.sweep.refusals import PIPELINING_STAGES_PER_RANK, schedule_refusal
 from bench_lib.workloads import MODELS, blocks
 
 GPU_COUNTS = (1, 2, 4, 7, 8)

@@ -47,8 +47,9 @@ from bench_lib.strategies.ddp_knobs import (
     DdpKnobs,
     knob_grid,
 )
-from bench_lib.sweep.cases import Case, expand, new_case
+from bench_lib.sweep.cases import Case, new_case
 from bench_lib.sweep.estimate import case_seconds
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import (
     PROFILE_DIR,
     Measurement,

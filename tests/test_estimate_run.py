@@ -15,7 +15,7 @@ from bench_lib.rig import Rig
 from bench_lib.run.progress import Progress
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep import estimate, splits
-from bench_lib.sweep.cases import expand, new_case
+from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.estimate import (
     Estimate,
     case_estimate,
@@ -23,6 +23,7 @@ from bench_lib.sweep.estimate import (
     steady_warmup_steps,
     step_seconds,
 )
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.fixed_costs import CPU, CUDA
 from bench_lib.sweep.profile import PROFILE_DIR, Measurement, load_profile
 

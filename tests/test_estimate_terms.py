@@ -15,8 +15,8 @@ import pytest
 
 from bench_lib.rig import Rig
 from bench_lib.sweep import fixed_costs
-from bench_lib.sweep.cases import expand
 from bench_lib.sweep.estimate import run_estimate
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.fixed_costs import CUDA, from_duty, steady_warmup_s
 from bench_lib.sweep.profile import Profile
 

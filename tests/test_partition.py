@@ -19,7 +19,7 @@ from bench_lib.strategies.partition import (
     rank_loads,
 )
 from bench_lib.strategies.schedules import stage_indices, stage_placement
-from bench_lib.sweep.cases import expand
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile, UsageError
 from bench_lib.workloads import Workload, WorkloadError, blocks, tutorial_cut
 

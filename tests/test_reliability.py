@@ -22,7 +22,7 @@ from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
 from bench_lib.rig import Rig
-from bench_lib.sweep.cases import expand
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile
 from tests.conftest import PYTHON, REPO, in_process
 

@@ -31,8 +31,9 @@ from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row, step_rows
 from bench_lib.run.runner import workload_groups
 from bench_lib.run.speedup_table import SPEEDUP_COLUMNS, SpeedupTable
-from bench_lib.sweep.cases import Case, expand
+from bench_lib.sweep.cases import Case
 from bench_lib.sweep.estimate import case_seconds
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
 from bench_lib.sweep.shard import Shard, balance, plan, record, select, sweep_id
 from tests.conftest import PYTHON, REPO, in_process

@@ -20,9 +20,17 @@ from bench_lib.rig import Rig
 from bench_lib.run import runner
 from bench_lib.run.admission import Admission
 from bench_lib.run.protocol import CaseOutcome
-from bench_lib.sweep.cases import expand, search_key, split_candidates
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import PROFILE_DIR, Profile, UsageError, load_profile
-from bench_lib.sweep.splits import choose, measured_share, settle, unmeasured, window
+from bench_lib.sweep.splits import (
+    choose,
+    measured_share,
+    search_key,
+    settle,
+    split_candidates,
+    unmeasured,
+    window,
+)
 
 RIG = Rig("cpu", 2, 1, (0, 1))
 PIPELINED = ("pipeline", "gpipe", "1f1b")

@@ -16,7 +16,8 @@ from bench_lib.report.answer import answer_lines
 from bench_lib.report.headlines import headline_lines
 from bench_lib.report.ranking import headline_groups
 from bench_lib.run.speedup_table import SpeedupTable
-from bench_lib.sweep.cases import expand, new_case
+from bench_lib.sweep.cases import new_case
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile, UsageError
 
 PROFILE = Profile(strategies=("single", "ddp", "mp", "gpipe", "accum"), models=("resnet50",),

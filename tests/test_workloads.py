@@ -22,8 +22,10 @@ from bench_lib.run import worker
 from bench_lib.run.protocol import CaseOutcome, RankResult
 from bench_lib.run.rows import case_row
 from bench_lib.strategies import BuildContext, Microbatching
-from bench_lib.sweep.cases import Case, cut_stages, expand, new_case
+from bench_lib.sweep.cases import Case, new_case
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import PROFILE_DIR, Measurement, Profile, UsageError, load_profile
+from bench_lib.sweep.refusals import cut_stages
 from bench_lib.workloads import (
     MODELS,
     Workload,

@@ -39,7 +39,7 @@ def plan_new(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     A dry run only plans: ``--rig cuda --devices N`` then plans for N GPUs without asking
     CUDA anything, so a sweep for another box can be planned (and timed) on any machine.
     """
-    from bench_lib.sweep.cases import expand
+    from bench_lib.sweep.expansion import expand
     from bench_lib.sweep.profile import load_profile, profile_path
 
     rig = rig_of(args, plan_only=args.dry_run)
@@ -57,7 +57,7 @@ def plan_resume(args: argparse.Namespace) -> tuple[Rig, Profile, list[Case]]:
     from bench_lib.results.read import done_case_ids, read_env
     from bench_lib.results.store import check_resumable, prepare_resume
     from bench_lib.rig import Rig
-    from bench_lib.sweep.cases import expand
+    from bench_lib.sweep.expansion import expand
     from bench_lib.sweep.profile import Profile, UsageError
 
     given = [f.flag for f in args.sweep_flags if getattr(args, f.dest) is not None]

@@ -24,8 +24,8 @@ def command(args: argparse.Namespace) -> int:
     would answer no one's question), and says so."""
     from bench_lib.rig import RIG_KINDS
     from bench_lib.rig_detection import detect_rig
-    from bench_lib.sweep.cases import expand
     from bench_lib.sweep.estimate import case_seconds, format_duration
+    from bench_lib.sweep.expansion import expand
     from bench_lib.sweep.profile import load_profile, profile_names, profile_path
 
     rig = rig_of(args, plan_only=True)

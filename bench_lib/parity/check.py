@@ -45,8 +45,9 @@ from bench_lib.parity.verdict import (
 )
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
 from bench_lib.rig import Rig
-from bench_lib.sweep.cases import Case, model_facts, new_case
+from bench_lib.sweep.cases import Case, new_case
 from bench_lib.sweep.profile import UsageError
+from bench_lib.sweep.refusals import model_facts
 from bench_lib.workloads import MODELS
 
 DEFAULT_MODELS = ("mlp", "toy", "resnet-tiny")

@@ -2,7 +2,7 @@
 
 Per workload (model, image size, full batch, precision; a panel each, compared runs as lines
 of their own), ``single``'s throughput at the full batch and at each per-device batch the
-workload's cases compute (the batch-curve rows, ``batch_curve_of``; ``sweep.cases``), with
+workload's cases compute (the batch-curve rows, ``batch_curve_of``; ``sweep.batch_curve``), with
 the 95% interval of each step time as error bars. Each smaller batch is labelled with its
 per-image efficiency against the full batch (``per_image_efficiency``: 100% = a device
 loses nothing with fewer images at once; its interval paired by round) and the strategies

@@ -312,7 +312,7 @@ CASES = _cols(
     ("optimizer_step_s", "single: the optimizer step alone (median of 3 after the timed "
                          "steps, in the launch that traces), seconds: the share of a step "
                          "that does not shrink with the batch", N, True),
-    # single's batch curve (bench_lib.sweep.cases.batch_curve): how a device's per-image
+    # single's batch curve (bench_lib.sweep.batch_curve): how a device's per-image
     # speed changes with the images it computes at once.
     ("device_batch_size", "images one device computes at once: a data-parallel rank's share "
                           "of batch_size (ddp, fsdp, dp), a pipelining or accumulating "

@@ -57,7 +57,8 @@ from bench_lib.results.store import (
 from bench_lib.rig import Rig
 from bench_lib.run.cells import Row
 from bench_lib.run.speedup_table import EFFICIENCY_COLUMNS, SPEEDUP_COLUMNS, SpeedupTable
-from bench_lib.sweep.cases import Case, expand
+from bench_lib.sweep.cases import Case
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile, UsageError
 from bench_lib.sweep.shard import Shard, SweepRecord, sweep_id
 

@@ -29,7 +29,8 @@ from typing import Any
 from bench_lib import strategies
 from bench_lib.rig import Rig
 from bench_lib.run.launch import Launcher
-from bench_lib.sweep.cases import Case, expand
+from bench_lib.sweep.cases import Case
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile
 
 NODE_KEYS = ("hostname", "platform", "versions", "rig", "device_names", "cpu_model",

@@ -16,7 +16,7 @@ from bench_lib.sweep.cases import Case
 
 class SpeedupTable:
     """Fills the speedup columns from the ``single`` case of the same workload in the same
-    run (``sweep.cases.baselines_first`` puts it first): the speedup is single's launch
+    run (``sweep.expansion.baselines_first`` puts it first): the speedup is single's launch
     medians over the case's, paired by round (``paired_ratio_interval``), with its interval,
     times the case's images per step over single's (1 under strong scaling, the world size
     under weak: a throughput ratio); scaling efficiency is the speedup over the world size.

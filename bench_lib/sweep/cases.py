@@ -1,45 +1,33 @@
-"""Cases: the unit that is measured, expanded from a profile on a rig before anything runs.
+"""Cases: the unit that is measured, each made on a rig with its status decided before
+anything runs (``new_case``; the sweep's cases come from ``expansion.expand``).
 
-A value that no case of the sweep can use is a usage error (``UsageError``: exit 2,
-nothing written). A combination that some cases can use and others cannot becomes a
-``skipped`` case with its reason; a strategy the rig cannot run becomes ``unsupported``.
+A combination that some cases can use and others cannot becomes a ``skipped`` case with its
+reason; a strategy the rig cannot run, or one that torch or the model would refuse
+(``refusals``), becomes ``unsupported`` or ``skipped`` as its rule says. A model that takes
+no image size (``toy``, ``mlp``) runs once per batch size at its own recorded size
+(``ModelSpec.image_size``), and a model that trains with neither classifier loss (``toy``)
+with its own (``ModelSpec.loss_for``).
 
 Everything later stages need is resolved here, once, and carried on the ``Case``: the
 strategy's world size and process count, the note on reading it on this rig, and the
 micro-batching (split size, count, evenness).
-
-What torch would refuse is decided here too, from the rig's size alone (no device is asked),
-so that a plan for an N-GPU box made anywhere shows the same skipped rows as the box:
-data-parallel strategies need a batch divisible by their world size, and the
-torch.distributed.pipelining schedules have their own rules (``schedule_refusal``).
-
-So is what a model cannot do (``workload_refusal``, from the model built on the meta device):
-a strategy that cuts it into more stages than it has blocks, channels-last without a
-convolution, SyncBatchNorm without a BatchNorm. Those cases are ``unsupported``: no split,
-batch or image size would make them run. A model that takes no image size (``toy``, ``mlp``)
-runs once per batch size at its own recorded size (``ModelSpec.image_size``), and a model
-that trains with neither classifier loss (``toy``) with its own (``ModelSpec.loss_for``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
-from torch import nn
 
 from bench_lib import strategies
 from bench_lib.rig import Rig
 from bench_lib.strategies.base import Microbatching
 from bench_lib.strategies.ddp import bf16_hook_refusal
 from bench_lib.strategies.ddp_knobs import POWERSGD_GLOO_NOTE, POWERSGD_WARMUP_STEPS, DdpKnobs
-from bench_lib.sweep.profile import SCALINGS, Measurement, Profile, UsageError
-from bench_lib.workloads import blocks, get_model
+from bench_lib.sweep.profile import SCALINGS, Measurement, UsageError
+from bench_lib.sweep.refusals import PIPELINING_STAGES_PER_RANK, schedule_refusal, workload_refusal
+from bench_lib.workloads import get_model
 
 
 @dataclass(frozen=True)
@@ -62,7 +50,7 @@ class SplitSearch:
 class Case:
     """One strategy on one workload with one split size on one rig: the unit that is measured.
 
-    Build cases with ``new_case`` (or ``expand``), which resolves the rig-dependent facts.
+    Build cases with ``new_case`` (or ``expansion.expand``), which resolves the rig-dependent facts.
     """
 
     strategy: str
@@ -96,7 +84,7 @@ class Case:
     measurement: Measurement = field(default_factory=Measurement, compare=False)
     """How the case is measured (the sweep's counts, caps and limits)."""
     curve_of: int | None = None
-    """A point of ``single``'s batch curve (``batch_curve``): the global batch of the
+    """A point of ``single``'s batch curve (``sweep.batch_curve``): the global batch of the
     workload whose curve it measures, this case's batch being one that workload's cases
     compute per device; None for a case of the sweep itself."""
     scaling: str = "strong"
@@ -265,7 +253,8 @@ def new_case(rig: Rig, strategy: str, model: str, image_size: int, batch_size: i
 
 def _problem(strat: strategies.Strategy, rig: Rig, case: Case) -> tuple[str, str] | None:
     """(status, reason) when the case cannot run, else None."""
-    reason = strat.unsupported_reason(rig) or workload_refusal(strat, case)
+    reason = strat.unsupported_reason(rig) or workload_refusal(
+        strat, case.model, case.world_size, case.channels_last, case.sync_bn)
     if reason:
         return "unsupported", reason
     too_small = get_model(case.model).image_size_problem(case.image_size)
@@ -296,267 +285,3 @@ def _problem(strat: strategies.Strategy, rig: Rig, case: Case) -> tuple[str, str
     if case.channels_last and strat.channels_last_unsupported:
         return "unsupported", strat.channels_last_unsupported
     return None
-
-
-PIPELINING_STAGES_PER_RANK = {
-    "gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2, "interleaved-zb": 2, "zbv": 2}
-"""Stages each rank drives in the torch.distributed.pipelining strategies
-(``strategies.schedules``): the model is cut into ranks x this many stages."""
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the planning needs to know of a model's structure."""
-
-    blocks: int
-    """How many blocks it has (the most stages it can be cut into)."""
-    conv: bool
-    """True when it has a 2-d convolution (channels-last memory format applies)."""
-    batch_norm: bool
-    """True when it has BatchNorm (SyncBatchNorm applies)."""
-
-
-@functools.cache
-def model_facts(model: str) -> ModelFacts:
-    """The structure of ``model``, built on the meta device, so no memory is filled and no
-    device is touched."""
-    with torch.device("meta"):
-        net = get_model(model).build(1)
-    modules = list(net.modules())
-    return ModelFacts(len(blocks(net)), any(isinstance(m, nn.Conv2d) for m in modules),
-                      any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules))
-
-
-def model_blocks(model: str) -> int:
-    """How many blocks ``model`` has (the most stages it can be cut into)."""
-    return model_facts(model).blocks
-
-
-def cut_stages(strat: strategies.Strategy, world_size: int) -> int:
-    """Stages a strategy that cuts the model cuts it into on ``world_size`` devices (0 for
-    strategies that do not cut it)."""
-    if not strat.uses_partition:
-        return 0
-    return world_size * PIPELINING_STAGES_PER_RANK.get(strat.name, 1)
-
-
-def _too_few_blocks(strategy: str, model: str, ranks: int, stages: int) -> str | None:
-    have = model_blocks(model)
-    if stages <= have:
-        return None
-    return (f"{strategy} on {ranks} ranks cuts the model into {stages} stages; {model} has "
-            f"only {have} blocks to cut")
-
-
-def workload_refusal(strat: strategies.Strategy, case: Case) -> str | None:
-    """Why ``case``'s model cannot be trained with its strategy and options, or None.
-
-    A strategy that cuts the model needs a block per stage (``toy`` has 2, ``mlp`` 3: no
-    4-stage interleaved or ZB-V schedule on 2 ranks); channels-last needs a convolution and
-    SyncBatchNorm a BatchNorm to act on, else the case would be a relabelled copy of another.
-    """
-    facts = model_facts(case.model)
-    few = _too_few_blocks(strat.name, case.model, case.world_size,
-                          cut_stages(strat, case.world_size))
-    if few:
-        return few
-    if case.channels_last and not facts.conv:
-        return (f"{case.model} has no convolution: the channels-last memory format does not "
-                "apply")
-    if case.sync_bn and not facts.batch_norm:
-        return f"{case.model} has no BatchNorm: SyncBatchNorm does not apply"
-    return None
-
-
-def schedule_refusal(strategy: str, model: str, ranks: int, microbatches: int) -> str | None:
-    """Why torch.distributed.pipelining would refuse ``strategy``'s schedule over ``ranks``
-    ranks and ``microbatches`` micro-batches, or None when it builds.
-
-    The rules are those of torch 2.14's schedule constructors (``tests/test_cuda_planning.py``
-    builds torch's own schedules to hold them to it):
-
-    - every schedule: the model is cut into ranks x stages-per-rank stages at block edges,
-      so it needs that many blocks;
-    - ``Schedule1F1B``: at least as many micro-batches as stages (one stage per rank);
-    - ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``: the micro-batches run
-      in rounds = max(1, m // ranks), and m must be a multiple of the rounds;
-    - ``ScheduleGPipe``, ``ScheduleZBVZeroBubble``: any count (ZB-V pads a short one).
-    """
-    stages = ranks * PIPELINING_STAGES_PER_RANK[strategy]
-    few = _too_few_blocks(strategy, model, ranks, stages)
-    if few:
-        return few
-    if strategy == "1f1b" and microbatches < stages:
-        return (f"1f1b needs at least as many micro-batches as stages: {microbatches} "
-                f"micro-batches on {stages} stages (torch's Schedule1F1B refuses fewer)")
-    if strategy in ("interleaved-1f1b", "interleaved-zb"):
-        rounds = max(1, microbatches // ranks)
-        if microbatches % rounds:
-            return (f"{strategy} runs {microbatches} micro-batches on {ranks} ranks in "
-                    f"max(1, {microbatches} // {ranks}) = {rounds} rounds, and torch needs the "
-                    f"count to be a multiple of the rounds")
-    return None
-
-
-def validate(profile: Profile, rig: Rig) -> None:
-    """Raise ``UsageError`` for values that no case of the sweep can use.
-
-    A batch size that a data-parallel strategy's world size does not divide is an error only
-    when nothing else of the sweep could run: otherwise those cases are ``skipped`` rows (a
-    sweep for 7 GPUs runs ``single``, ``mp``... and says why ``ddp`` did not).
-    """
-    strats = [strategies.get(s) for s in profile.strategies]
-    used = profile.used_batch_sizes or profile.batch_sizes
-    if any(s.uses_split for s in strats):
-        biggest = max(used)
-        batches = ", ".join(map(str, used))
-        if not profile.split_sizes and not profile.microbatches:
-            raise UsageError("pipelined strategies need split sizes or micro-batch counts")
-        for split in profile.split_sizes:
-            if split > biggest:
-                raise UsageError(
-                    f"split size {split} is larger than every batch size ({batches}); "
-                    f"use a split size <= {biggest}"
-                )
-        for count in profile.microbatches:
-            if count > biggest:
-                raise UsageError(
-                    f"{count} micro-batches is more than every batch size ({batches}) holds; "
-                    f"use a count <= {biggest}"
-                )
-    runnable = [s for s in strats if not s.unsupported_reason(rig)]
-    indivisible = [s for s in runnable if s.data_parallel
-                   and not any(b % s.num_devices(rig) == 0 for b in used)]
-    if indivisible and len(indivisible) == len(runnable):
-        world = indivisible[0].num_devices(rig)
-        raise UsageError(
-            f"no batch size ({', '.join(map(str, used))}) is divisible by "
-            f"{indivisible[0].name}'s world size {world}; use a multiple of {world}"
-        )
-
-
-def expand(profile: Profile, rig: Rig) -> list[Case]:
-    """The sweep's cases in run order (``baselines_first``), each marked to run, skipped
-    or unsupported."""
-    validate(profile, rig)
-    cases: list[Case] = []
-    grid = ((model, precision, image, batch, name)
-            for model, precision in itertools.product(profile.models, profile.precisions)
-            for image in profile.image_sizes_for(model)
-            for batch in profile.batch_sizes_for(image)
-            for name in profile.strategies)
-    for model, precision, image, batch, name in grid:
-        strat = strategies.get(name)
-        micro: list[dict[str, int]] = [{}]
-        if strat.uses_split and profile.split_search_for(name):
-            micro = [{"split_size": s} for s in split_candidates(batch)]
-        elif strat.uses_split:
-            micro = ([{"split_size": s} for s in profile.split_sizes]
-                     + [{"microbatch_count": m} for m in profile.microbatches])
-        knob_sets = profile.ddp_knob_sets if strat.ddp_knobs else (None,)
-        for scaling, partition, m, knobs in itertools.product(
-                profile.scaling, profile.partitions if strat.uses_partition else (None,),
-                micro, knob_sets):
-            cases.append(new_case(
-                rig, name, model, image, batch, precision, profile.loss, **m,
-                partition=partition, channels_last=profile.channels_last,
-                compile=profile.compile, sync_bn=profile.sync_bn, ddp=knobs,
-                measurement=profile.measurement, scaling=scaling))
-    unique: dict[str, Case] = {}
-    # A split given twice (as a size and as a count) is one case; so is a one-device
-    # strategy under both scalings.
-    for case in cases:
-        unique.setdefault(case.case_id, case)
-    swept = list(unique.values())
-    if any(profile.split_search_for(s) for s in profile.strategies):
-        swept = searched(swept, profile)
-    curve = batch_curve(swept) if profile.batch_curve else []
-    return baselines_first(swept + curve_searches(swept, curve))
-
-
-def split_candidates(batch_size: int) -> tuple[int, ...]:
-    """The splits a split search predicts for a workload's batch: every one that divides it
-    (equal micro-batches, which every pipelined strategy takes; a split that leaves a short
-    last micro-batch computes what the nearest divisor does, plus a remainder), short of the
-    whole batch: one micro-batch is no micro-batching (pipeline's would be mp's step,
-    accum's single's, which those cases measure)."""
-    return tuple(s for s in range(1, batch_size) if batch_size % s == 0)
-
-
-def search_key(case: Case) -> tuple[object, ...]:
-    """What a split search's candidates share: everything but the split."""
-    return (case.strategy, case.group_key, case.option_suffix)
-
-
-def searched(cases: list[Case], profile: Profile) -> list[Case]:
-    """The cases with each split candidate's ``SplitSearch`` (``Profile.split_search``)."""
-    runnable: dict[tuple[object, ...], int] = {}
-    for case in cases:
-        if case.micro is not None and case.status is None:
-            runnable[search_key(case)] = runnable.get(search_key(case), 0) + 1
-    out = []
-    for case in cases:
-        if case.micro is not None and profile.split_search_for(case.strategy):
-            anchor = (profile.split_sizes[0] if profile.split_sizes
-                      else math.ceil(case.workload_batch / profile.microbatches[0]))
-            case = dataclasses.replace(case, split_search=SplitSearch(
-                profile.split_search_for(case.strategy), runnable.get(search_key(case), 0),
-                anchor))
-        out.append(case)
-    return out
-
-
-def curve_users(point: Case, cases: list[Case]) -> list[Case]:
-    """The cases to run that compute ``point``'s batch on one device (its model, image size,
-    precision and loss): what a batch-curve point is measured for."""
-    return [c for c in cases if c.status is None and c.curve_of is None
-            and (c.model, c.image_size, c.precision, c.loss)
-            == (point.model, point.image_size, point.precision, point.loss)
-            and c.device_batch_size == point.batch_size]
-
-
-def curve_searches(cases: list[Case], points: list[Case]) -> list[Case]:
-    """The batch-curve points, each that only split candidates compute carrying the search
-    most likely to measure one of them (the largest share measured)."""
-    out = []
-    for point in points:
-        searches = [c.split_search for c in curve_users(point, cases)]
-        if searches and all(searches):
-            found = [s for s in searches if s is not None]
-            best = max(found, key=lambda s: s.measured / max(s.candidates, 1))
-            point = dataclasses.replace(point, split_search=best)
-        out.append(point)
-    return out
-
-
-def batch_curve(cases: list[Case]) -> list[Case]:
-    """``single`` at every per-device batch (``Case.device_batch_size``) that the cases to
-    run compute and no ``single`` case among them measures: the points of each workload's
-    batch curve, each a copy of that workload's ``single`` case at the smaller batch
-    (``curve_of``: the workload's batch). A workload without a ``single`` case to run has
-    none. A batch two workloads share is measured once, for the first."""
-    singles = {c.workload_key: c for c in cases if c.strategy == "single" and c.status is None}
-    points: dict[tuple[str, int, int, str, str], Case] = {}
-    for case in cases:
-        parent = singles.get(case.workload_key)
-        if case.status is not None or parent is None:
-            continue
-        point = dataclasses.replace(parent, batch_size=case.device_batch_size,
-                                    curve_of=parent.batch_size)
-        if point.workload_key not in singles:
-            points.setdefault(point.workload_key, point)
-    return list(points.values())
-
-
-def baselines_first(cases: list[Case]) -> list[Case]:
-    """The run order: each workload's ``single`` case, then its batch-curve points, then its
-    other cases, strong before weak; workloads as first seen (``Case.group_key``), else as given.
-
-    The speedup columns are filled as each row is written, against the ``single`` case of
-    the same workload measured earlier in the run: a case run before its baseline gets none.
-    """
-    first: dict[tuple[str, int, int, str, str], int] = {}
-    for i, case in enumerate(cases):
-        first.setdefault(case.group_key, i)
-    return sorted(cases, key=lambda c: (first[c.group_key], c.strategy != "single",
-                                        c.curve_of is not None, c.scaling == "weak"))

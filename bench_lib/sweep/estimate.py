@@ -31,8 +31,9 @@ from bench_lib.analysis.bound import MOVING_ACROSS_GPUS, PRICED_WITH_COLLECTIVES
 from bench_lib.measure.timing import COMPUTE_ONLY_STEPS, MIN_STEPS_UNDER_TIME_CAP
 from bench_lib.rig import Rig
 from bench_lib.sweep import splits
-from bench_lib.sweep.cases import Case, model_facts
+from bench_lib.sweep.cases import Case
 from bench_lib.sweep.fixed_costs import BY_KIND, SETTLED_AFTER_STEPS, FixedCosts
+from bench_lib.sweep.refusals import model_facts
 from bench_lib.workloads import get_model
 
 CPU_S_PER_IMAGE_64PX = {"resnet50": 0.035, "resnet18": 0.012, "resnet-tiny": 0.004,

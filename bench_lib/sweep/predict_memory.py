@@ -101,9 +101,10 @@ from bench_lib.strategies.partition import (
     min_max_rank_cuts,
 )
 from bench_lib.strategies.schedules import SCHEDULE_CLASSES
-from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK, Case
+from bench_lib.sweep.cases import Case
 from bench_lib.sweep.cuda_memory import cublas_workspace_bytes, on_gpu
 from bench_lib.sweep.fake_step import Action, Footprint, Program, simulate
+from bench_lib.sweep.refusals import PIPELINING_STAGES_PER_RANK
 from bench_lib.sweep.schedule_orders import fill_drain, schedule_actions
 from bench_lib.workloads import Workload, blocks, shard_units
 

@@ -183,7 +183,7 @@ class Profile:
     batch_curve: bool = False
     """Also measure ``single`` at every per-device batch the other cases compute (a data-
     parallel rank's share, each micro-batch size): ``single``'s batch curve, which says how
-    much a device loses with fewer images at once (``cases.batch_curve``)."""
+    much a device loses with fewer images at once (``sweep.batch_curve``)."""
     rig_figures: bool = True
     """Measure the rig's idle power and FLOP peak before the sweep (a few seconds: the net
     energy and MFU columns); off where only step times matter (the ci profile's gates)."""

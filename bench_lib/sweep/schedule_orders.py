@@ -13,8 +13,8 @@ from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 from torch.distributed.pipelining.schedules import _ComputationType
 
 from bench_lib.strategies.schedules import SCHEDULE_CLASSES
-from bench_lib.sweep.cases import PIPELINING_STAGES_PER_RANK
 from bench_lib.sweep.fake_step import Action
+from bench_lib.sweep.refusals import PIPELINING_STAGES_PER_RANK
 
 _KINDS = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B",
           _ComputationType.BACKWARD_INPUT: "I", _ComputationType.BACKWARD_WEIGHT: "W"}

@@ -1,10 +1,11 @@
 """The split search (``Profile.split_search``): which of a workload's candidate splits are
 measured, decided from their predicted step times before the workload's first round.
 
-Every split that divides the batch is a candidate case (``cases.split_candidates``); the
-runner predicts them all from the workload's calibration, and ``settle`` keeps, per
-strategy, partition and scaling (``cases.search_key``), the predicted fastest and its
-nearest neighbours in split order, K in all (at an edge: the next ones inward). The others
+Every split that divides the batch is a candidate case (``split_candidates``), marked with
+its search as the sweep is expanded (``searched``); the runner predicts them all from the
+workload's calibration, and ``settle`` keeps, per strategy, partition and scaling
+(``search_key``), the predicted fastest and its nearest neighbours in split order, K in all
+(at an edge: the next ones inward). The others
 become ``skipped`` rows that keep their prediction, so the split trade-off figure draws the
 predicted curve through every candidate beside the measured points::
 
@@ -20,11 +21,14 @@ measures. Pure logic: cases and predictions in, decisions out.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bench_lib.sweep.cases import Case, curve_users, search_key
+from bench_lib.sweep.batch_curve import curve_users
+from bench_lib.sweep.cases import Case, SplitSearch
+from bench_lib.sweep.profile import Profile
 
 if TYPE_CHECKING:
     from bench_lib.analysis.bound import Bound
@@ -43,6 +47,39 @@ class Choice:
     """The predicted fastest split; None where some candidate has no prediction."""
     why: str
     """How they were chosen, for the skipped candidates' reason."""
+
+
+def split_candidates(batch_size: int) -> tuple[int, ...]:
+    """The splits a split search predicts for a workload's batch: every one that divides it
+    (equal micro-batches, which every pipelined strategy takes; a split that leaves a short
+    last micro-batch computes what the nearest divisor does, plus a remainder), short of the
+    whole batch: one micro-batch is no micro-batching (pipeline's would be mp's step,
+    accum's single's, which those cases measure)."""
+    return tuple(s for s in range(1, batch_size) if batch_size % s == 0)
+
+
+def search_key(case: Case) -> tuple[object, ...]:
+    """What a split search's candidates share: everything but the split."""
+    return (case.strategy, case.group_key, case.option_suffix)
+
+
+def searched(cases: list[Case], profile: Profile) -> list[Case]:
+    """The cases with each split candidate's ``SplitSearch`` (``Profile.split_search``)."""
+    runnable: dict[tuple[object, ...], int] = {}
+    for case in cases:
+        if case.micro is not None and case.status is None:
+            runnable[search_key(case)] = runnable.get(search_key(case), 0) + 1
+    out = []
+    for case in cases:
+        if case.micro is not None and profile.split_search_for(case.strategy):
+            anchor = (profile.split_sizes[0] if profile.split_sizes
+                      else math.ceil(case.workload_batch / profile.microbatches[0]))
+            case = dataclasses.replace(case, split_search=SplitSearch(
+                profile.split_search_for(case.strategy), runnable.get(search_key(case), 0),
+                anchor))
+        out.append(case)
+    return out
+
 
 
 def window(splits: Sequence[int], centre: int, k: int) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """The space ``tune`` searches: every case of ONE workload that a profile (with the CLI's
 overrides) expands to, and the command that reproduces one of them with ``run``.
 
-The candidates are ``sweep.cases.expand``'s cases of the workload, so every dimension a
+The candidates are ``sweep.expansion.expand``'s cases of the workload, so every dimension a
 sweep has is a dimension of the space, with the same validation and the same case ids:
 strategies x split sizes or micro-batch counts x partitions, and the DDP knobs
 (``--ddp-comm-hooks``, ``--ddp-bucket-caps-mib``... on the strategies that wrap the model in
@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench_lib.rig import Rig
-from bench_lib.sweep.cases import Case, expand
+from bench_lib.sweep.cases import Case
+from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
 
 RACE_WARMUP_STEPS = 1
