@@ -13,6 +13,7 @@ interpreter, ``processes.forkserver.start_module`` with ``server=None``) and for
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -89,9 +90,11 @@ def _gone(process: psutil.Process, within_s: float) -> bool:
 @pytest.mark.integration
 @pytest.mark.parametrize("instrument", ["flops", "collectives"])
 @pytest.mark.parametrize("path", ["fresh", "forked"])
-def test_an_instrument_dies_when_its_runner_is_sigkilled(cpu_rig, instrument, path):
+def test_an_instrument_dies_when_its_runner_is_sigkilled(cpu_rig, instrument, path, tmp_path):
+    # The SIGKILLed runner cannot remove its temporary folder: keep it in pytest's, not /tmp.
     parent = subprocess.Popen([PYTHON, "-c", PARENT, instrument, path,
-                               json.dumps(cpu_rig.as_dict())], cwd=REPO)
+                               json.dumps(cpu_rig.as_dict())], cwd=REPO,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
     child = None
     try:
         deadline = time.monotonic() + 120
