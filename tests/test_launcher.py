@@ -27,9 +27,9 @@ from tests.test_reliability import finish, only_run_dir, start, statuses, worker
 def test_torchrun_on_one_node_is_standalone_with_no_restarts():
     launcher = resolve("torchrun", None, None, None, None, environ={})
     assert launcher == Launcher("torchrun", 1, 0, source="default")
-    args = torchrun_args(launcher, 2, "ignored", 60)
-    assert args == ["--nproc-per-node", "2", "--max-restarts", "0", "--nnodes", "1",
-                    "--standalone"]
+    args = torchrun_args(launcher, 2, "ignored", 60, Path("case/torchrun"))
+    assert args == ["--nproc-per-node", "2", "--max-restarts", "0",
+                    "--log-dir", "case/torchrun", "--nnodes", "1", "--standalone"]
 
 
 def test_multi_node_takes_slurm_and_the_endpoint_variable_and_hosts_on_node_0():
@@ -37,8 +37,9 @@ def test_multi_node_takes_slurm_and_the_endpoint_variable_and_hosts_on_node_0():
     follower = resolve("torchrun", None, None, None, None, environ=env)
     assert (follower.nnodes, follower.node_rank, follower.source) == (2, 1, "SLURM")
     assert (follower.rdzv_endpoint, follower.coord_port) == ("node001:29500", 29501)
-    args = torchrun_args(follower, 4, "parabench-3-ddp-l0", 120)
+    args = torchrun_args(follower, 4, "parabench-3-ddp-l0", 120, Path("case/torchrun"))
     assert args[:4] == ["--nproc-per-node", "4", "--max-restarts", "0"]
+    assert args[args.index("--log-dir") + 1] == "case/torchrun"
     assert args[args.index("--rdzv-backend") + 1] == "c10d"
     assert args[args.index("--rdzv-endpoint") + 1] == "node001:29500"
     assert args[args.index("--rdzv-id") + 1] == "parabench-3-ddp-l0"
@@ -47,7 +48,7 @@ def test_multi_node_takes_slurm_and_the_endpoint_variable_and_hosts_on_node_0():
     # Flags win over SLURM; node 0 hosts the rendezvous store.
     head = resolve("torchrun", None, 0, "[::1]:2000", 3000, environ=env)
     assert (head.node_rank, head.host, head.coord_port) == (0, "::1", 3000)
-    assert "is_host=1" in torchrun_args(head, 1, "x", 5)[-1]
+    assert "is_host=1" in torchrun_args(head, 1, "x", 5, Path("d"))[-1]
 
 
 def test_the_local_launcher_ignores_slurm_and_refuses_multi_node_flags():
@@ -231,10 +232,14 @@ def run_seeing_agents(out: Path, *args: str, fault: str = "") -> tuple[int, str,
 
 @pytest.mark.timeout(300)
 @pytest.mark.integration
-def test_torchrun_runs_ddp_and_gpipe_on_one_node_and_blames_a_sigkilled_rank(tmp_path):
+def test_torchrun_runs_ddp_and_gpipe_on_one_node_and_blames_a_sigkilled_rank(tmp_path,
+                                                                             monkeypatch):
     # One run for both (a runner's start is seconds of CPU): ddp and gpipe go well, and in
     # 1f1b rank 1 is SIGKILLed; the run exits 1 for it (a torchrun run with every case ok
     # exits 0: test_launcher_multinode's two nodes).
+    temp = tmp_path / "temp"  # the run's temporary directory, to see what torchrun leaves
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     code, err, agents = run_seeing_agents(tmp_path, "--strategies", "ddp,gpipe,1f1b",
                                           "--devices", "2", "--launcher", "torchrun",
                                           fault="1f1b:1:sigkill")
@@ -259,5 +264,7 @@ def test_torchrun_runs_ddp_and_gpipe_on_one_node_and_blames_a_sigkilled_rank(tmp
     env = json.loads((run_dir / "env.json").read_text())
     assert env["launcher"]["kind"] == "torchrun" and env["launcher"]["nnodes"] == 1
     assert "nodes" not in env
-    # Nothing is left: neither the killed case's peers and agent nor the others'.
+    # Nothing is left: neither the killed case's peers and agent nor the others', nor
+    # torchrun's log folders (its --log-dir is the case's work folder).
     assert not workers_of(run_dir) and not _agents_under(tmp_path)
+    assert not list(temp.glob("torchelastic_*"))

@@ -46,7 +46,8 @@ def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: La
     local launcher's ranks are: the case timeout, the memory cap, the sampler (from when
     the ranks are found: ``launch.AgentRanks``), and ``watch`` (the other nodes)."""
     nproc = case.world_size // launcher.nnodes
-    args = torchrun_args(launcher, nproc, rdzv_id, case.measurement.case_timeout_s)
+    args = torchrun_args(launcher, nproc, rdzv_id, case.measurement.case_timeout_s,
+                         case_dir / "torchrun")
     threads = rig.threads_per_worker if rig.kind == "cpu" else None
     agent = start_agent(case_dir / "spec.json", args, log_path, agent_env(threads))
     ranks = AgentRanks(agent, nproc)

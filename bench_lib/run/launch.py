@@ -185,13 +185,16 @@ def _env_int(env: Mapping[str, str], name: str) -> int:
 
 
 def torchrun_args(launcher: Launcher, nproc: int, rdzv_id: str,
-                  join_timeout_s: float) -> list[str]:
+                  join_timeout_s: float, log_dir: Path) -> list[str]:
     """torchrun's arguments for one launch of a case (before the worker module).
 
     ``join_timeout_s`` bounds how long an agent waits for the other nodes to join the
-    rendezvous (the case's timeout: the runner kills the agent then anyway).
+    rendezvous (the case's timeout: the runner kills the agent then anyway). ``log_dir``
+    takes torchrun's own per-rank folders (and error files): the case's work folder, which
+    goes after an ok launch and stays after a failed one; without it torchrun leaves a
+    ``torchelastic_*`` folder in the temporary directory at every launch.
     """
-    args = ["--nproc-per-node", str(nproc), "--max-restarts", "0"]
+    args = ["--nproc-per-node", str(nproc), "--max-restarts", "0", "--log-dir", str(log_dir)]
     if not launcher.multi_node:
         return [*args, "--nnodes", "1", "--standalone"]
     timeout = max(1, round(join_timeout_s))
