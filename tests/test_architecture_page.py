@@ -58,12 +58,17 @@ def page_names() -> tuple[set[Path], set[Path]]:
     return {p for p in named if p.is_relative_to(PACKAGE)}, referred
 
 
+def package_modules() -> set[Path]:
+    """Every module of ``bench_lib`` on disk."""
+    return {p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+
+
 def relative(paths: set[Path]) -> list[str]:
     return sorted(str(p.relative_to(REPO)) for p in paths)
 
 
 def test_every_module_is_named_on_the_architecture_page() -> None:
-    modules = {p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    modules = package_modules()
     named, _ = page_names()
     missing = relative(modules - named)
     assert not missing, (
@@ -95,7 +100,7 @@ def long_modules_named() -> set[Path]:
 def length_reasons(limit: int = LONG) -> tuple[list[str], list[str]]:
     """(modules over ``limit`` lines the page gives no reason for, modules it gives a reason
     for that are ``limit`` lines or fewer)."""
-    modules = {p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    modules = package_modules()
     long = {p for p in modules if len(p.read_text().splitlines()) > limit}
     named = long_modules_named()
     return relative(long - named), relative(named & modules - long)
