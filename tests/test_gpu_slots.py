@@ -329,7 +329,8 @@ def send_recv_fit():
 def test_one_process_moves_nothing_between_the_slots_of_one_gpu():
     """mp's two stages on one GPU's two slots: .to() between them is no copy, so the
     bound and the prediction charge no transfer, and no collective is measured for it;
-    on two GPUs each boundary costs the send/recv fit's time there and back."""
+    on two GPUs each boundary costs the device copy's time there and back (tests/
+    test_transfers.py: the copy fit, not the send/recv one)."""
     from bench_lib.analysis.collective_fits import Collectives
     from bench_lib.run import case_bound
     from bench_lib.run.bound_columns import bound_columns
@@ -339,7 +340,8 @@ def test_one_process_moves_nothing_between_the_slots_of_one_gpu():
     shared, two = Rig("cuda", 2, gpu_slots=2), Rig("cuda", 2)
     assert not shared.moves_between(0, 1) and two.moves_between(0, 1)
     assert not Rig("cpu", 2, 1, (0, 1)).moves_between(0, 1)
-    coll = Collectives({"send_recv": send_recv_fit()}, "gloo", 2)
+    coll = Collectives({"send_recv": send_recv_fit()}, "gloo", 2,
+                       device_copy=send_recv_fit())
     outcome = CaseOutcome("ok", step_times_s=[1.0], timeline=traced([(0, 0, 2, 4), (1, 0, 1, 2)],
                                                                      1, 0.1),
                           traced_step_s=1.0, partition="tutorial:3")

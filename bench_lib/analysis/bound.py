@@ -15,19 +15,20 @@ shared memory bandwidth), and medians then put slow passes on the critical path 
 163 ms, replays at 173 ms from medians, at 160 ms pass by pass: tests/test_bound.py).
 Replayed pass by pass, the bound is a schedule the traced step could have run: with free
 transfers, never over its span. Per stage boundary the transfer time of one micro-batch's
-activation (and, backward, its gradient, the same size) from the collective
-micro-benchmark's send/recv fit at the boundary tensor's bytes (``analysis.collective_fits``),
-counted only where the two stages sit on different ranks. Chosen over the timeline's gaps
-because a gap also holds the scheduler's own overhead and waits for the peer, which is what
-the bound is to be compared with. The bound is the makespan of torch's own action list per
-rank (``sweep.predict_memory``'s replay of the schedule) run by a list scheduler (``simulate``):
-an action starts when its rank is free and its input is there. Exact for unbalanced stages,
-where closed forms are not. Then *other* = traced step - timeline span (optimizer step,
-loss, input split). The traced step is one step of the first launch: faster or slower as a
-whole than the case's median step (noise, launch-to-launch differences, the stamps' own
-cost), so its pass times and *other* are scaled by median / traced
-(``case_bound.traced_parts``): the bound rests on the traced step's shape at the median's
-pace, and the note says by how much.
+activation (and, backward, its gradient, the same size) at the boundary tensor's bytes in
+the dtype that crosses it (``workloads.sizes.boundary_bytes``: bf16 under bf16 autocast),
+from the collective micro-benchmark's send/recv fit (``analysis.collective_fits``; the
+rig's NCCL between GPUs), counted only where the two stages sit on different ranks.
+Chosen over the timeline's gaps because a gap also holds the scheduler's own overhead and
+waits for the peer, which is what the bound is to be compared with. The bound is the
+makespan of torch's own action list per rank (``sweep.predict_memory``'s replay of the
+schedule) run by a list scheduler (``simulate``): an action starts when its rank is free
+and its input is there. Exact for unbalanced stages, where closed forms are not. Then
+*other* = traced step - timeline span (optimizer step, loss, input split). The traced step
+is one step of the first launch: faster or slower as a whole than the case's median step
+(noise, launch-to-launch differences, the stamps' own cost), so its pass times and *other*
+are scaled by median / traced (``case_bound.traced_parts``): the bound rests on the traced
+step's shape at the median's pace, and the note says by how much.
 
 Closed forms with balanced stages (p devices, m micro-batches, v stages per device, per
 pass times f, b, w of one stage, transfers free), which tests check the simulator against:
@@ -53,7 +54,11 @@ pass times f, b, w of one stage, transfers free), which tests check the simulato
 
 mp (and ``pipeline`` on a cpu rig, whose one process runs its micro-batches one after
 another): the sum of every pass plus, on GPUs, each boundary's transfer forward and back.
-``pipeline`` on GPUs: GPipe's order, one stage per device slot.
+``pipeline`` on GPUs: GPipe's order, one stage per device slot. Their hand-off is one
+process's ``.to()``, no send between processes: priced with the device-to-device copy
+(``transfer_fit``: the rig's measured copy, or ``collective_fits.ASSUMED_DEVICE_COPY``,
+which the formula then names). On a cpu rig every slot is the one ``cpu`` device, where
+``.to()`` returns the tensor itself, and on one GPU's slots the same: no transfer.
 
 ddp and fsdp: compute = for ddp and ddp-1, the case's own steps with no collective (DDP's
 ``no_sync``: forward, backward and optimizer step; three after the timed steps of every
@@ -91,7 +96,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench_lib.analysis import step_parts
-from bench_lib.analysis.collective_fits import CollectiveFit
+from bench_lib.analysis.collective_fits import CollectiveFit, Collectives, device_copy_fit
 
 Action = tuple[str, int, int]
 """(kind, stage, micro-batch): F forward, B full backward, I input gradient, W weight
@@ -104,7 +109,8 @@ PRICED_WITH_COLLECTIVES = frozenset({"ddp", "fsdp", *PIPELINED})
 and ``pipeline`` too where their devices are distinct GPUs (``Rig.moves_between``), not one
 memory (a cpu rig's workers, the slots of one GPU)."""
 MOVING_ACROSS_GPUS = frozenset({"mp", "pipeline"})
-"""One process's strategies whose ``.to()`` between distinct GPUs is priced as a send."""
+"""One process's strategies whose ``.to()`` between distinct GPUs is priced as a device copy
+(``transfer_fit``), measured beside the collectives."""
 PassTimes = Mapping[tuple[int, str] | tuple[int, str, int], float]
 """Pass durations, seconds: (stage, phase) for every micro-batch, (stage, phase, micro-batch)
 for one."""
@@ -285,6 +291,17 @@ def fsdp_comm_s(unit_bytes: Sequence[int], root_bytes: int, all_gather: Collecti
         gathers += all_gather.time_s(root_bytes)
         scatters += reduce_scatter.time_s(root_bytes)
     return gathers + scatters
+
+
+def transfer_fit(process_group: bool, collectives: Collectives | None
+                 ) -> tuple[CollectiveFit | None, str]:
+    """The fit a stage boundary's hand-off is priced with, and what the formula must say of
+    it: between processes (torch's pipelining schedules) the run's send/recv fit (None where
+    not measured: the caller takes the transfers free); inside one process (mp,
+    ``pipeline``) the device-to-device copy, measured or assumed (``device_copy_fit``)."""
+    if process_group:
+        return (collectives.fit("send_recv") if collectives is not None else None), ""
+    return device_copy_fit(collectives)
 
 
 def closed_form(strategy: str, p: int, m: int, f: float, b: float, w: float = 0.0) -> float:

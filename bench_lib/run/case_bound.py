@@ -25,6 +25,7 @@ from bench_lib.analysis.bound import (
     phase_times,
     pipeline_bound,
     serial_bound,
+    transfer_fit,
 )
 from bench_lib.analysis.bubble import span
 from bench_lib.analysis.collective_fits import Collectives
@@ -61,15 +62,16 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
     times, other, scale = traced_parts(outcome, median_s)
     m = 1 if name == "mp" else case.num_microbatches or 1
     micro = case.batch_size if name == "mp" else case.split_size or case.batch_size
-    send = collectives.fit("send_recv") if collectives is not None else None
+    fit, assumed = transfer_fit(case.process_group, collectives)
     cuts = tuple(int(c) for c in outcome.partition.partition(":")[2].split(",") if c)
-    edges = ([send.time_s(b) if case.process_group or rig.moves_between(k, k + 1) else 0.0
-              for k, b in enumerate(boundary_bytes(case.model, case.image_size, micro, cuts))]
-             if send is not None and cuts else [])
+    edges = ([fit.time_s(b) if case.process_group or rig.moves_between(k, k + 1) else 0.0
+              for k, b in enumerate(boundary_bytes(case.model, case.image_size, micro, cuts,
+                                                   case.precision))]
+             if fit is not None and cuts else [])
     serial = name == "mp" or (name == "pipeline" and rig.kind == "cpu")
     try:
         if serial:
-            # One process: each boundary's .to() costs a transfer there and back (none where
+            # One process: each boundary's .to() costs a copy there and back (none where
             # both stages are in one memory: a cpu rig's workers, one GPU's slots).
             found = serial_bound("mp" if name == "mp" else "serial", times, m, 2 * sum(edges),
                                  other)
@@ -82,6 +84,8 @@ def case_bound(case: Case, rig: Rig, outcome: CaseOutcome, median_s: float,
         return f"no bound: {type(e).__name__}: {e}"
     if not edges and (rig.kind == "cuda" or not serial):
         found = replace(found, formula=f"{found.formula} (transfers not measured, taken free)")
+    elif assumed and any(edges):
+        found = replace(found, formula=f"{found.formula} ({assumed})")
     return replace(found, scale=scale)
 
 

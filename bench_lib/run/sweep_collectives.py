@@ -1,5 +1,7 @@
 """The rig's collectives a sweep's bounds and predictions are priced with: env.json's
-record, or the collective micro-benchmark (``measure.collectives``) run once per run.
+record, or the collective micro-benchmark (``measure.collectives``) run once per run, and
+beside it, where mp or pipeline hand tensors between two GPUs in one process, the device
+copy's probe (``measure.device_copy``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServ
                       recorded: Mapping[str, Any] | None = None) -> Collectives:
     """The rig's collectives for a sweep's bounds and predictions: as ``recorded`` in
     env.json, else measured now, once per run, up to the largest message of ``cases``
-    (``measure.collectives``; skipped where no case is priced with them)."""
+    (``measure.collectives``; skipped where no case is priced with them), with the device
+    copy where a case of ``cases`` hands tensors between two GPUs in one process."""
     import sys
+    from dataclasses import replace
 
-    from bench_lib.measure import collectives
+    from bench_lib.analysis.bound import MOVING_ACROSS_GPUS
+    from bench_lib.measure import collectives, device_copy
     from bench_lib.run import case_bound
 
     if recorded is not None:
@@ -33,7 +38,14 @@ def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServ
                                    "(ddp, fsdp, pipelines)")
     if not quiet:
         print("measuring collectives ...", file=sys.stderr, flush=True)
-    found = collectives.measure(rig, collectives.sizes_for(largest), server=server)
+    sizes = collectives.sizes_for(largest)
+    found = collectives.measure(rig, sizes, server=server)
     if not quiet:
         print(f"collectives: {found.bandwidth_line()}", file=sys.stderr)
+    one_process = any(c.status is None and c.strategy in MOVING_ACROSS_GPUS for c in cases)
+    if one_process and rig.num_devices > 1 and rig.moves_between(0, 1):
+        fit, why = device_copy.measure(rig, sizes, server=server)
+        found = replace(found, device_copy=fit, copy_skipped=why)
+        if not quiet:
+            print(found.copy_line(), file=sys.stderr)
     return found

@@ -8,7 +8,10 @@ less the optimizer's (``stage_passes``; a block timed alone misses the step's gl
 the graph's own overhead). The cut is the one the balanced partition picks from the same
 block times (``balanced-flops`` and ``tutorial``: their own cut, ``fixed_cuts``); a
 ``balanced`` case's first launch then runs that cut (``calibrated_cut``). Transfers are
-priced at the send/recv fit; each rank steps its stages' parameters (O / N). Zero-bubble
+priced at the send/recv fit between processes, and ``pipeline``'s ``.to()`` in one process
+at the device copy's (``analysis.bound.transfer_fit``: measured, or assumed and said so in
+the formula), each at the bytes of the activation crossing the cut in the case's precision;
+each rank steps its stages' parameters (O / N). Zero-bubble
 schedules split a backward into its input and weight gradients: half each.
 
 Pure arithmetic but for ``pipeline_parts`` and ``fixed_cuts``, which import torch's
@@ -21,7 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from bench_lib.analysis.bound import PIPELINED, Action, Bound, pipeline_bound, placement_of
+from bench_lib.analysis.bound import (
+    PIPELINED,
+    Action,
+    Bound,
+    pipeline_bound,
+    placement_of,
+    transfer_fit,
+)
 from bench_lib.sweep.calibration_data import BatchCosts, Calibration
 from bench_lib.sweep.case_shape import Shape
 
@@ -48,6 +58,9 @@ class PipelineParts:
     cutter: Cutter
     edge_s: Callable[[Sequence[int]], Sequence[float]] = lambda cuts: ()
     """The cut -> each boundary's transfer time for one micro-batch (none: free)."""
+    transfer_note: str = ""
+    """What the formula says of the transfers' fit (``analysis.bound.transfer_fit``): the
+    assumed copy's note, where the transfers were priced with it."""
 
 
 def stage_passes(costs: BatchCosts, cuts: Sequence[int], optimizer_s: float,
@@ -78,8 +91,11 @@ def pipelined(shape: Shape, cal: Calibration, parts: PipelineParts) -> Bound | s
     cuts = list(parts.cutter(block_costs(costs), stage_ranks(parts.orders)))
     zero_bubble = shape.strategy in ZERO_BUBBLE
     times = stage_passes(costs, cuts, cal.optimizer_s, zero_bubble)
-    found = pipeline_bound(shape.strategy, parts.orders, times, parts.edge_s(cuts),
+    edges = parts.edge_s(cuts)
+    found = pipeline_bound(shape.strategy, parts.orders, times, edges,
                            cal.optimizer_s / shape.devices)
+    if parts.transfer_note and any(edges):
+        found = replace(found, formula=f"{found.formula} ({parts.transfer_note})")
     if zero_bubble:
         found = replace(found, formula=f"{found.formula} (backward split half input, half "
                                        "weight gradient)")
@@ -100,8 +116,9 @@ def stage_ranks(orders: Sequence[Sequence[Action]]) -> list[int]:
 def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> PipelineParts:
     """torch's action lists for ``case``'s schedule (``pipeline`` on GPUs: GPipe's), the
     cut its partition picks from block costs (``balanced``; ``balanced-flops`` and
-    ``tutorial``: the cut they choose without timing), and the send/recv fit's transfer
-    time of one micro-batch at each boundary."""
+    ``tutorial``: the cut they choose without timing), and the transfer time of one
+    micro-batch at each boundary: the send/recv fit's between processes, the device copy's
+    inside ``pipeline``'s one process (``analysis.bound.transfer_fit``)."""
     from bench_lib.strategies.partition import min_max_cuts, min_max_rank_cuts
     from bench_lib.sweep.schedule_orders import schedule_actions
     from bench_lib.workloads.sizes import boundary_bytes
@@ -117,18 +134,19 @@ def pipeline_parts(case: Case, rig: Rig, collectives: Collectives | None) -> Pip
             return min_max_rank_cuts(list(costs), stages)
         return min_max_cuts(list(costs), len(stages))
 
-    send = collectives.fit("send_recv") if collectives is not None else None
+    fit, note = transfer_fit(case.process_group, collectives)
     micro = case.split_size or case.batch_size
     # ``pipeline``, one process: a boundary between two slots of one GPU moves nothing.
     moves = case.process_group or rig.moves_between(0, 1)
 
     def edges(cuts: Sequence[int]) -> Sequence[float]:
-        if send is None:
+        if fit is None:
             return ()
-        return [send.time_s(b) if moves else 0.0
-                for b in boundary_bytes(case.model, case.image_size, micro, tuple(cuts))]
+        return [fit.time_s(b) if moves else 0.0
+                for b in boundary_bytes(case.model, case.image_size, micro, tuple(cuts),
+                                        case.precision)]
 
-    return PipelineParts(orders, cutter, edges)
+    return PipelineParts(orders, cutter, edges, note)
 
 
 def fixed_cuts(case: Case) -> Sequence[int]:

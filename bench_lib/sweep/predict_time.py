@@ -4,7 +4,10 @@ The calibration (``sweep.calibration_data``: what it measures; ``run.calibration
 launch) times each workload's step alone and together at the batch sizes the sweep's
 cases compute on a device (``calibration_sizes``), and its blocks where a pipelining
 schedule cuts the model. The collective micro-benchmark's fits
-(``analysis.collective_fits``) price the communication.
+(``analysis.collective_fits``) price the communication: NCCL's (gloo's) between processes,
+the device copy's for one process's ``.to()`` between two GPUs, assumed where not measured
+(the formula then says so). Activations cross a cut at the case's precision
+(``workloads.sizes.boundary_bytes``).
 
 The prediction is the bound's arithmetic (``analysis.bound``) fed with calibrated parts
 instead of the case's own (B the batch, s the split size, N the devices, O the optimizer
@@ -12,7 +15,8 @@ step, T_a(b) and T_t(b) the calibrated step alone and together)::
 
     single                T_a(B)
     accum, pipeline (cpu) B/s (T_a(s) - O) + O        one process, micro-batches in turn
-    mp                    T_a(B) (+ on GPUs each boundary's activation, forward and back)
+    mp                    T_a(B) (+ on GPUs each boundary's activation, forward and back,
+                          at the device copy's fit: ``collective_fits.device_copy_fit``)
     ddp                   T_t(B/N) + all-reduce of every gradient byte in DDP's buckets:
                           on a cpu rig added (the collectives run on the cores that compute),
                           on GPUs overlapped (max: ``data_parallel_bound``)
@@ -27,9 +31,10 @@ step, T_a(b) and T_t(b) the calibrated step alone and together)::
                           step's glue: loss, the graph's own overhead); the cut the
                           balanced partition picks from the same block times
                           (``balanced-flops`` and ``tutorial``: their own cut); transfers
-                          at the send/recv fit; plus O / N (each rank steps its stages'
-                          parameters). Zero-bubble schedules split a backward into its
-                          input and weight gradients: half each (said in the formula).
+                          at the send/recv fit (``pipeline``: the device copy's); plus O / N
+                          (each rank steps its stages' parameters). Zero-bubble schedules
+                          split a backward into its input and weight gradients: half each
+                          (said in the formula).
 
 The predicted step is also cut into the step's parts (``predicted_parts``: the
 ``analysis.step_parts`` list the waterfall measures), which add up to it: where a part's
@@ -58,7 +63,7 @@ from bench_lib.analysis.bound import (
     ddp_comm_s,
     fsdp_comm_s,
 )
-from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.analysis.collective_fits import Collectives, device_copy_fit
 from bench_lib.analysis.step_parts import Figures, StepParts
 from bench_lib.sweep.calibration_data import BatchCosts, Calibration, Sizes
 from bench_lib.sweep.case_shape import Shape, shape_of
@@ -224,11 +229,13 @@ def predict_case(case: Case, rig: Rig, cal: Calibration | None,
     parts = None
     if case.strategy in PIPELINED or (case.strategy == "pipeline" and not shape.serial):
         parts = pipeline_parts(case, rig, collectives)
-    transfer = 0.0
-    if case.strategy == "mp" and rig.moves_between(0, 1) and collectives is not None:
-        send = collectives.fit("send_recv")
-        cut = tuple(fixed_cuts(case))
-        if send is not None:
-            transfer = 2 * sum(send.time_s(b) for b in boundary_bytes(
-                case.model, case.image_size, case.batch_size, cut))
-    return predict(shape, cal, collectives, grads, units, parts, transfer)
+    transfer, assumed = 0.0, ""
+    if case.strategy == "mp" and rig.moves_between(0, 1):
+        copy, assumed = device_copy_fit(collectives)  # one process: its .to() is a copy
+        transfer = 2 * sum(copy.time_s(b) for b in boundary_bytes(
+            case.model, case.image_size, case.batch_size, tuple(fixed_cuts(case)),
+            case.precision))
+    found = predict(shape, cal, collectives, grads, units, parts, transfer)
+    if assumed and isinstance(found, Bound):
+        found = replace(found, formula=f"{found.formula} ({assumed})")
+    return found
