@@ -419,7 +419,10 @@ CASES = _cols(
                           "pipeline's schedule run with its traced per-stage pass times and "
                           "the measured p2p time, plus the traced step outside the passes "
                           "(all scaled to the median step where the traced one was slower); "
-                          "mp: every pass in turn plus transfers; ddp/fsdp: single's step x "
+                          "mp: every pass in turn plus, on two GPUs, each cut's activation "
+                          "forward and back at the device copy's fit (env.json "
+                          "collectives.device_copy, else an assumed PCIe copy the note "
+                          "names); ddp/fsdp: single's step x "
                           "local/global batch overlapped with the gradient collectives at the "
                           "run's measured bandwidth (env.json collectives)", N, True),
     ("step_time_s_bound_no_overlap", "ddp/fsdp: the same bound with nothing overlapped, "
@@ -435,7 +438,9 @@ CASES = _cols(
     ("bound_other_s", "the traced step outside the scheduled passes (optimizer step, loss, "
                       "input split) in the bound, seconds", N, True),
     ("bound_note", "which bound and its parts, e.g. '1f1b: compute 0.41 s + bubble 0.12 s + "
-                   "p2p 0.02 s + other 0.03 s', or why the case has none", False, True),
+                   "p2p 0.02 s + other 0.03 s', or why the case has none; '(copy fit "
+                   "assumed: ...)' where mp's or pipeline's GPU-to-GPU copy was priced "
+                   "without a measured one", False, True),
     # The step time predicted before the case ran, from its workload's calibration
     # (profile key predict_time; bench_lib.sweep.predict_time states each formula).
     ("step_time_s_predicted", "the step time predicted before the case's first launch from "
