@@ -29,6 +29,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench_lib import process_groups
 from bench_lib.processes import forkserver, lifeline
 from bench_lib.processes.supervision import PEER_GRACE_S
 from bench_lib.run import diagnostics, faults, worker
@@ -370,7 +371,7 @@ def test_destroying_a_broken_group_never_raises(monkeypatch, solo_group):
         raise RuntimeError("NCCL communicator was aborted")
 
     monkeypatch.setattr(dist, "destroy_process_group", broken)
-    worker.destroy_process_group(worker.EXIT_FAILED)  # prints the traceback, goes on
+    process_groups.destroy_process_group(worker.EXIT_FAILED)  # prints the traceback, goes on
 
 
 def test_the_runner_passes_its_pid_and_no_preexec_fn(tmp_path, monkeypatch):

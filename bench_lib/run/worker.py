@@ -29,7 +29,7 @@ Around that:
   from the timer) and the runner stops them.
 - On every path, failures included, the result file is written first (so the runner sees it
   early), then the process group is destroyed if one is up (never raising, and not waited
-  for past ``PROCESS_GROUP_SHUTDOWN_S``).
+  for past ``process_groups.SHUTDOWN_S``).
 
 Exit codes: 0 ok; 1 (``EXIT_FAILED``) the rank failed (its result says why); 3
 (``EXIT_DIAGNOSTIC_FAILED``) timed fine but a diagnostic failed, ran past its bound or was
@@ -49,7 +49,6 @@ import functools
 import gc
 import os
 import sys
-import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -80,14 +79,13 @@ if __name__ == "__main__":
     exit_if_orphaned(_runner_pid(sys.argv[1:]))
 
 import torch
-import torch.distributed as dist
 
 from bench_lib import strategies
 from bench_lib.math_modes import set_math_mode
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory, peak_reserved_mib
 from bench_lib.measure.timing import measure_steps
 from bench_lib.pinning import pin_worker
-from bench_lib.process_groups import init_process_group
+from bench_lib.process_groups import destroy_process_group, init_process_group
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.run import diagnostics, faults
@@ -98,9 +96,6 @@ from bench_lib.sweep.cases import Case
 from bench_lib.workloads import Workload
 
 PROCESS_GROUP_TIMEOUT_S = 120.0
-PROCESS_GROUP_SHUTDOWN_S = 10.0
-"""How long a rank waits for ``destroy_process_group`` (which can block where a peer is stuck
-in a collective) before it exits without it."""
 
 
 def result_path(workdir: Path, rank: int) -> Path:
@@ -293,33 +288,6 @@ def _build(case: Case, rank: int, devices: list[torch.device],
     return trainer, x, y.to(trainer.output_device)
 
 
-
-
-def destroy_process_group(code: int, timeout_s: float = PROCESS_GROUP_SHUTDOWN_S) -> None:
-    """Destroy this rank's process group if one is up, on every path (failures included: a
-    rank that exits with an NCCL group up can block in its teardown), never raising.
-
-    ``destroy_process_group`` can itself block where a peer is stuck in a collective: after
-    ``timeout_s`` the process exits with ``code`` without it (its result is written).
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-
-    def give_up() -> None:
-        print(f"destroy_process_group still blocked after {timeout_s:g} s; exiting without it",
-              file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)
-
-    timer = threading.Timer(timeout_s, give_up)
-    timer.daemon = True
-    timer.start()
-    try:
-        dist.destroy_process_group()
-    except Exception:  # a group a peer's failure broke: nothing more to tear down here
-        traceback.print_exc()
-    finally:
-        timer.cancel()
 
 
 def exit_code(result: RankResult) -> int:
