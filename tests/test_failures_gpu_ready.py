@@ -5,7 +5,9 @@
 - A failed rank destroys its process group; the worker, not a ``preexec_fn``, arranges to
   die with the runner.
 - An out-of-memory in the extra traced step keeps the timed result and says why there is no
-  timeline.
+  timeline; so does any failure in a diagnostic after the timed steps, which ends the
+  diagnostics (a peer may wait for this rank in their collectives) and, past its time
+  bound, the rank.
 
 On CPU: faults come through the test-only ``PARABENCH_TEST_FAULT`` hook (``run.faults``),
 the real runs on the cpu rig's gloo groups, with tiny cases.
