@@ -1,14 +1,23 @@
-"""Joining a case's process group: its rendezvous, backend, network interface and GPU."""
+"""Joining a case's process group (its rendezvous, backend, network interface and GPU), and
+leaving it without hanging on a peer stuck in a collective."""
 
 from __future__ import annotations
 
 import datetime
 import os
 import platform
+import sys
+import threading
+import traceback
 
 import torch
+import torch.distributed as dist
 
 from bench_lib.rig import Rig
+
+SHUTDOWN_S = 10.0
+"""How long a rank waits for ``destroy_process_group`` (which can block where a peer is stuck
+in a collective) before it exits without it."""
 
 
 def init_process_group(
@@ -29,8 +38,6 @@ def init_process_group(
     this node) before joining, and passes it as ``device_id`` (NCCL binds its communicator
     eagerly).
     """
-    import torch.distributed as dist
-
     if loopback and platform.system() == "Linux":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -50,3 +57,30 @@ def init_process_group(
         timeout=timeout,
         device_id=device_id,
     )
+
+
+def destroy_process_group(code: int, timeout_s: float = SHUTDOWN_S) -> None:
+    """Destroy this rank's process group if one is up, on every path (failures included: a
+    rank that exits with an NCCL group up can block in its teardown), never raising.
+
+    ``destroy_process_group`` can itself block where a peer is stuck in a collective: after
+    ``timeout_s`` the process exits with ``code`` without it (its result is written).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+
+    def give_up() -> None:
+        print(f"destroy_process_group still blocked after {timeout_s:g} s; exiting without it",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+    timer = threading.Timer(timeout_s, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        dist.destroy_process_group()
+    except Exception:  # a group a peer's failure broke: nothing more to tear down here
+        traceback.print_exc()
+    finally:
+        timer.cancel()

@@ -4,6 +4,7 @@ and the traced step stays the first launch's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from bench_lib.rig import Rig
 from bench_lib.run import case_launch, diagnostics, runner, worker
 from bench_lib.run.coordination import Coordinator, LaunchNotice
 from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult
+from bench_lib.strategies import Trainer
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 
@@ -115,6 +117,9 @@ def test_a_later_launch_s_rank_runs_the_compute_only_steps_its_spec_asks_for(
         return 0.125
 
     monkeypatch.setattr(diagnostics, "compute_only", spy)
+    # single has no mode without communication: give it one, so that only the spec decides.
+    monkeypatch.setattr(Trainer, "without_communication",
+                        lambda self: contextlib.nullcontext())
     monkeypatch.setattr(worker, "die_with_parent", lambda pid: True)
     monkeypatch.setattr(worker, "pin_worker", lambda rig, index: None)  # the test's process
     rig = Rig("cpu", 1, 1, (0,))

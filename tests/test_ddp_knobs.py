@@ -433,10 +433,10 @@ def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path, forks):
     assert dataclasses.replace(case, ddp=DdpKnobs()).case_id == "ddp_resnet-tiny_img32_b4_s-_fp32"
 
 
-def test_compute_only_steps_time_a_quiet_step_and_give_way_on_failure():
+def test_compute_only_steps_time_a_quiet_step_and_raise_on_failure():
     """``diagnostics.compute_only``: the median of its steps where the strategy has a quiet mode,
-    None where it has none, and None (not an error that loses the timed steps) where a step
-    fails."""
+    None where it has none; a step's failure is raised, for ``diagnostics.run`` to end the
+    diagnostics with (a note: the timed steps are kept)."""
     import contextlib
     import types
 
@@ -457,7 +457,8 @@ def test_compute_only_steps_time_a_quiet_step_and_give_way_on_failure():
     seconds = diagnostics.compute_only(trainer(True), x, y, process_group=False)
     assert seconds is not None and seconds >= 0 and len(calls) == diagnostics.COMPUTE_ONLY_STEPS
     assert diagnostics.compute_only(trainer(False), x, y, process_group=False) is None
-    assert diagnostics.compute_only(trainer(True, fail=True), x, y, process_group=False) is None
+    with pytest.raises(RuntimeError, match="out of memory"):
+        diagnostics.compute_only(trainer(True, fail=True), x, y, process_group=False)
 
 
 def test_sync_batch_norm_has_no_communication_free_steps():

@@ -5,7 +5,9 @@
 - A failed rank destroys its process group; the worker, not a ``preexec_fn``, arranges to
   die with the runner.
 - An out-of-memory in the extra traced step keeps the timed result and says why there is no
-  timeline.
+  timeline; so does any failure in a diagnostic after the timed steps, which ends the
+  diagnostics (a peer may wait for this rank in their collectives) and, past its time
+  bound, the rank.
 
 On CPU: faults come through the test-only ``PARABENCH_TEST_FAULT`` hook (``run.faults``),
 the real runs on the cpu rig's gloo groups, with tiny cases.
@@ -13,10 +15,12 @@ the real runs on the cpu rig's gloo groups, with tiny cases.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,11 +31,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench_lib import process_groups
 from bench_lib.processes import forkserver, lifeline
 from bench_lib.processes.supervision import PEER_GRACE_S
-from bench_lib.run import faults, worker
+from bench_lib.run import diagnostics, faults, worker
 from bench_lib.run.case_launch import run_case
-from bench_lib.run.protocol import RankResult
+from bench_lib.run.protocol import CaseOutcome, RankResult
 from bench_lib.run.ranks import combine as combine_rank_files
 from bench_lib.run.ranks import launch_ranks
 from bench_lib.sweep.cases import new_case
@@ -112,7 +117,7 @@ def test_a_timeout_with_no_failure_written_stays_a_timeout(tmp_path):
 
 def test_a_case_stopped_in_its_traced_step_keeps_its_timed_steps(tmp_path):
     stopped = ("timeout", "case still running after 60 s; killed")
-    ranks = [ok(0, worker.TRACE_UNFINISHED), ok(1, worker.TRACE_UNFINISHED)]
+    ranks = [ok(0, "the traced step did not finish"), ok(1, "the traced step did not finish")]
     out = combine(tmp_path, ranks, [-signal.SIGKILL, -signal.SIGKILL], stopped=stopped)
     assert out.status == "ok" and out.step_times_s == [0.1, 0.2]
     assert out.timeline == [] and out.traced_step_s is None
@@ -131,6 +136,125 @@ def test_a_partial_trace_is_dropped_and_a_full_one_kept(tmp_path):
     assert out.trace_note == "" and len(out.timeline) == 2 and out.traced_step_s == 0.3
 
 
+def test_a_rank_that_lacks_a_diagnostic_costs_the_figures_that_need_every_rank(tmp_path):
+    # Rank 0 ran out of memory in its compute-only steps and exited; rank 1 was killed
+    # waiting for it in them (NCCL: the broadcast of BatchNorm buffers under no_sync).
+    failed = dataclasses.replace(ok(0, "the traced step did not run"), compute_step_s=None,
+                                 diagnostics_note="out of memory in the compute-only steps")
+    waited = dataclasses.replace(ok(1, "the traced step did not run"), compute_step_s=None,
+                                 diagnostics_note="the compute-only steps did not finish")
+    out = combine(tmp_path, [failed, waited], [3, -signal.SIGKILL])
+    assert out.status == "ok" and out.step_times_s == [0.1, 0.2]
+    assert out.diagnostics_note == (
+        "diagnostics incomplete: rank 0: out of memory in the compute-only steps; "
+        "rank 1: the compute-only steps did not finish (killed by SIGKILL)")
+    assert out.compute_step_s is None and out.kernel_names == () and out.timeline == []
+    # One rank's figure alone is not the slowest rank's: none, and no kernels of a part.
+    (tmp_path / "b").mkdir()
+    half = dataclasses.replace(ok(0), compute_step_s=0.5, kernel_names=("gemm",))
+    missed = dataclasses.replace(ok(1), diagnostics_note="the kernel-names step failed: x")
+    out = combine(tmp_path / "b", [half, missed], [0, 3])
+    assert out.compute_step_s is None and out.kernel_names == ()
+    (tmp_path / "c").mkdir()
+    full = [dataclasses.replace(ok(r), compute_step_s=0.5 + r, kernel_names=("gemm",))
+            for r in (0, 1)]
+    out = combine(tmp_path / "c", full, [0, 0])
+    assert out.diagnostics_note == "" and out.compute_step_s == 1.5
+    assert out.kernel_names == ("gemm",)
+
+
+def test_a_launchs_missing_diagnostic_is_named_in_the_cases_row():
+    plain = CaseOutcome("ok", step_times_s=[0.1], warmup_steps=1)
+    missed = dataclasses.replace(plain, diagnostics_note="diagnostics incomplete: rank 0: x")
+    both = CaseOutcome.of_launches([plain, missed])
+    assert both.diagnostics_note == "launch 2: diagnostics incomplete: rank 0: x"
+    assert CaseOutcome.of_launches([plain, plain]).diagnostics_note == ""
+
+
+# ---- the diagnostics, one after another ----------------------------------------------------
+
+
+def _timed() -> RankResult:
+    return RankResult(0, "ok", step_times_s=(0.1,), step_cpu_times_s=(0.1,), warmup_steps=1)
+
+
+def _diagnostic(what: str, ran: list[str], fail: bool = False,
+                traced: bool = False) -> diagnostics.Diagnostic:
+    def run(result: RankResult) -> RankResult:
+        ran.append(what)
+        if fail:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return dataclasses.replace(result, compute_step_s=0.5) if not traced else result
+    return diagnostics.Diagnostic(what, 1, run, traced=traced)
+
+
+def _never_give_up(result: RankResult) -> Any:
+    raise AssertionError(f"gave up: {result}")
+
+
+def test_a_failed_diagnostic_ends_the_diagnostics_with_the_timed_result_kept():
+    """A rank that fails in a diagnostic runs no other (its peers may wait for it in the
+    next one's collectives); every result written on the way names the one under way."""
+    ran: list[str] = []
+    written: list[RankResult] = []
+    plan = [_diagnostic(diagnostics.COMPUTE_ONLY, ran, fail=True),
+            _diagnostic(diagnostics.KERNELS, ran),
+            _diagnostic(diagnostics.TRACED, ran, traced=True)]
+    out = diagnostics.run(_timed(), plan, written.append, _never_give_up)
+    assert ran == [diagnostics.COMPUTE_ONLY]
+    assert out.status == "ok" and out.step_times_s == (0.1,) and out.compute_step_s is None
+    assert out.diagnostics_note == (
+        "out of memory in the compute-only steps after the timed ones: CUDA out of memory. "
+        "Tried to allocate 2 GiB; not run: the kernel-names step")
+    assert out.trace_note == "the traced step did not run"
+    assert worker.exit_code(out) == worker.EXIT_DIAGNOSTIC_FAILED
+    assert [(w.diagnostics_note, w.trace_note) for w in written] == [
+        ("the compute-only steps did not finish; not run: the kernel-names step",
+         "the traced step did not run")]
+    # All well: each written result names the next diagnostic; the last says nothing missed.
+    ran.clear()
+    written.clear()
+    plan = [_diagnostic(diagnostics.COMPUTE_ONLY, ran), _diagnostic(diagnostics.TRACED, ran,
+                                                                     traced=True)]
+    out = diagnostics.run(_timed(), plan, written.append, _never_give_up)
+    assert ran == [diagnostics.COMPUTE_ONLY, diagnostics.TRACED]
+    assert (out.compute_step_s, out.diagnostics_note, out.trace_note) == (0.5, "", "")
+    assert worker.exit_code(out) == 0
+    assert [(w.diagnostics_note, w.trace_note) for w in written] == [
+        ("the compute-only steps did not finish", "the traced step did not run"),
+        ("", "the traced step did not finish")]
+
+
+def test_a_diagnostic_past_its_bound_gives_up_with_its_note():
+    """In a process group a diagnostic that waits past its bound (a peer that hangs: NCCL
+    would wait until its watchdog) hands the rank's result to ``give_up``, which exits."""
+    released = threading.Event()
+    given: list[RankResult] = []
+
+    def hangs(result: RankResult) -> RankResult:
+        assert released.wait(10), "the bound never fired"
+        return result
+
+    def give_up(result: RankResult) -> Any:  # the worker's exits; this one lets the test end
+        given.append(result)
+        released.set()
+
+    plan = [diagnostics.Diagnostic(diagnostics.COMPUTE_ONLY, 2, hangs),
+            diagnostics.Diagnostic(diagnostics.TRACED, 1, lambda r: r, traced=True)]
+    bounds: list[int] = []
+
+    def bound_s(steps: int) -> float:
+        bounds.append(steps)
+        return 0.2
+
+    diagnostics.run(_timed(), plan, lambda r: None, give_up, bound_s=bound_s)
+    assert bounds[0] == 2  # the bound counts the diagnostic's steps
+    assert [(g.diagnostics_note, g.trace_note) for g in given] == [
+        ("the compute-only steps did not finish within 0 s", "the traced step did not run")]
+    assert diagnostics.time_bound_s(3, slowest_step_s=1.0, first_step_s=4.0) == (
+        diagnostics.SLACK_S + 4.0 + diagnostics.STEP_FACTOR * 3)
+
+
 # ---- the fault hook ------------------------------------------------------------------------
 
 
@@ -144,8 +268,14 @@ def test_oom_fault_kinds(monkeypatch):
     faults.inject_test_fault("gpipe", 1)  # strikes in the traced step only
     with pytest.raises(torch.OutOfMemoryError, match="in the traced step"):
         faults.inject_trace_fault("gpipe", 1)
+    monkeypatch.setenv(faults.TEST_FAULT_ENV, "ddp:0:diag-oom")
+    faults.inject_test_fault("ddp", 0)  # strikes in the diagnostics only
+    faults.inject_trace_fault("ddp", 0)
+    faults.inject_diagnostics_fault("ddp", 1)  # another rank: nothing
+    with pytest.raises(torch.OutOfMemoryError, match="in the diagnostics"):
+        faults.inject_diagnostics_fault("ddp", 0)
     monkeypatch.setenv(faults.TEST_FAULT_ENV, "ddp:1:nope")
-    with pytest.raises(ValueError, match="valid: .*oom.*trace-oom"):
+    with pytest.raises(ValueError, match="valid: .*oom.*trace-oom.*diag-oom.*diag-hang"):
         faults.inject_test_fault("ddp", 1)
 
 
@@ -243,7 +373,7 @@ def test_destroying_a_broken_group_never_raises(monkeypatch, solo_group):
         raise RuntimeError("NCCL communicator was aborted")
 
     monkeypatch.setattr(dist, "destroy_process_group", broken)
-    worker.destroy_process_group(worker.EXIT_FAILED)  # prints the traceback, goes on
+    process_groups.destroy_process_group(worker.EXIT_FAILED)  # prints the traceback, goes on
 
 
 def test_the_runner_passes_its_pid_and_no_preexec_fn(tmp_path, monkeypatch):
@@ -325,9 +455,13 @@ def test_a_worker_dies_when_its_runner_is_sigkilled():
                 pass
 
 
-def test_exit_codes_start_the_runners_grace_after_a_failed_traced_step():
+def test_exit_codes_start_the_runners_grace_after_a_failed_diagnostic():
     assert worker.exit_code(ok(0)) == 0
-    assert worker.exit_code(ok(0, "out of memory in the traced step")) == worker.EXIT_TRACE_FAILED
+    assert (worker.exit_code(ok(0, "out of memory in the traced step"))
+            == worker.EXIT_DIAGNOSTIC_FAILED)
+    missed = dataclasses.replace(ok(0), diagnostics_note="the compute-only steps failed: x")
+    assert worker.exit_code(missed) == worker.EXIT_DIAGNOSTIC_FAILED
     assert worker.exit_code(RankResult(0, "oom", "x")) == worker.EXIT_FAILED
-    assert worker.EXIT_TRACE_FAILED != 0  # supervision.supervise: a nonzero exit starts the grace
+    # supervision.supervise: a nonzero exit starts the grace
+    assert worker.EXIT_DIAGNOSTIC_FAILED != 0
     assert PEER_GRACE_S < TIMEOUT_S

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
 
 import torch
 
@@ -64,9 +65,22 @@ def test_a_failed_kernel_step_costs_only_the_names(monkeypatch, capsys):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED\nmore")
 
     monkeypatch.setattr(diagnostics, "kernel_names", broken)
-    assert diagnostics.kernels(FakeTrainer("cuda:0"), None, None, False) == ()
-    assert "kernel-names step failed (RuntimeError: CUPTI_ERROR_NOT_INITIALIZED)" in \
-        capsys.readouterr().err
+    trainer = FakeTrainer("cuda:0")
+    plan = diagnostics.schedule(trainer, None, None, False, compute=False, optimizer=False,
+                                stages=[], slot_labels=["cuda:0"])
+    assert [d.what for d in plan] == [diagnostics.KERNELS]
+    timed = RankResult(0, "ok", step_times_s=(0.1,), step_cpu_times_s=(0.1,), warmup_steps=1)
+    written: list[RankResult] = []
+    out = diagnostics.run(timed, plan, write=written.append, give_up=_no_give_up)
+    assert out.status == "ok" and out.step_times_s == (0.1,) and out.kernel_names == ()
+    assert out.diagnostics_note == ("the kernel-names step failed: RuntimeError: "
+                                    "CUPTI_ERROR_NOT_INITIALIZED")
+    assert [w.diagnostics_note for w in written] == ["the kernel-names step did not finish"]
+    assert "CUPTI_ERROR_NOT_INITIALIZED" in capsys.readouterr().err  # the traceback
+
+
+def _no_give_up(result: RankResult) -> NoReturn:
+    raise AssertionError(f"gave up: {result}")
 
 
 def test_a_launchs_kernels_are_every_ranks(tmp_path: Path):

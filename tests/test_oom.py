@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -96,9 +96,20 @@ def test_the_traced_steps_note_names_an_oom_however_it_came(e, oom):
         raise e
 
     trainer = SimpleNamespace(step=lambda x, y: step(), devices=[torch.device("cpu")])
-    traced, note = diagnostics.trace(trainer, None, None, [], ["cpu:0"], process_group=False)
-    assert traced is None
-    assert note.startswith("out of memory in the traced step") == oom, note
+
+    def traced(result: RankResult) -> RankResult:
+        diagnostics.trace(trainer, None, None, [], ["cpu:0"], process_group=False)
+        return result
+
+    plan = [diagnostics.Diagnostic(diagnostics.TRACED, 1, traced, traced=True)]
+    timed = RankResult(0, "ok", step_times_s=(0.1,), step_cpu_times_s=(0.1,), warmup_steps=1)
+    out = diagnostics.run(timed, plan, write=lambda r: None, give_up=_no_give_up)
+    assert out.timeline == () and out.diagnostics_note == ""
+    assert out.trace_note.startswith("out of memory in the traced step") == oom, out.trace_note
+
+
+def _no_give_up(result: RankResult) -> NoReturn:
+    raise AssertionError(f"gave up: {result}")
 
 
 def test_a_rank_aborted_by_nccls_watchdog_on_an_oom_is_an_oom(tmp_path: Path):

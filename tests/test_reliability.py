@@ -131,6 +131,38 @@ def test_hung_rank_times_out_and_its_whole_group_is_killed_and_ranks_listen_on_l
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("fault,rank,missing", [
+    # Rank 1 blocks as its diagnostics start, as a rank waiting in an NCCL collective for a
+    # peer does: both ranks give up at the diagnostic's time bound.
+    ("ddp:1:diag-hang", 1, "rank 1: the compute-only steps did not finish within"),
+    # Rank 0 runs out of memory there and exits; its peer, left in the compute-only steps'
+    # collectives (no_sync still broadcasts BatchNorm buffers), fails there on gloo, and
+    # would be stopped after the runner's grace period on NCCL.
+    ("ddp:0:diag-oom", 0, "rank 0: out of memory in the compute-only steps after the timed "
+                          "ones: PARABENCH_TEST_FAULT: simulated out of memory"),
+], ids=["hang", "oom"])
+@pytest.mark.integration
+def test_a_rank_that_fails_in_its_diagnostics_keeps_the_case_and_its_steps(
+        tmp_path, fault, rank, missing):
+    began = time.monotonic()
+    code, _, err = finish(start(tmp_path, "--strategies", "ddp", fault=fault))
+    wall = time.monotonic() - began
+    run_dir = only_run_dir(tmp_path)
+    assert code == 0, err
+    cases = pd.read_csv(run_dir / "cases.csv", keep_default_na=False).set_index("strategy")
+    assert cases.loc["ddp", "status"] == "ok", cases.loc["ddp", "reason"]
+    assert cases.loc["ddp", "timed_steps"] == 2 and cases.loc["ddp", "step_time_s_median"] > 0
+    assert "diagnostics incomplete: " in cases.loc["ddp", "note"]
+    assert missing in cases.loc["ddp", "note"], cases.loc["ddp", "note"]
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert set(steps["rank"]) == {0, 1} and (steps["step_time_s"] > 0).all()
+    assert not workers_of(run_dir), "no process of the case may be left behind"
+    # Ended by the diagnostic's bound or the peer's failure, not by the process group's
+    # timeout (120 s), which waiting in the collective would have reached.
+    assert wall < 90, wall
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.integration
 def test_memory_cap_turns_a_runaway_case_into_an_oom_row(tmp_path):
     code, _, err = finish(start(tmp_path, "--strategies", "single,mp",

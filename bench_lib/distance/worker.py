@@ -43,13 +43,12 @@ from bench_lib.math_modes import set_math_mode
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory
 from bench_lib.measure.timing import measure_steps
 from bench_lib.pinning import pin_worker
-from bench_lib.process_groups import init_process_group
+from bench_lib.process_groups import destroy_process_group, init_process_group
 from bench_lib.results.store import write_json_atomic
 from bench_lib.run.protocol import RankResult, baseline_path
 from bench_lib.run.worker import (
     EXIT_FAILED,
     PROCESS_GROUP_TIMEOUT_S,
-    destroy_process_group,
     result_path,
 )
 

@@ -239,7 +239,7 @@ def _time_ops(rig: Rig, rank: int, sizes_bytes: Sequence[int],
 def main(argv: list[str]) -> int:
     """One rank of the micro-benchmark (``measure`` starts them); rank 0 writes the result."""
     from bench_lib.pinning import pin_worker
-    from bench_lib.process_groups import init_process_group
+    from bench_lib.process_groups import destroy_process_group, init_process_group
 
     rig, rank, folder = Rig.from_dict(json.loads(argv[0])), int(argv[1]), Path(argv[2])
     world = rig.num_devices
@@ -248,16 +248,18 @@ def main(argv: list[str]) -> int:
              for s in argv[3].split(",")]
     pin_worker(rig, rank)
     init_process_group(rig, rank, world, str(folder / "rendezvous"), TIMEOUT_S)
-    import torch.distributed as dist
-
+    code = 1
     try:
         times = _time_ops(rig, rank, sizes, int(argv[4]))
+        if rank == 0:
+            tmp = folder / "result.json.tmp"
+            tmp.write_text(json.dumps({"sizes_bytes": sizes, "times_s": times}))
+            tmp.rename(folder / "result.json")
+        code = 0
     finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        tmp = folder / "result.json.tmp"
-        tmp.write_text(json.dumps({"sizes_bytes": sizes, "times_s": times}))
-        tmp.rename(folder / "result.json")
+        # A failed rank runs no other collective and leaves the group without waiting on a
+        # peer stuck in one (NCCL); its nonzero exit makes ``measure`` stop the others.
+        destroy_process_group(code)
     return 0
 
 

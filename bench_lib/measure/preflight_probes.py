@@ -241,7 +241,7 @@ def _rank(argv: Sequence[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from bench_lib.process_groups import init_process_group
+    from bench_lib.process_groups import destroy_process_group, init_process_group
     from bench_lib.rig import synchronize
 
     rig = Rig.from_dict(json.loads(argv[0]))
@@ -263,13 +263,16 @@ def _rank(argv: Sequence[str]) -> int:
                                       for i in range(gpus) for j in range(gpus) if i != j}
             except Exception as e:  # not the all-reduce's failure: no peer figure, and why
                 out["peer_access_error"] = f"{type(e).__name__}: {e}"
-        dist.destroy_process_group()
-    except Exception as e:
+    except Exception as e:  # no collective follows: the result, then the group left
         out |= {"ok": False, "error": f"{type(e).__name__}: {e}"}
     from bench_lib.results.store import write_json_atomic
 
     write_json_atomic(result_path, out)
-    return 0 if out["ok"] else 1
+    code = 0 if out["ok"] else 1
+    # Not waited for past its bound: a failed rank's peers may be stuck in the all-reduce
+    # (NCCL); its exit starts the parent's grace for them (``_wait``).
+    destroy_process_group(code)
+    return code
 
 
 if __name__ == "__main__":

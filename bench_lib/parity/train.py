@@ -51,7 +51,7 @@ from bench_lib import strategies
 from bench_lib.math_modes import DEFAULT_MATH_MODE, set_math_mode
 from bench_lib.parity.data import Split, dataset, loader, parity_workload
 from bench_lib.pinning import pin_worker
-from bench_lib.process_groups import init_process_group
+from bench_lib.process_groups import destroy_process_group, init_process_group
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.strategies import BuildContext, Microbatching, Trainer
@@ -277,8 +277,9 @@ def main(argv: list[str]) -> int:
                           {"error": f"{type(e).__name__}: {e}"[:500]})
         code = 1
     finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        # Not waited for past its bound (a failed rank's peers may be stuck in a collective:
+        # NCCL): its nonzero exit makes the launch stop them (``parity.launch``).
+        destroy_process_group(code)
     return code
 
 

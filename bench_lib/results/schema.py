@@ -222,7 +222,10 @@ CASES = _cols(
                   "applications_clocks_setting (power cap, thermal, sync boost...) held in "
                   "over 10% of its samples in the timed windows, e.g. 'GPU 1 25% "
                   "(sw_power_cap 25%, sync_boost 10%)' (measure.throttling)", False, True),
-    ("note", "how to read this strategy's numbers on this rig"),
+    ("note", "how to read this strategy's numbers on this rig; for an ok case, why it has "
+             "no timeline ('no timeline: rank 1: out of memory in the traced step ...') or "
+             "lacks a diagnostic after the timed steps ('diagnostics incomplete: rank 0: the "
+             "compute-only steps did not finish ...'; its timed steps are kept)"),
     ("stop_reason", "what ended timing: ci_target, time_cap, step_cap, or min_time (one of "
                     "ci_target or step_cap came first and the minimum timed duration, "
                     "min_time_s, held the launch on until it) (each launch's, in round "

@@ -53,13 +53,12 @@ from bench_lib.measure.calibration_timing import (
     timed,
 )
 from bench_lib.pinning import pin_worker
-from bench_lib.process_groups import init_process_group
+from bench_lib.process_groups import destroy_process_group, init_process_group
 from bench_lib.results.store import write_json_atomic
 from bench_lib.run.calibration import CalibrationSpec, result_file
 from bench_lib.run.worker import (
     EXIT_FAILED,
     PROCESS_GROUP_TIMEOUT_S,
-    destroy_process_group,
     init_cuda,
 )
 from bench_lib.strategies import BuildContext, Trainer

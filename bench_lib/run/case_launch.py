@@ -93,7 +93,8 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     # Every rank has been reaped (supervise waits for them; under torchrun the agent reaped
     # its ranks and we the agent): their CPU is in our children's, or the server's count.
     outcome.machine_load = machine_load(cpu_start, snapshot())
-    if outcome.status == "ok" and not outcome.trace_note:  # else keep worker.log: why
+    # A failed case, or one that lacks a timeline or a diagnostic, keeps worker.log: why.
+    if outcome.status == "ok" and not (outcome.trace_note or outcome.diagnostics_note):
         shutil.rmtree(case_dir, ignore_errors=True)
     end = time.monotonic()
     outcome.wall_time_s = end - start

@@ -7,8 +7,11 @@ measurement.
   misbehave just before timing: ``sigkill`` (dies at once), ``hang`` (sleeps forever, so its
   peers block in a collective), ``alloc`` (keeps allocating resident memory), ``oom`` (raises
   ``torch.OutOfMemoryError``, as a GPU that runs out of memory does, while its peers wait for
-  it in a collective); or in the extra traced step after the timed ones: ``trace-oom``
-  (raises ``torch.OutOfMemoryError`` as that step starts; the timed steps are kept).
+  it in a collective); in the extra traced step after the timed ones: ``trace-oom``
+  (raises ``torch.OutOfMemoryError`` as that step starts; the timed steps are kept); or as
+  the diagnostics after the timed steps start (``run.diagnostics``: in the first one the
+  rank runs): ``diag-oom`` (raises ``torch.OutOfMemoryError``), ``diag-hang`` (sleeps
+  forever, as a rank waiting in an NCCL collective for a peer that will not come does).
 * ``PARABENCH_INJECT_SLOWDOWN=0.15`` makes every timed step do 15% more work, to demonstrate
   the regression gate (benchmarks/regression_gate.py).
 
@@ -29,9 +32,9 @@ import torch
 from bench_lib.fault_hooks import INJECT_SLOWDOWN_ENV, TEST_FAULT_ENV
 from bench_lib.rig import synchronize
 
-__all__ = ["INJECT_SLOWDOWN_ENV", "TEST_FAULT_ENV", "inject_test_fault", "inject_trace_fault",
-           "with_injected_slowdown"]
-FAULT_KINDS = ("sigkill", "hang", "alloc", "oom", "trace-oom")
+__all__ = ["INJECT_SLOWDOWN_ENV", "TEST_FAULT_ENV", "inject_diagnostics_fault",
+           "inject_test_fault", "inject_trace_fault", "with_injected_slowdown"]
+FAULT_KINDS = ("sigkill", "hang", "alloc", "oom", "trace-oom", "diag-oom", "diag-hang")
 MIB = 2**20
 
 
@@ -54,7 +57,8 @@ def _simulated_oom(where: str) -> torch.OutOfMemoryError:
 
 def inject_test_fault(strategy: str, rank: int) -> None:
     """Misbehave as ``PARABENCH_TEST_FAULT`` says, if it names this strategy and rank
-    (the kinds that strike before timing; ``inject_trace_fault`` for the traced step)."""
+    (the kinds that strike before timing; ``inject_trace_fault`` for the traced step,
+    ``inject_diagnostics_fault`` for the diagnostics)."""
     kind = _fault_kind(strategy, rank)
     if kind == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -75,6 +79,18 @@ def inject_trace_fault(strategy: str, rank: int) -> None:
     ``PARABENCH_TEST_FAULT`` says ``trace-oom`` for this strategy and rank."""
     if _fault_kind(strategy, rank) == "trace-oom":
         raise _simulated_oom("in the traced step")
+
+
+def inject_diagnostics_fault(strategy: str, rank: int) -> None:
+    """As the diagnostics start: raise ``torch.OutOfMemoryError`` (``diag-oom``) or block
+    forever (``diag-hang``) where ``PARABENCH_TEST_FAULT`` says so for this strategy and
+    rank."""
+    kind = _fault_kind(strategy, rank)
+    if kind == "diag-oom":
+        raise _simulated_oom("in the diagnostics")
+    if kind == "diag-hang":
+        while True:
+            time.sleep(1)
 
 
 def with_injected_slowdown(step: Callable[[], None],

@@ -84,8 +84,10 @@ def _follow_launch(case: Case, rig: Rig, launcher: Launcher, follower: Follower,
                         {rank: path.read_text() for rank, path in files.items()},
                         part.exits.exit_codes, part.exits.exited_at, part.stopped,
                         log_tail(log_path))
+    results = [RankResult.read(p) for p in files.values()]
     fine = (part.stopped is None and len(files) == case.world_size // launcher.nnodes
-            and all(RankResult.read(p).status == "ok" for p in files.values()))
-    if fine:
-        shutil.rmtree(case_dir, ignore_errors=True)  # else keep worker.log: why
+            and all(r.status == "ok" and not (r.trace_note or r.diagnostics_note)
+                    for r in results))
+    if fine:  # else keep worker.log: why (a failure, a missing timeline or diagnostic)
+        shutil.rmtree(case_dir, ignore_errors=True)
     return report

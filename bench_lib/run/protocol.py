@@ -171,8 +171,15 @@ class RankResult:
     trace_note: str = ""
     """Why an ``ok`` rank has no timeline though it timed fine: its traced step failed (e.g.
     out of memory), or did not finish (the rank writes its timed result before tracing, with
-    this saying so, and rewrites it once the traced step is done). Empty: traced, or no
-    trace was asked for."""
+    this saying so, and rewrites it once the traced step is done), or did not run (an
+    earlier diagnostic failed). Empty: traced, or no trace was asked for."""
+    diagnostics_note: str = ""
+    """Why an ``ok`` rank lacks a diagnostic other than the traced step (``run.diagnostics``:
+    the compute-only steps, the optimizer steps, the kernel-names step): it failed (e.g.
+    ``out of memory in the compute-only steps after the timed ones: ...``), ran past its
+    time bound, or did not finish (the rank writes its timed result before its diagnostics,
+    with this naming the one under way, and rewrites it as they go); and those it did not
+    run after it. Empty: every diagnostic asked for ran."""
     kernel_names: tuple[str, ...] = ()
     """cuda rigs: the sorted names of the CUDA kernels one step after the timed ones ran
     (``measure.kernels``: cuDNN's benchmark mode picks per process); empty elsewhere."""
@@ -277,6 +284,12 @@ class CaseOutcome:
     """Why an ``ok`` case has no timeline although it timed fine: each rank's traced step
     that failed or did not finish, e.g. ``rank 1: out of memory in the traced step ...``
     (the timed steps are kept; a partial timeline is dropped). Empty otherwise."""
+    diagnostics_note: str = ""
+    """Why an ``ok`` case lacks a diagnostic (``RankResult.diagnostics_note``), each rank's,
+    e.g. ``diagnostics incomplete: rank 0: out of memory in the compute-only steps ...;
+    rank 1: the compute-only steps did not finish (killed by SIGKILL)``: the figures that
+    need every rank's (``compute_step_s``, ``kernel_names``) are left out; over launches,
+    each launch's that has one. Empty otherwise."""
     kernel_names: tuple[str, ...] = ()
     """One launch's CUDA kernels, every rank's (``RankResult.kernel_names``); an outcome
     that combines launches leaves it empty and each of its ``launches`` keeps its own."""
@@ -357,7 +370,10 @@ class CaseOutcome:
             timeline=first.timeline, traced_step_s=first.traced_step_s,
             compute_step_s=_median([o.compute_step_s for o in launches]),
             optimizer_step_s=_median([o.optimizer_step_s for o in launches]),
-            trace_note=first.trace_note, samples=samples,
+            trace_note=first.trace_note,
+            diagnostics_note="; ".join(f"launch {k + 1}: {o.diagnostics_note}"
+                                       for k, o in enumerate(launches) if o.diagnostics_note),
+            samples=samples,
             sampler_note="; ".join(dict.fromkeys(o.sampler_note for o in launches
                                                  if o.sampler_note)),
             wall_time_s=wall,

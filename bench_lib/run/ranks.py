@@ -147,7 +147,9 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
        written its timed result: that status and reason.
     3. A rank has no result: ``error`` (``oom`` where the log's tail says so).
     4. ``ok``. A rank whose traced step failed, or did not finish (it was stopped in it),
-       leaves the case without a timeline, and ``trace_note`` says why.
+       leaves the case without a timeline, and ``trace_note`` says why; a rank that lacks
+       another diagnostic leaves out the figures that need every rank's (the compute-only
+       step, the kernels), and ``diagnostics_note`` says why.
 
     ``procs``: one per rank, only their exit codes are read (None: not known).
 
@@ -198,6 +200,11 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
     if notes and stopped is not None:
         notes.insert(0, stopped[1])
     trace_note = "no timeline: " + "; ".join(notes) if notes else ""
+    missed = [f"rank {rank}: {res.diagnostics_note}{killed(rank)}"
+              for rank, res in results.items() if res.diagnostics_note]
+    if missed and stopped is not None and not notes:
+        missed.insert(0, stopped[1])
+    computed = [res.compute_step_s for res in results.values()]
     per_rank = {r: list(res.step_times_s) for r, res in results.items()}
     windows = [res.timed_window_unix_s for res in results.values() if res.timed_window_unix_s]
     sources = {res.peak_mem_source for res in results.values()}
@@ -226,10 +233,14 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
                                          for e in res.timeline]),
         traced_step_s=None if notes else max((res.traced_step_s for res in results.values()
                                               if res.traced_step_s is not None), default=None),
-        compute_step_s=max((res.compute_step_s for res in results.values()
-                            if res.compute_step_s is not None), default=None),
+        # The slowest rank's, where every rank measured it (a rank without it may be the
+        # slowest).
+        compute_step_s=(None if None in computed
+                        else max(c for c in computed if c is not None)),
         optimizer_step_s=max((res.optimizer_step_s for res in results.values()
                               if res.optimizer_step_s is not None), default=None),
         trace_note=trace_note,
-        kernel_names=tuple(sorted({k for res in results.values() for k in res.kernel_names})),
+        diagnostics_note="diagnostics incomplete: " + "; ".join(missed) if missed else "",
+        kernel_names=() if missed else tuple(sorted({k for res in results.values()
+                                                     for k in res.kernel_names})),
     )

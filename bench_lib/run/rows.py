@@ -48,8 +48,10 @@ def case_row(case: Case, rig: Rig, outcome: CaseOutcome,
         "reason": outcome.reason,
         # The warm-up steps run (the profile's warmup_steps is the minimum); empty untimed.
         "warmup_steps": "" if outcome.warmup_steps is None else outcome.warmup_steps,
-        # How to read the strategy here, and why an ok case has no timeline.
-        "note": "; ".join(filter(None, [case.note, outcome.trace_note])),
+        # How to read the strategy here, and why an ok case has no timeline or lacks a
+        # diagnostic.
+        "note": "; ".join(filter(None, [case.note, outcome.trace_note,
+                                        outcome.diagnostics_note])),
         # The cut actually used (with its block indices) once run; the asked-for method before.
         "partition": outcome.partition or case.partition or "",
         "channels_last": int(case.channels_last),

@@ -9,31 +9,34 @@ store torchrun's rendezvous set up), and the device is the local rank's.
 
 Builds the workload, applies the strategy, measures its steps (``measure.timing``), reads
 peak memory (after warm-up, net of the process's footprint before the model was built:
-``measure.memory``), runs its diagnostics (``run.diagnostics``: compute-only steps, the
-kernels, a traced step where the strategy has stages), and writes its ``RankResult`` as
-``rank<RANK>.json`` next to the spec. Any failure becomes a result with a
-status (and the time it was caught, so the runner can blame the rank that failed first);
-the runner turns a missing file into an ``error``.
+``measure.memory``), writes its timed ``RankResult`` as ``rank<RANK>.json`` next to the spec,
+then runs its diagnostics (``run.diagnostics``: compute-only steps, the optimizer steps, the
+kernels, a traced step where the strategy has stages) and rewrites it with them. Any failure
+before that becomes a result with a status (and the time it was caught, so the runner can
+blame the rank that failed first); the runner turns a missing file into an ``error``.
 
 Around that:
 
 - First, before importing torch, the worker asks to be killed when its parent dies: the
   runner, or torchrun's agent, itself tied to the runner (``run.agent``); the parent's pid
   closes the race where it died before the worker asked.
-- A rank with a traced step to run writes its timed result before that step (with a
-  ``trace_note`` that the step did not finish), so a rank killed in it keeps its timing;
-  a traced step that fails (out of memory, or a peer's failure surfacing as a
-  communication error) keeps the timed result and says why there is no timeline.
+- The timed result is on disk before any diagnostic, rewritten before each with a note that
+  names it (``diagnostics_note``, or ``trace_note`` for the traced step), so a rank killed in
+  one keeps its timing. A diagnostic that fails (out of memory, or a peer's failure
+  surfacing as a communication error), or in a process group runs past its time bound (a
+  peer that hangs), keeps the timed result, says why, and ends the diagnostics: its peers
+  may wait for this rank in a collective, so it exits nonzero (past the bound, at once,
+  from the timer) and the runner stops them.
 - On every path, failures included, the result file is written first (so the runner sees it
   early), then the process group is destroyed if one is up (never raising, and not waited
-  for past ``PROCESS_GROUP_SHUTDOWN_S``).
+  for past ``process_groups.SHUTDOWN_S``).
 
 Exit codes: 0 ok; 1 (``EXIT_FAILED``) the rank failed (its result says why); 3
-(``EXIT_TRACE_FAILED``) timed fine but the traced step failed, so its peers may be stuck in
-that step: a nonzero code starts the runner's grace period for them
-(``processes.supervision.PEER_GRACE_S``); 4 (``EXIT_ORPHANED``) the runner was gone before
-the worker started. (Under torchrun any nonzero code makes the agent stop the other ranks at
-once.)
+(``EXIT_DIAGNOSTIC_FAILED``) timed fine but a diagnostic failed, ran past its bound or was
+not run, so its peers may be stuck in one: a nonzero code starts the runner's grace period
+for them (``processes.supervision.PEER_GRACE_S``); 4 (``EXIT_ORPHANED``) the runner was gone
+before the worker started. (Under torchrun any nonzero code makes the agent stop the other
+ranks at once.)
 """
 
 from __future__ import annotations
@@ -46,11 +49,11 @@ import functools
 import gc
 import os
 import sys
-import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 # torch-free, imported before torch (see above)
 from bench_lib.processes.lifeline import (
@@ -63,7 +66,7 @@ from bench_lib.processes.lifeline import (
 from bench_lib.run.agent import RANK_FROM_ENV
 
 EXIT_FAILED = 1
-EXIT_TRACE_FAILED = 3
+EXIT_DIAGNOSTIC_FAILED = 3
 
 
 def _runner_pid(argv: list[str]) -> int | None:
@@ -76,14 +79,13 @@ if __name__ == "__main__":
     exit_if_orphaned(_runner_pid(sys.argv[1:]))
 
 import torch
-import torch.distributed as dist
 
 from bench_lib import strategies
 from bench_lib.math_modes import set_math_mode
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory, peak_reserved_mib
 from bench_lib.measure.timing import measure_steps
 from bench_lib.pinning import pin_worker
-from bench_lib.process_groups import init_process_group
+from bench_lib.process_groups import destroy_process_group, init_process_group
 from bench_lib.results.store import write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.run import diagnostics, faults
@@ -94,11 +96,6 @@ from bench_lib.sweep.cases import Case
 from bench_lib.workloads import Workload
 
 PROCESS_GROUP_TIMEOUT_S = 120.0
-PROCESS_GROUP_SHUTDOWN_S = 10.0
-"""How long a rank waits for ``destroy_process_group`` (which can block where a peer is stuck
-in a collective) before it exits without it."""
-TRACE_UNFINISHED = "the traced step did not finish"
-"""The ``trace_note`` of the timed result a rank writes before its traced step."""
 
 
 def result_path(workdir: Path, rank: int) -> Path:
@@ -149,13 +146,15 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
              compute_only: bool = True) -> RankResult:
     """Measure this rank's part of one launch of the case (``trace``: then time single's
     optimizer step alone and trace a step; ``compute_only``: time a few steps with no
-    collective where the strategy has them, ``CaseSpec.compute_only``;
+    gradient all-reduce where the strategy has them, ``CaseSpec.compute_only``;
     ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``; ``place``:
     where torchrun put this rank, default the local launcher's: rank = device slot;
     ``warmup_steps``: a fixed warm-up, ``CaseSpec.warmup_steps``; ``stamps``: receives the
     launch's named points as it passes them, ``launch_parts``).
 
-    Leaves the process group (if any) up: ``main`` destroys it once the result is written.
+    Writes the timed result before the diagnostics and as they go (``diagnostics.run``);
+    leaves the process group (if any) up: ``main`` destroys it once the final result is
+    written. A diagnostic past its time bound ends the process here (``_give_up``).
     """
     place = place or RankPlace(rank, rank)
     stamps = {} if stamps is None else stamps
@@ -204,14 +203,6 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     stamp(stamps, "diagnostics_start")  # everything after the timed steps, to the result
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where
-    # Diagnostics after the timed steps. The compute-only steps run in every launch of a
-    # run (not tune's short ones): one launch's few steps can fall on a busy moment, and
-    # the case's figure is their median over launches. The rest: the launch that traces.
-    compute_s = (diagnostics.compute_only(trainer, x, y, case.process_group)
-                 if compute_only else None)
-    optimizer_s = (diagnostics.optimizer_only(trainer)
-                   if trace and case.strategy == "single" else None)
-    kernels = diagnostics.kernels(trainer, x, y, case.process_group)  # every launch, cuda rigs only
     result = RankResult(
         rank, "ok", step_times_s=tuple(timed.times_s),
         step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
@@ -221,24 +212,41 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
         peak_mem_net_mib=peaks.net_mib, peak_mem_source=peaks.source,
         peak_mem_reserved_mib=reserved,
         partition=partition.label if partition is not None else "",
-        compute_step_s=compute_s, optimizer_step_s=optimizer_s, kernel_names=kernels,
     )
-    stages = trainer.timeline_stages() if trace else []
-    if not stages:
-        return result
-    # The timed result first: a rank killed in the traced step (a peer failed in it and left
-    # this one waiting) keeps its timing. main rewrites it once the step is done.
-    dataclasses.replace(result, trace_note=TRACE_UNFINISHED,
-                        stamps_s=dict(stamps)).write(result_path(workdir, rank))
-    slots = [place.slot_label(rig.kind, i) for i in indices]
-    traced, note = diagnostics.trace(
-        trainer, x, y, stages, slots, case.process_group,
-        fault=functools.partial(faults.inject_trace_fault, case.strategy, rank),
-        rebase=place.node is not None)
-    if traced is None:
-        return dataclasses.replace(result, trace_note=note)
-    return dataclasses.replace(result, timeline=tuple(traced.events),
-                               traced_step_s=traced.step_s)
+    # The compute-only steps run in every launch of a run (not tune's short ones): one
+    # launch's few steps can fall on a busy moment, and the case's figure is their median
+    # over launches. The kernels: every launch, cuda rigs only. The rest: the launch that
+    # traces.
+    plan = diagnostics.schedule(
+        trainer, x, y, case.process_group, compute=compute_only,
+        optimizer=trace and case.strategy == "single",
+        stages=trainer.timeline_stages() if trace else [],
+        slot_labels=[place.slot_label(rig.kind, i) for i in indices],
+        rebase=place.node is not None,
+        trace_fault=functools.partial(faults.inject_trace_fault, case.strategy, rank))
+    path = result_path(workdir, rank)
+    slowest = max(timed.times_s, default=0.0)
+    return diagnostics.run(
+        result, plan, write=lambda r: dataclasses.replace(r, stamps_s=dict(stamps)).write(path),
+        give_up=functools.partial(_give_up, path, stamps),
+        bound_s=(functools.partial(diagnostics.time_bound_s, slowest_step_s=slowest,
+                                   first_step_s=timed.warmup_first_step_s)
+                 if case.process_group else None),
+        fault=functools.partial(faults.inject_diagnostics_fault, case.strategy, rank))
+
+
+def _give_up(path: Path, stamps: Stamps, result: RankResult) -> NoReturn:
+    """Called from ``diagnostics.run``'s timer where a diagnostic ran past its bound (a peer
+    hung, or left this rank waiting in a collective it will not join): write ``result``
+    (its note says which) and exit at once with ``EXIT_DIAGNOSTIC_FAILED``, the process group
+    left as it is (destroying it could block on the same peer); the runner stops the peers
+    after its grace period."""
+    stamp(stamps, DONE)
+    dataclasses.replace(result, stamps_s=dict(stamps)).write(path)
+    print(f"rank {result.rank}: {result.diagnostics_note or result.trace_note}; exiting",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_DIAGNOSTIC_FAILED)
 
 
 def init_cuda(devices: Sequence[torch.device]) -> None:
@@ -282,38 +290,11 @@ def _build(case: Case, rank: int, devices: list[torch.device],
 
 
 
-def destroy_process_group(code: int, timeout_s: float = PROCESS_GROUP_SHUTDOWN_S) -> None:
-    """Destroy this rank's process group if one is up, on every path (failures included: a
-    rank that exits with an NCCL group up can block in its teardown), never raising.
-
-    ``destroy_process_group`` can itself block where a peer is stuck in a collective: after
-    ``timeout_s`` the process exits with ``code`` without it (its result is written).
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-
-    def give_up() -> None:
-        print(f"destroy_process_group still blocked after {timeout_s:g} s; exiting without it",
-              file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)
-
-    timer = threading.Timer(timeout_s, give_up)
-    timer.daemon = True
-    timer.start()
-    try:
-        dist.destroy_process_group()
-    except Exception:  # a group a peer's failure broke: nothing more to tear down here
-        traceback.print_exc()
-    finally:
-        timer.cancel()
-
-
 def exit_code(result: RankResult) -> int:
     """The worker's exit code for its final result (module docstring)."""
     if result.status != "ok":
         return EXIT_FAILED
-    return EXIT_TRACE_FAILED if result.trace_note else 0
+    return EXIT_DIAGNOSTIC_FAILED if result.trace_note or result.diagnostics_note else 0
 
 
 def main(argv: list[str]) -> int:

@@ -163,8 +163,9 @@ class Trainer:
         self.optimizer.step()
 
     def without_communication(self) -> contextlib.AbstractContextManager[Any] | None:
-        """A context in which ``step`` runs this process's compute and no collective (DDP's
-        ``no_sync``), or None where the strategy has no such mode. The worker times a few
+        """A context in which ``step`` runs this process's compute and no gradient
+        collective (DDP's ``no_sync``; small ones may remain: its buffer broadcast), or None
+        where the strategy has no such mode. The worker times a few
         steps in it after the timed ones: the compute part of a data-parallel case's bound
         (``run.case_bound``)."""
         return None

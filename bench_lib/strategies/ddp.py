@@ -151,9 +151,11 @@ class DdpTrainer(Trainer):
 
     def without_communication(self) -> contextlib.AbstractContextManager[Any] | None:
         """DDP's ``no_sync``: the reducer's hooks run but no bucket is all-reduced (nor
-        hooked); gradients stay local. None with SyncBatchNorm: its forward all-gathers
-        every layer's statistics whatever ``no_sync`` says, so those steps would still
-        communicate (and a rank failing in them would block its peers)."""
+        hooked); gradients stay local. Not free of collectives: each forward still
+        broadcasts the BatchNorm buffers from rank 0 (``broadcast_buffers``, on), a small
+        part of the step but one a failed peer leaves this rank waiting in
+        (``run.diagnostics``). None with SyncBatchNorm: its forward all-gathers every
+        layer's statistics whatever ``no_sync`` says, a large part of the step."""
         if any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules()):
             return None
         assert isinstance(self.module, DistributedDataParallel)
