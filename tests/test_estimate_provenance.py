@@ -78,7 +78,7 @@ def test_the_range_rule_each_term_of_another_machine_halved_and_doubled_nccl_fro
     assert (low.process_group_s, high.process_group_s) == (1.0, CUDA.process_group_s)
     assert (low.run_s, high.collectives_s) == (CUDA.run_s / 2, CUDA.collectives_s * 2)
     # A term measured here is not ranged.
-    here = fixed_costs.dataclasses.replace(CUDA, here={"launch_s": "this box's run r"})
+    here = CUDA.with_terms({}, here={"launch_s": "this box's run r"})
     assert here.bounds("cuda")[0].launch_s == here.bounds("cuda")[1].launch_s == CUDA.launch_s
     assert "launch_s" not in here.elsewhere and here.provenance("launch_s") == "this box's run r"
 

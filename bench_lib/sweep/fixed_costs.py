@@ -74,13 +74,19 @@ class FixedCosts:
     def bounds(self, kind: str) -> tuple[FixedCosts, FixedCosts]:
         """The low and high ends of the terms measured elsewhere (``ELSEWHERE_RANGES_S``,
         else ``ELSEWHERE_FACTORS``); this machine's own stay as they are."""
-        low, high = {}, {}
+        low: dict[str, Any] = {}
+        high: dict[str, Any] = {}
         for term in self.elsewhere:
             value = float(getattr(self, term))
             lo_f, hi_f = ELSEWHERE_FACTORS
             low[term], high[term], _ = ELSEWHERE_RANGES_S.get(kind, {}).get(
                 term, (value * lo_f, value * hi_f, ""))
-        return dataclasses.replace(self, **low), dataclasses.replace(self, **high)
+        return self.with_terms(low), self.with_terms(high)
+
+    def with_terms(self, values: Mapping[str, float], **other: Any) -> FixedCosts:
+        """These terms with ``values`` (by field name) in place, and ``other`` fields."""
+        fields: dict[str, Any] = {**values, **other}
+        return dataclasses.replace(self, **fields)
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,7 @@ def implied_range(terms: FixedCosts, kind: str,
     low, high = terms.bounds(kind)
     whole = total(terms)
     applied = tuple(k for k in terms.elsewhere if getattr(terms, k)
-                    and total(dataclasses.replace(terms, **{k: 0.0})) != whole)
+                    and total(terms.with_terms({k: 0.0})) != whole)
     return ImpliedRange(total(low), total(high), applied)
 
 
@@ -234,8 +240,7 @@ def this_box(results: Path, kind: str, hardware: Callable[[], str],
         if fingerprint_id(env.get("fingerprint") or {}) != mine:
             continue
         terms = own_terms(run, env, duty, group_strategies)
-        return dataclasses.replace(base, **terms,
-                                   here=dict.fromkeys(terms, f"this box's run {run.name}"))
+        return base.with_terms(terms, here=dict.fromkeys(terms, f"this box's run {run.name}"))
     return base
 
 
