@@ -1,6 +1,8 @@
 """benchmarks/gpu_check.py, a GPU box's one command, on CPU: its checks of run folders (on
 hand-made GPU rows and on the first GPU run's real folders), the sweeps it builds, the test
-shards it plans and runs (with a stand-in for pytest), and the one verdict."""
+shards it plans and runs (with a stand-in for pytest), the one verdict, and on a fake
+two-GPU box its plan (every strategy's two-GPU test and sweep, within 15 minutes by its
+estimate) and its run of the pre-flight, the tests and the sweep."""
 
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import pytest
 
 from bench_lib.commands.parser import build_parser
 from bench_lib.fault_hooks import QUICK_PEAK_ENV
-from bench_lib.gpu_check import folders, shards, sweeps, testsuite
+from bench_lib.gpu_check import folders, plan, shards, sweeps, testsuite
 from bench_lib.gpu_check.shards import Shard, ShardResult
 from bench_lib.gpu_check.verdict import Verdict
 from bench_lib.results.schema import CASE_COLUMNS
+from bench_lib.rig import Rig
+from bench_lib.sweep.estimate import format_duration
 from bench_lib.sweep.profile import load_profile, profile_path
 from tests.conftest import REPO
 
@@ -442,3 +446,129 @@ def test_the_command_runs_sweeps_then_tests_and_prints_one_verdict(gpu_check, tm
     assert "verdict: TRUST" in capsys.readouterr().out
     monkeypatch.setattr(sweeps, "run_sweep", lambda name, out, repo: (None, "no folder"))
     assert gpu_check.main(["--out", str(tmp_path / "out"), "--no-tests"]) == 2
+
+
+# --- two GPUs: the pre-flight, every strategy's two-GPU test, a sweep of every strategy ---
+
+def _fake_two_gpu_box(monkeypatch, visible_gpus, preflight_error: str = "") -> list:
+    """A box of two GPUs as gpu_check and the rig's detection see it; the pre-flight's
+    calls recorded (and failing with ``preflight_error`` where given)."""
+    from bench_lib.measure import preflight
+
+    visible_gpus(2)
+    monkeypatch.setattr(sweeps, "gpus_visible", lambda: 2)
+    calls = []
+
+    def fake_check(rig, quiet=False):
+        calls.append(rig)
+        if preflight_error:
+            raise preflight.PreflightError(preflight_error)
+        return []
+
+    monkeypatch.setattr(preflight, "check", fake_check)
+    return calls
+
+
+def test_the_two_gpu_plan_holds_every_strategys_test_and_sweep_within_15_minutes():
+    from bench_lib import strategies
+    from bench_lib.sweep.estimate import case_seconds, run_estimate
+    from bench_lib.sweep.expansion import expand
+    from bench_lib.sweep.fixed_costs import CUDA
+
+    planned = plan.two_gpu_plan(CUDA)
+    rig = Rig("cuda", 2)
+    names = sorted(strategies.REGISTRY)
+    assert planned.tests == len(names)
+    assert planned.tests_s == pytest.approx(
+        CUDA.run_s + sum(case_seconds(plan.tiny_case(n, rig), rig) for n in names))
+    args = build_parser().parse_args(sweeps.sweep_command("two-gpus", Path("o"),
+                                                          planned.sweep_flags)[3:])
+    assert args.strategies == tuple(names) and (args.rig, args.devices) == ("cuda", 2)
+    profile = load_profile(profile_path(args.profile_flag, "cuda")).override(
+        strategies=args.strategies, split_sizes=args.split_sizes, microbatches=())
+    assert profile.rig_figures  # what folders.check asks of the sweep's folder
+    cases = expand(profile, rig)
+    assert {c.strategy for c in cases if c.status is None} == set(names)
+    assert planned.sweep_s == pytest.approx(
+        run_estimate(cases, rig, True, profile.predict_time).total_s)
+    assert planned.total_s == pytest.approx(planned.preflight_s + planned.tests_s
+                                            + planned.sweep_s)
+    assert planned.fits and planned.total_s <= 15 * 60, planned.lines()
+    total = format_duration(planned.total_s)
+    assert planned.lines()[0] == (f"plan on two GPUs: ~{total} estimated, within its "
+                                  "15.0 min budget")
+
+
+def test_over_its_budget_the_sweep_measures_fewer_splits_never_fewer_strategies():
+    from bench_lib.sweep.fixed_costs import CUDA
+
+    full = plan.two_gpu_plan(CUDA)
+    assert full.sweep_flags[-1] == "2,4"
+    cut = plan.two_gpu_plan(CUDA, budget_s=full.total_s - 1)
+    assert cut.sweep_flags[-1] == "4" and cut.fits
+    assert cut.sweep_cases < full.sweep_cases and cut.sweep_s < full.sweep_s
+    assert cut.sweep_flags[:-1] == full.sweep_flags[:-1]  # the same strategies
+    over = plan.two_gpu_plan(CUDA, budget_s=60.0)
+    assert not over.fits and "OVER its 60 s budget" in over.lines()[0]
+
+
+def test_its_help_states_the_two_gpu_estimate_from_the_plan(gpu_check, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.parse(["--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "within 15\nminutes by its own estimate" in out
+    assert "\n".join(gpu_check.two_gpu_plan(gpu_check.DEFAULT_OUT).lines()) in out
+
+
+def test_on_two_gpus_it_runs_the_preflight_the_two_gpu_tests_and_a_sweep_then_one_verdict(
+        gpu_check, tmp_path, monkeypatch, capsys, visible_gpus):
+    calls = _fake_two_gpu_box(monkeypatch, visible_gpus)
+    measured = _as_measured(EVIDENCE / "smoke-1gpu", tmp_path / "two")
+    sweeps_run, shards_run = [], []
+
+    def fake_sweep(name, out, repo, flags=None):
+        sweeps_run.append((name, flags))
+        return measured, ""
+
+    def fake_shards(shards, collection, repo, out, timeout_s):
+        shards_run.append((shards, timeout_s))
+        shard = shards[0]
+        return [ShardResult(shard, 0, 60.0, out / "shard0.log", passed=13)]
+
+    monkeypatch.setattr(sweeps, "run_sweep", fake_sweep)
+    monkeypatch.setattr(testsuite, "run_shards", fake_shards)
+    assert gpu_check.main(["--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    planned = gpu_check.two_gpu_plan(tmp_path / "out")
+    assert out.startswith("\n".join(planned.lines()))
+    assert [(r.kind, r.num_devices) for r in calls] == [("cuda", 2)]
+    [(shards, timeout_s)] = shards_run
+    assert [s.tests for s in shards] == [(plan.TWO_GPU_TEST,)]
+    assert timeout_s >= 2 * planned.tests_s
+    assert sweeps_run == [("two-gpus", planned.sweep_flags)]
+    assert out.count("verdict: ") == 1
+    assert ("verdict: TRUST this box's figures (checked the pre-flight; 1 run folder; every "
+            "strategy's two-GPU test through the fork server (13 passed, 0 failed") in out
+
+
+def test_on_two_gpus_a_failed_preflight_or_skipped_tests_is_no_trust(gpu_check, tmp_path,
+                                                                      monkeypatch, capsys,
+                                                                      visible_gpus):
+    _fake_two_gpu_box(monkeypatch, visible_gpus, preflight_error="all_reduce: timed out")
+    ran = []
+    monkeypatch.setattr(sweeps, "run_sweep", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(testsuite, "run_shards", lambda *a, **k: ran.append(a))
+    assert gpu_check.main(["--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ran == []  # nothing after a failed pre-flight
+    assert "DO NOT TRUST" in out and "  1 problem in the pre-flight:\n    all_reduce" in out
+    # Tests that skipped (torch saw one GPU) are not tests that passed.
+    skipped = ShardResult(Shard(0, (0,), (plan.TWO_GPU_TEST,), 1.0), 0, 5.0, Path("s.log"),
+                          passed=0, skipped=13)
+    verdict = Verdict((), 1, (skipped,), tests_label="the two-GPU tests", required_tests=13,
+                      preflight="")
+    assert not verdict.trusted
+    assert verdict.lines()[-1] == ("    0 of the 13 tests required ran (the rest skipped or "
+                                   "never started: did torch in the tests see too few GPUs?)")
+    assert Verdict((), 1, (_shard_result(0),), required_tests=20, preflight="").trusted

@@ -1,7 +1,9 @@
 """Every registered strategy gets a smoke test, generated from the registry.
 
 Each runs one real case through the runner (fresh processes, gloo where distributed)
-on a tiny model; on a cpu rig a strategy that needs CUDA must say so instead.
+on a tiny model; on a cpu rig a strategy that needs CUDA must say so instead. On two GPUs
+the ranks are forked by the fork server, as a run launches them: the tests
+``benchmarks/gpu_check.py`` runs there (``gpu_check.plan``, which prices their cases).
 """
 
 from __future__ import annotations
@@ -9,20 +11,16 @@ from __future__ import annotations
 import pytest
 
 from bench_lib import strategies
+from bench_lib.gpu_check.plan import TEST_MEASUREMENT as MEASUREMENT
+from bench_lib.gpu_check.plan import TWO_GPU_TEST, tiny_case
 from bench_lib.measure.timing import WARMUP_EXTRA_MAX
 from bench_lib.rig import Rig
 from bench_lib.run.case_launch import run_case
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.rows import case_row
 from bench_lib.strategies.base import Strategy
-from bench_lib.sweep.cases import Case, new_case
-from bench_lib.sweep.profile import MIN_TIME_S_BY_RIG, Measurement
-
-MEASUREMENT = Measurement(warmup_steps=1, timed_steps=2, max_time_s=30, case_timeout_s=120)
-
-
-def tiny_case(name: str, rig: Rig) -> Case:
-    return new_case(rig, name, "resnet-tiny", 32, 4, split_size=2, measurement=MEASUREMENT)
+from bench_lib.sweep.cases import Case
+from bench_lib.sweep.profile import MIN_TIME_S_BY_RIG
 
 
 @pytest.mark.compat
@@ -69,16 +67,17 @@ def _cuda_rig(devices: int) -> Rig:
     return detect_rig("cuda", devices)
 
 
-def _run_on_cuda(name: str, rig: Rig, tmp_path) -> None:
-    """One tiny case of ``name`` on ``rig``: ok and timed as a cuda case is, or refused for
-    a reason the strategy states (never an error row)."""
+def _run_on_cuda(name: str, rig: Rig, tmp_path, server=None) -> None:
+    """One tiny case of ``name`` on ``rig`` (its ranks forked by ``server``, else fresh
+    interpreters): ok and timed as a cuda case is, or refused for a reason the strategy
+    states (never an error row)."""
     spec = strategies.get(name)
     reason = spec.unsupported_reason(rig)
     case = tiny_case(name, rig)
     if reason or case.status is not None:
         assert (reason or case.reason), f"{name} refused {rig.label} without a reason"
         return
-    outcome = run_case(case, rig, tmp_path)
+    outcome = run_case(case, rig, tmp_path, server=server)
     assert outcome.status == "ok", outcome.reason
     _assert_timed_to_the_cuda_minimum(case, outcome)
     row = case_row(case, rig, outcome)
@@ -96,8 +95,15 @@ def test_strategy_runs_one_case_on_one_gpu(name, tmp_path):
 @pytest.mark.multi_gpu
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
-def test_strategy_runs_one_case_on_two_gpus(name, tmp_path):
-    _run_on_cuda(name, _cuda_rig(2), tmp_path)
+def test_strategy_runs_one_case_on_two_gpus(name, tmp_path, forks):
+    """Skipped below two GPUs (conftest says how many it saw); its ranks forked by the
+    session's fork server, as a run's."""
+    _run_on_cuda(name, _cuda_rig(2), tmp_path, server=forks)
+
+
+def test_gpu_check_runs_the_two_gpu_tests_by_their_pytest_id():
+    assert TWO_GPU_TEST == (f"tests/{__name__.rsplit('.', 1)[-1]}.py::"
+                            f"{test_strategy_runs_one_case_on_two_gpus.__name__}")
 
 
 def test_registry_rejects_duplicates_and_unknown_names():

@@ -15,19 +15,71 @@ if TYPE_CHECKING:
     from bench_lib.rig import Rig
     from bench_lib.run.calibration_file import GivenCalibrations
     from bench_lib.sweep.cases import Case
+    from bench_lib.sweep.fixed_costs import FixedCosts, ImpliedRange
+
+
+def this_box_terms(rig: Rig, results: Path) -> FixedCosts:
+    """The estimate's terms for ``rig``: the rig kind's, renewed from this machine's newest
+    run under ``results`` (``fixed_costs.this_box``: this machine as
+    ``run.calibration_file.hardware_id`` names it; NCCL's group from the launches of the
+    strategies with a process per device)."""
+    from bench_lib import strategies
+    from bench_lib.run.calibration_file import hardware_id
+    from bench_lib.sweep.fixed_costs import this_box
+
+    groups = {n for n, s in strategies.REGISTRY.items() if s.per_device_processes}
+    return this_box(results, rig.kind, lambda: hardware_id(rig), groups)
+
+
+def terms_lines(terms: FixedCosts, kind: str, implied: ImpliedRange) -> list[str]:
+    """Where the estimate's terms come from, as the dry run prints it::
+
+        terms from this box's run 20261201T101010Z_box_abc1234_run-gpu-check: launch ...
+        terms from one H100 (one GPU), 2026-11-26, another machine: calibration per size
+          they imply 40.1 min to 46.3 min: each from 0.5x to 2x its figure; ...
+
+    (the last two only where a term of another machine counts in the total)."""
+    from bench_lib.sweep.estimate import format_duration as f
+    from bench_lib.sweep.fixed_costs import (
+        ELSEWHERE_FACTORS,
+        ELSEWHERE_RANGES_S,
+        TERM_WORDS,
+        TERMS,
+    )
+
+    here: dict[str, list[str]] = {}
+    for term in TERMS:
+        if term in terms.here:
+            here.setdefault(terms.here[term], []).append(TERM_WORDS[term])
+    out = [f"terms from {where}: {', '.join(words)}" for where, words in here.items()]
+    if implied.applied:
+        special = ELSEWHERE_RANGES_S.get(kind, {})
+        rule = (f"each from {ELSEWHERE_FACTORS[0]:g}x to {ELSEWHERE_FACTORS[1]:g}x its figure"
+                + "".join(f", {TERM_WORDS[k]} {words}" for k, (_, _, words)
+                          in special.items() if k in implied.applied)
+                + "; the steps' own seconds as estimated")
+        out += [f"terms from {terms.measured_on}, another machine: "
+                f"{', '.join(TERM_WORDS[k] for k in implied.applied)}",
+                f"  they imply {f(implied.low_s)} to {f(implied.high_s)}: {rule}"]
+    return out
 
 
 def print_plan(cases: list[Case], rig: Rig, predict_memory: bool = False,
-               rig_figures: bool = True, predict_time: bool = False) -> None:
+               rig_figures: bool = True, predict_time: bool = False,
+               results: Path = Path("results")) -> None:
     """The dry run's table: each case, what will happen to it, its estimated time and
     (``predict_memory``) its peak memory per device predicted as the run would before
     launching it (a case the run would refuse is shown ``oom``, with the reason); then the
     run's estimate, part by part (``estimate.run_estimate``: the rig figures where
-    ``rig_figures``, calibrations where ``predict_time``)."""
+    ``rig_figures``, calibrations where ``predict_time``), and where its terms come from:
+    this machine's newest run under ``results`` (``this_box_terms``), else another
+    machine, with the range that implies (``terms_lines``)."""
     from bench_lib.run.admission import Admission
     from bench_lib.sweep.estimate import case_seconds, format_duration, run_estimate
+    from bench_lib.sweep.fixed_costs import implied_range
 
     admission = Admission.of(rig, cases, read_devices=False)
+    terms = this_box_terms(rig, results)
     runnable = [c for c in cases if c.status is None] if predict_memory else []
     if runnable:
         print(f"predicting the peak memory of {len(runnable)} cases ...", file=sys.stderr,
@@ -37,7 +89,7 @@ def print_plan(cases: list[Case], rig: Rig, predict_memory: bool = False,
     runs, planned = 0, []
     for case in cases:
         will, reason, peak = case.status or "run", case.reason, ""
-        est = case_seconds(case, rig)
+        est = case_seconds(case, rig, terms)
         if case.status is None and predict_memory:
             pred = admission.prediction(case)
             if isinstance(pred, str):  # not predicted: the case still runs
@@ -51,10 +103,13 @@ def print_plan(cases: list[Case], rig: Rig, predict_memory: bool = False,
         runs += will == "run"
         planned.append(case)
         print(f"{case.case_id:<{width}}  {will:<11}  {est:7.0f}s  {peak:<21}  {reason}")
-    run = run_estimate(planned, rig, rig_figures, predict_time)
+    run = run_estimate(planned, rig, rig_figures, predict_time, terms)
     print(f"{len(cases)} cases ({runs} to run) on rig {rig.label}; estimated duration "
           f"~{format_duration(run.total_s)} (the progress bar refines it)")
     print(run.parts_line())
+    implied = implied_range(terms, rig.kind, lambda t: run_estimate(
+        planned, rig, rig_figures, predict_time, t).total_s)
+    print("\n".join(terms_lines(terms, rig.kind, implied)))
     if predict_memory:
         print("peak MiB: predicted before launch on fake tensors "
               "(bench_lib/sweep/predict_memory.py; "

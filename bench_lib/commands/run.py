@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         return print_predictions(cases, rig, stack, args.quiet, plan.given)
     if args.dry_run:
         print_plan(cases, rig, args.predict_memory, plan.profile.rig_figures,
-                   plan.profile.predict_time)
+                   plan.profile.predict_time, args.out)
         if sweep is not None and sweep.shard is not None:
             print(describe_shard(sweep, plan.cut))
         return EXIT_OK

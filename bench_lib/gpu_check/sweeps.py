@@ -1,12 +1,14 @@
-"""The sweeps a GPU check runs: the ``gpu-check`` profile (the smoke grid with the rig's
-figures measured, so that each run has the FLOP peak and idle power its rows are checked
-for) on every visible GPU, and the same in the validation mode (two slots sharing GPU 0)."""
+"""The sweeps a GPU check runs: on one GPU, the ``gpu-check`` profile (the smoke grid with
+the rig's figures measured, so that each run has the FLOP peak and idle power its rows are
+checked for) on every visible GPU, and the same in the validation mode (two slots sharing
+GPU 0); on two GPUs or more, the plan's sweep of every strategy (``plan.sweep_flags``)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench_lib.fault_hooks import TEST_HOOK_VARIABLES
@@ -17,9 +19,11 @@ SWEEPS = {"smoke": ["--profile", PROFILE],
 """Run folder name under the check's folder -> the `run` flags that make it."""
 
 
-def sweep_command(name: str, out: Path) -> list[str]:
-    """The ``run`` command of sweep ``name``, its run folder under ``out``/``name``."""
-    return [sys.executable, "-m", "bench_lib", "run", *SWEEPS[name], "--out", str(out / name)]
+def sweep_command(name: str, out: Path, flags: Sequence[str] | None = None) -> list[str]:
+    """The ``run`` command of sweep ``name`` (``flags``, default ``SWEEPS[name]``), its run
+    folder under ``out``/``name``."""
+    flags = SWEEPS[name] if flags is None else flags
+    return [sys.executable, "-m", "bench_lib", "run", *flags, "--out", str(out / name)]
 
 
 def sweep_env() -> dict[str, str]:
@@ -28,10 +32,12 @@ def sweep_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in TEST_HOOK_VARIABLES}
 
 
-def run_sweep(name: str, out: Path, repo: Path) -> tuple[Path | None, str]:
-    """Run sweep ``name`` (its progress on this terminal); its run folder, or None and why
-    none was written. A nonzero exit with a folder is not an error here: the rows say why."""
-    command = sweep_command(name, out)
+def run_sweep(name: str, out: Path, repo: Path,
+              flags: Sequence[str] | None = None) -> tuple[Path | None, str]:
+    """Run sweep ``name`` (``sweep_command``; its progress on this terminal); its run folder,
+    or None and why none was written. A nonzero exit with a folder is not an error here:
+    the rows say why."""
+    command = sweep_command(name, out, flags)
     folder = out / name / "latest-run"
     before = folder.resolve() if folder.exists() else None  # an earlier check's
     print(f"\n$ {' '.join(command)}", flush=True)

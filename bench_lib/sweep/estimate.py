@@ -100,12 +100,13 @@ class Estimate:
         return Estimate(self.startup_s * share, self.warmup_s * share, self.timed_s * share)
 
 
-def case_estimate(case: Case, rig: Rig) -> Estimate:
+def case_estimate(case: Case, rig: Rig, terms: FixedCosts | None = None) -> Estimate:
     """Estimated seconds of every launch of ``case`` (nothing when it won't run), by kind,
-    times its ``splits.measured_share``."""
+    times its ``splits.measured_share``; ``terms``: the rig kind's constants by default."""
     if case.status is not None:
         return Estimate()
-    terms, m, step = BY_KIND[rig.kind], case.measurement, step_seconds(case, rig)
+    terms = terms or BY_KIND[rig.kind]
+    m, step = case.measurement, step_seconds(case, rig)
     # The step cap, or the minimum where it needs more; the time cap over both.
     timed = min(max(m.timed_steps * step, m.min_time_s or 0.0),
                 max(m.max_time_s, MIN_STEPS_UNDER_TIME_CAP * step))
@@ -141,10 +142,10 @@ def diagnostic_steps(case: Case, launches: int = 1) -> int:
     return compute_only + (1 if strat.uses_partition else 0)
 
 
-def case_seconds(case: Case, rig: Rig) -> float:
+def case_seconds(case: Case, rig: Rig, terms: FixedCosts | None = None) -> float:
     """Estimated wall time of a case, all its launches, each from process start to its end
     (0 when it won't run)."""
-    return case_estimate(case, rig).total_s
+    return case_estimate(case, rig, terms).total_s
 
 
 @dataclass(frozen=True)
@@ -193,13 +194,15 @@ class RunEstimate:
 
 
 def run_estimate(cases: Iterable[Case], rig: Rig, rig_figures: bool = True,
-                 predict_time: bool = False) -> RunEstimate:
+                 predict_time: bool = False, terms: FixedCosts | None = None) -> RunEstimate:
     """The run's estimate: its cases' launches and the per-run and per-workload terms that
     apply (rig figures where ``rig_figures``, calibrations where ``predict_time``, the
-    collectives where a case is priced with them)."""
+    collectives where a case is priced with them), from ``terms`` (the rig kind's
+    constants by default; ``fixed_costs.this_box``: this machine's where a run measured
+    them)."""
     runnable = [c for c in cases if c.status is None]
-    terms = BY_KIND[rig.kind]
-    launches = sum((case_estimate(c, rig) for c in runnable), Estimate())
+    terms = terms or BY_KIND[rig.kind]
+    launches = sum((case_estimate(c, rig, terms) for c in runnable), Estimate())
     count = sum(c.measurement.launches * splits.measured_share(c) for c in runnable)
     sizes = calibrated_sizes(runnable, rig) if predict_time else {}
     return RunEstimate(

@@ -15,15 +15,27 @@ terms of the duration estimate (``sweep.estimate``), each measured, each with it
 ``from_duty`` derives them from a run's ``duty.json`` (and ``steady_warmup_s`` its warm-up's
 steady steps from ``cases.csv``): how the constants below were found, and how to renew them
 from a fresh run. ``tests/test_estimate_terms.py`` recomputes the cuda constants from the
-H100 evidence (``tests/data/h100-2026-11-26``) and fails when one drifts from it. Never
-imports torch.
+H100 evidence (``tests/data/h100-2026-11-26``) and fails when one drifts from it.
+
+Each term carries where it was measured (``FixedCosts.provenance``). The constants come from
+one machine each, so on any other they are a guess, and the dry run gives the range they
+imply (``bounds``: each term of another machine from half to twice its figure, the rule
+``ELSEWHERE_FACTORS`` states; NCCL's group by ``ELSEWHERE_RANGES_S``). After a run on this
+machine (same ``hardware_id``), ``this_box`` takes every term its ``duty.json`` gives from
+the newest such run folder under ``results/``: "this box's run <id>". Never imports torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import csv
+import dataclasses
+import json
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from bench_lib.results.fingerprint import fingerprint_id
 
 SETTLED_AFTER_STEPS = 3
 """Warm-up steps a first launch usually runs (``timing.WarmupRule``): the slow first step, a
@@ -44,6 +56,72 @@ class FixedCosts:
     collectives_s: float
     source: str
     """The runs the terms come from (and the arithmetic: ``from_duty``)."""
+    measured_on: str = ""
+    """The machine every term not in ``here`` was measured on, in a few words."""
+    here: Mapping[str, str] = field(default_factory=dict)
+    """The terms a run on this machine renewed (``this_box``), each with the words that
+    say so: "this box's run <id>"."""
+
+    def provenance(self, term: str) -> str:
+        """Where ``term`` (a field name: ``TERMS``) was measured, in a few words."""
+        return self.here.get(term) or self.measured_on
+
+    @property
+    def elsewhere(self) -> tuple[str, ...]:
+        """The terms measured on another machine (every one not renewed here)."""
+        return tuple(t for t in TERMS if t not in self.here)
+
+    def bounds(self, kind: str) -> tuple[FixedCosts, FixedCosts]:
+        """The low and high ends of the terms measured elsewhere (``ELSEWHERE_RANGES_S``,
+        else ``ELSEWHERE_FACTORS``); this machine's own stay as they are."""
+        low: dict[str, Any] = {}
+        high: dict[str, Any] = {}
+        for term in self.elsewhere:
+            value = float(getattr(self, term))
+            lo_f, hi_f = ELSEWHERE_FACTORS
+            low[term], high[term], _ = ELSEWHERE_RANGES_S.get(kind, {}).get(
+                term, (value * lo_f, value * hi_f, ""))
+        return self.with_terms(low), self.with_terms(high)
+
+    def with_terms(self, values: Mapping[str, float], **other: Any) -> FixedCosts:
+        """These terms with ``values`` (by field name) in place, and ``other`` fields."""
+        fields: dict[str, Any] = {**values, **other}
+        return dataclasses.replace(self, **fields)
+
+
+@dataclass(frozen=True)
+class ImpliedRange:
+    """What the terms measured on another machine imply (``implied_range``)."""
+
+    low_s: float
+    """The total with each of them at the low end of its range (``FixedCosts.bounds``)."""
+    high_s: float
+    applied: tuple[str, ...]
+    """The terms of another machine the total pays (``TERMS`` order)."""
+
+
+def implied_range(terms: FixedCosts, kind: str,
+                  total: Callable[[FixedCosts], float]) -> ImpliedRange:
+    """``total`` (seconds from terms: a run's estimate) with the terms measured elsewhere
+    at both ends of their ranges, and which of them it pays (it changes without them)."""
+    low, high = terms.bounds(kind)
+    whole = total(terms)
+    applied = tuple(k for k in terms.elsewhere if getattr(terms, k)
+                    and total(terms.with_terms({k: 0.0})) != whole)
+    return ImpliedRange(total(low), total(high), applied)
+
+
+TERMS = ("launch_s", "first_step_s", "process_group_s", "calibration_size_s", "run_s",
+         "rig_figures_s", "collectives_s")
+"""``FixedCosts``' terms, in the order the module docstring lists them."""
+TERM_WORDS = {"launch_s": "launch start-up", "first_step_s": "first step",
+              "process_group_s": "NCCL group", "calibration_size_s": "calibration per size",
+              "run_s": "set-up", "rig_figures_s": "rig figures", "collectives_s": "collectives"}
+"""Each term as the dry run names it."""
+ELSEWHERE_FACTORS = (0.5, 2.0)
+"""A term measured on another machine is taken as anything from half to twice its figure.
+The one comparison there is: the cpu terms of one 2-core AMD EPYC estimated ``make bench``
+within 8% there and at 915 s on a second 2-core EPYC, where it took 590 s (-36%)."""
 
 
 CPU = FixedCosts(
@@ -52,7 +130,8 @@ CPU = FixedCosts(
     source="default-cpu on 2 cores, AMD EPYC, at 2bfcde0 on a quiet machine (102 launches, 30 "
            "calibrated sizes, 955 s): from_duty on its duty.json with parts (launch_s holds "
            "the runner's work between launches, 33 s there, most of it the report written "
-           "after each workload's first and last round)")
+           "after each workload's first and last round)",
+    measured_on="one 2-core AMD EPYC, 2bfcde0")
 """The cpu rig's terms (``source``), renewed from a run's duty.json with parts
 (``from_duty``)."""
 
@@ -65,12 +144,21 @@ CUDA = FixedCosts(
            "as the 224 px run's per-run cost beyond it and its calibration, collectives as "
            "smoke-2slots' (a failed gloo attempt); NCCL as smoke-1gpu's ddp launch beyond "
            "single's and dp's (the only NCCL launch: one rank; its extra lay in the warm-up, "
-           "between the group's buffers and the first timed step)")
+           "between the group's buffers and the first timed step)",
+    measured_on="one H100 (one GPU), 2026-11-26")
 """The cuda rig's terms, from the first GPU run (``source``): every term the runs of that
 day lumped together was separated by difference between them, so each stands for whatever
 that code did there; a run with ``duty.json``'s parts renews them (``from_duty``)."""
 
 BY_KIND = {"cpu": CPU, "cuda": CUDA}
+ELSEWHERE_RANGES_S = {"cuda": {"process_group_s": (
+    1.0, CUDA.process_group_s, f"from 1 s (published: 1-3 s a single-node NCCL start) to "
+                               f"{CUDA.process_group_s:.1f} s (measured)")}}
+"""Terms whose range has better grounds than ``ELSEWHERE_FACTORS``: low and high seconds,
+and the rule in words. NCCL's
+group: public reports put a single-node NCCL initialisation at 1-3 s; the H100's 15.81 s is
+what one one-rank ddp launch cost beyond single's in its first steps (a cold cache, cuDNN
+autotuning or NCCL: one launch cannot tell), so the range runs from 1 s to it."""
 
 
 def steady_warmup_s(rows: Iterable[Mapping[str, Any]], minimum: int) -> float:
@@ -122,3 +210,88 @@ RIG_FIGURE_PARTS = frozenset({"idle_power_s", "flop_peak_s"})
 ``commands.run_folder``'s ``start_folder``)."""
 COLLECTIVE_PARTS = frozenset({"collectives_s"})
 """``duty.json`` ``run_parts_s`` keys that are the collectives."""
+
+
+def this_box(results: Path, kind: str, hardware: Callable[[], str],
+             group_strategies: Collection[str]) -> FixedCosts:
+    """``BY_KIND[kind]`` with the terms the newest run folder under ``results`` made on this
+    machine gives (``own_terms``), each said to come from "this box's run <id>"; the
+    constants where there is none. A run of this machine: of rig kind ``kind``, no test hook
+    set, its env.json's fingerprint this machine's ``hardware()`` id (asked only once a run
+    of that kind is found: a machine whose id cannot be read, say a plan for GPUs it does
+    not have, has no run of its own)."""
+    base = BY_KIND[kind]
+    mine: str | None = None
+    for duty_file in _newest_first(results):
+        run = duty_file.parent
+        try:
+            env = json.loads((run / "env.json").read_text())
+            duty = json.loads(duty_file.read_text())
+        except (OSError, ValueError):
+            continue  # not a run folder (or one being written): not this machine's figures
+        if ((env.get("rig") or {}).get("kind") != kind or env.get("test_hooks")
+                or not duty.get("launches")):
+            continue
+        if mine is None:
+            try:
+                mine = hardware()
+            except (OSError, ValueError, RuntimeError):  # RigError: no GPU names here
+                return base
+        if fingerprint_id(env.get("fingerprint") or {}) != mine:
+            continue
+        terms = own_terms(run, env, duty, group_strategies)
+        return base.with_terms(terms, here=dict.fromkeys(terms, f"this box's run {run.name}"))
+    return base
+
+
+def _newest_first(results: Path) -> list[Path]:
+    """Every run folder's duty.json under ``results``, newest first, each folder once (a
+    ``latest-run`` link is the folder it names)."""
+    found = {p.resolve() for p in results.rglob("duty.json")} if results.is_dir() else set()
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def own_terms(run: Path, env: Mapping[str, Any], duty: Mapping[str, Any],
+              group_strategies: Collection[str]) -> dict[str, float]:
+    """The terms run folder ``run`` (its env.json and duty.json read) measured, by
+    ``from_duty``: the launch and first-step terms always; the calibration per size where it
+    calibrated; the per-run terms where duty.json has its parts (without them set-up, rig
+    figures and collectives are one lump), the rig figures and collectives only where it
+    measured them; NCCL's group where launches of ``group_strategies`` formed one on NCCL
+    (its span moved out of every launch's start-up into theirs)."""
+    rows = _rows(run / "cases.csv")
+    minimum = int((env.get("profile") or {}).get("warmup_steps") or 0)
+    sizes = _calibrated_sizes(run / "calibration.json")
+    derived = from_duty(duty, steady_warmup_s(rows, minimum), sizes)
+    keep = {"launch_s", "first_step_s"} | ({"calibration_size_s"} if sizes else set())
+    parts = duty.get("run_parts_s") or {}
+    if parts:
+        keep |= {"run_s"} | ({"rig_figures_s"} if RIG_FIGURE_PARTS & set(parts) else set())
+        keep |= {"collectives_s"} if COLLECTIVE_PARTS & set(parts) else set()
+    terms = {k: v for k, v in derived.items() if k in keep}
+    rig = env.get("rig") or {}
+    group_s = (duty.get("launch_parts_s") or {}).get("process_group_s")
+    nccl = sum(int(r.get("launches") or 0) for r in rows
+               if r.get("strategy") in group_strategies and int(r.get("world_size") or 1) > 1)
+    if rig.get("kind") == "cuda" and int(rig.get("gpu_slots") or 1) == 1 and nccl and group_s:
+        terms["process_group_s"] = float(group_s) / nccl
+        terms["launch_s"] -= float(group_s) / max(1, int(duty["launches"]))
+    return terms
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def _calibrated_sizes(path: Path) -> int:
+    """Batch sizes a run's calibration.json timed, alone and together (0: none)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(len(c.get("alone") or ()) + len(c.get("together") or ())
+               for c in data.get("calibrations", []) if "failed" not in c)
