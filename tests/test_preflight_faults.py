@@ -97,8 +97,9 @@ def test_a_copy_that_corrupts_stops_the_preflight_with_the_fixes(no_settle, p2p_
     text = str(e.value)
     assert "peer_copy: copies between GPUs cuda:0,cuda:1: 1 of 16 copies came back wrong" in text
     assert "silent corruption" in text and "4,096 of 1,048,576 elements wrong" in text
-    for fix in ("NCCL_P2P_DISABLE=1", "iommu=pt", "ACS off", "newer NVIDIA driver"):
+    for fix in ("newer NVIDIA driver", "iommu=pt", "ACS off"):
         assert fix in text
+    assert "NCCL_P2P_DISABLE" not in text  # CUDA's copies, not NCCL's: it would not help
     assert "all_reduce" not in text  # not run on GPUs whose copies corrupt
 
 
@@ -126,6 +127,7 @@ def test_an_all_reduce_that_always_hangs_stops_the_preflight_within_its_timeouts
     text = str(e.value)
     assert "did not finish within 2 s: a hang" in text and "and again" in text
     assert "with NCCL_P2P_DISABLE=1 did not finish" in text and "iommu=pt" in text
+    assert text.count("NCCL_DEBUG=INFO") == 1  # the hint once, not once an attempt
     assert os.environ["NCCL_P2P_DISABLE"] == "0"
 
 
@@ -157,6 +159,15 @@ def test_the_topology_warns_where_the_iommu_remaps_or_acs_redirects(p2p_on):
     one = preflight.topology_check(Rig("cuda", 1), topo_nvml(gpus=topo_nvml_gpus()[:1]), {},
                                    on)
     assert one.status == "ok" and one.detail.startswith("one GPU; driver")
+
+
+def test_a_topology_that_cannot_be_read_only_warns(monkeypatch):
+    def broken(*_args):
+        raise ValueError("odd bus id")
+
+    monkeypatch.setattr(topology, "gpu_link_line", broken)
+    check = preflight.topology_check(Rig("cuda", 2), two_gpu_nvml(), {}, QUIET_HOST)
+    assert check.status == "warn" and "ValueError: odd bus id" in check.detail
 
 
 def topo_nvml_gpus() -> tuple[tuple[str, str, str], ...]:
@@ -359,5 +370,5 @@ def test_a_sick_box_exits_2_before_its_run_folder(monkeypatch, tmp_path, capsys,
     assert not out.exists()  # nothing written: the pre-flight's log is stderr
     err = capsys.readouterr().err
     assert "error: pre-flight of rig cuda:2 failed; no case was run" in err and why in err
-    assert "NCCL_P2P_DISABLE=1" in err and "iommu=pt" in err
+    assert "newer NVIDIA driver" in err and "iommu=pt" in err
     assert os.environ["NCCL_P2P_DISABLE"] == "0"

@@ -35,7 +35,8 @@ instead of hours into a sweep.
   ``NCCL_P2P_DISABLE=1`` (consumer GPUs whose P2P hangs NCCL: NVIDIA/nccl-tests#117): where
   that passes, ``nccl_fallback`` says so and ``check`` sets the variable for the whole run
   (every process it starts inherits it), prints it first, and env.json and every figure's
-  caption carry it; where it fails too, the run stops with the fixes to try (``FIXES``).
+  caption carry it; where it fails too, the run stops with the fixes to try (``FIXES``;
+  the same where the copies corrupt).
   Within a minute: 20 s an attempt (``TIMEOUT_S``), one retry.
 - ``peer_access``: which GPU pairs reach each other directly (CUDA, in those processes):
   a pair without is a warning (NCCL then goes through host memory: slower, not wrong).
@@ -58,6 +59,7 @@ from typing import Any
 
 from bench_lib.measure.preflight_probes import (
     COPY_TIMEOUT_S,
+    NCCL_HINT,
     SMOKE_TIMEOUT_S,
     TIMEOUT_S,
     all_reduce,
@@ -72,12 +74,22 @@ SETTLE_S = 5.0
 idle GPUs."""
 P2P_OFF = {"NCCL_P2P_DISABLE": "1"}
 """The all-reduce's one retry: NCCL through host memory instead of peer-to-peer."""
-FIXES = ("NCCL_P2P_DISABLE=1 (consumer GPUs whose peer-to-peer hangs NCCL: "
-         "NVIDIA/nccl-tests#117); PCIe ACS off in the BIOS, or its redirection cleared on the "
-         "bridges above the GPUs (NVIDIA/nccl#2079); the IOMMU off in the BIOS or in "
-         "passthrough (kernel command line iommu=pt, NVIDIA/nccl#257); a newer NVIDIA driver "
-         "(silent peer-copy corruption: NVIDIA/open-gpu-kernel-modules#1257)")
+FIXES = {
+    "p2p": "NCCL_P2P_DISABLE=1 (consumer GPUs whose peer-to-peer hangs NCCL: "
+           "NVIDIA/nccl-tests#117)",
+    "acs": "PCIe ACS off in the BIOS, or its redirection cleared on the bridges above the "
+           "GPUs (NVIDIA/nccl#2079)",
+    "iommu": "the IOMMU off in the BIOS or in passthrough (kernel command line iommu=pt, "
+             "NVIDIA/nccl#257)",
+    "driver": "a newer NVIDIA driver (silent peer-copy corruption: "
+              "NVIDIA/open-gpu-kernel-modules#1257)",
+}
 """What to try when GPUs cannot talk to each other, the public issues behind each."""
+
+
+def fixes(*names: str) -> str:
+    """``Try: ...``: the ``FIXES`` named, in that order."""
+    return "Try: " + "; ".join(FIXES[n] for n in names)
 
 
 class PreflightError(RigError):
@@ -88,6 +100,14 @@ def topology_check(rig: Rig, nvml: Any = None, environ: Mapping[str, str] | None
                    host: Mapping[str, Any] | None = None) -> Check:
     """``topology``: the rig's GPUs' links, IOMMU and ACS in one line, with the driver, CUDA
     and NCCL (``host``: the IOMMU and ACS records to use instead of this machine's)."""
+    try:
+        return _topology_check(rig, nvml, environ, host)
+    except Exception as e:  # what describes the box must never stop it
+        return Check("topology", "warn", f"could not be read ({type(e).__name__}: {e})")
+
+
+def _topology_check(rig: Rig, nvml: Any, environ: Mapping[str, str] | None,
+                    host: Mapping[str, Any] | None) -> Check:
     from bench_lib.measure.environment import gpu_topology
     from bench_lib.topology import acs_state, gpu_link_line, iommu_state
 
@@ -149,8 +169,8 @@ def all_reduce_or_fallback(rig: Rig, timeout_s: float = TIMEOUT_S,
                 Check("nccl_fallback", "warn",
                       f"NCCL_P2P_DISABLE=1: the all-reduce {what} with peer-to-peer on"),
                 *retry[1:]]
-    return [Check("all_reduce", "fail", f"{first.detail}; and again {retry[0].detail}. "
-                  f"Try: {FIXES}", first.fault)]
+    return [Check("all_reduce", "fail", f"{first.detail.replace(NCCL_HINT, '')}; and again "
+                  f"{retry[0].detail}. {fixes('acs', 'iommu', 'driver')}", first.fault)]
 
 
 def run(rig: Rig, timeout_s: float = TIMEOUT_S, environ: Mapping[str, str] | None = None,
@@ -173,8 +193,8 @@ def run(rig: Rig, timeout_s: float = TIMEOUT_S, environ: Mapping[str, str] | Non
     if rig.kind == "cuda" and rig.num_gpus > 1 and not broken:
         checks.append(peer_copy(rig, COPY_TIMEOUT_S, copy_command))
         if checks[-1].status == "fail":
-            checks[-1] = Check("peer_copy", "fail", f"{checks[-1].detail}. Try: {FIXES}",
-                               checks[-1].fault)
+            checks[-1] = Check("peer_copy", "fail", f"{checks[-1].detail}. "
+                               f"{fixes('driver', 'iommu', 'acs')}", checks[-1].fault)
             broken = True
     if rig.num_devices > 1 and not broken:
         checks += all_reduce_or_fallback(rig, timeout_s, command, environ)

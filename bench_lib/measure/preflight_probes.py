@@ -39,6 +39,8 @@ SMOKE_MODULE = "bench_lib.measure.cuda_smoke"
 ELEMENTS = 2**22
 """fp32 elements all-reduced (16 MiB: past NCCL's small-message paths)."""
 POLL_S = 0.1
+NCCL_HINT = ("; rerun with NCCL_DEBUG=INFO to see where NCCL stops (NCCL_P2P_DISABLE=1 or "
+             "NCCL_SHM_DISABLE=1 tell a broken transport)")
 GRACE_S = 10.0
 """After one rank fails, how long its peers get to exit on their own."""
 LOG_TAIL_LINES = 3
@@ -142,8 +144,7 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S, command: Sequence[str] | 
         seconds = time.monotonic() - start
         tail = _tail(log_path)
         results = _read_results(paths)
-    hint = ("; rerun with NCCL_DEBUG=INFO to see where NCCL stops (NCCL_P2P_DISABLE=1 or "
-            "NCCL_SHM_DISABLE=1 tell a broken transport)" if backend == "nccl" else "")
+    hint = NCCL_HINT if backend == "nccl" else ""
     if not finished:
         return [Check("all_reduce", "fail",
                       f"{what} did not finish within {timeout_s:g} s: a hang, killed"
