@@ -18,6 +18,7 @@ from bench_lib.measure import cuda_smoke, preflight, preflight_probes
 from bench_lib.rig import Rig
 from tests.conftest import PYTHON, REPO
 from tests.test_gpu_env import GPUS, OK_RANK, topo_nvml
+from tests.test_preflight_faults import QUIET_HOST
 
 BIG_SHM = {"path": "/dev/shm", "total_mib": 16384.0}
 ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
@@ -108,16 +109,18 @@ def test_a_working_gpu_passes_and_every_gpu_is_smoked_once(monkeypatch, no_settl
     checks = preflight.check(slots, quiet=True, shm=BIG_SHM, environ={},
                              nvml=topo_nvml(gpus=GPUS[:1]),
                              command=[sys.executable, "-c", OK_RANK])
-    assert [c.name for c in checks][:4] == ["dev_shm", "nvml", "cuda_smoke", "all_reduce"]
+    assert [c.name for c in checks][:5] == ["dev_shm", "nvml", "topology", "cuda_smoke",
+                                            "all_reduce"]  # no copies between slots of one GPU
     assert asked[-1] == slots
 
 
 def test_a_failed_smoke_test_skips_the_all_reduce(monkeypatch):
     fake_smoke(monkeypatch, smoke_run(gpu(0), gpu(1, ok=False, error=NO_KERNEL)))
     checks = preflight.run(Rig("cuda", 2), shm=BIG_SHM, environ={}, nvml=topo_nvml(),
-                           command=["/nonexistent/never-started"])
+                           command=["/nonexistent/never-started"], host=QUIET_HOST,
+                           copy_command=["/nonexistent/never-started"])
     assert [(c.name, c.status) for c in checks] == [
-        ("dev_shm", "ok"), ("nvml", "ok"), ("cuda_smoke", "fail")]
+        ("dev_shm", "ok"), ("nvml", "ok"), ("topology", "ok"), ("cuda_smoke", "fail")]
 
 
 # --- the processes: one per physical GPU, faked by their command line -------------------

@@ -444,7 +444,9 @@ def test_check_stops_on_a_failure_and_prints_warnings(capsys, monkeypatch):
     monkeypatch.setattr(preflight, "SETTLE_S", 0.0)
     docker = {"path": "/dev/shm", "total_mib": 64.0}
     fakes = {"command": [sys.executable, "-c", OK_RANK], "nvml": topo_nvml(),
-             "smoke_command": [sys.executable, "-c", OK_SMOKE]}
+             "smoke_command": [sys.executable, "-c", OK_SMOKE],
+             "copy_command": [sys.executable, "-c", OK_SMOKE],
+             "host": {"iommu": {"state": "off"}, "acs": {"state": "unknown"}}}
     two = Rig("cuda", 2)
     with pytest.raises(preflight.PreflightError, match="dev_shm: /dev/shm is 64 MiB") as e:
         preflight.check(two, shm=docker, environ={}, **fakes)
@@ -452,8 +454,8 @@ def test_check_stops_on_a_failure_and_prints_warnings(capsys, monkeypatch):
     checks = preflight.check(two, shm={"path": "/dev/shm", "total_mib": 1024.0}, environ={},
                              **fakes)
     assert [(c.name, c.status) for c in checks] == [
-        ("dev_shm", "ok"), ("nvml", "ok"), ("cuda_smoke", "ok"), ("all_reduce", "ok"),
-        ("peer_access", "warn")]
+        ("dev_shm", "ok"), ("nvml", "ok"), ("topology", "ok"), ("cuda_smoke", "ok"),
+        ("peer_copy", "ok"), ("all_reduce", "ok"), ("peer_access", "warn")]
     err = capsys.readouterr().err
     assert "pre-flight warning: peer_access: no peer access between GPUs 1-0" in err
 

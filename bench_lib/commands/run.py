@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -180,11 +181,14 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             print(describe_shard(sweep, plan.cut))
         return EXIT_OK
     duty.set_estimate(estimate.total_s)  # recorded beside the wall time it estimates
+    checked = None  # env.json's preflight: a cuda rig's checks, and any NCCL fallback
     if rig.kind == "cuda":  # NCCL, /dev/shm, NVML checked in seconds, not hours in (exit 2)
         from bench_lib.measure import preflight
 
-        with duty.part("preflight"):
-            preflight.check(rig, quiet=args.quiet)
+        with duty.part("preflight"):  # duty.json run_parts_s preflight_s
+            began = time.monotonic()
+            checks = preflight.check(rig, quiet=args.quiet)  # may set NCCL_P2P_DISABLE=1
+            checked = preflight.record(checks or [], time.monotonic() - began)
     if launcher.node_rank > 0:  # node 0 writes the run folder; this node follows it
         return follow(args, launcher, rig, cases)
     # Node 0 of a multi-node run: the nodes admitted before anything is written.
@@ -194,7 +198,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     server = stack.enter_context(ForkServer.take(WARM_MODULES))
     with duty.part("fork_server"):  # its imports, begun beside the command's (prestart)
         server.ensure()
-    run_dir, figures = start_folder(args, plan, server, coordinator, duty)
+    run_dir, figures = start_folder(args, plan, server, coordinator, duty, checked)
     # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # Ctrl-C too, even where the run was started with SIGINT ignored (a background job of a

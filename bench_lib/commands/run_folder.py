@@ -8,7 +8,7 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from bench_lib.analysis.collective_fits import Collectives
@@ -30,9 +30,11 @@ class RigFigures(NamedTuple):
 
 def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
                  coordinator: Coordinator | None,
-                 duty: DutyMeter | None = None) -> tuple[Path, RigFigures]:
+                 duty: DutyMeter | None = None,
+                 preflight: dict[str, Any] | None = None) -> tuple[Path, RigFigures]:
     """The run folder (new, with its env.json, or the resumed one) and its rig figures;
-    ``duty`` times each of them as a part of the run (``DutyMeter.part``)."""
+    ``duty`` times each of them as a part of the run (``DutyMeter.part``); ``preflight``:
+    env.json's record of the pre-flight (``measure.preflight.record``), where it ran."""
     from bench_lib.measure import environment
     from bench_lib.measure.energy import IdlePower
     from bench_lib.measure.flop_peak import AttainablePeak, measure_peak
@@ -75,7 +77,7 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
         collectives = sweep_collectives(rig, args.quiet, cases, server)  # ddp/fsdp, p2p bounds
     with part("environment"):  # versions, devices, git: subprocesses and NVML reads
         env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
-                                  idle.as_dict(), profile.measurement.math_mode)
+                                  idle.as_dict(), profile.measurement.math_mode, preflight)
     env["sweep"] = (plan.sweep or sweep_record(profile, rig, cases)[0]).as_dict()
     env["launcher"] = plan.launcher.as_dict()
     env["collectives"] = collectives.as_dict()

@@ -13,6 +13,11 @@ DEVICE is ``cuda:N`` (``cpu`` runs the same code on the CPU: the tests' way thro
 The result (JSON): ``ok``, ``device``, and where CUDA could tell, ``name``, ``capability``
 (``sm_90``), the wheel's ``arch_list`` and CUDA version, the ``error`` (first line) and any
 warnings torch gave (its "not compatible with the current PyTorch installation").
+
+With several devices (``cuda:0,cuda:1``) the child checks the copies between them instead
+(``copy_check``, ``preflight_probes.peer_copy``): a known pattern each way and back, each
+copy compared on the host; the result: ``ok``, ``copies``, ``corrupt`` (each wrong copy:
+its path, dtype, way, wrong elements, first wrong index, checksums), ``error``.
 Exit 0 when ok, 1 otherwise; 4 where PARENT_PID was gone before the child started.
 """
 
@@ -22,11 +27,14 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench_lib.processes.lifeline import argv_pid, exit_if_orphaned, exit_lightly
+
+if TYPE_CHECKING:
+    import torch
 
 if __name__ == "__main__":
     exit_if_orphaned(argv_pid(sys.argv, 3))
@@ -124,6 +132,71 @@ def smoke_device(device_name: str) -> dict[str, Any]:
     return out
 
 
+COPY_ELEMENTS = 2**20
+"""Elements of each copied pattern: 4 MiB of int32, 1 MiB of uint8 (past the small-copy
+paths, seconds in all)."""
+COPY_WAYS = (".to()", "copy_(non_blocking=True)")
+Move = Callable[["torch.Tensor", "torch.device", str], "torch.Tensor"]
+
+
+def _patterns() -> dict[str, torch.Tensor]:
+    """Known patterns on the host: int32 from a multiplicative hash of the index (every
+    element distinct, no run of zeros), uint8 the index modulo 251 (not aligned to 256)."""
+    import torch
+
+    index = torch.arange(COPY_ELEMENTS, dtype=torch.int64)
+    return {"int32": (index * 2654435761 % 2**32 - 2**31).to(torch.int32),
+            "uint8": (index % 251).to(torch.uint8)}
+
+
+def _move(tensor: torch.Tensor, device: torch.device, way: str) -> torch.Tensor:
+    """``tensor`` copied to ``device`` one of ``COPY_WAYS``: a peer copy between GPUs."""
+    import torch
+
+    if way == ".to()":
+        return tensor.to(device)
+    return torch.empty_like(tensor, device=device).copy_(tensor, non_blocking=True)
+
+
+def copy_check(device_names: Sequence[str], move: Move = _move) -> dict[str, Any]:
+    """A known pattern copied from each device to each other and back, each of
+    ``COPY_WAYS``, every copy checked element by element on the host: a peer copy that
+    corrupts without an error (NVIDIA/open-gpu-kernel-modules#1257) shows as ``corrupt``.
+    ``move`` makes each copy (a test's seam)."""
+    import torch
+
+    from bench_lib.rig import synchronize
+
+    devices = [torch.device(d) for d in device_names]
+    out: dict[str, Any] = {"devices": list(device_names), "ok": False, "copies": 0,
+                           "corrupt": [], "mib": 0.0}
+    start = time.monotonic()
+    try:
+        for dtype, want in _patterns().items():
+            out["mib"] += want.numel() * want.element_size() / 2**20
+            for i, a in enumerate(devices):
+                for b in (d for j, d in enumerate(devices) if j != i):
+                    for way in COPY_WAYS:
+                        there = move(want.to(a), b, way)
+                        back = move(there, a, way)
+                        synchronize([a, b])
+                        for path, got in ((f"{a}->{b}", there), (f"{a}->{b}->{a}", back)):
+                            out["copies"] += 1
+                            wrong = (got.cpu() != want).nonzero()
+                            if len(wrong):
+                                out["corrupt"].append({
+                                    "path": path, "dtype": dtype, "way": way,
+                                    "wrong": len(wrong), "of": want.numel(),
+                                    "first": int(wrong[0]),
+                                    "checksum": int(got.cpu().to(torch.int64).sum()),
+                                    "expected": int(want.to(torch.int64).sum())})
+        out["ok"] = not out["corrupt"]
+    except Exception as e:  # the failure is the result
+        out["error"] = _first_line(e)
+    out["seconds"] = time.monotonic() - start
+    return out
+
+
 def describe(result: Mapping[str, Any]) -> str:
     """``GPU 0 (NVIDIA H100, sm_90)``: a result's device, as far as it got."""
     known = ", ".join(str(result[k]) for k in ("name", "capability") if result.get(k))
@@ -131,10 +204,11 @@ def describe(result: Mapping[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """The child: smoke ``argv[0]``, write the result to ``argv[1]`` (atomically)."""
+    """The child: smoke ``argv[0]`` (several devices, comma-separated: ``copy_check``
+    between them), write the result to ``argv[1]`` (atomically)."""
     from bench_lib.results.store import write_json_atomic
 
-    result = smoke_device(argv[0])
+    result = copy_check(argv[0].split(",")) if "," in argv[0] else smoke_device(argv[0])
     write_json_atomic(Path(argv[1]), result)
     return 0 if result["ok"] else 1
 

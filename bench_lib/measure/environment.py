@@ -22,7 +22,14 @@ from bench_lib.pinning import heap_policy
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.rig import Rig
 from bench_lib.rig_detection import cuda_device_count
-from bench_lib.topology import CpuTopology, available_cores, read_cpu_topology
+from bench_lib.topology import (
+    CpuTopology,
+    acs_state,
+    available_cores,
+    gpu_link_line,
+    iommu_state,
+    read_cpu_topology,
+)
 
 
 def git_info(repo: Path | None = None) -> dict[str, Any]:
@@ -242,14 +249,18 @@ def nvidia_smi_topology(timeout_s: float = 20.0) -> str | None:
 
 def multi_gpu_environment(rig: Rig, nvml: Any = None, environ: Mapping[str, str] | None = None,
                           shm: Path = SHM_PATH,
-                          nvidia_smi: Callable[[], str | None] = nvidia_smi_topology
-                          ) -> dict[str, Any]:
+                          nvidia_smi: Callable[[], str | None] = nvidia_smi_topology,
+                          iommu: Mapping[str, Any] | None = None,
+                          acs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """env.json ``multi_gpu``: what makes multi-GPU boxes misbehave, read without a CUDA
     context in the runner: /dev/shm's size, the variables that choose and order the GPUs
     (CUDA_DEVICE_ORDER unset is CUDA's FASTEST_FIRST) and tune NCCL (every NCCL_*), and on a
-    cuda rig the GPUs' bus ids, links and P2P status through NVML (``gpu_topology``),
-    ``nvidia-smi topo -m`` where present, and the CUDA driver's version as NVML reports it
-    (NCCL's version and the driver's are in ``versions``).
+    cuda rig the GPUs' bus ids, links and P2P status through NVML (``gpu_topology``), the
+    IOMMU and PCIe ACS where the OS shows them (``topology.iommu_state``, ``acs_state``),
+    the line that sums them up (``summary``: ``topology.gpu_link_line``, None under two
+    GPUs), ``nvidia-smi topo -m`` where present, and the CUDA driver's version as NVML
+    reports it (NCCL's version and the driver's are in ``versions``). ``iommu`` and ``acs``
+    replace what this machine shows (tests).
     """
     env = os.environ if environ is None else environ
     record: dict[str, Any] = {
@@ -260,7 +271,11 @@ def multi_gpu_environment(rig: Rig, nvml: Any = None, environ: Mapping[str, str]
     }
     if rig.kind != "cuda":
         return record
-    record["topology"] = gpu_topology(rig.num_devices, nvml, env)
+    record["topology"] = topology = gpu_topology(rig.num_devices, nvml, env)
+    record["iommu"] = dict(iommu) if iommu is not None else iommu_state()
+    record["acs"] = (dict(acs) if acs is not None
+                     else acs_state([g["bus_id"] for g in topology.get("gpus", [])]))
+    record["summary"] = gpu_link_line(topology, record["iommu"], record["acs"])
     cuda: int | None = None
     nvml_version: str | None = None
     try:
@@ -280,10 +295,12 @@ def multi_gpu_environment(rig: Rig, nvml: Any = None, environ: Mapping[str, str]
 def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
             attainable_peak: dict[str, Any] | None = None,
             idle_power: dict[str, Any] | None = None,
-            math_mode: str = DEFAULT_MATH_MODE) -> dict[str, Any]:
+            math_mode: str = DEFAULT_MATH_MODE,
+            preflight: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Everything env.json holds; ``attainable_peak`` is the measured FLOP peak (flop_peak.py),
     ``idle_power`` the rig's power with nothing of ours running (energy.py), ``math_mode``
-    the run's (``Measurement.math_mode``), whose flags are recorded."""
+    the run's (``Measurement.math_mode``), whose flags are recorded; ``preflight`` the
+    pre-flight's verdict and NCCL fallback (``measure.preflight.record``; None: none ran)."""
     env = {
         "schema_version": SCHEMA_VERSION,
         "hostname": socket.gethostname(),
@@ -306,6 +323,7 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         "command_line": argv,
         "test_hooks": {k: v for k, v in os.environ.items() if k in TEST_HOOK_VARIABLES and v},
     }
+    env["preflight"] = None if preflight is None else dict(preflight)
     if attainable_peak is not None:
         env["attainable_peak"] = attainable_peak
     if idle_power is not None:

@@ -1,6 +1,7 @@
 """The pre-flight's probes, the checks that start processes (``measure.preflight`` runs
 them): the CUDA smoke test on each physical GPU (``cuda_smoke``; the child's side is
-``measure.cuda_smoke``) and the all-reduce across the rig's devices (``all_reduce``; run
+``measure.cuda_smoke``), the copies between GPUs (``peer_copy``; the child's side is
+``cuda_smoke.copy_check``) and the all-reduce across the rig's devices (``all_reduce``; run
 with ``-m``, this module is one of its ranks), with the GPU pairs' peer access.
 
 The children run in one process group of their own, killed whole on timeout; the runner
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,12 @@ from typing import Any
 from bench_lib.measure.preflight_static import Check
 from bench_lib.rig import Rig
 
-TIMEOUT_S = 120.0
-"""How long the all-reduce's processes get, torch's import and NCCL's setup included."""
+TIMEOUT_S = 20.0
+"""How long the all-reduce's processes get, torch's import and NCCL's setup included (a
+healthy box takes seconds): with its one retry, the pre-flight of a box whose all-reduce
+hangs stays within a minute."""
+COPY_TIMEOUT_S = 20.0
+"""How long the copies between GPUs get (``peer_copy``), CUDA's start included."""
 SMOKE_TIMEOUT_S = 180.0
 """How long the CUDA smoke test's processes get: torch's import, CUDA's start, and a driver
 that JIT-compiles the wheel's PTX for a GPU it has no binary for (slow once, then cached)."""
@@ -34,6 +39,8 @@ SMOKE_MODULE = "bench_lib.measure.cuda_smoke"
 ELEMENTS = 2**22
 """fp32 elements all-reduced (16 MiB: past NCCL's small-message paths)."""
 POLL_S = 0.1
+NCCL_HINT = ("; rerun with NCCL_DEBUG=INFO to see where NCCL stops (NCCL_P2P_DISABLE=1 or "
+             "NCCL_SHM_DISABLE=1 tell a broken transport)")
 GRACE_S = 10.0
 """After one rank fails, how long its peers get to exit on their own."""
 LOG_TAIL_LINES = 3
@@ -47,18 +54,20 @@ def _tail(path: Path) -> str:
     return " | ".join(lines[-LOG_TAIL_LINES:])
 
 
-def _start(commands: Sequence[Sequence[str]], log_path: Path) -> list[subprocess.Popen[bytes]]:
+def _start(commands: Sequence[Sequence[str]], log_path: Path,
+           env: Mapping[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
     """Start ``commands`` in one new process group (the first leads it), output to
-    ``log_path``. Each child is given this process's pid and ties itself to it as it starts
-    (no preexec_fn: see processes.lifeline.die_with_parent), so none outlives an interrupted
-    check; where one cannot start, the started ones are killed."""
+    ``log_path``, with ``env`` added to this process's environment. Each child is given
+    this process's pid and ties itself to it as it starts (no preexec_fn: see
+    processes.lifeline.die_with_parent), so none outlives an interrupted check; where one
+    cannot start, the started ones are killed."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with log_path.open("ab") as log:
             for cmd in commands:
                 procs.append(subprocess.Popen(
                     list(cmd), stdout=log, stderr=subprocess.STDOUT,
-                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                    env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
                     process_group=procs[0].pid if procs else 0))
     except BaseException:
         if procs:
@@ -112,14 +121,16 @@ def _wait(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
             p.wait()
 
 
-def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
-               command: Sequence[str] | None = None) -> list[Check]:
-    """All-reduce across the rig's devices in child processes (``all_reduce``), and on a
-    cuda rig which GPU pairs have peer access (``peer_access``)."""
+def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S, command: Sequence[str] | None = None,
+               env: Mapping[str, str] | None = None) -> list[Check]:
+    """All-reduce across the rig's devices in child processes (``all_reduce``; its
+    ``fault``: ``hang``, ``wrong_sum`` or ``error``), and on a cuda rig which GPU pairs have
+    peer access (``peer_access``). ``env``: variables the ranks get (``NCCL_P2P_DISABLE``)."""
     world = rig.num_devices
     backend = rig.backend
     what = (f"{backend} all-reduce between the {world} "
-            f"{'workers' if rig.kind != 'cuda' else 'GPUs' if rig.gpu_slots == 1 else 'GPU slots'}")
+            f"{'workers' if rig.kind != 'cuda' else 'GPUs' if rig.gpu_slots == 1 else 'GPU slots'}"
+            + "".join(f" with {k}={v}" for k, v in (env or {}).items()))
     base = list(command or [sys.executable, "-m", "bench_lib.measure.preflight_probes"])
     with tempfile.TemporaryDirectory(prefix="parabench-preflight-") as tmp:
         folder = Path(tmp)
@@ -128,18 +139,17 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
         start = time.monotonic()
         procs = _start([[*base, json.dumps(rig.as_dict()), str(rank), str(world),
                          str(folder / "rendezvous"), str(paths[rank]), str(timeout_s),
-                         str(os.getpid())] for rank in range(world)], log_path)
+                         str(os.getpid())] for rank in range(world)], log_path, env)
         finished = _wait(procs, timeout_s)
         seconds = time.monotonic() - start
         tail = _tail(log_path)
         results = _read_results(paths)
-    hint = ("; rerun with NCCL_DEBUG=INFO to see where NCCL stops (NCCL_P2P_DISABLE=1 or "
-            "NCCL_SHM_DISABLE=1 tell a broken transport)" if backend == "nccl" else "")
+    hint = NCCL_HINT if backend == "nccl" else ""
     if not finished:
         return [Check("all_reduce", "fail",
                       f"{what} did not finish within {timeout_s:g} s: a hang, killed"
-                      f"{f' (log: {tail})' if tail else ''}{hint}")]
-    errors = []
+                      f"{f' (log: {tail})' if tail else ''}{hint}", "hang")]
+    errors, faults = [], set()
     for rank, proc in enumerate(procs):
         result = results.get(rank)
         if result is None:
@@ -148,9 +158,11 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
             why = result.get("error") or (f"wrong sum {result.get('value')} (expected "
                                           f"{world * (world + 1) / 2:g})")
             errors.append(f"rank {rank}: {why}")
+            faults.add("error" if result.get("error") else "wrong_sum")
     if errors:
         return [Check("all_reduce", "fail", f"{what} failed: {'; '.join(errors)}"
-                      f"{f' (log: {tail})' if tail else ''}{hint}")]
+                      f"{f' (log: {tail})' if tail else ''}{hint}",
+                      "wrong_sum" if faults == {"wrong_sum"} else "error")]
     checks = [Check("all_reduce", "ok", f"{what}: {4 * ELEMENTS / 2**20:.0f} MiB in "
                     f"{seconds:.1f} s, process start included")]
     peers: dict[str, bool] = results[0].get("peer_access") or {}
@@ -162,6 +174,44 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S,
             "(slower; an ACS/IOMMU setting or GPUs under different CPUs)" if without
             else f"every pair ({', '.join(sorted(peers))})"))
     return checks
+
+
+def peer_copy(rig: Rig, timeout_s: float = COPY_TIMEOUT_S,
+              command: Sequence[str] | None = None) -> Check:
+    """``peer_copy``: a known pattern copied between every two GPUs of ``rig``, both ways
+    and back, in one child process (``cuda_smoke.copy_check``), every copy checked on the
+    host: a silent corruption (``fault`` ``corrupt``) or a copy that hangs stops the run."""
+    base = list(command or [sys.executable, "-m", SMOKE_MODULE])
+    devices = ",".join(f"cuda:{g}" for g in range(rig.num_gpus))
+    with tempfile.TemporaryDirectory(prefix="parabench-copy-") as tmp:
+        log_path, path = Path(tmp) / "copy.log", Path(tmp) / "copy.json"
+        start = time.monotonic()
+        procs = _start([[*base, devices, str(path), str(os.getpid())]], log_path)
+        finished = _wait(procs, timeout_s)
+        seconds, tail = time.monotonic() - start, _tail(log_path)
+        result = _read_results([path]).get(0)
+    log = f" (log: {tail})" if tail else ""
+    what = f"copies between GPUs {devices}"
+    if not finished:
+        return Check("peer_copy", "fail", f"{what} did not finish within {timeout_s:g} s: a "
+                     f"peer copy that hangs, killed{log}", "hang")
+    if result is None or result.get("error"):
+        why = (result or {}).get("error") or (f"the process {_exit_text(procs[0].returncode)}"
+                                              " without a result")
+        return Check("peer_copy", "fail", f"{what} failed: {why}{log}", "error")
+    corrupt: list[dict[str, Any]] = result.get("corrupt") or []
+    if corrupt:
+        first = corrupt[0]
+        return Check("peer_copy", "fail", (
+            f"{what}: {len(corrupt)} of {result.get('copies')} copies came back wrong, with no "
+            f"error (silent corruption): first {first['path']} {first['dtype']} by "
+            f"{first['way']}: {first['wrong']:,} of {first['of']:,} elements wrong from "
+            f"index {first['first']:,}, checksum {first['checksum']} (expected "
+            f"{first['expected']})"), "corrupt")
+    return Check("peer_copy", "ok", (
+        f"{result.get('copies')} copies of {result.get('mib', 0):g} MiB of known patterns "
+        f"between GPUs {devices}, each way and back, by .to() and copy_(non_blocking=True), "
+        f"every one right on the host, in {seconds:.1f} s, process start included"))
 
 
 @dataclass(frozen=True)

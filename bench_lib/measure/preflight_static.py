@@ -24,6 +24,9 @@ class Check:
     status: str
     """``ok``, ``warn`` (the run goes on) or ``fail`` (the run stops)."""
     detail: str
+    fault: str = ""
+    """What went wrong, in a word, where a retry depends on it: ``hang``, ``wrong_sum``,
+    ``corrupt``, ``error``; empty otherwise."""
 
 
 def shm_check(rig: Rig, shm: Mapping[str, Any],

@@ -96,11 +96,16 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
 
 
 def caption(label: str, env: dict[str, Any], name: str | None = None) -> str:
-    """One line naming the rig, devices and versions a run was measured with."""
+    """One line naming the rig, devices and versions a run was measured with; on two GPUs
+    or more, how they reach each other (env.json ``multi_gpu.summary``) and any NCCL
+    fallback the pre-flight chose (``preflight.nccl_fallback``)."""
     v, git = env.get("versions", {}), env.get("git", {})
     cuda = f"CUDA {v['cuda']}" if v.get("cuda") else "no CUDA"
     sha = (git.get("sha") or "nogit")[:7] + ("+dirty" if git.get("dirty") else "")
     head = label if name in (None, label) else f"{label} = {name}"
+    links = (env.get("multi_gpu") or {}).get("summary")
+    fallback = (env.get("preflight") or {}).get("nccl_fallback")
     return (f"{head}: rig {env.get('rig', {}).get('label', '?')} on {devices_label(env)}; "
-            f"CPU {env.get('cpu_model', '?')}; torch {v.get('torch')}, torchvision "
+            + (f"{links}; " if links else "") + (f"{fallback}; " if fallback else "")
+            + f"CPU {env.get('cpu_model', '?')}; torch {v.get('torch')}, torchvision "
             f"{v.get('torchvision')}, {cuda}; git {sha}")

@@ -7,7 +7,16 @@ A run folder ``results/<run_id>/`` holds::
                  ran (with its case ids), or the shards a ``merge`` joined (``merged_from``);
                  ``launcher``: local or torchrun, nodes, node rank, rendezvous endpoint
                  and timeout; in a multi-node run ``nodes``, every node (host, devices, versions,
-                 fingerprint), and the fingerprint covers all of them (``fingerprint.nodes``)
+                 fingerprint), and the fingerprint covers all of them (``fingerprint.nodes``);
+                 ``multi_gpu``: /dev/shm, NCCL_* variables, on a cuda rig the GPUs' links
+                 through NVML (``topology``: PCIe path, P2P read/write/nvlink, NVLinks), the
+                 ``iommu`` and PCIe ``acs`` state where the OS shows them (``unknown``
+                 otherwise) and ``summary``, the line the captions show (``2 GPUs: PCIe host
+                 bridge, P2P read/write ok, no NVLink, IOMMU off, ACS unknown``);
+                 ``preflight`` (a cuda run; else null): each check's ``name``, ``status``,
+                 ``detail``, its ``seconds``, and ``nccl_fallback``: null, or the variable the
+                 run went on with and why (``NCCL_P2P_DISABLE=1: the all-reduce hung with
+                 peer-to-peer on``), also on every figure's caption
     cases.csv    exactly one row per case, whatever happened to it
     steps.csv    every timed step of every rank
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end

@@ -11,9 +11,9 @@ timed steps, the slowest rank's per step, as the case's figures are): the part o
 user's wait that buys a measurement. The rest is warm-up (discarded steps, each launch's
 slowest rank's) and fixed cost: per launch, a launch's wall time beyond its steps (process
 start, model build, process group, the traced and compute-only steps after the timed ones,
-teardown); per run, the rest (planning, idle power, the FLOP peak, the collectives, the
-workloads' calibrations, the fork server's start, writing rows). Both are broken into
-named parts that add up to them: a launch's from its ranks' and the runner's stamps
+teardown); per run, the rest (planning, the pre-flight, idle power, the FLOP peak, the
+collectives, the workloads' calibrations, the fork server's start, writing rows). Both are
+broken into named parts that add up to them: a launch's from its ranks' and the runner's stamps
 (``launch_parts``), the run's from ``DutyMeter.part`` around each step of the command;
 warm-up into its first steps (autotuning, lazy starts) and the steady rest. Written as
 ``duty.json`` in the run folder and printed at the end of the run. Never imports torch.
