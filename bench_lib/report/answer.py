@@ -11,9 +11,10 @@ The winner and its interval are the headlines' (``ranking.rank``) under strong s
 (the batch split over the devices); the loss is the waterfall part
 (``bench_lib.analysis.waterfall``) with the largest median share of the other ok cases'
 steps, or the remainder (what no part explains) where that share is larger; the batch
-curve's point is the per-device batch of the fastest of them that cuts the
-batch (``dp``'s replicas cut it too: ``Case.device_batch_size``), named. The weak-scaling sentence names the weak case with the largest speedup over single
-(a throughput ratio, paired by round) and says whether its interval clears 1. A last
+curve's point is the per-device batch of the fastest of them that cuts the batch (``dp``'s
+replicas cut it too: ``Case.device_batch_size``), and that case is named. The weak-scaling
+sentence names the weak case with the largest speedup over single (a throughput ratio,
+paired by round) and says whether its interval clears 1. A last
 sentence, only where some case's launches differ by more than their steps' noise explains
 (``launches_differ``, ``analysis.launch_spread``), names those cases.
 """

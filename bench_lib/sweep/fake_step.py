@@ -82,11 +82,9 @@ class Program:
     extra_bytes: int = 0
     """Bytes held from step to step besides these tensors (DDP's gradient buckets)."""
     source_batch: int = 0
-    """``nn.DataParallel``'s source device (``device_ids[0]``) of a batch of this many
-    images, of which it computes ``micro_batches``' (0: not a source): it holds the whole
-    batch's input and targets, gathers every replica's output before the loss, and after
-    the backward reduces the replicas' gradients beside its own replica's
-    (``reduce_to_source``)."""
+    """The whole batch where this is ``nn.DataParallel``'s source (``device_ids[0]``; 0: it
+    is not): it holds the batch's input and targets, gathers every replica's output before
+    the loss and reduces their gradients onto it (``reduce_to_source``)."""
 
 
 @dataclass(frozen=True)
@@ -200,24 +198,20 @@ def _batch(w: Workload, images: int, channels_last: bool) -> tuple[torch.Tensor,
 
 
 def gathered(out: torch.Tensor, source_batch: int) -> torch.Tensor:
-    """``out`` as the loss sees it: on DataParallel's source (``source_batch`` > 0) every
-    replica's output gathered into one tensor of the whole batch (the others' rows stand
-    in as a view of ``out``, allocating nothing: the gather copies them into its result);
-    elsewhere ``out`` itself."""
+    """``out`` as the loss sees it: on DataParallel's source, every replica's output
+    gathered into one tensor of ``source_batch`` rows (the others' rows a view of ``out``:
+    the gather copies them straight into its result); elsewhere ``out`` itself."""
     if not source_batch or source_batch == len(out):
         return out
-    others = out[:1].expand(source_batch - len(out), *out.shape[1:])
-    return torch.cat([out, others])
+    return torch.cat([out, out[:1].expand(source_batch - len(out), *out.shape[1:])])
 
 
 def reduce_to_source(params: Sequence[nn.Parameter]) -> None:
-    """What DataParallel's backward ends with on its source device: every replica's
-    gradients summed onto it by ``reduce_add_coalesced``, chunk by chunk
-    (``COALESCE_BYTES``, grouped as torch's ``_take_tensors`` groups them): per chunk a
-    flat copy of its own replica's gradients (freed after the chunk) and the flat sum,
-    kept. Its replica's gradients (the ``.grad`` the step counted) are freed at the end and
-    the sums become the parameters' gradients: counted as the sums freed instead, the
-    same bytes."""
+    """DataParallel's backward's end on its source: the replicas' gradients summed onto it
+    by ``reduce_add_coalesced`` in chunks (``COALESCE_BYTES``, grouped as torch's
+    ``_take_tensors`` groups them), each a flat copy of its own replica's (freed) and the
+    flat sum (kept). Then its replica's gradients are freed and the sums become the
+    parameters': counted as the sums freed instead, the same bytes."""
     sums, chunk = [], 0
     sizes = [q.grad.untyped_storage().nbytes() for q in params if q.grad is not None]
     for i, size in enumerate(sizes):
