@@ -208,3 +208,7 @@ def test_the_memory_table_gives_each_dp_device_its_row():
     assert list(table.index) == ["dp device 0", "dp device 1"]
     assert table.loc["dp device 0", "mean_error_pct"] == pytest.approx(30.0)
     assert table.loc["dp device 1", "mean_error_pct"] == pytest.approx(-10.0)
+    # dp on one GPU has no source apart from its replica: one row, as before.
+    one = cases.assign(peak_mem_mib_predicted_by_device="0:110.0",
+                       peak_mem_net_mib_by_device="0:100.0")
+    assert list(error_table(prediction_points(one)).variant) == ["dp"]

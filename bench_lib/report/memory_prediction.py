@@ -36,9 +36,9 @@ that a miss on the source is not averaged away by its replicas."""
 def prediction_points(cases: pd.DataFrame) -> pd.DataFrame:
     """One row per ok case and device that has both a prediction and a measured net peak:
     strategy, variant (the strategy and its DDP knobs away from torch's defaults:
-    ``ddp+powersgd-r1``; a ``SOURCE_DEVICE`` strategy's device named: ``dp device 0``,
-    ``dp device 1``), image size, case key, device, predicted and measured MiB, error %
-    (predicted over measured, minus 1)."""
+    ``ddp+powersgd-r1``; a ``SOURCE_DEVICE`` strategy's device named where it has several:
+    ``dp device 0``, ``dp device 1``), image size, case key, device, predicted and measured
+    MiB, error % (predicted over measured, minus 1)."""
     rows: list[dict[str, Any]] = []
     if "peak_mem_mib_predicted_by_device" not in cases:
         return pd.DataFrame(rows)
@@ -48,7 +48,7 @@ def prediction_points(cases: pd.DataFrame) -> pd.DataFrame:
         for device in sorted(set(predicted) & set(measured)):
             if measured[device] > 0:
                 variant = c.strategy + ddp_tags({str(k): v for k, v in c.items()})
-                if c.strategy in SOURCE_DEVICE:
+                if c.strategy in SOURCE_DEVICE and len(predicted) > 1:
                     variant += f" device {device}"
                 rows.append({"strategy": c.strategy, "variant": variant,
                              "image_size": c.image_size,
