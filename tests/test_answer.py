@@ -45,8 +45,8 @@ def test_single_wins_and_the_batch_per_device_is_named_with_the_curve_point():
     (line,) = answer_lines(rows)
     assert line.startswith("64 px, batch 16: single is fastest (50.0 [47.1, 53.3] img/s).")
     assert ("The other strategies lose most to the smaller batch per device (a median 36% of "
-            "their step): 8 images per device run at 44% [38%, 52%] of batch 16's per-image "
-            "speed on this rig.") in line
+            "their step): 8 images per device (ddp's) run at 44% [38%, 52%] of batch 16's "
+            "per-image speed on this rig.") in line
     assert line.endswith("A median 24% of their step is not explained by any part.")
 
 

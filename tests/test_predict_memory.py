@@ -242,7 +242,7 @@ def test_cuda_device_memory_is_each_gpus_total_through_nvml(monkeypatch):
     admission = Admission(Rig("cuda", 2), memory, FakePredictor({"0": 50_000, "1": 50_000}))
     case = new_case(Rig("cuda", 2), "ddp", "resnet50", 128, 32)
     assert admission.refusal(case) == (
-        "predicted: 50000 MiB reserved + 770 MiB CUDA context + 600 MiB NCCL buffers > "
+        "predicted: 50000 MiB reserved + 770 MiB CUDA context + 984 MiB NCCL buffers > "
         "40960 MiB (device 1, GPU total memory (NVML); --no-predict-skip launches it)")
     # --gpu-slots 2: two slots share the first GPU's memory.
     slots = device_memory(Rig("cuda", 2, gpu_slots=2), 0.0, nvml=fake_nvml((80.0,)))

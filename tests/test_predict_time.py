@@ -54,8 +54,8 @@ def test_balanced_pipelines_predict_the_closed_form(name, p, m):
     fwd, bwd = [f] * (stages * per_stage), [2 * f] * (stages * per_stage)
     cuts = [per_stage * s for s in range(1, stages)]
     orders = schedule_actions(name, p, m)
-    found = predict(Shape(name, 4 * m, p, 4), blocks_cal(fwd, bwd), pipeline=PipelineParts(
-        orders, fixed(cuts)))
+    found = predict(Shape(name, 4 * m, p, 4, device_batch=4), blocks_cal(fwd, bwd),
+                    pipeline=PipelineParts(orders, fixed(cuts)))
     closed = bound.closed_form(name, p, m, per_stage * f, per_stage * 2 * f)
     assert isinstance(found, bound.Bound)
     assert found.step_s == pytest.approx(closed + OPT / p)
@@ -69,8 +69,9 @@ def test_the_balanced_partition_cuts_where_the_calibrated_blocks_balance():
 
     fwd = [0.01, 0.03, 0.02, 0.02]  # stage costs (x3 with backward) 0.12 | 0.12
     bwd = [2 * v for v in fwd]
-    found = predict(Shape("1f1b", 16, 2, 4), blocks_cal(fwd, bwd), pipeline=PipelineParts(
-        schedule_actions("1f1b", 2, 4), lambda costs, stages: min_max_cuts(list(costs), 2)))
+    found = predict(Shape("1f1b", 16, 2, 4, device_batch=4), blocks_cal(fwd, bwd),
+                    pipeline=PipelineParts(schedule_actions("1f1b", 2, 4),
+                                           lambda costs, stages: min_max_cuts(list(costs), 2)))
     assert isinstance(found, bound.Bound) and found.formula.endswith("cut 2")
     assert found.step_s == pytest.approx(bound.closed_form("1f1b", 2, 4, 0.04, 0.08) + OPT / 2)
 
@@ -80,8 +81,9 @@ def test_unbalanced_gpipe_is_the_flow_shop_with_transfers(m):
     """Stages (f, b) = (0.02, 0.04) and (0.01, 0.02), a transfer of c each way: GPipe's
     exact makespan sum(f+b) + (m-1)(max f + max b) + 2c (``analysis.bound``)."""
     fwd, bwd, c = [0.02, 0.01], [0.04, 0.02], 0.003
-    found = predict(Shape("gpipe", 4 * m, 2, 4), blocks_cal(fwd, bwd), pipeline=PipelineParts(
-        schedule_actions("gpipe", 2, m), fixed([1]), lambda cuts: [c]))
+    found = predict(Shape("gpipe", 4 * m, 2, 4, device_batch=4), blocks_cal(fwd, bwd),
+                    pipeline=PipelineParts(schedule_actions("gpipe", 2, m), fixed([1]),
+                                           lambda cuts: [c]))
     expected = 0.09 + (m - 1) * (0.02 + 0.04) + 2 * c
     assert isinstance(found, bound.Bound)
     assert found.step_s == pytest.approx(expected + OPT / 2)
@@ -107,20 +109,21 @@ def test_ddp_without_overlap_adds_the_all_reduce_and_with_overlap_hides_it():
     assert comm == pytest.approx(4 * 0.002 + grads / 1e8)
     cal = Calibration(OPT, {}, {8: BatchCosts(0.3)}, 2)
     coll = Collectives({"all_reduce": FIT}, "gloo", 2)
-    cpu = predict(Shape("ddp", 16, 2), cal, coll, grads)
-    gpu = predict(Shape("ddp", 16, 2, overlap=True), cal, coll, grads)
+    cpu = predict(Shape("ddp", 16, 2, device_batch=8), cal, coll, grads)
+    gpu = predict(Shape("ddp", 16, 2, overlap=True, device_batch=8), cal, coll, grads)
     assert isinstance(cpu, bound.Bound) and isinstance(gpu, bound.Bound)
     assert cpu.step_s == pytest.approx(0.3 + comm)
     assert gpu.step_s == pytest.approx(max(0.3, comm))
     assert gpu.no_overlap_s == pytest.approx(cpu.step_s)
     slow = Calibration(OPT, {}, {8: BatchCosts(0.1)}, 2)  # comm 0.637 s exceeds compute
-    hidden = predict(Shape("ddp", 16, 2, overlap=True), slow, coll, grads)
+    hidden = predict(Shape("ddp", 16, 2, overlap=True, device_batch=8), slow, coll, grads)
     assert isinstance(hidden, bound.Bound) and hidden.comm_s == pytest.approx(comm - 0.1)
-    half = predict(Shape("ddp", 16, 2, hook="fp16"), cal, coll, grads)
+    half = predict(Shape("ddp", 16, 2, hook="fp16", device_batch=8), cal, coll, grads)
     assert isinstance(half, bound.Bound)
     assert half.step_s == pytest.approx(0.3 + bound.ddp_comm_s(grads / 2, FIT))
-    assert "PowerSGD" in str(predict(Shape("ddp", 16, 2, hook="powersgd"), cal, coll, grads))
-    assert "no collective" in str(predict(Shape("ddp", 16, 2), cal, None, grads))
+    assert "PowerSGD" in str(predict(Shape("ddp", 16, 2, hook="powersgd", device_batch=8), cal,
+                                     coll, grads))
+    assert "no collective" in str(predict(Shape("ddp", 16, 2, device_batch=8), cal, None, grads))
 
 
 def test_fsdp_steps_its_shard_and_pays_its_gathers_scatters_and_copies():
@@ -135,18 +138,18 @@ def test_fsdp_steps_its_shard_and_pays_its_gathers_scatters_and_copies():
     assert fsdp_copies_s(units, 2 * mib, 2, copies) == pytest.approx(copied / 1e9)
     cal = Calibration(OPT, {}, {8: BatchCosts(0.3)}, 2, copies=copies)
     coll = Collectives({"all_gather": FIT, "reduce_scatter": FIT}, "gloo", 2)
-    found = predict(Shape("fsdp", 16, 2), cal, coll, grads, units)
+    found = predict(Shape("fsdp", 16, 2, device_batch=8), cal, coll, grads, units)
     comm = bound.fsdp_comm_s(units, grads - sum(units), FIT, FIT)
     assert isinstance(found, bound.Bound)
     assert found.step_s == pytest.approx(0.3 - OPT + OPT / 2 + comm + copied / 1e9)
     assert (found.comm_s, found.other_s) == (pytest.approx(comm), pytest.approx(copied / 1e9))
-    gpu = predict(Shape("fsdp", 16, 2, overlap=True), cal, coll, grads, units)
+    gpu = predict(Shape("fsdp", 16, 2, overlap=True, device_batch=8), cal, coll, grads, units)
     assert isinstance(gpu, bound.Bound)  # the copies are not hidden by the overlap
     assert gpu.step_s == pytest.approx(max(0.3 - OPT + OPT / 2, comm) + copied / 1e9)
     # A calibration without the copy (one made before it, or for no fsdp case) says so.
     old = Calibration(OPT, {}, {8: BatchCosts(0.3)}, 2)
-    assert "no copy into a fresh buffer" in str(predict(Shape("fsdp", 16, 2), old, coll, grads,
-                                                        units))
+    assert "no copy into a fresh buffer" in str(predict(Shape("fsdp", 16, 2, device_batch=8), old,
+                                                        coll, grads, units))
     assert not old.covers(Sizes(copies=frozenset(copies)))
 
 
@@ -154,19 +157,20 @@ def test_one_process_strategies_from_the_alone_steps():
     """single and mp at the batch; accum and the cpu pipeline run their micro-batches in
     turn and step the optimizer once."""
     cal = Calibration(OPT, {16: BatchCosts(0.26), 4: BatchCosts(0.175)}, {}, 2)
-    single = predict(Shape("single", 16), cal)
-    mp = predict(Shape("mp", 16, 2, serial=True), cal)
-    accum = predict(Shape("accum", 16, 1, 4), cal)
-    pipe = predict(Shape("pipeline", 16, 2, 4, serial=True), cal)
+    single = predict(Shape("single", 16, device_batch=16), cal)
+    mp = predict(Shape("mp", 16, 2, serial=True, device_batch=16), cal)
+    accum = predict(Shape("accum", 16, 1, 4, device_batch=4), cal)
+    pipe = predict(Shape("pipeline", 16, 2, 4, serial=True, device_batch=4), cal)
     assert isinstance(single, bound.Bound) and single.step_s == pytest.approx(0.26)
     assert isinstance(mp, bound.Bound) and mp.step_s == pytest.approx(0.26)
     for found in (accum, pipe):
         assert isinstance(found, bound.Bound)
         assert found.step_s == pytest.approx(4 * (0.175 - OPT) + OPT)
-    assert predict(Shape("single", 32), cal) == ("no prediction: the calibration has no "
-                                                 "step at batch 32")
-    assert predict(Shape("dp", 16, 2), cal) == "no prediction: no model of dp's step"
-    assert predict(Shape("single", 16), None) == "no prediction: no calibration"
+    assert predict(Shape("single", 32, device_batch=32), cal) == (
+        "no prediction: the calibration has no step at batch 32")
+    assert predict(Shape("dp", 16, 2, device_batch=8), cal) == (
+        "no prediction: no model of dp's step")
+    assert predict(Shape("single", 16, device_batch=16), None) == "no prediction: no calibration"
 
 
 def test_speedup_and_error_as_the_measured_ones_are_made():
@@ -177,17 +181,19 @@ def test_speedup_and_error_as_the_measured_ones_are_made():
 
 
 def test_calibration_sizes_are_what_each_strategy_reads():
-    assert calibration_sizes(Shape("single", 16)) == Sizes(frozenset({16}))
+    assert calibration_sizes(Shape("single", 16, device_batch=16)) == Sizes(frozenset({16}))
     # ddp and the pipelined strategies read single alone at the device batch too: the
     # predicted parts price the smaller batch per device with it.
-    assert calibration_sizes(Shape("ddp", 16, 2)) == Sizes(frozenset({16, 8}), frozenset({8}))
-    weak = Shape("ddp", 32, 2, workload_batch=16)  # b = 32 / 2 = 16: single's own batch
+    assert calibration_sizes(Shape("ddp", 16, 2, device_batch=8)) == Sizes(
+        frozenset({16, 8}), frozenset({8}))
+    # b = 32 / 2 = 16: single's own batch
+    weak = Shape("ddp", 32, 2, workload_batch=16, device_batch=16)
     assert calibration_sizes(weak) == Sizes(frozenset({16}), frozenset({16}))
-    assert calibration_sizes(Shape("accum", 16, 1, 4)) == Sizes(frozenset({16, 4}))
-    assert calibration_sizes(Shape("1f1b", 16, 2, 4)) == Sizes(
+    assert calibration_sizes(Shape("accum", 16, 1, 4, device_batch=4)) == Sizes(frozenset({16, 4}))
+    assert calibration_sizes(Shape("1f1b", 16, 2, 4, device_batch=4)) == Sizes(
         frozenset({16, 4}), frozenset({4}), frozenset({4}))
-    assert calibration_sizes(Shape("mp", 32, 2, workload_batch=16, serial=True)) == Sizes(
-        frozenset({16, 32}))
+    assert calibration_sizes(Shape("mp", 32, 2, workload_batch=16, serial=True,
+                                   device_batch=32)) == Sizes(frozenset({16, 32}))
 
 
 def test_a_sweeps_sizes_per_workload(cpu_rig):
@@ -214,9 +220,9 @@ def test_shape_of_reads_the_rig(cpu_rig):
     pipe = new_case(cpu_rig, "pipeline", "resnet-tiny", 32, 16, split_size=4)
     # Each of its 2 devices steps its own stage's half of the optimizer.
     assert shape_of(pipe, cpu_rig) == Shape("pipeline", 16, 2, 4, 16, serial=True,
-                                            optimizer_share=0.5)
+                                            optimizer_share=0.5, device_batch=4)
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16, scaling="weak")
-    assert shape_of(ddp, cpu_rig) == Shape("ddp", 32, 2, None, 16)
+    assert shape_of(ddp, cpu_rig) == Shape("ddp", 32, 2, None, 16, device_batch=16)
 
 
 def test_predict_case_prices_a_real_models_collectives_and_cut(cpu_rig):

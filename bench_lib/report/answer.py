@@ -3,17 +3,18 @@ behind, each sentence built from the run's own numbers (no number, no sentence).
 
     64 px, batch 16: single is fastest (49.3 [44.2, 55.1] img/s). The other strategies
     lose most to the smaller batch per device (a median 36% of their step): 8 images per
-    device run at 44% [38%, 52%] of batch 16's per-image speed on this rig. With 16 images
-    per device (weak scaling), ddp gains most: 1.62x [1.50, 1.75] single's throughput on 2
-    devices (81% scaling efficiency).
+    device (ddp's) run at 44% [38%, 52%] of batch 16's per-image speed on this rig. With
+    16 images per device (weak scaling), ddp gains most: 1.62x [1.50, 1.75] single's
+    throughput on 2 devices (81% scaling efficiency).
 
 The winner and its interval are the headlines' (``ranking.rank``) under strong scaling
 (the batch split over the devices); the loss is the waterfall part
 (``bench_lib.analysis.waterfall``) with the largest median share of the other ok cases'
 steps, or the remainder (what no part explains) where that share is larger; the batch
-curve's point is the per-device batch of the fastest of them that cuts the
-batch. The weak-scaling sentence names the weak case with the largest speedup over single
-(a throughput ratio, paired by round) and says whether its interval clears 1. A last
+curve's point is the per-device batch of the fastest of them that cuts the batch (``dp``'s
+replicas cut it too: ``Case.device_batch_size``), and that case is named. The weak-scaling
+sentence names the weak case with the largest speedup over single (a throughput ratio,
+paired by round) and says whether its interval clears 1. A last
 sentence, only where some case's launches differ by more than their steps' noise explains
 (``launches_differ``, ``analysis.launch_spread``), names those cases.
 """
@@ -122,8 +123,9 @@ def _batch_point(others: list[Mapping[str, Any]], curve: list[Mapping[str, Any]]
     eff = float(point["per_image_efficiency"])
     low = number(point.get("per_image_efficiency_ci_low"))
     high = number(point.get("per_image_efficiency_ci_high"))
-    return (f": {int(float(point['batch_size']))} images per device run at "
-            f"{eff:.0%}{_range(low, high, '.0%')} of batch {batch}'s per-image speed on this rig")
+    return (f": {int(float(point['batch_size']))} images per device ({case_name(cutting[0])}'s) "
+            f"run at {eff:.0%}{_range(low, high, '.0%')} of batch {batch}'s per-image speed "
+            "on this rig")
 
 
 def _weak(group: list[Mapping[str, Any]], batch: Any) -> str | None:

@@ -26,13 +26,19 @@ from bench_lib.report.row_values import ddp_tags
 
 BAND = 0.15
 """The goal: predicted within 15% of measured (issue #17)."""
+SOURCE_DEVICE = {"dp": "0"}
+"""Strategies one device of which holds more than the others by design, and which: dp's
+source (``device_ids[0]``: the whole batch, the gathered outputs, the reduced gradients;
+``bench_lib.sweep.predict_memory``). Their devices get rows of their own in the table, so
+that a miss on the source is not averaged away by its replicas."""
 
 
 def prediction_points(cases: pd.DataFrame) -> pd.DataFrame:
     """One row per ok case and device that has both a prediction and a measured net peak:
     strategy, variant (the strategy and its DDP knobs away from torch's defaults:
-    ``ddp+powersgd-r1``), image size, case key, device, predicted and measured MiB, error %
-    (predicted over measured, minus 1)."""
+    ``ddp+powersgd-r1``; a ``SOURCE_DEVICE`` strategy's device named where it has several:
+    ``dp device 0``, ``dp device 1``), image size, case key, device, predicted and measured
+    MiB, error % (predicted over measured, minus 1)."""
     rows: list[dict[str, Any]] = []
     if "peak_mem_mib_predicted_by_device" not in cases:
         return pd.DataFrame(rows)
@@ -41,8 +47,10 @@ def prediction_points(cases: pd.DataFrame) -> pd.DataFrame:
         measured = parse_by_device(c.peak_mem_net_mib_by_device)
         for device in sorted(set(predicted) & set(measured)):
             if measured[device] > 0:
-                rows.append({"strategy": c.strategy,
-                             "variant": c.strategy + ddp_tags({str(k): v for k, v in c.items()}),
+                variant = c.strategy + ddp_tags({str(k): v for k, v in c.items()})
+                if c.strategy in SOURCE_DEVICE and len(predicted) > 1:
+                    variant += f" device {device}"
+                rows.append({"strategy": c.strategy, "variant": variant,
                              "image_size": c.image_size,
                              "case_key": c.get("case_key", c.case_id), "device": device,
                              "predicted_mib": predicted[device],
@@ -120,6 +128,7 @@ def error_html(cases: pd.DataFrame) -> str:
             "training step of each process on fake tensors before the case runs "
             "(bench_lib/sweep/predict_memory.py states what it counts and assumes; a DDP knob "
             "that changes memory, gradient bucket views or PowerSGD's state, has its own "
-            "row).</p>")
+            "row, and so has each device of dp, whose device 0 holds more than the "
+            "others).</p>")
     return (f"<h3>Prediction error per strategy and image size</h3><table>{head}{body}"
             f"</table>{note}")

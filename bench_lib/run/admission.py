@@ -17,8 +17,11 @@ On a cuda rig what is compared is the predicted reserved peak (``Prediction.
 reserved_mib_by_device``: the caching allocator's segments, its blocks' rounding, cache and
 fragmentation, 10-22% above its allocated peak on the first GPU run), not the allocated
 one: the segments are what the device gives. Against a GPU's total that is not all a case
-takes there: each process's CUDA context (``CUDA_CONTEXT_MIB``) and, in a multi-process case
-on NCCL, NCCL's buffers (``NCCL_BUFFERS_MIB``) come on top, and are added before comparing.
+takes there: each process's CUDA context (``CUDA_CONTEXT_MIB``) and, on each GPU of an NCCL
+communicator (a multi-process case on NCCL; ``dp``, whose broadcast and gradient reduction
+run on NCCL across its GPUs: ``nccl_ranks``), NCCL's buffers (``nccl_mib``: the one-rank
+figure measured, ``NCCL_BUFFERS_MIB``, and with peers an assumed allowance for their
+buffers) come on top, and are added before comparing.
 A cap is compared with the reserved prediction alone: it bounds the allocator's segments,
 as the workers apply it (``measure.memory.cap_cuda_memory``). Under MIG a process has an
 instance, not the GPU: the instance's memory is read where CUDA_VISIBLE_DEVICES names it
@@ -33,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench_lib import strategies
 from bench_lib.nvml import VisibleGpu, cuda_visible_gpus, nvml_session
 from bench_lib.rig import Rig
 from bench_lib.run.cells import by_device
@@ -51,11 +55,57 @@ its 9 one-process cases; the most is taken (it differs by GPU, driver and CUDA v
 case's process touches its own GPU(s) only (``process_groups.init_process_group`` selects its GPU
 first), so each GPU a process uses counts one."""
 NCCL_BUFFERS_MIB = 600.0
-"""What NCCL holds on each GPU of a multi-process case (a process group on NCCL): per
-channel and peer its protocols' buffers, per communicator. Measured on the first GPU run:
-564 MiB beside the context for DDP's one-rank communicator (NVML's used memory as for
-``CUDA_CONTEXT_MIB``); taken at 600, an estimate beyond one rank (more peers and channels
-may take more). gloo (``--gpu-slots``) keeps its buffers in host memory."""
+"""What NCCL holds on the GPU of a one-rank communicator (a process group on NCCL of one
+process), the base of every communicator's figure (``nccl_mib``). Measured on the first GPU
+run: 564 MiB beside the context for DDP's one-rank communicator (NVML's used memory as for
+``CUDA_CONTEXT_MIB``), taken at 600. A communicator with peers adds their buffers, which a
+one-rank one has none of (``NCCL_CHANNEL_PEER_MIB``). gloo (``--gpu-slots``) keeps its
+buffers in host memory."""
+NCCL_CHANNEL_PEER_MIB = 12.0
+"""ASSUMED, not measured here: what one NCCL channel holds on a GPU toward one peer it is
+connected to. Derived from NCCL's defaults: the receive FIFOs of its three protocols,
+Simple's ``NCCL_BUFFSIZE`` (4 MiB), LL128's (120 elements x 640 threads x 8 steps x 8 B,
+4.69 MiB) and LL's (8 lines x 512 threads x 8 steps x 16 B, 0.5 MiB), 9.2 MiB, mapped as
+10 MiB in cuMem's 2 MiB granules, and the 2 MiB its sending side maps: the 10485760- and
+2097152-byte allocations ``NCCL_DEBUG_SUBSYS=ALLOC`` logs per channel and peer on 8 H100s
+(NVIDIA/nccl#1685). An ``NCCL_BUFFSIZE`` set larger takes more."""
+NCCL_MAX_CHANNELS = 32
+"""ASSUMED: the channels NCCL opens between two GPUs, at most: NCCL 2's ``MAXCHANNELS``
+for collectives, reached over NVLink (32 per pair of H100s in NVIDIA/nccl#1685); over PCIe
+it opens a few, so this overstates there."""
+NCCL_MAX_PEERS = 3
+"""ASSUMED: the distinct peers one GPU's collective channels connect to, at most: a ring's
+previous and next rank and a tree's parent and children, which within a node are mostly
+the ring's (a ring keeps two connections whatever the scale: NVIDIA/nccl#986). Send/recv
+channels (pipelining's hand-offs) and NVLS, NVSwitch's in-switch all-reduce on boards that
+have it (``NCCL_NVLS_ENABLE=0`` turns it off), allocate beyond this and are not counted."""
+
+
+def nccl_mib(ranks: int) -> float:
+    """What NCCL holds on each GPU of a communicator of ``ranks`` GPUs, MiB: the one-rank
+    figure measured (``NCCL_BUFFERS_MIB``) plus, with peers, the assumed buffers toward
+    each (``NCCL_MAX_CHANNELS`` x ``NCCL_CHANNEL_PEER_MIB`` per peer, up to
+    ``NCCL_MAX_PEERS``): 984 MiB on 2 GPUs, 1368 on 3, 1752 on 4 or more. Meant to err
+    high: what was published lies under it, 544 MiB a GPU for a process group of 2 of 4
+    NVLinked A100s and 688 for larger ones (NVIDIA/nccl#964), and the one-rank base may
+    itself hold a buffer that a communicator with peers does not map (NVIDIA/nccl#2363: a
+    one-rank communicator's 512 MiB shared buffer)."""
+    peers = min(max(ranks - 1, 0), NCCL_MAX_PEERS)
+    return NCCL_BUFFERS_MIB + peers * NCCL_MAX_CHANNELS * NCCL_CHANNEL_PEER_MIB
+
+
+def nccl_ranks(case: Case, rig: Rig) -> int:
+    """The GPUs of the NCCL communicator ``case`` builds on ``rig`` (0: none): its process
+    group's on NCCL; ``dp``'s on two GPUs or more, since ``nn.DataParallel`` broadcasts the
+    model and reduces its gradients through ``torch.cuda.comm``, which runs NCCL across
+    them (one communicator per GPU, all in its one process)."""
+    if case.process_group and rig.backend == "nccl":
+        return case.world_size
+    if rig.kind == "cuda" and case.world_size > 1 and strategies.get(case.strategy).replicas:
+        return case.world_size
+    return 0
+
+
 MIG_ENABLED = 1
 """``NVML_DEVICE_MIG_ENABLE``: the current mode ``nvmlDeviceGetMigMode`` gives a GPU in
 MIG mode."""
@@ -180,14 +230,16 @@ class Admission:
     def outside_allocator(self, case: Case, label: str) -> dict[str, float]:
         """What ``case`` holds on the device(s) ``label`` names beside the prediction, MiB,
         by what it is: against a whole device's memory, each process's CUDA context and,
-        with a process group on NCCL, NCCL's buffers; against a cap, nothing. Slots of
-        one GPU that one process drives (``--gpu-slots``: "0+1") are one GPU."""
+        on a GPU of an NCCL communicator (``nccl_ranks``), NCCL's buffers; against a cap,
+        nothing. Slots of one GPU that one process drives (``--gpu-slots``: "0+1") are one
+        GPU."""
         if self.memory is None or not self.memory.whole_device:
             return {}
         devices = len({self.rig.cuda_index(int(i)) for i in label.split("+")})
         beside = {"CUDA context": CUDA_CONTEXT_MIB * devices}
-        if case.process_group and self.rig.backend == "nccl":
-            beside["NCCL buffers"] = NCCL_BUFFERS_MIB * devices
+        ranks = nccl_ranks(case, self.rig)
+        if ranks:
+            beside["NCCL buffers"] = nccl_mib(ranks) * devices
         return beside
 
     def columns(self, case: Case, launches: list[CaseOutcome]) -> dict[str, Any]:

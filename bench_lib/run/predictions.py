@@ -104,7 +104,8 @@ class Predictor:
         if isinstance(cal, str):
             why = cal if cal.startswith("no prediction") else f"no prediction: {cal}"
             return why, why
-        single = predict(Shape("single", case.workload_batch), cal)
+        single = predict(Shape("single", case.workload_batch, device_batch=case.workload_batch),
+                         cal)
         try:
             found = predict_case(case, self.rig, cal, self.collectives)
             if isinstance(found, str):

@@ -211,6 +211,10 @@ class Strategy:
     """True when every micro-batch must hold exactly split_size images (batch % split == 0)."""
     data_parallel: bool = False
     """True when ranks train replicas (or shards) on parts of the batch: ``sync_bn`` applies."""
+    replicas: bool = False
+    """True when one process runs a replica of the model on each device, each on its chunk
+    of the batch (``nn.DataParallel``): not ``data_parallel``, whose ranks are processes of
+    their own (``sync_bn``, parity's per-rank shares)."""
     ddp_knobs: bool = False
     """True when the model is wrapped in DistributedDataParallel: the case carries
     ``ddp_knobs.DdpKnobs`` (the sweep's knob lists apply) and its row records them."""
@@ -225,6 +229,12 @@ class Strategy:
     shared_gpu_unsupported: str = ""
     """Why the strategy cannot run with several device slots on one GPU (``--gpu-slots``;
     empty when it can)."""
+
+    @property
+    def shares_batch(self) -> bool:
+        """True when each device computes its own share of the batch at once: a
+        data-parallel rank's, or a replica's (``Case.device_batch_size``)."""
+        return self.data_parallel or self.replicas
 
     def unsupported_reason(self, rig: Rig) -> str | None:
         """Why this strategy cannot run on ``rig``, or None when it can."""

@@ -55,6 +55,7 @@ STRATEGY = Strategy(
     description="nn.DataParallel over all GPUs (one process)",
     build=build,
     num_devices=all_devices,
+    replicas=True,
     needs_cuda=True,
     shared_gpu_unsupported=("DataParallel replicates the module onto distinct GPUs (its "
                             "device_ids); two replicas on one GPU are not what it does"),

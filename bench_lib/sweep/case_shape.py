@@ -5,7 +5,7 @@ from a ``sweep.cases.Case`` on a rig: kept small so the prediction's arithmetic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,13 +34,9 @@ class Shape:
     bucket_cap_mb: float | None = None
     optimizer_share: float = 1.0
     """The share of the optimizer step one device runs (``Case.optimizer_share``)."""
-
-    @property
-    def device_batch(self) -> int:
-        """Images one device computes at once."""
-        if self.strategy in ("ddp", "fsdp", "dp"):
-            return self.batch // self.devices
-        return self.split or self.batch
+    device_batch: int = field(kw_only=True)
+    """Images one device computes at once: ``Case.device_batch_size``, carried (never
+    worked out again here)."""
 
     @property
     def microbatches(self) -> int:
@@ -57,4 +53,4 @@ def shape_of(case: Case, rig: Rig) -> Shape:
                  overlap=rig.kind == "cuda",
                  hook=knobs.comm_hook if knobs is not None else "none",
                  bucket_cap_mb=knobs.bucket_cap_mb if knobs is not None else None,
-                 optimizer_share=case.optimizer_share)
+                 optimizer_share=case.optimizer_share, device_batch=case.device_batch_size)

@@ -152,10 +152,14 @@ class Case:
 
     @property
     def device_batch_size(self) -> int:
-        """Images one device computes at once: a data-parallel rank's share of the batch,
-        a pipelining or accumulating case's micro-batch, else the whole batch."""
-        if strategies.get(self.strategy).data_parallel:
-            return self.batch_size // self.world_size
+        """Images one device computes at once: a data-parallel rank's share of the batch
+        or a replica's chunk (``Strategy.shares_batch``; DataParallel's scatter cuts
+        ``torch.chunk``'s chunks, the first the largest where the batch does not divide),
+        a pipelining or accumulating case's micro-batch, else the whole batch. The one
+        figure of it: the row, the batch curve, the waterfall and the time prediction
+        (``case_shape.Shape``) all read it from here."""
+        if strategies.get(self.strategy).shares_batch:
+            return -(-self.batch_size // self.world_size)
         if self.micro is not None and self.micro.split_size is not None:
             return self.micro.split_size
         return self.batch_size

@@ -53,6 +53,9 @@ MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default,
 """Ops that run in cuBLAS on a GPU (a linear layer's forward and backward are these)."""
 CONVOLUTIONS = frozenset({aten.convolution.default, aten.convolution_backward.default})
 """Ops that run in cuDNN on a GPU, each with a workspace of its own."""
+COALESCE_BYTES = 10 * 2**20
+"""The chunk ``torch.cuda.comm.reduce_add_coalesced`` flattens gradients in (its default
+``buffer_size``, which ``nn.DataParallel``'s backward takes)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,10 @@ class Program:
     and the last stage's loss is divided by the micro-batch count."""
     extra_bytes: int = 0
     """Bytes held from step to step besides these tensors (DDP's gradient buckets)."""
+    source_batch: int = 0
+    """The whole batch where this is ``nn.DataParallel``'s source (``device_ids[0]``; 0: it
+    is not): it holds the batch's input and targets, gathers every replica's output before
+    the loss and reduces their gradients onto it (``reduce_to_source``)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,34 @@ def _batch(w: Workload, images: int, channels_last: bool) -> tuple[torch.Tensor,
     return x, torch.zeros(images, dtype=torch.long)
 
 
+def gathered(out: torch.Tensor, source_batch: int) -> torch.Tensor:
+    """``out`` as the loss sees it: on DataParallel's source, every replica's output
+    gathered into one tensor of ``source_batch`` rows (the others' rows a view of ``out``:
+    the gather copies them straight into its result); elsewhere ``out`` itself."""
+    if not source_batch or source_batch == len(out):
+        return out
+    return torch.cat([out, out[:1].expand(source_batch - len(out), *out.shape[1:])])
+
+
+def reduce_to_source(params: Sequence[nn.Parameter]) -> None:
+    """DataParallel's backward's end on its source: the replicas' gradients summed onto it
+    by ``reduce_add_coalesced`` in chunks (``COALESCE_BYTES``, grouped as torch's
+    ``_take_tensors`` groups them), each a flat copy of its own replica's (freed) and the
+    flat sum (kept). Then its replica's gradients are freed and the sums become the
+    parameters': counted as the sums freed instead, the same bytes."""
+    sums, chunk = [], 0
+    sizes = [q.grad.untyped_storage().nbytes() for q in params if q.grad is not None]
+    for i, size in enumerate(sizes):
+        chunk += size
+        if i + 1 < len(sizes) and chunk + sizes[i + 1] <= COALESCE_BYTES:
+            continue
+        flat = torch.empty(chunk, dtype=torch.uint8)
+        sums.append(torch.empty(chunk, dtype=torch.uint8))
+        del flat
+        chunk = 0
+    del sums
+
+
 @functools.cache
 def simulate(p: Program) -> Footprint:
     """Count ``p``'s memory over one training step (module docstring); cached per program."""
@@ -212,10 +247,11 @@ def _run(p: Program, modules: dict[int, nn.Module], shapes: list[torch.Size], n:
     """Run the program's step under the tracker (already inside the fake mode)."""
     w, mbs = p.workload, list(p.micro_batches)
     first, last = 0 in p.stages, n - 1 in p.stages
-    x = _batch(w, sum(mbs) if first else 0, p.channels_last)[0]  # only what it reads
-    y = _batch(w, sum(mbs) if last else 0, p.channels_last)[1]
-    xs = x.split(mbs) if first else ()
-    ys = y.split(mbs) if last else ()
+    whole = p.source_batch or sum(mbs)
+    x = _batch(w, whole if first else 0, p.channels_last)[0]  # only what it reads
+    y = _batch(w, whole if last else 0, p.channels_last)[1]
+    xs = x[:sum(mbs)].split(mbs) if first else ()
+    ys = (y,) if p.source_batch else y.split(mbs) if last else ()
     recv: dict[tuple[int, int], torch.Tensor] = {}  # (stage, mb) -> its input's buffer
     grad_recv: dict[tuple[int, int], torch.Tensor] = {}  # (stage, mb) -> output grad's
     if p.pipelining:
@@ -243,7 +279,7 @@ def _run(p: Program, modules: dict[int, nn.Module], shapes: list[torch.Size], n:
                 with w.autocast(CPU):
                     out = modules[s](inp)
                     if s == n - 1:
-                        out = loss_fn(out, ys[i]) * scale
+                        out = loss_fn(gathered(out, p.source_batch), ys[i]) * scale
                 pending[s, i] = (out, inp)
             elif kind in ("B", "W"):
                 out, inp = pending.pop((s, i))
@@ -254,6 +290,8 @@ def _run(p: Program, modules: dict[int, nn.Module], shapes: list[torch.Size], n:
                 if inp.requires_grad:
                     inp.grad = None  # sent to the previous stage, then let go
                 del out, inp, grad
+        if p.source_batch:
+            reduce_to_source(params)
         optimizer.step()
         trace = tuple(tracker.trace)  # before the locals' storages go at return
     return Footprint(tracker.peak, sum(q.numel() * q.element_size() for q in params),

@@ -24,8 +24,16 @@ Per strategy (B the batch, s the split size, W the world size):
   more copies of it (``_powersgd_bytes``; ResNet50 at 64 px, batch 16, 2 cores: ddp-1 695
   MiB predicted, 677 measured; ddp's ranks 634 and 777, 18% under: with a peer, the hook's
   callbacks run on gloo's thread, plausibly allocating from another malloc arena); the
-  fp16 and bf16 hooks' compressed copy of one bucket at a time is not counted. ``dp``: B/W
-  per device.
+  fp16 and bf16 hooks' compressed copy of one bucket at a time is not counted.
+- ``dp`` (one process, ``nn.DataParallel``): each device a replica's step on its chunk of
+  B/W images (its parameters broadcast to it, its gradients), and device 0, the source
+  (``device_ids[0]``), more (``Program.source_batch``): the whole batch's input and
+  targets (it scatters them from there), every replica's output gathered before the loss,
+  and at the end of the backward the replicas' gradients reduced onto it, a second copy
+  of every gradient beside its own replica's, plus one flat chunk (up to 10 MiB) at a
+  time (``fake_step.reduce_to_source``). Its master parameters are the replica it runs;
+  SGD without momentum keeps no optimizer state; the broadcast's flat chunks on device 0
+  (as the forward starts, with little else live) are not counted.
 - ``fsdp`` (each rank): the whole model's step on B/W images, with the parameters and
   gradients live at its peak sharded W ways, plus what FSDP2 holds unsharded in flight in
   the backward of its largest unit, four times that unit's parameter bytes: its parameters
@@ -92,6 +100,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bench_lib import strategies
 from bench_lib.analysis.bound import DDP_BUCKET_BYTES
 from bench_lib.rig import Rig
 from bench_lib.strategies.partition import (
@@ -243,9 +252,12 @@ def _programs(case: Case, rig: Rig, base: Program, stages: int) -> dict[str, Pro
     b, world = case.batch_size, case.world_size
     splits = _splits(case)
     whole = dataclasses.replace(base, cuts=())
-    if case.strategy in ("ddp", "ddp-1", "dp", "fsdp"):
-        local = dataclasses.replace(whole, micro_batches=(b // world,))
-        return {str(r): local for r in range(world)}
+    if strategies.get(case.strategy).shares_batch:
+        local = dataclasses.replace(whole, micro_batches=(case.device_batch_size,))
+        shares = {str(r): local for r in range(world)}
+        if strategies.get(case.strategy).replicas and world > 1:  # dp: its source's extra
+            shares["0"] = dataclasses.replace(local, source_batch=b)
+        return shares
     if case.strategy == "accum":
         return {"0": dataclasses.replace(whole, micro_batches=splits,
                                          actions=_sequential(0, len(splits)))}
