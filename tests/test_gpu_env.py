@@ -411,13 +411,36 @@ def _children_with(marker: str) -> list[psutil.Process]:
 @pytest.mark.integration
 def test_all_reduce_that_hangs_is_killed_at_its_timeout(cpu_rig):
     marker = "preflight-hang-marker"
-    hang = [sys.executable, "-c", "import time; time.sleep(600)", marker]
+    hang = [sys.executable, "-c", f"{JOIN}time.sleep(600)  # {marker}"]
     start = time.monotonic()
     (check,) = preflight_probes.all_reduce(cpu_rig, timeout_s=2, command=hang)
     assert time.monotonic() - start < 30
-    assert check.status == "fail" and "did not finish within 2 s" in check.detail
+    assert check.status == "fail" and check.fault == "hang"
+    assert "did not finish within 2 s of joining its group" in check.detail
     assert "gloo" in check.detail and "NCCL_DEBUG" not in check.detail  # hints are NCCL's
     assert _children_with(marker) == []  # the whole group was killed and reaped
+
+
+JOIN = "import json, sys, time; open(sys.argv[5] + '.joined', 'w').close(); "
+"""A fake rank's first line: its group is up (``preflight_probes.JOINED``)."""
+
+
+def test_a_slow_start_is_not_taken_for_a_hung_all_reduce(cpu_rig):
+    """The ranks' start (torch's import, NCCL's communicator) has its own time: a start
+    slower than the all-reduce's ``timeout_s`` passes, so that no slow box has peer-to-peer
+    switched off for nothing; a rank that never joins is a hang of the start."""
+    slow = ("import json, sys, time; time.sleep(3); open(sys.argv[5] + '.joined', 'w').close();"
+            " open(sys.argv[5], 'w').write(json.dumps({'ok': True}))")
+    (check,) = preflight_probes.all_reduce(cpu_rig, timeout_s=1, join_timeout_s=30,
+                                           command=[sys.executable, "-c", slow])
+    assert check.status == "ok", check.detail
+    never = [sys.executable, "-c", "import time; time.sleep(600)"]
+    start = time.monotonic()
+    (check,) = preflight_probes.all_reduce(cpu_rig, timeout_s=1, join_timeout_s=2,
+                                           command=never)
+    assert time.monotonic() - start < 30
+    assert check.status == "fail" and check.fault == "hang"
+    assert "did not start: rank 0, 1 had not joined the group within 2 s" in check.detail
 
 
 def test_all_reduce_ranks_that_fail_are_named(cpu_rig):

@@ -39,6 +39,7 @@ CORRUPT_COPY = (
     "'wrong': 4096, 'of': 1048576, 'first': 65536, 'checksum': 12, 'expected': 34}]}))")
 _P2P_ON = "os.environ.get('NCCL_P2P_DISABLE') != '1'"
 OK_RANK = ("import json, os, sys, time\n"
+           "open(sys.argv[5] + '.joined', 'w').close()\n"  # its group is up (JOINED)
            "def ok(): open(sys.argv[5], 'w').write(json.dumps({'ok': True, 'value': 3.0}))\n")
 HANGS_WITH_P2P = OK_RANK + f"time.sleep(600) if {_P2P_ON} else ok()"
 WRONG_WITH_P2P = OK_RANK + (
@@ -125,7 +126,7 @@ def test_an_all_reduce_that_always_hangs_stops_the_preflight_within_its_timeouts
         preflight.check(Rig("cuda", 2), quiet=True, **fakes(rank=HANGS))
     assert time.monotonic() - start < 30  # 2 s an attempt, two attempts, and the rest
     text = str(e.value)
-    assert "did not finish within 2 s: a hang" in text and "and again" in text
+    assert "did not finish within 2 s of joining its group: a hang" in text and "and again" in text
     assert "with NCCL_P2P_DISABLE=1 did not finish" in text and "iommu=pt" in text
     assert text.count("NCCL_DEBUG=INFO") == 1  # the hint once, not once an attempt
     assert os.environ["NCCL_P2P_DISABLE"] == "0"

@@ -37,7 +37,9 @@ instead of hours into a sweep.
   (every process it starts inherits it), prints it first, and env.json and every figure's
   caption carry it; where it fails too, the run stops with the fixes to try (``FIXES``;
   the same where the copies corrupt).
-  Within a minute: 20 s an attempt (``TIMEOUT_S``), one retry.
+  Within a minute: an attempt's ranks get 40 s to join their group (``JOIN_TIMEOUT_S``:
+  a slow start is no hang, and switches nothing off), then 20 s for the all-reduce
+  (``TIMEOUT_S``); one retry.
 - ``peer_access``: which GPU pairs reach each other directly (CUDA, in those processes):
   a pair without is a warning (NCCL then goes through host memory: slower, not wrong).
 

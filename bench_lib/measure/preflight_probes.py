@@ -27,9 +27,16 @@ from bench_lib.measure.preflight_static import Check
 from bench_lib.rig import Rig
 
 TIMEOUT_S = 20.0
-"""How long the all-reduce's processes get, torch's import and NCCL's setup included (a
-healthy box takes seconds): with its one retry, the pre-flight of a box whose all-reduce
-hangs stays within a minute."""
+"""How long the all-reduce gets once every rank has joined its group (a healthy box takes
+well under a second): with its one retry, the pre-flight of a box whose all-reduce hangs
+stays within a minute."""
+JOIN_TIMEOUT_S = 40.0
+"""How long the all-reduce's ranks get to start and join their group (torch's import, CUDA's
+start, NCCL's communicator: seconds on a healthy box, more where NCCL compiles its kernels
+for a GPU its build lacks). Counted apart from ``TIMEOUT_S`` so that a slow start is not
+taken for a hang of the all-reduce, which would switch peer-to-peer off for nothing."""
+JOINED = ".joined"
+"""Suffix of the file a rank creates beside its result file once its group is up."""
 COPY_TIMEOUT_S = 20.0
 """How long the copies between GPUs get (``peer_copy``), CUDA's start included."""
 SMOKE_TIMEOUT_S = 180.0
@@ -93,11 +100,15 @@ def _exit_text(code: int | None) -> str:
 
 
 def _wait(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
-          grace_s: float = GRACE_S) -> bool:
+          grace_s: float = GRACE_S, joined: Sequence[Path] = (),
+          join_timeout_s: float = 0.0) -> bool:
     """Wait for every process; False when the timeout came first. After one fails, the
-    others get ``grace_s``. Kills the whole process group whatever happens (hung peers,
-    their children), and reaps every process."""
-    deadline = time.monotonic() + timeout_s
+    others get ``grace_s``. With ``joined`` (files the processes create once started), they
+    get ``join_timeout_s`` to create them all, then ``timeout_s`` from there. Kills the
+    whole process group whatever happens (hung peers, their children), and reaps every
+    process."""
+    deadline = time.monotonic() + (join_timeout_s if joined else timeout_s)
+    waiting_to_join = bool(joined)
     failed_at: float | None = None
     try:
         while True:
@@ -105,6 +116,8 @@ def _wait(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
             if all(c is not None for c in codes):
                 return True
             now = time.monotonic()
+            if waiting_to_join and all(path.exists() for path in joined):
+                waiting_to_join, deadline = False, now + timeout_s
             if now > deadline:
                 return False
             if failed_at is None and any(c not in (None, 0) for c in codes):
@@ -122,10 +135,14 @@ def _wait(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float,
 
 
 def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S, command: Sequence[str] | None = None,
-               env: Mapping[str, str] | None = None) -> list[Check]:
+               env: Mapping[str, str] | None = None,
+               join_timeout_s: float | None = None) -> list[Check]:
     """All-reduce across the rig's devices in child processes (``all_reduce``; its
     ``fault``: ``hang``, ``wrong_sum`` or ``error``), and on a cuda rig which GPU pairs have
-    peer access (``peer_access``). ``env``: variables the ranks get (``NCCL_P2P_DISABLE``)."""
+    peer access (``peer_access``). ``env``: variables the ranks get (``NCCL_P2P_DISABLE``).
+    The ranks get ``join_timeout_s`` (default ``JOIN_TIMEOUT_S``) to join their group, then
+    ``timeout_s`` for the all-reduce: a hang says in which of the two it was."""
+    join_timeout_s = JOIN_TIMEOUT_S if join_timeout_s is None else join_timeout_s
     world = rig.num_devices
     backend = rig.backend
     what = (f"{backend} all-reduce between the {world} "
@@ -140,14 +157,18 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S, command: Sequence[str] | 
         procs = _start([[*base, json.dumps(rig.as_dict()), str(rank), str(world),
                          str(folder / "rendezvous"), str(paths[rank]), str(timeout_s),
                          str(os.getpid())] for rank in range(world)], log_path, env)
-        finished = _wait(procs, timeout_s)
+        joined = [path.with_name(path.name + JOINED) for path in paths]
+        finished = _wait(procs, timeout_s, joined=joined, join_timeout_s=join_timeout_s)
         seconds = time.monotonic() - start
         tail = _tail(log_path)
         results = _read_results(paths)
+        missing = [rank for rank, path in enumerate(joined) if not path.exists()]
     hint = NCCL_HINT if backend == "nccl" else ""
     if not finished:
-        return [Check("all_reduce", "fail",
-                      f"{what} did not finish within {timeout_s:g} s: a hang, killed"
+        where = (f"did not finish within {timeout_s:g} s of joining its group" if not missing
+                 else f"did not start: rank {', '.join(map(str, missing))} had not joined "
+                      f"the group within {join_timeout_s:g} s")
+        return [Check("all_reduce", "fail", f"{what} {where}: a hang, killed"
                       f"{f' (log: {tail})' if tail else ''}{hint}", "hang")]
     errors, faults = [], set()
     for rank, proc in enumerate(procs):
@@ -299,6 +320,9 @@ def _rank(argv: Sequence[str]) -> int:
     out: dict[str, Any] = {"rank": rank, "ok": False}
     try:
         init_process_group(rig, rank, world, init_file, float(argv[5]))
+        # NCCL's communicator is up (init_process_group creates it eagerly): from here the
+        # parent counts the all-reduce's own time (JOIN_TIMEOUT_S, TIMEOUT_S).
+        result_path.with_name(result_path.name + JOINED).touch()
         device = rig.device(rank)
         x = torch.full((ELEMENTS,), float(rank + 1), device=device)
         dist.all_reduce(x)
