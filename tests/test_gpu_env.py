@@ -428,7 +428,7 @@ JOIN = "import json, sys, time; open(sys.argv[5] + '.joined', 'w').close(); "
 def test_a_slow_start_is_not_taken_for_a_hung_all_reduce(cpu_rig):
     """The ranks' start (torch's import, NCCL's communicator) has its own time: a start
     slower than the all-reduce's ``timeout_s`` passes, so that no slow box has peer-to-peer
-    switched off for nothing; a rank that never joins is a hang of the start."""
+    switched off for nothing; a rank that never joins is a hang of the start (``fault`` start)."""
     slow = ("import json, sys, time; time.sleep(3); open(sys.argv[5] + '.joined', 'w').close();"
             " open(sys.argv[5], 'w').write(json.dumps({'ok': True}))")
     (check,) = preflight_probes.all_reduce(cpu_rig, timeout_s=1, join_timeout_s=30,
@@ -439,7 +439,7 @@ def test_a_slow_start_is_not_taken_for_a_hung_all_reduce(cpu_rig):
     (check,) = preflight_probes.all_reduce(cpu_rig, timeout_s=1, join_timeout_s=2,
                                            command=never)
     assert time.monotonic() - start < 30
-    assert check.status == "fail" and check.fault == "hang"
+    assert check.status == "fail" and check.fault == "start"
     assert "did not start: rank 0, 1 had not joined the group within 2 s" in check.detail
 
 

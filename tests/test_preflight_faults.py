@@ -132,6 +132,21 @@ def test_an_all_reduce_that_always_hangs_stops_the_preflight_within_its_timeouts
     assert os.environ["NCCL_P2P_DISABLE"] == "0"
 
 
+def test_a_start_that_hangs_is_not_retried_and_names_its_fixes(no_settle, p2p_on, monkeypatch):
+    """Ranks that never join their group hang before NCCL connects any peer (NCCL >= 2.22
+    connects them at the first collective): no retry with P2P off, exit 2 with the fixes,
+    within the start's own time."""
+    monkeypatch.setattr(preflight_probes, "JOIN_TIMEOUT_S", 2.0)
+    start = time.monotonic()
+    with pytest.raises(preflight.PreflightError) as e:
+        preflight.check(Rig("cuda", 2), quiet=True, **fakes(rank="import time; time.sleep(600)"))
+    assert time.monotonic() - start < 20  # one attempt of 2 s, and the rest
+    text = str(e.value)
+    assert "had not joined the group within 2 s" in text and "and again" not in text
+    assert "NCCL_P2P_DISABLE=1" in text and "a newer NVIDIA driver" in text
+    assert os.environ["NCCL_P2P_DISABLE"] == "0"
+
+
 def test_no_retry_where_p2p_is_already_off_or_the_ranks_crash(no_settle, monkeypatch):
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
     checks = preflight.run(Rig("cuda", 2), **fakes(rank=HANGS))

@@ -39,7 +39,8 @@ instead of hours into a sweep.
   the same where the copies corrupt).
   Within a minute: an attempt's ranks get 40 s to join their group (``JOIN_TIMEOUT_S``:
   a slow start is no hang, and switches nothing off), then 20 s for the all-reduce
-  (``TIMEOUT_S``); one retry.
+  (``TIMEOUT_S``); one retry, of a hung or wrong all-reduce only (a start that hangs is
+  before NCCL connects any peer: exit 2 with the fixes).
 - ``peer_access``: which GPU pairs reach each other directly (CUDA, in those processes):
   a pair without is a warning (NCCL then goes through host memory: slower, not wrong).
 
@@ -53,6 +54,7 @@ group, killed whole on timeout; the runner itself never touches CUDA), are
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -161,6 +163,11 @@ def all_reduce_or_fallback(rig: Rig, timeout_s: float = TIMEOUT_S,
     env = os.environ if environ is None else environ
     checks = all_reduce(rig, timeout_s, command)
     first = checks[0]
+    # A start that hangs is before any peer is connected (NCCL >= 2.22 connects them at the
+    # first collective, NCCL_RUNTIME_CONNECT): P2P's setting is not what hangs there.
+    if first.fault == "start" and rig.backend == "nccl":
+        return [dataclasses.replace(first, detail=f"{first.detail.replace(NCCL_HINT, '')}. "
+                                    f"{fixes('driver', 'p2p', 'iommu')}")]
     if (first.status != "fail" or rig.backend != "nccl"
             or first.fault not in ("hang", "wrong_sum") or env.get("NCCL_P2P_DISABLE") == "1"):
         return checks

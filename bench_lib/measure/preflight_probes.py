@@ -141,7 +141,8 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S, command: Sequence[str] | 
     ``fault``: ``hang``, ``wrong_sum`` or ``error``), and on a cuda rig which GPU pairs have
     peer access (``peer_access``). ``env``: variables the ranks get (``NCCL_P2P_DISABLE``).
     The ranks get ``join_timeout_s`` (default ``JOIN_TIMEOUT_S``) to join their group, then
-    ``timeout_s`` for the all-reduce: a hang says in which of the two it was."""
+    ``timeout_s`` for the all-reduce: a hang says in which of the two it was (``fault``
+    ``start`` or ``hang``)."""
     join_timeout_s = JOIN_TIMEOUT_S if join_timeout_s is None else join_timeout_s
     world = rig.num_devices
     backend = rig.backend
@@ -169,7 +170,8 @@ def all_reduce(rig: Rig, timeout_s: float = TIMEOUT_S, command: Sequence[str] | 
                  else f"did not start: rank {', '.join(map(str, missing))} had not joined "
                       f"the group within {join_timeout_s:g} s")
         return [Check("all_reduce", "fail", f"{what} {where}: a hang, killed"
-                      f"{f' (log: {tail})' if tail else ''}{hint}", "hang")]
+                      f"{f' (log: {tail})' if tail else ''}{hint}",
+                      "hang" if not missing else "start")]
     errors, faults = [], set()
     for rank, proc in enumerate(procs):
         result = results.get(rank)
