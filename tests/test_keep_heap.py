@@ -79,22 +79,27 @@ for _ in range(10):
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     model(x).sum().backward()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-print(sum(faults[1:]), sum(faults[2:]))
+print(*faults)
 """
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_a_kept_heap_pages_a_step_in_once_not_every_step():
-    def faults(mode: str) -> tuple[int, int]:
+    def faults(mode: str) -> list[int]:
         out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True,
                              text=True, check=True, timeout=120)
-        after_first, after_second = out.stdout.split()
-        return int(after_first), int(after_second)
+        return [int(pages) for pages in out.stdout.split()]
 
     gradient_pages = 2**24 // 4096
     # By default glibc maps, unmaps and trims as its thresholds move: steps 2-10 page in 37k
-    # to 60k pages (up to 16k a step, erratically, some steps none). A kept heap reuses the
-    # blocks its first two steps made: 0 a step, and now and then one block's worth as the
-    # heap grows past what it holds (one 4k-page run in 2 of 14 steps, 2-core AMD EPYC).
-    assert faults("default")[0] > 4 * gradient_pages
-    assert faults("keep")[1] < 2 * gradient_pages
+    # to 60k pages (4k to 16k a step, erratically, some steps none; 2-core AMD EPYC and Intel
+    # Xeon). A kept heap reuses the blocks its first two steps made: 0 a step, and now and then
+    # one or two blocks' worth as the heap grows past what it holds (steps 3-10 of 14 runs on
+    # AMD EPYC: one 4k-page run in 2 of them; of 8 on Intel Xeon: at most 193 pages a step; one
+    # CI run on Intel Xeon under load: 8224 pages in all). So: most steady steps page in
+    # nothing, where by default every one pages in about a gradient.
+    default = faults("default")
+    assert sum(default[1:]) > 4 * gradient_pages
+    kept = faults("keep")
+    quiet = [pages for pages in kept[2:] if pages < gradient_pages // 4]
+    assert len(quiet) >= 6, kept
