@@ -22,5 +22,5 @@ try:
 except KeyboardInterrupt:  # before the command's own handling began (commands.main)
     print("interrupted", file=sys.stderr)
     code = EXIT_INTERRUPTED
-interrupts.ignore_from_now()  # the exit code is decided: a late Ctrl-C must not change it
+interrupts.keep_exit_code()  # the exit code is decided: a late Ctrl-C must not change it
 exit_lightly(code)

@@ -57,8 +57,8 @@ def test_a_shield_is_a_decorator_too(caught):
         work()
 
 
-def test_ignored_from_now_a_signal_changes_nothing(caught):
-    interrupts.ignore_from_now()
+def test_once_the_exit_code_is_kept_a_signal_changes_nothing(caught):
+    interrupts.keep_exit_code()
     signal.raise_signal(signal.SIGINT)
     signal.raise_signal(signal.SIGTERM)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -11,6 +11,7 @@ import sys
 
 from bench_lib.commands.parser import COMMANDS, build_parser
 from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE
+from bench_lib.processes.interrupts import shielded
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -38,7 +39,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         order_cuda_by_bus()
-        args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+        # Building a command's flags imports what it runs (torch, for some): held from a
+        # Ctrl-C, whose KeyboardInterrupt torch's C++ would swallow as it imports numpy,
+        # leaving a half-imported numpy to fail later (processes.interrupts).
+        with shielded():
+            parser = build_parser(sys.argv[1:] if argv is None else argv)
+        args = parser.parse_args(argv)
         code: int = COMMANDS[args.command].command(args)
         return code
     except _bad_input_errors() as e:

@@ -53,12 +53,17 @@ def catching(signum: int) -> bool:
     return signal.getsignal(signum) is _on_signal
 
 
-def ignore_from_now() -> None:
-    """SIGINT and SIGTERM ignored: the process's exit code is decided, and a late Ctrl-C
-    must not make its exit a death by signal (during the interpreter's teardown Python
-    has put SIGINT's default action back, which kills with -2)."""
+def keep_exit_code() -> None:
+    """Once the process's exit code is decided: SIGINT and SIGTERM ignored, so that a late
+    Ctrl-C cannot make the exit a death by signal (the interpreter's teardown puts SIGINT's
+    default action back, which kills with -2), and CPython's mark of an unhandled
+    ``KeyboardInterrupt`` cleared. CPython 3.11 sets that mark when a ``KeyboardInterrupt``
+    leaves an ``exec`` of a string (dataclasses and namedtuples make their methods so, in
+    every import), caught later or not, and ``python -m`` then ends by SIGINT (-2)
+    whatever code it exits with; an ``exec`` of a string that completes clears it."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    exec("")  # clears the mark (above); runs nothing
 
 
 @contextlib.contextmanager
