@@ -316,10 +316,10 @@ def test_ctrl_c_at_any_moment_of_a_run_exits_130_or_0_never_by_a_signal(tmp_path
     # Two whole tiny runs first, at once as the interrupted ones run: their wall time W
     # spaces nine interrupts over a run's life, at W/16, 3W/16, ..., 17W/16 (imports,
     # planning, the fork server, the run folder, each launch, the rows, the teardown, and
-    # a run that may have ended). Before processes.interrupts, most ended by SIGINT (-2:
-    # a KeyboardInterrupt outside the sweep's handling, or one CPython marked unhandled),
-    # a few by SIGABRT (-6: one raised inside torch's C++), some kept on with a half-
-    # imported numpy.
+    # a run that may have ended). Before processes.interrupts, about half ended by SIGINT
+    # (-2: a KeyboardInterrupt outside the sweep's handling, or one CPython marked
+    # unhandled), a rare one by SIGABRT (-6: raised inside torch's C++, which
+    # tests/test_interrupts.py provokes at will), and one went on with a half-imported numpy.
     started = time.monotonic()
     wholes = [start(tmp_path / f"whole{i}", "--strategies", "single,ddp") for i in range(2)]
     for code, _, err in map(finish, wholes):
