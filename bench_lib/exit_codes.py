@@ -22,6 +22,7 @@ EXIT_USAGE = 2
 folder that cannot be read (``commands.main``); runs that cannot be compared (``compare``,
 ``gate``), or a gate side that could not be measured."""
 EXIT_INTERRUPTED = 130
-"""Interrupted (Ctrl-C, or SIGTERM where the command catches it; 128 + SIGINT, as a shell
-reports it): ``run`` keeps its finished cases (``run --resume RUN_DIR`` finishes it),
-``tune`` its launches so far in tune.csv; ``gate`` keeps nothing."""
+"""Interrupted (Ctrl-C, any command, or SIGTERM where the command catches it: ``run``,
+``tune``, ``gate``; 128 + SIGINT, as a shell reports it): ``run`` keeps its finished cases
+(``run --resume RUN_DIR`` finishes it), ``tune`` its launches so far in tune.csv; ``gate``
+keeps nothing."""

@@ -24,6 +24,7 @@ from bench_lib.commands.dry_run import print_plan, print_predictions
 from bench_lib.commands.plan import plan_run
 from bench_lib.commands.run_folder import start_folder
 from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
+from bench_lib.processes import interrupts
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
@@ -128,8 +129,6 @@ def follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[C
     from bench_lib.run.coordination import NodeZeroGone
     from bench_lib.run.follower_run import run_follower
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         end = run_follower(cases, rig, launcher, args.out)
     except KeyboardInterrupt:
@@ -144,6 +143,11 @@ def follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[C
 
 
 def command(args: argparse.Namespace) -> int:
+    # Ctrl-C from the start, even where the run was started with SIGINT ignored (a
+    # background job of a non-interactive shell inherits that, and Python then leaves it
+    # ignored); a polite kill (SIGTERM) stops the run like Ctrl-C: finished cases stay
+    # recorded. Held while torch runs here (processes.interrupts), never an abort.
+    interrupts.catch(signal.SIGINT, signal.SIGTERM)
     with contextlib.ExitStack() as stack:  # the fork server, once the run starts
         return _run(args, stack)
 
@@ -199,11 +203,6 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     with duty.part("fork_server"):  # its imports, begun beside the command's (prestart)
         server.ensure()
     run_dir, figures = start_folder(args, plan, server, coordinator, duty, checked)
-    # A polite kill (SIGTERM) stops the sweep like Ctrl-C: finished cases stay recorded.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    # Ctrl-C too, even where the run was started with SIGINT ignored (a background job of a
-    # non-interactive shell inherits that, and Python then leaves it ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     progress = Progress(estimates, quiet=args.quiet,
                         launches=[c.measurement.launches for c in cases],
                         calibration_s=estimate.calibration_s, calibrations=estimate.workloads)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench_lib.processes.interrupts import shielded
 from bench_lib.workloads import LossFn, Workload
 
 
@@ -29,6 +30,7 @@ def count_train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
 
 
 @functools.cache
+@shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def train_flops_per_image(model: str, image_size: int) -> float:
     """Training FLOPs (forward + backward) per image (per sample: ``toy``'s is a vector) of
     a workload model, with its own head, inputs and default loss (cached)."""

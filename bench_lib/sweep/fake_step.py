@@ -36,6 +36,7 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from bench_lib.processes.interrupts import shielded
 from bench_lib.strategies.base import LEARNING_RATE
 from bench_lib.strategies.schedules import StageBoundary
 from bench_lib.sweep.allocator import Event
@@ -226,6 +227,7 @@ def reduce_to_source(params: Sequence[nn.Parameter]) -> None:
 
 
 @functools.cache
+@shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def simulate(p: Program) -> Footprint:
     """Count ``p``'s memory over one training step (module docstring); cached per program."""
     with FakeTensorMode():

@@ -102,6 +102,7 @@ import torch
 
 from bench_lib import strategies
 from bench_lib.analysis.bound import DDP_BUCKET_BYTES
+from bench_lib.processes.interrupts import shielded
 from bench_lib.rig import Rig
 from bench_lib.strategies.partition import (
     block_flops,
@@ -188,6 +189,7 @@ Count = tuple[float, float, Footprint]
 """A process's counted peak, the part of it held once, and its footprint (``_bytes``)."""
 
 
+@shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def _counts(case: Case, rig: Rig, cut: str) -> tuple[str, dict[str, Count]]:
     """The cut's label, and per device its process's ``Count``."""
     w = Workload(case.model, case.image_size, case.batch_size, loss=case.loss,
@@ -225,6 +227,7 @@ def cut_label(case: Case, w: Workload, stages: int, cut: str) -> str:
 
 
 @functools.cache
+@shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def _chosen_cut(w: Workload, stages: int, micro_batch: int, method: str,
                 placement: tuple[int, ...]) -> tuple[int, ...]:
     """The cut ``partition.choose`` makes with ``method`` (``tutorial`` or

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from bench_lib import strategies
+from bench_lib.processes.interrupts import shielded
 from bench_lib.workloads import blocks, get_model
 
 PIPELINING_STAGES_PER_RANK = {
@@ -39,6 +40,7 @@ class ModelFacts:
 
 
 @functools.cache
+@shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def model_facts(model: str) -> ModelFacts:
     """The structure of ``model``, built on the meta device, so no memory is filled and no
     device is touched."""

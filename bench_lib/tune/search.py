@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
+from bench_lib.processes import interrupts
 from bench_lib.rig import Rig
 from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
@@ -266,8 +267,7 @@ def _execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
         "predicted_step_s": {k: p.step_s for k, p in predicted.items()
                              if not isinstance(p, str)}}
     write_json_atomic(run_dir / "env.json", env)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupts.catch(signal.SIGTERM, signal.SIGINT)  # held while torch runs here
     log = TuneLog(run_dir / "tune.csv", run_dir.name)
     say(f"tune {run_dir.name}: {len(admitted)} candidates of {space.describe()} on rig "
         f"{rig.label}")

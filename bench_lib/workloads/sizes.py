@@ -11,10 +11,12 @@ import functools
 
 import torch
 
+from bench_lib.processes.interrupts import shielded
 from bench_lib.workloads import Workload, blocks, shard_units
 
 
 @functools.cache
+@shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def boundary_bytes(model: str, image_size: int, micro_batch: int, cuts: tuple[int, ...],
                    precision: str = "fp32") -> tuple[int, ...]:
     """Bytes of the activation crossing each cut for one micro-batch (its gradient, crossing
@@ -44,6 +46,7 @@ def boundary_bytes(model: str, image_size: int, micro_batch: int, cuts: tuple[in
 
 
 @functools.cache
+@shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def parameter_bytes(model: str, image_size: int) -> tuple[int, tuple[int, ...]]:
     """The model's gradient bytes (fp32), and each FSDP unit's (``workloads.shard_units``);
     the root holds the rest."""
