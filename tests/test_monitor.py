@@ -134,8 +134,8 @@ def test_process_source_measures_a_real_busy_process():
     rows = s.samples
     assert len(rows) >= 3 and {r["device"] for r in rows} == {"0"}
     assert rows[0]["cpu_pct"] is None  # no interval yet
-    cpu = [r["cpu_pct"] for r in rows[1:]]
-    assert all(c is not None and c >= 0 for c in cpu)
+    cpu = [r["cpu_pct"] for r in rows[1:] if r["cpu_pct"] is not None]
+    assert len(cpu) >= 2 and all(c >= 0 for c in cpu)  # a read too soon (the last) has none
     assert sum(cpu) > 0  # a busy loop gets some CPU however loaded the machine is
     assert all(r["rss_mib"] > 1 for r in rows)
     assert set(SAMPLE_METRICS) <= set(rows[0])

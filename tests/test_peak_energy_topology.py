@@ -4,17 +4,20 @@ convolution beside the GEMM on every device at once, MFU over 100% flagged, CPU 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench_lib.math_modes import math_mode, set_math_mode
-from bench_lib.measure import environment, flop_peak, flop_probe, flops
+from bench_lib.measure import cpu_sources, environment, flop_peak, flop_probe, flops
 from bench_lib.measure.cpu_sources import ProcessSource, RaplSource
 from bench_lib.measure.energy import IdlePower, idle_power, rig_packages
 from bench_lib.measure.sampler import Sampler
@@ -256,6 +259,26 @@ def test_process_source_normalises_cpu_percent_by_the_worker_threads():
     one, four = sum(by["0"]) / len(by["0"]), sum(by["1"]) / len(by["1"])
     assert 0 < four <= 35  # one busy thread of a worker holding 4 cores: about 25
     assert four == pytest.approx(one / 4, rel=0.35)
+
+
+def test_a_read_too_soon_after_the_last_gives_no_percent_and_loses_no_cpu_time(monkeypatch):
+    """Where the sampler's last tick comes a moment after a regular one, one clock tick of CPU
+    time over a millisecond read 400-700% for one busy thread (a CI run on Intel Xeon): such a
+    read gives nothing and the next covers the whole time since the last percent."""
+    clock = iter([10.0, 10.001, 10.2])  # first read, one a millisecond later, one 0.2 s on
+    cpu = iter([1.0, 1.01, 1.1])  # a tick of CPU time shows up at the second read
+    monkeypatch.setattr(cpu_sources.time, "monotonic", lambda: next(clock))
+    source = ProcessSource({"0": os.getpid()})
+    proc = types.SimpleNamespace(
+        oneshot=contextlib.nullcontext,
+        cpu_times=lambda: types.SimpleNamespace(user=next(cpu), system=0.0),
+        memory_info=lambda: types.SimpleNamespace(rss=64 * 2**20))
+    source._procs["0"] = proc
+    assert [r["cpu_pct"] for r in source.read()] == [None]  # no interval yet
+    assert [r["cpu_pct"] for r in source.read()] == [None]  # 1 ms: too short to tell
+    (last,) = source.read()
+    assert last["cpu_pct"] == pytest.approx(100 * 0.1 / 0.2)  # since the first read: 50%
+    assert cpu_sources.MIN_CPU_INTERVAL_S >= 4 * cpu_sources.CLOCK_TICK_S
 
 
 # ---- the peak: a conv probe beside the GEMM, all devices together ----------------------------

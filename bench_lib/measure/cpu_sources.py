@@ -4,6 +4,7 @@ psutil (``ProcessSource``) and the CPU packages' energy from RAPL counters
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Collection
@@ -13,6 +14,13 @@ from bench_lib.measure.sampler import MIB, Reading
 
 POWERCAP = Path("/sys/class/powercap")
 _PACKAGE_DOMAIN = re.compile(r"^[a-z-]*rapl:\d+$")  # packages, not their sub-domains
+CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+"""The kernel counts a process's CPU time in these ticks (10 ms where CLK_TCK is 100)."""
+MIN_CPU_INTERVAL_S = 5 * CLOCK_TICK_S
+"""The shortest interval a CPU percent is taken over: one tick's rounding is then at most a
+fifth of a core. A shorter one (the sampler's last tick just after a regular one, ticks
+catching up after a stall) read 400-700% for one busy thread; such a read reports nothing
+and the next one covers the whole time since."""
 
 
 class ProcessSource:
@@ -51,13 +59,15 @@ class ProcessSource:
                 rows.append(row)
                 continue
             now, busy = time.monotonic(), times.user + times.system
-            # CPU percent over the last interval; the first tick has no interval yet.
-            if device in self._last:
+            # CPU percent since the last read that gave one; the first tick has no interval
+            # yet, and a read within MIN_CPU_INTERVAL_S of it keeps that read as its start.
+            if device not in self._last:
+                self._last[device] = (now, busy)
+            elif now - self._last[device][0] >= MIN_CPU_INTERVAL_S:
                 t_prev, busy_prev = self._last[device]
-                if now > t_prev:
-                    row["cpu_pct"] = (100.0 * (busy - busy_prev) / (now - t_prev)
-                                      / self._cores[device])
-            self._last[device] = (now, busy)
+                row["cpu_pct"] = (100.0 * (busy - busy_prev) / (now - t_prev)
+                                  / self._cores[device])
+                self._last[device] = (now, busy)
             row["rss_mib"] = rss / MIB
             rows.append(row)
         return rows

@@ -484,8 +484,9 @@ STEPS = _cols(
 )
 # What the sampler reads per device; a metric a source cannot read is left empty.
 SAMPLE_METRICS = _cols(
-    ("cpu_pct", "worker process's CPU time since the last sample over its threads' cores, "
-                "% (100 = every core the worker holds busy: threads_per_worker cores)", N),
+    ("cpu_pct", "worker process's CPU time since the last sample with a value over its "
+                "threads' cores, % (100 = every core the worker holds busy: threads_per_worker "
+                "cores); empty within 5 clock ticks (50 ms) of that sample", N),
     ("rss_mib", "worker resident memory, MiB", N),
     ("util_gpu_pct", "NVML utilization.gpu, kernel-active time: the share of time any kernel "
                      "ran (NCCL's waiting for a peer too), %; not read for a MIG instance "
