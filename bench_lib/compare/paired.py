@@ -23,6 +23,8 @@ from bench_lib.compare.runs import Launches, Run
 from bench_lib.results.read import number
 
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
+METHOD_CONTROLLED = ("paired t over rounds of steps over the speed probe timed before each "
+                     "(base and head in the same job)")
 
 
 def order_text(order: Sequence[Sequence[str]]) -> str:
@@ -43,6 +45,8 @@ def side_run(path: Path, rounds: Sequence[Run]) -> Run:
     launches are the rounds it ran ok."""
     cases: dict[str, dict[str, Any]] = {}
     launches: dict[str, Launches] = {}
+    probes: dict[str, Launches] = {}
+    unprobed: set[str] = set()  # a case some round ran without probes
     said: dict[tuple[str, str], list[str]] = {}  # (case, column) -> "round r: reason"
     errors: dict[str, list[float]] = {}
     for r, run in enumerate(rounds):
@@ -59,35 +63,65 @@ def side_run(path: Path, rounds: Sequence[Run]) -> Run:
         for cid, parts in run.launches.items():
             for samples in parts.values():
                 launches.setdefault(cid, {})[r] = samples
+            if cid not in run.probes:
+                unprobed.add(cid)
+            for probe in run.probes.get(cid, {}).values():
+                probes.setdefault(cid, {})[r] = probe
     for (cid, column), reasons in said.items():
         cases[cid][column] = "; ".join(reasons)
     for cid, values in errors.items():
         cases[cid]["prediction_error_pct"] = statistics.median(values)
-    return Run(path, rounds[0].env if rounds else {}, cases, launches)
+    kept = {cid: parts for cid, parts in probes.items() if cid not in unprobed}
+    return Run(path, rounds[0].env if rounds else {}, cases, launches, kept)
 
 
-def paired_change(metric: str, head: Sequence[float], base: Sequence[float]) -> cmp.Change:
+def paired_change(metric: str, head: Sequence[float], base: Sequence[float],
+                  method: str = METHOD_PAIRED) -> cmp.Change:
     """The change head over base of figures paired by round, with the t interval over the
     rounds of their log ratios."""
     ratio = paired_ratio_interval(head, base)
-    return cmp.Change(metric, ratio.point - 1, ratio.low - 1, ratio.high - 1, METHOD_PAIRED,
+    return cmp.Change(metric, ratio.point - 1, ratio.low - 1, ratio.high - 1, method,
                       ratio.n, ratio.n)
+
+
+def same_probe(base: Run, head: Run) -> bool:
+    """Whether both sides timed the same speed probe (env.json ``speed_probe``): only then
+    are their steps over it comparable."""
+    probe = base.env.get("speed_probe")
+    return bool(probe) and probe == head.env.get("speed_probe")
+
+
+def figures(base: Run, head: Run, case_id: str
+            ) -> tuple[dict[int, float], dict[int, float], str]:
+    """The case's per-round figures on each side (head's, base's) and how they were had:
+    steps over the speed probe where both sides timed the same one in every round
+    (``Run.controlled_medians``), else launch medians in seconds."""
+    if same_probe(base, head):
+        hc, bc = head.controlled_medians(case_id), base.controlled_medians(case_id)
+        if hc is not None and bc is not None:
+            return hc, bc, METHOD_CONTROLLED
+    return head.launch_medians(case_id), base.launch_medians(case_id), METHOD_PAIRED
 
 
 def paired_changes(base: Run, head: Run, case_id: str) -> dict[str, cmp.Change]:
     """The case's paired step-time change and, where both sides ran its ``single`` in the
-    same rounds, its paired change of time over single's (None-free: left out otherwise)."""
-    hb, bb = head.launch_medians(case_id), base.launch_medians(case_id)
+    same rounds, its paired change of time over single's (None-free: left out otherwise);
+    each over the speed probe where both sides timed it (``figures``)."""
+    hb, bb, method = figures(base, head, case_id)
     rounds = [r for r in hb if r in bb]
     out = {"step_time": paired_change("step_time", [hb[r] for r in rounds],
-                                      [bb[r] for r in rounds])}
+                                      [bb[r] for r in rounds], method)}
     single = head.single_of(case_id)
     if single and single != case_id and single == base.single_of(case_id):
-        hs, bs = head.launch_medians(single), base.launch_medians(single)
+        hs, bs, single_method = figures(base, head, single)
+        if single_method != method:  # one of the two without probes: both in seconds
+            hb, bb = head.launch_medians(case_id), base.launch_medians(case_id)
+            hs, bs, method = head.launch_medians(single), base.launch_medians(single), \
+                METHOD_PAIRED
         both = [r for r in rounds if r in hs and r in bs]
         if both:
             out["speedup"] = paired_change("speedup", [hb[r] / hs[r] for r in both],
-                                           [bb[r] / bs[r] for r in both])
+                                           [bb[r] / bs[r] for r in both], method)
     return out
 
 
@@ -148,8 +182,11 @@ def method_line(results: list[cmp.CaseResult], rounds: int) -> str:
     ns = sorted({ch.n_base for r in results for ch in r.changes.values()})
     if not ns:
         return "no intervals: no case ran ok on both sides"
+    probed = any(ch.method == METHOD_CONTROLLED for r in results for ch in r.changes.values())
     return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of {rounds} "
-            "rounds of head over base, paired by round")
+            "rounds of head over base, paired by round"
+            + (", each launch's steps over the speed probe timed before each (the machine's "
+               "speed taken out)" if probed else ""))
 
 
 def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],

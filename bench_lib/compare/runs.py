@@ -12,7 +12,7 @@ code 2).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,9 @@ class Run:
     """case_id -> its cases.csv row, every status."""
     launches: dict[str, Launches]
     """case_id -> its launches' step times in seconds, in round order, for ok cases."""
+    probes: dict[str, Launches] = field(default_factory=dict)
+    """case_id -> its launches' speed probe before each step (the geometric mean over its
+    ranks), aligned with ``launches``; only cases whose every step has one."""
 
     @property
     def samples(self) -> dict[str, Samples]:
@@ -56,6 +59,15 @@ class Run:
     def launch_medians(self, case_id: str) -> dict[int, float]:
         """Launch index -> the median of that launch's step times, in round order."""
         return {r: float(np.median(v)) for r, v in self.launches[case_id].items()}
+
+    def controlled_medians(self, case_id: str) -> dict[int, float] | None:
+        """Launch index -> the median of that launch's steps over their speed probes (a
+        figure in probes, not seconds: it loses most of what the machine's speed did,
+        ``measure.speed_probe``); None where the case has no probes."""
+        probes = self.probes.get(case_id)
+        if probes is None:
+            return None
+        return {r: float(np.median(v / probes[r])) for r, v in self.launches[case_id].items()}
 
     def median_s(self, case_id: str) -> float:
         """The case's step time: the geometric mean of its launch medians (one launch: its
@@ -123,6 +135,29 @@ def step_samples(run_dir: Path) -> dict[str, Launches]:
     return out
 
 
+def probe_samples(run_dir: Path) -> dict[str, Launches]:
+    """Per case and launch, the speed probe before each timed step (steps.csv's
+    ``probe_s``), the geometric mean over the ranks, in ``step_samples``' order; only cases
+    whose every step has a positive probe (none in a folder written before the column, or
+    on GPUs)."""
+    steps = read_steps(run_dir)
+    if "probe_s" not in steps.columns:
+        return {}
+    out: dict[str, Launches] = {}
+    for case_id, case in steps.groupby("case_id", sort=True):
+        probe = case["probe_s"].astype(float)
+        if not bool(((probe > 0) & np.isfinite(probe)).all()):
+            continue
+        logs = case.assign(log_probe=np.log(probe))
+        launches: Launches = {}
+        for launch in sorted(set(case["launch"].astype(int).tolist())):
+            part = logs[logs["launch"].astype(int) == launch]
+            per_step = part.groupby("step", sort=True)["log_probe"].mean()
+            launches[launch] = np.exp(per_step.to_numpy(dtype=np.float64))
+        out[str(case_id)] = launches
+    return out
+
+
 def load_run(path: Path) -> Run:
     """Read a run folder (or its cases.csv) for comparison."""
     run_dir = run_dir_of(path)
@@ -136,7 +171,10 @@ def load_run(path: Path) -> Run:
     samples = step_samples(run_dir)
     ok = {cid: samples[cid] for cid, r in cases.items()
           if r["status"] == "ok" and sum(v.size for v in samples.get(cid, {}).values()) >= 2}
-    return Run(run_dir, env, cases, ok)
+    probes = {cid: parts for cid, parts in probe_samples(run_dir).items()
+              if cid in ok and {r: v.size for r, v in parts.items()}
+              == {r: v.size for r, v in ok[cid].items()}}
+    return Run(run_dir, env, cases, ok, probes)
 
 
 def software_of(env: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import torchvision
 
 from bench_lib.fault_hooks import TEST_HOOK_VARIABLES
 from bench_lib.math_modes import DEFAULT_MATH_MODE, set_math_mode
+from bench_lib.measure import speed_probe
 from bench_lib.nvml import cuda_visible_gpus, nvml_session, nvml_text
 from bench_lib.pinning import heap_policy
 from bench_lib.results.schema import SCHEMA_VERSION
@@ -315,6 +316,8 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         "cpu_topology": cpu_topology(rig),
         # What a cpu worker does with the memory it frees (pinning.keep_heap).
         "cpu_heap": heap_policy() if rig.kind == "cpu" else None,
+        # The machine's speed control each cpu rank times before each step (steps.csv probe_s).
+        "speed_probe": speed_probe.PROBE if rig.kind == "cpu" else None,
         # /dev/shm, GPU ordering and NCCL variables; on GPUs links, P2P and bus ids (NVML).
         "multi_gpu": multi_gpu_environment(rig),
         # What every worker and the peak probe set (math_modes.set_math_mode), read back here.

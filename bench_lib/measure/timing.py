@@ -195,6 +195,8 @@ def time_steps(
     cpu_times: list[float] | None = None,
     warmup_done: StopRule | None = None,
     warmup_times: list[float] | None = None,
+    probe: Callable[[], float] | None = None,
+    probe_times: list[float] | None = None,
 ) -> list[float]:
     """Run ``warmup_steps`` discarded steps, then time up to ``timed_steps`` steps.
 
@@ -212,7 +214,9 @@ def time_steps(
     ``after_warmup`` runs once the warm-up steps have finished on every device, before the
     barrier and the timed window (e.g. ``PeakMemory.reset``). ``cpu_times``, when given,
     receives each timed step's CPU time of this process (``time.process_time``: all its
-    threads), read just outside the step's wall-clock bracket.
+    threads), read just outside the step's wall-clock bracket. ``probe`` (the machine's
+    speed control, ``measure.speed_probe``), when given, runs just before each timed step,
+    outside its bracket, and ``probe_times`` receives its seconds.
     """
     from bench_lib.rig import synchronize
 
@@ -234,6 +238,10 @@ def time_steps(
     times: list[float] = []
     window_start = time.time()
     for _ in range(timed_steps):
+        if probe is not None:
+            seconds = probe()
+            if probe_times is not None:
+                probe_times.append(seconds)
         c0 = time.process_time() if cpu_times is not None else 0.0
         t0 = time.perf_counter()
         step()
@@ -270,6 +278,9 @@ class TimedSteps:
     """The first warm-up step's time, part of ``warmup_time_s``: where a launch pays for its
     lazy starts (cuDNN's autotuning, the allocator's growth, DDP's first buckets); the rest
     are the steady steps. 0 with no warm-up."""
+    probe_times_s: list[float] = field(default_factory=list)
+    """The speed probe's seconds just before each timed step (``measure.speed_probe``;
+    empty where none ran)."""
 
 
 def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
@@ -277,7 +288,8 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                   interval_target_pct: float, min_time_s: float = 0.0,
                   group_device: torch.device | None = None,
                   after_warmup: Callable[[], None] | None = None,
-                  warmup_rule: bool = True) -> TimedSteps:
+                  warmup_rule: bool = True,
+                  probe: Callable[[], float] | None = None) -> TimedSteps:
     """Warm up (at least ``warmup_steps``, under ``WarmupRule``; exactly ``warmup_steps``
     with ``warmup_rule`` False: a count an earlier launch found), then time ``step`` under
     the adaptive stop rule: rules 1 to 4 above.
@@ -288,6 +300,7 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     ``group_device``: in a multi-process case (a process group is up), the device its
     collectives run on; the ranks then start together and stop after the same step.
     ``after_warmup``: called between the warm-up and the timed steps (``time_steps``).
+    ``probe``: the machine's speed control, timed before each timed step (``time_steps``).
     """
     rule = AdaptiveStop(interval_target_pct / 100, max_time_s, min_time_s=min_time_s,
                         max_steps=timed_steps)
@@ -306,10 +319,11 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     warm: list[float] = []
     window: list[float] = []
     cpu: list[float] = []
+    probes: list[float] = []
     times = time_steps(step, devices, warmup_steps, loop_steps, should_stop=stop,
                        barrier=barrier, on_window=lambda t0, t1: window.extend((t0, t1)),
                        after_warmup=after_warmup, cpu_times=cpu, warmup_done=warmed,
-                       warmup_times=warm)
+                       warmup_times=warm, probe=probe, probe_times=probes)
     return TimedSteps(times, (window[0], window[1]), rule.final_reason(len(times), timed_steps),
                       cpu, warmup_steps=len(warm), warmup_time_s=sum(warm),
-                      warmup_first_step_s=warm[0] if warm else 0.0)
+                      warmup_first_step_s=warm[0] if warm else 0.0, probe_times_s=probes)

@@ -17,6 +17,7 @@ from bench_lib.results.schema import (
     ADDED_CASE_COLUMNS,
     CASE_COLUMNS,
     NUMERIC_CASE_COLUMNS,
+    OPTIONAL_STEP_COLUMNS,
     SCHEMA_VERSION,
     STATUSES,
     STEP_COLUMNS,
@@ -147,7 +148,8 @@ def read_table(path: Path, required: Sequence[str]) -> pd.DataFrame:
 
 def read_steps(run_dir: Path) -> pd.DataFrame:
     """steps.csv as a DataFrame (every rank's every timed step), checked for its columns."""
-    return read_table(run_dir / "steps.csv", STEP_COLUMNS)
+    return read_table(run_dir / "steps.csv",
+                      [c for c in STEP_COLUMNS if c not in OPTIONAL_STEP_COLUMNS])
 
 
 def done_case_ids(run_dir: Path) -> set[str]:

@@ -481,7 +481,14 @@ STEPS = _cols(
                    "T x step_time_s; well under it, the rank waited (for a peer, or for a "
                    "core another process held). On GPUs the host side only (Python, "
                    "kernel launches, any spinning in synchronize), not device work", N),
+    ("probe_s", "the machine's speed control (measure.speed_probe: a fixed few matrix "
+                "products, env.json speed_probe) timed by this rank just before the step, "
+                "seconds; a step over its probe loses most of what the machine's speed did "
+                "(gate). Empty on GPUs and in folders written before it", N),
 )
+OPTIONAL_STEP_COLUMNS = ("probe_s",)
+"""steps.csv columns a reader does not require: folders of this schema written before them
+lack them."""
 # What the sampler reads per device; a metric a source cannot read is left empty.
 SAMPLE_METRICS = _cols(
     ("cpu_pct", "worker process's CPU time since the last sample with a value over its "

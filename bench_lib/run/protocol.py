@@ -128,6 +128,9 @@ class RankResult:
     """This rank's time of each timed step."""
     step_cpu_times_s: tuple[float, ...] = ()
     """This rank's process CPU time (all threads) in each timed step, seconds."""
+    probe_times_s: tuple[float, ...] = ()
+    """The speed probe's seconds before each timed step (``measure.speed_probe``; empty
+    where none ran: GPUs)."""
     timed_window_unix_s: tuple[float, float] | None = None
     """Wall-clock start and end of this rank's timed window."""
     stop_reason: str = ""
@@ -197,6 +200,7 @@ class RankResult:
         window = d.get("timed_window_unix_s")
         return cls(**(d | {"step_times_s": tuple(d.get("step_times_s", ())),
                            "step_cpu_times_s": tuple(d.get("step_cpu_times_s", ())),
+                           "probe_times_s": tuple(d.get("probe_times_s", ())),
                            "timed_window_unix_s": tuple(window) if window else None,
                            "timeline": tuple(d.get("timeline", ())),
                            "kernel_names": tuple(d.get("kernel_names", ()))}))
@@ -243,6 +247,8 @@ class CaseOutcome:
     rank_step_times_s: dict[int, list[float]] = field(default_factory=dict)
     rank_step_cpu_times_s: dict[int, list[float]] = field(default_factory=dict)
     """Per rank, its process CPU time in each timed step (``timing.TimedSteps``)."""
+    rank_probe_times_s: dict[int, list[float]] = field(default_factory=dict)
+    """Per rank, the speed probe's seconds before each timed step (empty: none ran)."""
     peak_mem_mib: dict[str, float] = field(default_factory=dict)
     """Peak memory per device over the timed steps, runtime included (gross)."""
     peak_mem_net_mib: dict[str, float] = field(default_factory=dict)
@@ -352,6 +358,7 @@ class CaseOutcome:
             "ok", step_times_s=[t for o in launches for t in o.step_times_s],
             rank_step_times_s=pooled(lambda o: o.rank_step_times_s),
             rank_step_cpu_times_s=pooled(lambda o: o.rank_step_cpu_times_s),
+            rank_probe_times_s=pooled(lambda o: o.rank_probe_times_s),
             peak_mem_mib=largest(lambda o: o.peak_mem_mib),
             peak_mem_net_mib=largest(lambda o: o.peak_mem_net_mib),
             peak_mem_source="ru_maxrss" if "ru_maxrss" in sources else first.peak_mem_source,

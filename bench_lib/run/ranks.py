@@ -212,6 +212,8 @@ def combine(case_dir: Path, procs: Sequence[_Ended], log_path: Path,
     return CaseOutcome(
         "ok", step_times_s=slowest_per_step(per_rank), rank_step_times_s=per_rank,
         rank_step_cpu_times_s={r: list(res.step_cpu_times_s) for r, res in results.items()},
+        rank_probe_times_s={r: list(res.probe_times_s) for r, res in results.items()
+                            if res.probe_times_s},
         peak_mem_mib={k: v for res in results.values() for k, v in res.peak_mem_mib.items()},
         peak_mem_net_mib={k: v for res in results.values()
                           for k, v in res.peak_mem_net_mib.items()},

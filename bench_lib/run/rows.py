@@ -214,12 +214,15 @@ def memory_columns(outcome: CaseOutcome) -> Row:
 
 
 def step_rows(outcome: CaseOutcome) -> list[Row]:
-    """steps.csv rows: every launch's every rank's every timed step, its wall and CPU time."""
+    """steps.csv rows: every launch's every rank's every timed step, its wall and CPU time
+    and the speed probe's time before it."""
     rows = []
     for launch, part in enumerate(outcome.parts()):
         for rank, times in sorted(part.rank_step_times_s.items()):
             cpu = part.rank_step_cpu_times_s.get(rank, [])
+            probe = part.rank_probe_times_s.get(rank, [])
             rows += [{"launch": launch, "rank": rank, "step": i, "step_time_s": t,
-                      "cpu_time_s": cpu[i] if i < len(cpu) else ""}
+                      "cpu_time_s": cpu[i] if i < len(cpu) else "",
+                      "probe_s": probe[i] if i < len(probe) else ""}
                      for i, t in enumerate(times)]
     return rows

@@ -82,6 +82,7 @@ import torch
 
 from bench_lib import strategies
 from bench_lib.math_modes import set_math_mode
+from bench_lib.measure import speed_probe
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory, peak_reserved_mib
 from bench_lib.measure.timing import measure_steps
 from bench_lib.pinning import pin_worker
@@ -199,6 +200,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
         group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
         warmup_steps=m.warmup_steps if warmup_steps is None else warmup_steps,
         warmup_rule=warmup_steps is None,
+        probe=speed_probe.make_probe() if rig.kind == "cpu" else None,
     )
     stamp(stamps, "diagnostics_start")  # everything after the timed steps, to the result
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
@@ -206,6 +208,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     result = RankResult(
         rank, "ok", step_times_s=tuple(timed.times_s),
         step_cpu_times_s=tuple(timed.cpu_times_s), timed_window_unix_s=timed.window_unix_s,
+        probe_times_s=tuple(timed.probe_times_s),
         stop_reason=timed.stop_reason, warmup_steps=timed.warmup_steps,
         warmup_time_s=timed.warmup_time_s, warmup_first_step_s=timed.warmup_first_step_s,
         peak_mem_mib=peaks.gross_mib,
