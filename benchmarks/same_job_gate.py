@@ -20,6 +20,7 @@ after ``--`` go to every gate (e.g. ``-- --rounds 6`` or ``-- --profile smoke``)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -28,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_lib.compare import paired
+from bench_lib.compare.runs import load_run
 from bench_lib.fault_hooks import INJECT_SLOWDOWN_ENV
 from bench_lib.measure.environment import cpu_model
 
@@ -70,6 +73,21 @@ def half_widths(record: dict) -> list[float]:
     return out
 
 
+def without_probe(gate_dir: Path, record: dict) -> list[float]:
+    """The same gate's deciding intervals' half-widths from launch medians in seconds, its
+    speed probes left out: what the probe bought, on the same launches."""
+    sides = {}
+    for name in ("base", "head"):
+        rounds = sorted((r for r in record["runs"] if r["side"] == name),
+                        key=lambda r: r["round"])
+        runs = [dataclasses.replace(load_run(gate_dir / r["run"]), probes={}) for r in rounds]
+        sides[name] = paired.side_run(gate_dir / name, runs)
+    results = paired.judge_cases(sides["base"], sides["head"], record["threshold_pct"],
+                                 record.get("metric", "auto"))
+    return [(c.ci_high - c.ci_low) / 2 for r in results
+            if (c := r.changes.get(r.by)) is not None and c.ci_low == c.ci_low]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--aa", type=int, default=20, help="A/A gates (default 20)")
@@ -77,6 +95,8 @@ def main() -> int:
     p.add_argument("--slowdown", type=float, default=0.10,
                    help="the planted slowdown, a fraction (default 0.10)")
     p.add_argument("--ref", default="HEAD", help="the commit both sides run (default HEAD)")
+    p.add_argument("--keep", type=Path, metavar="DIR",
+                   help="keep the gate folders here (default: a temporary folder)")
     p.add_argument("gate_args", nargs=argparse.REMAINDER)
     args = p.parse_args()
     gate_args = args.gate_args[1:] if args.gate_args[:1] == ["--"] else args.gate_args
@@ -93,13 +113,15 @@ def main() -> int:
     passed = caught = 0
     durations: list[float] = []
     widths: list[float] = []
+    unprobed: list[float] = []
     with tempfile.TemporaryDirectory(prefix="parabench-gate-demo-") as tmp:
         for i, (kind, k) in enumerate(plan):
-            out = Path(tmp) / f"gate-{i}"
+            out = (args.keep or Path(tmp)) / f"gate-{i}"
             code, record, seconds = one_gate(args.ref, args.slowdown if kind == "planted"
                                              else 0.0, out, gate_args)
             durations.append(seconds)
             widths += half_widths(record)
+            unprobed += without_probe(next(out.iterdir()), record)
             if kind == "A/A":
                 passed += code == 0
             else:
@@ -110,7 +132,9 @@ def main() -> int:
     print(f"gate duration {min(durations):.0f} / {statistics.median(durations):.0f} / "
           f"{max(durations):.0f} s (min / median / max over {len(durations)}); median "
           f"half-width of the deciding intervals "
-          f"{statistics.median(widths):.1%} (over {len(widths)})" if widths else "no intervals")
+          f"{statistics.median(widths):.1%} (over {len(widths)}); from the same launches in "
+          f"seconds, without the speed probe: {statistics.median(unprobed):.1%}"
+          if widths and unprobed else "no intervals")
     return 0
 
 

@@ -140,19 +140,21 @@ def write_steps(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def test_steps_csv_probes_are_read_per_step_as_the_ranks_geometric_mean(tmp_path):
-    rows = [{"run_id": "r", "case_id": "ddp_a", "launch": launch, "rank": rank, "step": i,
-             "step_time_s": 0.5 + 0.1 * rank, "cpu_time_s": 0.5,
-             "probe_s": 0.004 * (1 + rank) * (1 + i)}
-            for launch in (0, 1) for rank in (0, 1) for i in range(3)]
+def test_steps_csv_probes_are_read_per_step_for_one_process_cases(tmp_path):
+    rows = [{"run_id": "r", "case_id": "mp_a", "launch": launch, "rank": 0, "step": i,
+             "step_time_s": 0.5 + 0.1 * i, "cpu_time_s": 0.5, "probe_s": 0.004 * (1 + i)}
+            for launch in (0, 1) for i in range(3)]
     rows += [{"run_id": "r", "case_id": "single_a", "launch": 0, "rank": 0, "step": i,
               "step_time_s": 0.6, "cpu_time_s": 0.6, "probe_s": ""} for i in range(3)]
+    rows += [{"run_id": "r", "case_id": "ddp_a", "launch": 0, "rank": rank, "step": i,
+              "step_time_s": 0.5, "cpu_time_s": 0.5, "probe_s": 0.004}
+             for rank in (0, 1) for i in range(3)]
     write_steps(tmp_path, rows)
     probes = probe_samples(tmp_path)
-    assert set(probes) == {"ddp_a"}  # single's steps have none
-    expected = [math.sqrt(0.004 * 0.008) * (1 + i) for i in range(3)]
-    assert probes["ddp_a"][1] == pytest.approx(expected)
-    assert step_samples(tmp_path)["ddp_a"][1] == pytest.approx([0.6] * 3)  # aligned
+    # single's steps have none; ddp's two ranks probe out of phase with each other's work
+    assert set(probes) == {"mp_a"}
+    assert probes["mp_a"][1] == pytest.approx([0.004, 0.008, 0.012])
+    assert step_samples(tmp_path)["mp_a"][1] == pytest.approx([0.5, 0.6, 0.7])  # aligned
 
 
 def test_a_folder_written_before_the_probe_reads_without_it(tmp_path):

@@ -10,7 +10,9 @@ a few matrix products of fixed size, and ``PROBE`` names them so that a gate com
 sides' probes only where both ran this one.
 
 Each rank times it on its own core(s) in the rank's own threads, in about 6 ms (1% of a
-ResNet50 step at 64 px; measured on 2 Intel Xeon cores), outside the step's time. Not on
+ResNet50 step at 64 px; measured on 2 Intel Xeon cores), outside the step's time. Readers use
+it for cases one process times (``compare.runs.ONE_PROCESS_PROBES``: a rank of several
+probes while its peer still works, and times that work too). Not on
 GPUs: a GPU's step does not run on the cores a CPU probe would time, and a GPU's clocks are
 read through NVML (``throttled``).
 """

@@ -484,7 +484,8 @@ STEPS = _cols(
     ("probe_s", "the machine's speed control (measure.speed_probe: a fixed few matrix "
                 "products, env.json speed_probe) timed by this rank just before the step, "
                 "seconds; a step over its probe loses most of what the machine's speed did "
-                "(gate). Empty on GPUs and in folders written before it", N),
+                "(gate: cases one process times). Empty on GPUs and in folders written "
+                "before it", N),
 )
 OPTIONAL_STEP_COLUMNS = ("probe_s",)
 """steps.csv columns a reader does not require: folders of this schema written before them
