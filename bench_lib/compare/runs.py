@@ -47,8 +47,8 @@ class Run:
     launches: dict[str, Launches]
     """case_id -> its launches' step times in seconds, in round order, for ok cases."""
     probes: dict[str, Launches] = field(default_factory=dict)
-    """case_id -> its launches' speed probe before each step (the geometric mean over its
-    ranks), aligned with ``launches``; only cases whose every step has one."""
+    """case_id -> its launches' speed probe before each step, aligned with ``launches``;
+    only cases one process timed whose every step has one (``probe_samples``)."""
 
     @property
     def samples(self) -> dict[str, Samples]:
@@ -138,10 +138,10 @@ def step_samples(run_dir: Path) -> dict[str, Launches]:
 ONE_PROCESS_PROBES = True
 """Probes are used for cases whose steps one process times (single, mp, the tutorial's
 pipeline) only. In a case of several ranks, a rank's probe runs while its peer still works
-on the step before (ranks are out of phase: a pipeline's last stage ends later), and on
-the cores of a small machine it times that work too: in a gate on 2 Intel Xeon cores,
-ddp's and the pipeline's probes read 7-11 ms where single's read 6.5-7.8 ms, and ddp's
-steps over them spread twice as much as its seconds."""
+on the step before (ranks are out of phase: a pipelining schedule's last stage ends
+later), and on the cores of a small machine it times that work too: in a gate on 2 Intel
+Xeon cores, ddp's probes read 7-11 ms where single's read 6.5-7.8 ms, and ddp's steps over
+them spread twice as much as its seconds."""
 
 
 def probe_samples(run_dir: Path) -> dict[str, Launches]:
