@@ -126,7 +126,7 @@ def test_row_flags_a_single_process_case_that_waited_but_not_a_distributed_one(c
 def test_steps_rows_carry_cpu_time_and_rank_results_keep_it(tmp_path):
     out = fake_outcome([0.09, 0.08], [0.1, 0.1], None, ranks=2)
     assert step_rows(out)[3] == {"launch": 0, "rank": 1, "step": 1, "step_time_s": 0.1,
-                                 "cpu_time_s": 0.08}
+                                 "cpu_time_s": 0.08, "probe_s": ""}  # no probe ran
     # Launches keep their own step indices, and say which launch each step is of.
     two = CaseOutcome.of_launches([out, fake_outcome([0.07], [0.2], None, ranks=2)])
     assert [(r["launch"], r["rank"], r["step"]) for r in step_rows(two)][4:] == [(1, 0, 0),

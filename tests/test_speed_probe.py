@@ -163,3 +163,12 @@ def test_a_folder_written_before_the_probe_reads_without_it(tmp_path):
                            for i in range(3)])
     assert probe_samples(tmp_path) == {}
     assert step_samples(tmp_path)["single_a"][0] == pytest.approx([0.6] * 3)
+
+
+def test_steps_rows_carry_each_ranks_probe():
+    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.run.rows import step_rows
+
+    out = CaseOutcome("ok", step_times_s=[0.1, 0.2], rank_step_times_s={0: [0.1, 0.2]},
+                      rank_probe_times_s={0: [0.006, 0.007]})
+    assert [r["probe_s"] for r in step_rows(out)] == [0.006, 0.007]
