@@ -3,10 +3,10 @@ import signal
 import sys
 
 from bench_lib.exit_codes import EXIT_INTERRUPTED
+from bench_lib.launch.agent import WARM_MODULES
 from bench_lib.nvml import order_cuda_by_bus
 from bench_lib.processes import forkserver, interrupts
 from bench_lib.processes.lifeline import exit_lightly
-from bench_lib.run.agent import WARM_MODULES
 
 # Ctrl-C as Python's default raises it, except inside a shield (processes.interrupts); an
 # ignored SIGINT stays ignored (a command that wants it, `run`, catches it itself).

@@ -3,7 +3,7 @@ one of these, ``--help`` lists them (``commands.parser.EXIT_CODES``), and a comm
 ends with another's check returns that check's code (``run --compare-to``: the gate's).
 
 A worker process's exit code is another protocol, from a worker to the runner that reads
-it, and stays with the workers: ``run.worker`` (``EXIT_FAILED``, ``EXIT_DIAGNOSTIC_FAILED``),
+it, and stays with the workers: ``launch.worker`` (``EXIT_FAILED``, ``EXIT_DIAGNOSTIC_FAILED``),
 ``processes.lifeline`` (``EXIT_ORPHANED``). Torch-free, and imports nothing of ours.
 """
 

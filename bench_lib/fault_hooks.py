@@ -1,4 +1,4 @@
-"""The environment variables of the hooks a test sets to bend a run (``bench_lib.run.faults``:
+"""The environment variables of the hooks a test sets to bend a run (``bench_lib.launch.faults``:
 an injected fault or slowdown; ``measure.flop_peak``: a quick FLOP probe). A run made with one
 set is not a real measurement, and env.json says so: its ``test_hooks`` field (the results
 schema's name, which old run folders carry) records the ones set (``measure.environment``).

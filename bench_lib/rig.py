@@ -47,7 +47,7 @@ class Rig:
     """The physical cores of ``cores`` in hand-out order, each as its logical CPUs; worker i
     gets physical cores [i*T, (i+1)*T). Empty: each logical CPU counts as a core."""
     nodes: int = 1
-    """Nodes of a multi-node run (``run.multinode``), each with this node's devices:
+    """Nodes of a multi-node run (``nodes.multinode``), each with this node's devices:
     ``num_devices`` and the cores stay this node's, so device slots index this node."""
     gpu_slots: int = 1
     """Device slots per GPU (cuda only). Above 1 is the validation mode (``--gpu-slots``):

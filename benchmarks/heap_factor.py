@@ -1,6 +1,6 @@
 """Live tensors against resident memory for one pipeline stage's step on a cpu worker.
 
-The memory prediction (``bench_lib/sweep/predict_memory.py``) counts live tensor bytes on fake
+The memory prediction (``bench_lib/prediction/memory.py``) counts live tensor bytes on fake
 tensors and scales them by one heap factor (``CPU_HEAP_FACTOR``) on a cpu rig. This replays
 one stage of ResNet50 on REAL tensors in the order a schedule runs it and prints both
 figures, so that the count can be checked (live tensors, by ``LiveBytes``, the counter the
@@ -24,7 +24,7 @@ import sys
 import torch
 
 from bench_lib.measure.memory import current_rss_mib, proc_status_mib, reset_rss_peak
-from bench_lib.sweep.fake_step import LiveBytes
+from bench_lib.prediction.fake_step import LiveBytes
 from bench_lib.workloads import Workload, split_stages
 
 MIB = 2**20

@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_lib.analysis.stats import Stats  # noqa: E402
+from bench_lib.launch.sampling import case_sampler  # noqa: E402
 from bench_lib.rig_detection import detect_rig  # noqa: E402
-from bench_lib.run.sampling import case_sampler  # noqa: E402
 from bench_lib.sweep.cases import new_case  # noqa: E402
 from bench_lib.sweep.profile import Measurement  # noqa: E402
 

@@ -88,8 +88,8 @@ def forks():
     their ranks start without seconds of imports each. Its environment is the session's at
     its start: a test that sets a fault variable runs its case without it (the fresh
     interpreters of ``server=None``)."""
+    from bench_lib.launch.agent import WARM_MODULES
     from bench_lib.processes.forkserver import ForkServer
-    from bench_lib.run.agent import WARM_MODULES
 
     with ForkServer(WARM_MODULES) as server:
         yield server

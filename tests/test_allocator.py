@@ -1,22 +1,22 @@
-"""The CUDA caching allocator's model (sweep.allocator) and what a GPU adds to a counted step
-(sweep.cuda_memory), against hand counts of torch's rules."""
+"""The CUDA caching allocator's model (prediction.allocator) and what a GPU adds to a counted step
+(prediction.cuda_memory), against hand counts of torch's rules."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench_lib.rig import Rig
-from bench_lib.sweep import predict_memory
-from bench_lib.sweep.allocator import (
+from bench_lib.prediction import memory
+from bench_lib.prediction.allocator import (
     MIB,
     CachingAllocator,
     block_size,
     replay,
     segment_size,
 )
+from bench_lib.prediction.cuda_memory import CUBLAS_WORKSPACE_BYTES, cublas_workspace_bytes
+from bench_lib.prediction.fake_step import Program, simulate
+from bench_lib.rig import Rig
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.cuda_memory import CUBLAS_WORKSPACE_BYTES, cublas_workspace_bytes
-from bench_lib.sweep.fake_step import Program, simulate
 from bench_lib.workloads import Workload
 
 KIB = 2**10
@@ -128,10 +128,10 @@ def test_only_a_process_that_runs_a_matmul_gets_cublas_workspaces():
 def test_a_gpu_prediction_is_the_count_through_the_allocator_and_a_cpu_one_is_not():
     cuda = Rig("cuda", 1)
     case = new_case(cuda, "single", "resnet-tiny", 64, 8)
-    counted = predict_memory.counted_mib(case, cuda)["0"]
-    p = predict_memory.predict(case, cuda)
+    counted = memory.counted_mib(case, cuda)["0"]
+    p = memory.predict(case, cuda)
     workspaces = 2 * CUBLAS_WORKSPACE_BYTES / MIB
     assert counted + workspaces < p.max_mib < p.reserved_max_mib
     cpu = Rig("cpu", 2, 1, (0, 1))
-    on_cpu = predict_memory.predict(new_case(cpu, "single", "resnet-tiny", 64, 8), cpu)
+    on_cpu = memory.predict(new_case(cpu, "single", "resnet-tiny", 64, 8), cpu)
     assert on_cpu.reserved_mib_by_device == on_cpu.mib_by_device

@@ -1,7 +1,7 @@
 """docs/architecture.md cannot drift from the package: every module of ``bench_lib`` is named
 in its map, and every module the page names exists (a module added, moved or removed without
-the page fails here), and every module over 300 lines says why there (and only those).
-Read from the file system and the page; nothing is imported.
+the page fails here), and every small module with one importer says why it stands alone
+there (and only those). Read from the file system and the page; nothing is imported.
 
 How the page names a module: in the map (the fenced block that starts ``bench_lib/``) a
 line at two spaces opens an entry, a package (``commands/``, which names its
@@ -84,44 +84,62 @@ def test_every_module_the_architecture_page_names_exists() -> None:
         + ", ".join(gone))
 
 
-LONG = 300
-"""The style's line count a module aims at (STYLE.md); a longer one says why on the page."""
+SMALL = 60
+"""Under this many lines, a module that only one module imports says on the page why it is
+not part of that module."""
+REGISTRIES = ("bench_lib.strategies", "bench_lib.commands.parser")
+"""The registries: each imports one module per CLI name (a strategy, a command)."""
 
 
-def long_modules_named() -> set[Path]:
-    """The modules the page's ``## Modules over 300 lines`` section gives a reason for."""
-    section = PAGE.read_text().split("## Modules over 300 lines", 1)
-    assert len(section) == 2, "docs/architecture.md: no '## Modules over 300 lines' section"
+def standalone_named() -> set[Path]:
+    """The modules the page's ``## Small modules that stand alone`` section gives a reason
+    for: the module each of its items opens with."""
+    section = PAGE.read_text().split("## Small modules that stand alone", 1)
+    assert len(section) == 2, "docs/architecture.md: no '## Small modules that stand alone'"
     body = section[1].split("\n## ", 1)[0]
-    return {path_of(token) for token in PY.findall(body) if "/" in token}
+    return {path_of(m) for m in re.findall(r"^- `([\w/]+\.py)`", body, flags=re.M)}
 
 
+def small_leaves(limit: int = SMALL) -> set[Path]:
+    """Modules under ``limit`` lines imported by exactly one other module, that module not
+    a registry (``REGISTRIES``)."""
+    from tests.test_layering import EDGES, MODULES
 
-def length_reasons(limit: int = LONG) -> tuple[list[str], list[str]]:
-    """(modules over ``limit`` lines the page gives no reason for, modules it gives a reason
-    for that are ``limit`` lines or fewer)."""
-    modules = package_modules()
-    long = {p for p in modules if len(p.read_text().splitlines()) > limit}
-    named = long_modules_named()
-    return relative(long - named), relative(named & modules - long)
+    importers: dict[str, set[str]] = {}
+    for e in EDGES:
+        if e.target != e.source:
+            importers.setdefault(e.target, set()).add(e.source)
+    found = set()
+    for name, (path, is_package) in MODULES.items():
+        by = importers.get(name, set())
+        if not is_package and len(path.read_text().splitlines()) < limit and len(by) == 1 \
+                and not by & set(REGISTRIES):
+            found.add(path)
+    return found
 
 
-def test_every_long_module_says_why_on_the_architecture_page() -> None:
-    unexplained, shrunk = length_reasons()
+def standalone_reasons(limit: int = SMALL) -> tuple[list[str], list[str]]:
+    """(small leaves the page gives no reason for, modules it gives a reason for that are no
+    small leaves)."""
+    leaves, named = small_leaves(limit), standalone_named()
+    return relative(leaves - named), relative(named - leaves)
+
+
+def test_every_small_leaf_says_why_it_stands_alone() -> None:
+    unexplained, gone = standalone_reasons()
     assert not unexplained, (
-        f"these modules exceed {LONG} lines and docs/architecture.md does not say why: split "
-        "them along their jobs, or give each a line under '## Modules over 300 lines': "
-        + ", ".join(unexplained))
-    assert not shrunk, (
-        f"docs/architecture.md gives a reason for these modules' length, but they are {LONG} "
-        "lines or fewer now: drop their lines from '## Modules over 300 lines': "
-        + ", ".join(shrunk))
+        f"these modules are under {SMALL} lines and only one module imports them: fold each "
+        "into its reader (or the package whose idea it is), or say why it stands alone under "
+        "'## Small modules that stand alone' in docs/architecture.md: " + ", ".join(unexplained))
+    assert not gone, (
+        "docs/architecture.md says why these stand alone, but they are no longer small "
+        "modules with one importer: drop their lines: " + ", ".join(gone))
 
 
-def test_the_length_check_sees_both_ways_of_drifting() -> None:
-    # A lower limit finds modules with no reason given, a higher one finds reasons no longer
-    # needed: the check above can fail either way.
-    unexplained, _ = length_reasons(limit=250)
-    _, shrunk = length_reasons(limit=10_000)
-    assert unexplained and "bench_lib/results/schema.py" not in unexplained
-    assert "bench_lib/results/schema.py" in shrunk
+def test_the_leaf_check_sees_both_ways_of_drifting() -> None:
+    # A higher limit finds leaves with no reason given; a limit of 1 finds none, so every
+    # reason given is one too many: the check above can fail either way.
+    unexplained, _ = standalone_reasons(limit=200)
+    _, gone = standalone_reasons(limit=1)
+    assert unexplained and "bench_lib/measure/kernels.py" not in unexplained
+    assert "bench_lib/measure/kernels.py" in gone

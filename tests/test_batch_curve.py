@@ -17,14 +17,14 @@ import statistics
 import pandas as pd
 import pytest
 
-from bench_lib.analysis.waterfall import PARTS
 from bench_lib.report.curve_figure import curve_points, fig_batch_curve
 from bench_lib.report.headlines import headline_lines
 from bench_lib.report.row_values import is_curve_point
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import launch_medians
+from bench_lib.rows.speedup_table import SpeedupTable
+from bench_lib.rows.waterfall import PARTS
 from bench_lib.run.runner import workload_groups
-from bench_lib.run.speedup_table import SpeedupTable
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile

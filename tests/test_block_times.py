@@ -1,5 +1,5 @@
-"""The calibration's block times (``measure.calibration_timing.block_times``): the blocks timed as a
-pipelining stage runs them, chained, one forward then one backward, the gradients
+"""The calibration's block times (``prediction.calibration_timing.block_times``): the blocks
+timed as a pipelining stage runs them, chained, one forward then one backward, the gradients
 accumulating (#41: a block timed alone had priced 1f1b's last stage 20-30 ms a pass short on
 a cpu rig, where that stage's gradient buffers are paged in afresh each backward).
 
@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from bench_lib.measure import calibration_timing, trace
+from bench_lib.measure import trace
+from bench_lib.prediction import calibration_timing
 from bench_lib.workloads.models import BlockStack
 
 FORWARD = (0.010, 0.020, 0.040)

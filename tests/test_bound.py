@@ -18,16 +18,16 @@ from bench_lib.analysis.collective_fits import (
     bus_factor,
     fit_alpha_beta,
 )
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.measure.collectives import SIZES_MIB, measure, sizes_for
+from bench_lib.prediction.collectives import largest_message
+from bench_lib.prediction.schedule_orders import schedule_actions
 from bench_lib.report import bound_figure, build
 from bench_lib.report.runs import load_runs
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
-from bench_lib.run import case_bound
-from bench_lib.run.bound_columns import bound_columns
-from bench_lib.run.protocol import CaseOutcome
+from bench_lib.rows.bound_columns import bound_columns
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.schedule_orders import schedule_actions
 from bench_lib.workloads import Workload
 from bench_lib.workloads.sizes import boundary_bytes, parameter_bytes
 from tests.test_report import env
@@ -239,11 +239,11 @@ def test_sizes_follow_the_sweeps_largest_message(cpu_rig):
     assert sizes_for(1000)[-1] == 1.0  # at least 1 MiB
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8)
     grads = parameter_bytes("resnet-tiny", 32)[0]
-    assert case_bound.largest_message([ddp], cpu_rig) == grads
+    assert largest_message([ddp], cpu_rig) == grads
     # Nothing priced with collectives: single, and mp on a cpu rig (one process).
     alone = [new_case(cpu_rig, "single", "resnet-tiny", 32, 8),
              new_case(cpu_rig, "mp", "resnet-tiny", 32, 8)]
-    assert case_bound.largest_message(alone, cpu_rig) is None
+    assert largest_message(alone, cpu_rig) is None
 
 
 def test_micro_benchmark_skips_a_rig_of_one_device():
@@ -367,8 +367,9 @@ def test_ddp_bound_takes_compute_from_its_own_no_sync_steps(cpu_rig):
     assert priced["step_time_s_bound"] == pytest.approx(
         shared["step_time_s_bound"] + copies_s)
     # fsdp takes a plain ddp case's measured compute of the same local batch where the run
-    # has one (run.workload_rows.ddp_compute_s picks it; knobbed or other world sizes do not count).
-    from bench_lib.run.workload_rows import ddp_compute_s
+    # has one (rows.workload_rows.ddp_compute_s picks it; knobbed or other world sizes do
+    # not count).
+    from bench_lib.rows.workload_rows import ddp_compute_s
     from bench_lib.strategies.ddp_knobs import DdpKnobs
 
     knobbed = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8, ddp=DdpKnobs(comm_hook="fp16"))
@@ -486,7 +487,7 @@ def test_a_case_across_nodes_is_not_priced_with_one_nodes_collectives(cpu_rig):
     """The micro-benchmark runs on node 0's devices: its fit prices intra-node traffic, not
     the network a case across nodes crosses (#28 item 11). Such a case gets no bound, and
     says why, rather than one off by the network's cost."""
-    from bench_lib.run.multinode import plan as plan_nodes
+    from bench_lib.nodes.multinode import plan as plan_nodes
     from bench_lib.sweep.profile import Profile
 
     fit = CollectiveFit((1,), (1.0,), alpha_s=0.01, beta_bytes_s=1e8, busbw_gb_s=1.0)

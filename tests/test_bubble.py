@@ -14,10 +14,10 @@ from torch.distributed.pipelining.schedules import _ComputationType as Op
 
 from bench_lib import strategies
 from bench_lib.analysis import bubble
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.measure.trace import align, trace_step
 from bench_lib.report.gantt import bubble as report_bubble
-from bench_lib.run.bound_columns import bubble_columns
-from bench_lib.run.protocol import CaseOutcome
+from bench_lib.rows.bound_columns import bubble_columns
 from bench_lib.strategies import BuildContext
 from bench_lib.sweep.cases import new_case
 from bench_lib.workloads import Workload

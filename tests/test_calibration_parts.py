@@ -1,7 +1,7 @@
 """Where a calibration's time goes, and how many passes it takes (#39, item 2): the pass
-rules (``measure.calibration_timing``: fixed counts on a cpu rig, a settling rule on a cuda rig),
-the worker's stamps (``run.calibration_worker``), their parts and line (``run.calibration``),
-and calibration.json with and without them."""
+rules (``prediction.calibration_timing``: fixed counts on a cpu rig, a settling rule on a cuda
+rig), the worker's stamps (``prediction.calibration_worker``), their parts and line
+(``prediction.calibration``), and calibration.json with and without them."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_lib.measure import calibration_timing as measure
-from bench_lib.rig import Rig
-from bench_lib.run import calibration_worker as worker
-from bench_lib.run.calibration import (
+from bench_lib.prediction import calibration_timing as measure
+from bench_lib.prediction import calibration_worker as worker
+from bench_lib.prediction.calibration import (
     CalibrationKey,
     CalibrationSpec,
     combine,
@@ -23,8 +22,9 @@ from bench_lib.run.calibration import (
     parts_of,
     summary_parts,
 )
-from bench_lib.run.calibration_file import read_calibrations, write_calibrations
-from bench_lib.sweep.calibration_data import BatchCosts, Calibration, Sizes
+from bench_lib.prediction.calibration_data import BatchCosts, Calibration, Sizes
+from bench_lib.prediction.calibration_file import read_calibrations, write_calibrations
+from bench_lib.rig import Rig
 from bench_lib.topology import available_cores
 
 EVIDENCE = Path(__file__).parent / "data" / "h100-2026-11-26" / "resnet50-224-single-accum"
@@ -208,7 +208,7 @@ def test_a_cuda_rank_creates_its_context_first_and_settles_its_passes(
 def test_a_real_launch_records_parts_that_add_up_to_its_wall_time(tmp_path, forks):
     """One calibration launch of a one-worker cpu rig, forked by the fork server: the
     runner's and the rank's monotonic stamps subtract (one clock for the host)."""
-    from bench_lib.run.calibration import calibrate
+    from bench_lib.prediction.calibration import calibrate
 
     rig = Rig("cpu", 1, 1, tuple(available_cores()[:1]))
     cal = calibrate(KEY, Sizes(frozenset({4})), rig, tmp_path, server=forks)

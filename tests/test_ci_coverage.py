@@ -33,10 +33,10 @@ from bench_lib.analysis.stats import (
     paired_ratio_interval,
     welch_log_change,
 )
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.measure.timing import AdaptiveStop
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row
+from bench_lib.rows.rows import case_row
 from bench_lib.sweep.cases import new_case
 
 TRIALS = 400

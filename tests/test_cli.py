@@ -11,11 +11,11 @@ import pytest
 
 from bench_lib import commands, exit_codes
 from bench_lib.commands.common import memory_mib
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.results.schema import CASE_COLUMNS
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row
+from bench_lib.rows.rows import case_row
 from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile, profile_names
 from tests.conftest import PYTHON, REPO, in_process

@@ -395,7 +395,7 @@ def test_a_run_from_a_busy_machine_is_flagged(tmp_path, capsys):
 def test_the_test_only_slowdown_hook_adds_its_fraction_of_each_step(monkeypatch):
     import time
 
-    from bench_lib.run import faults
+    from bench_lib.launch import faults
 
     now = [10.0]  # a fake clock: the step takes 0.4 s, every later reading 1 ms
 

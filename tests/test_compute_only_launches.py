@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from bench_lib.launch import diagnostics, worker
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec, RankResult
+from bench_lib.nodes.coordination import Coordinator, LaunchNotice
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
-from bench_lib.run import case_launch, diagnostics, runner, worker
-from bench_lib.run.coordination import Coordinator, LaunchNotice
-from bench_lib.run.protocol import CaseOutcome, CaseSpec, RankResult
+from bench_lib.run import case_launch, runner
 from bench_lib.strategies import Trainer
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench_lib.commands import main
+from bench_lib.launch.protocol import CaseOutcome, RankResult
 from bench_lib.measure.contention import (
     CPU_PER_WALL_MIN,
     OTHER_CPU_PCT_MAX,
@@ -28,9 +29,8 @@ from bench_lib.results.read import read_steps
 from bench_lib.results.schema import CASE_COLUMNS
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
+from bench_lib.rows.rows import case_row, contention_columns, step_rows
 from bench_lib.run.case_launch import run_case
-from bench_lib.run.protocol import CaseOutcome, RankResult
-from bench_lib.run.rows import case_row, contention_columns, step_rows
 from bench_lib.sweep.cases import Case, new_case
 from bench_lib.sweep.profile import Measurement
 from tests.test_compare import make_run

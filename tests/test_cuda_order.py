@@ -13,12 +13,12 @@ import subprocess
 
 import pytest
 
+from bench_lib.launch import sampling
+from bench_lib.launch.agent import WARM_MODULES
 from bench_lib.measure import preflight_static
 from bench_lib.nvml import CudaOrderUnknown, cuda_visible_gpus
 from bench_lib.processes import forkserver
 from bench_lib.rig import Rig
-from bench_lib.run import sampling
-from bench_lib.run.agent import WARM_MODULES
 from tests.conftest import PYTHON, REPO, in_process
 from tests.test_gpu_env import GPUS, no_cuda_calls, topo_nvml  # noqa: F401 (a fixture)
 

@@ -14,13 +14,13 @@ from torch.distributed import pipelining as pp
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 from bench_lib import commands, exit_codes, strategies
-from bench_lib.rig import Rig
-from bench_lib.strategies import schedules
-from bench_lib.sweep.estimate import (
+from bench_lib.prediction.duration import (
     SAVED_MIB_PER_IMAGE_224PX,
     fits_card,
     single_device_mib,
 )
+from bench_lib.rig import Rig
+from bench_lib.strategies import schedules
 from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import (
     PROFILE_DIR,

@@ -30,12 +30,13 @@ from torch import nn
 
 from bench_lib import commands, strategies
 from bench_lib.commands.plan import profile_overrides
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec
+from bench_lib.prediction.duration import case_seconds
 from bench_lib.results.schema import ADDED_CASE_COLUMNS, CASE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.rig_detection import detect_rig
+from bench_lib.rows.rows import case_row
 from bench_lib.run.case_launch import run_case
-from bench_lib.run.protocol import CaseOutcome, CaseSpec
-from bench_lib.run.rows import case_row
 from bench_lib.strategies import BuildContext
 from bench_lib.strategies.ddp_knobs import (
     COMM_HOOKS,
@@ -48,7 +49,6 @@ from bench_lib.strategies.ddp_knobs import (
     knob_grid,
 )
 from bench_lib.sweep.cases import Case, new_case
-from bench_lib.sweep.estimate import case_seconds
 from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import (
     PROFILE_DIR,
@@ -440,7 +440,7 @@ def test_compute_only_steps_time_a_quiet_step_and_raise_on_failure():
     import contextlib
     import types
 
-    from bench_lib.run import diagnostics
+    from bench_lib.launch import diagnostics
 
     calls: list[int] = []
 

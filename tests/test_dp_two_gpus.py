@@ -12,10 +12,9 @@ import pytest
 import torch
 from torch._utils import _take_tensors
 
-from bench_lib.report.answer import answer_lines
-from bench_lib.report.memory_prediction import error_table, prediction_points
-from bench_lib.rig import Rig
-from bench_lib.run.admission import (
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.prediction import memory
+from bench_lib.prediction.admission import (
     NCCL_BUFFERS_MIB,
     NCCL_CHANNEL_PEER_MIB,
     NCCL_MAX_CHANNELS,
@@ -23,14 +22,15 @@ from bench_lib.run.admission import (
     DeviceMemory,
     nccl_mib,
 )
-from bench_lib.run.case_parts import waterfall_columns
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row
-from bench_lib.sweep import predict_memory
-from bench_lib.sweep.case_shape import shape_of
+from bench_lib.prediction.case_shape import shape_of
+from bench_lib.prediction.fake_step import COALESCE_BYTES, Program, simulate
+from bench_lib.report.answer import answer_lines
+from bench_lib.report.memory_prediction import error_table, prediction_points
+from bench_lib.rig import Rig
+from bench_lib.rows.rows import case_row
+from bench_lib.rows.waterfall import waterfall_columns
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.expansion import expand
-from bench_lib.sweep.fake_step import COALESCE_BYTES, Program, simulate
 from bench_lib.sweep.profile import Profile
 from bench_lib.workloads import Workload
 
@@ -142,7 +142,7 @@ def test_dp_s_device_0_is_predicted_above_device_1_by_the_source_s_parts():
     w = Workload(dp.model, dp.image_size, dp.batch_size, loss=dp.loss, precision=dp.precision)
     replica = simulate(Program(w, (), (0,), (8,), STEP))
     source = simulate(Program(w, (), (0,), (8,), STEP, source_batch=16))
-    assert predict_memory.counted_mib(dp, RIG) == {"0": source.peak / MIB,
+    assert memory.counted_mib(dp, RIG) == {"0": source.peak / MIB,
                                                    "1": replica.peak / MIB}
     # Device 0 holds the other replica's 8 images and their targets too.
     assert source.held - replica.held == 8 * (3 * 32 * 32 * 4 + 8)
@@ -158,7 +158,7 @@ def test_dp_s_device_0_is_predicted_above_device_1_by_the_source_s_parts():
                    if name.endswith("num_batches_tracked"))
     assert source.peak == source.held + counters + source.params + in_flight
     assert source.peak > replica.peak + source.params  # more than a second copy of the grads
-    found = predict_memory.predict(dp, RIG)
+    found = memory.predict(dp, RIG)
     assert found.mib_by_device["0"] > found.mib_by_device["1"]
     assert found.reserved_mib_by_device["0"] > found.reserved_mib_by_device["1"]
 
@@ -168,7 +168,7 @@ class Predicted:
         self.mib = mib
 
     def __call__(self, case, rig, cut):
-        return predict_memory.Prediction(dict(self.mib), cut)
+        return memory.Prediction(dict(self.mib), cut)
 
 
 def test_admission_adds_nccl_s_buffers_on_both_gpus_of_dp():

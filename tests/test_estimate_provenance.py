@@ -14,13 +14,13 @@ import pytest
 
 from bench_lib import commands, strategies
 from bench_lib.measure.environment import hardware_fingerprint
+from bench_lib.prediction import fixed_costs
+from bench_lib.prediction.calibration_file import hardware_id
+from bench_lib.prediction.duration import format_duration, run_estimate
+from bench_lib.prediction.fixed_costs import CPU, CUDA, TERMS, implied_range, this_box
 from bench_lib.rig import Rig
 from bench_lib.rig_detection import detect_rig
-from bench_lib.run.calibration_file import hardware_id
-from bench_lib.sweep import fixed_costs
-from bench_lib.sweep.estimate import format_duration, run_estimate
 from bench_lib.sweep.expansion import expand
-from bench_lib.sweep.fixed_costs import CPU, CUDA, TERMS, implied_range, this_box
 from bench_lib.sweep.profile import PROFILE_DIR, load_profile
 
 TWO_GPUS = Rig("cuda", 2)

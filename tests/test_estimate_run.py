@@ -10,21 +10,22 @@ import io
 import pytest
 
 from bench_lib import commands
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.measure.timing import COMPUTE_ONLY_STEPS
-from bench_lib.rig import Rig
-from bench_lib.run.progress import Progress
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.sweep import estimate, splits
-from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.estimate import (
+from bench_lib.prediction import duration
+from bench_lib.prediction.duration import (
     Estimate,
     case_estimate,
     run_estimate,
     steady_warmup_steps,
     step_seconds,
 )
+from bench_lib.prediction.fixed_costs import CPU, CUDA
+from bench_lib.rig import Rig
+from bench_lib.run.progress import Progress
+from bench_lib.sweep import splits
+from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.expansion import expand
-from bench_lib.sweep.fixed_costs import CPU, CUDA
 from bench_lib.sweep.profile import PROFILE_DIR, Measurement, load_profile
 
 CPU_RIG = Rig("cpu", 2, 1, (0, 1))
@@ -43,7 +44,7 @@ def test_a_case_is_its_launches_start_up_warm_up_and_timed_steps():
     assert est.startup_s == pytest.approx(3 * CPU.launch_s)
     assert est.warmup_s == pytest.approx(3 * CPU.first_step_s + 2 * step)
     assert est.timed_s == pytest.approx(3 * timed)
-    assert estimate.case_seconds(single, CPU_RIG) == pytest.approx(est.total_s)
+    assert duration.case_seconds(single, CPU_RIG) == pytest.approx(est.total_s)
     # Every launch of ddp adds its compute-only steps (3 launches x COMPUTE_ONLY_STEPS); a
     # pipeline's first launch its traced step.
     ddp = new_case(CPU_RIG, "ddp", "resnet50", 64, 16, measurement=M)
@@ -145,7 +146,7 @@ def test_the_dry_run_prints_the_estimate_and_its_parts(tmp_path, capsys):
     total, parts = out[at:at + 2]
     assert out[-1].startswith("peak MiB per device")
     _, _, est = default_cuda_on_two_gpus()
-    assert f"estimated duration ~{estimate.format_duration(est.total_s)}" in total
+    assert f"estimated duration ~{duration.format_duration(est.total_s)}" in total
     assert parts == est.parts_line()
     assert parts.startswith(f"estimated duty cycle {est.duty_cycle:.0%}: per run ")
     for word in ("set-up", "rig figures", "collectives", "calibration", "launches",

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from bench_lib.prediction import fixed_costs
+from bench_lib.prediction.duration import run_estimate
+from bench_lib.prediction.fixed_costs import CUDA, from_duty, steady_warmup_s
 from bench_lib.rig import Rig
-from bench_lib.sweep import fixed_costs
-from bench_lib.sweep.estimate import run_estimate
 from bench_lib.sweep.expansion import expand
-from bench_lib.sweep.fixed_costs import CUDA, from_duty, steady_warmup_s
 from bench_lib.sweep.profile import Profile
 
 EVIDENCE = Path(__file__).parent / "data" / "h100-2026-11-26"

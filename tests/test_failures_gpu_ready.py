@@ -9,7 +9,7 @@
   diagnostics (a peer may wait for this rank in their collectives) and, past its time
   bound, the rank.
 
-On CPU: faults come through the test-only ``PARABENCH_TEST_FAULT`` hook (``run.faults``),
+On CPU: faults come through the test-only ``PARABENCH_TEST_FAULT`` hook (``launch.faults``),
 the real runs on the cpu rig's gloo groups, with tiny cases.
 """
 
@@ -32,13 +32,13 @@ import torch
 import torch.distributed as dist
 
 from bench_lib import process_groups
+from bench_lib.launch import diagnostics, faults, worker
+from bench_lib.launch.protocol import CaseOutcome, RankResult
+from bench_lib.launch.ranks import combine as combine_rank_files
+from bench_lib.launch.ranks import launch_ranks
 from bench_lib.processes import forkserver, lifeline
 from bench_lib.processes.supervision import PEER_GRACE_S
-from bench_lib.run import diagnostics, faults, worker
 from bench_lib.run.case_launch import run_case
-from bench_lib.run.protocol import CaseOutcome, RankResult
-from bench_lib.run.ranks import combine as combine_rank_files
-from bench_lib.run.ranks import launch_ranks
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 from tests.conftest import PYTHON, REPO

@@ -9,11 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.measure import flop_peak, flop_probe, flops
-from bench_lib.run.mfu import efficiency
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import derived_columns
-from bench_lib.run.speedup_table import SpeedupTable
+from bench_lib.rows.rows import derived_columns, efficiency
+from bench_lib.rows.speedup_table import SpeedupTable
 from bench_lib.sweep.cases import new_case
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from bench_lib.launch.agent import WARM_MODULES, WORKER_MODULE
 from bench_lib.processes import forkserver, resident_pages
 from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.processes.lifeline import EXIT_ORPHANED
 from bench_lib.processes.supervision import kill_group
-from bench_lib.run.agent import WARM_MODULES, WORKER_MODULE
 from bench_lib.run.case_launch import run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
@@ -95,7 +95,7 @@ def test_exit_code_and_log_of_a_rank_that_fails(server, tmp_path):
 def test_a_module_runs_as_python_m_runs_it(server, tmp_path):
     """``sys.argv``, ``__main__``, stdout and stderr apart, and ``sys.exit``'s code."""
     out, err = tmp_path / "out", tmp_path / "err"
-    proc = start_module(server, "bench_lib.run.agent", ["1", "spec.json"], out, err)
+    proc = start_module(server, "bench_lib.launch.agent", ["1", "spec.json"], out, err)
     # lifeline's main with a runner pid that is not its parent: "the runner is gone".
     assert proc.wait(timeout=60) == EXIT_ORPHANED
     assert "the runner is gone" in err.read_text() and out.read_text() == ""
@@ -262,6 +262,6 @@ def test_a_forking_command_gets_the_server_started_before_its_imports(tmp_path, 
     with ForkServer.take(WARM_MODULES) as server:
         assert server is early and forkserver._prestarted is None  # taken once
         assert ForkServer.take(WARM_MODULES) is not early
-        rank = start_module(server, "bench_lib.run.agent", ["1", "spec.json"],
+        rank = start_module(server, "bench_lib.launch.agent", ["1", "spec.json"],
                             tmp_path / "out")
         assert rank.wait(timeout=60) == EXIT_ORPHANED

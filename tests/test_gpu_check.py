@@ -21,9 +21,9 @@ from bench_lib.fault_hooks import QUICK_PEAK_ENV
 from bench_lib.gpu_check import folders, plan, shards, sweeps, testsuite
 from bench_lib.gpu_check.shards import Shard, ShardResult
 from bench_lib.gpu_check.verdict import Verdict
+from bench_lib.prediction.duration import format_duration
 from bench_lib.results.schema import CASE_COLUMNS
 from bench_lib.rig import Rig
-from bench_lib.sweep.estimate import format_duration
 from bench_lib.sweep.profile import load_profile, profile_path
 from tests.conftest import REPO
 
@@ -471,9 +471,9 @@ def _fake_two_gpu_box(monkeypatch, visible_gpus, preflight_error: str = "") -> l
 
 def test_the_two_gpu_plan_holds_every_strategys_test_and_sweep_within_15_minutes():
     from bench_lib import strategies
-    from bench_lib.sweep.estimate import case_seconds, run_estimate
+    from bench_lib.prediction.duration import case_seconds, run_estimate
+    from bench_lib.prediction.fixed_costs import CUDA
     from bench_lib.sweep.expansion import expand
-    from bench_lib.sweep.fixed_costs import CUDA
 
     planned = plan.two_gpu_plan(CUDA)
     rig = Rig("cuda", 2)
@@ -500,7 +500,7 @@ def test_the_two_gpu_plan_holds_every_strategys_test_and_sweep_within_15_minutes
 
 
 def test_over_its_budget_the_sweep_measures_fewer_splits_never_fewer_strategies():
-    from bench_lib.sweep.fixed_costs import CUDA
+    from bench_lib.prediction.fixed_costs import CUDA
 
     full = plan.two_gpu_plan(CUDA)
     assert full.sweep_flags[-1] == "2,4"

@@ -18,12 +18,12 @@ import torch
 from bench_lib import commands, exit_codes, process_groups, rig_detection
 from bench_lib import rig as rig_module
 from bench_lib.commands import plan as run_plan
+from bench_lib.launch import sampling
 from bench_lib.measure import environment, preflight, preflight_probes, preflight_static
 from bench_lib.measure.nvml_source import NvmlSource
 from bench_lib.measure.sampler import Sampler, UnavailableSource
 from bench_lib.nvml import cuda_visible_gpus
 from bench_lib.rig import Rig, RigError
-from bench_lib.run import sampling
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 from tests.test_monitor import FakeNvmlError, fake_nvml

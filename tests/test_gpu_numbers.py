@@ -24,7 +24,7 @@ from torch import nn
 from bench_lib import math_modes
 from bench_lib.commands.parser import build_parser
 from bench_lib.measure import flop_peak, flop_probe, memory
-from bench_lib.run.mfu import mfu_note
+from bench_lib.rows.rows import mfu_note
 from bench_lib.strategies import dp
 from bench_lib.strategies.base import BuildContext
 from bench_lib.workloads import Workload

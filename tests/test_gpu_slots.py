@@ -105,11 +105,11 @@ def _shared_gpu_row(strategy: str) -> dict[str, Any]:
     """The row of a case on a one-GPU validation rig (2 slots), as the runner builds it: the
     sampler read GPU 0 (200 W, 90% busy) once for each slot, the idle power is GPU 0's
     (50 W), and the FLOP peak was probed by both slots at once (each got half the card)."""
+    from bench_lib.launch.protocol import CaseOutcome
     from bench_lib.measure.energy import IdlePower
     from bench_lib.measure.flop_peak import AttainablePeak
     from bench_lib.results.schema import SAMPLE_METRIC_NAMES
-    from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.rows import case_row
+    from bench_lib.rows.rows import case_row
 
     shared = Rig("cuda", 2, gpu_slots=2)
     case = new_case(shared, strategy, "resnet-tiny", 32, 8)
@@ -332,9 +332,9 @@ def test_one_process_moves_nothing_between_the_slots_of_one_gpu():
     on two GPUs each boundary costs the device copy's time there and back (tests/
     test_transfers.py: the copy fit, not the send/recv one)."""
     from bench_lib.analysis.collective_fits import Collectives
-    from bench_lib.run import case_bound
-    from bench_lib.run.bound_columns import bound_columns
-    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.launch.protocol import CaseOutcome
+    from bench_lib.prediction.collectives import largest_message
+    from bench_lib.rows.bound_columns import bound_columns
     from tests.test_bound import traced
 
     shared, two = Rig("cuda", 2, gpu_slots=2), Rig("cuda", 2)
@@ -351,8 +351,8 @@ def test_one_process_moves_nothing_between_the_slots_of_one_gpu():
                             collectives=coll)
     assert on_slots["bound_comm_s"] == 0.0 and on_gpus["bound_comm_s"] > 0.002 * 2
     mp = [new_case(shared, "mp", "resnet-tiny", 32, 8)]
-    assert case_bound.largest_message(mp, shared) is None
-    assert case_bound.largest_message(mp, two) is not None
+    assert largest_message(mp, shared) is None
+    assert largest_message(mp, two) is not None
 
 
 def test_ddp_on_gpu_slots_gets_its_bound_and_communication_part():
@@ -360,9 +360,9 @@ def test_ddp_on_gpu_slots_gets_its_bound_and_communication_part():
     bound overlaps compute with the all-reduce, and the waterfall's comm part is what the
     bound leaves exposed."""
     from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
-    from bench_lib.run.bound_columns import bound_columns, bound_columns_of, case_bound_or_why
-    from bench_lib.run.case_parts import waterfall_columns
-    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.launch.protocol import CaseOutcome
+    from bench_lib.rows.bound_columns import bound_columns, bound_columns_of, case_bound_or_why
+    from bench_lib.rows.waterfall import waterfall_columns
     from bench_lib.workloads.sizes import parameter_bytes
 
     shared = Rig("cuda", 2, gpu_slots=2)

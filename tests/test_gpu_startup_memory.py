@@ -8,11 +8,11 @@ import types
 
 import pytest
 
+from bench_lib.prediction import duration
+from bench_lib.prediction.admission import CUDA_CONTEXT_MIB, Admission, device_memory
+from bench_lib.prediction.fixed_costs import CPU, CUDA
 from bench_lib.rig import Rig
-from bench_lib.run.admission import CUDA_CONTEXT_MIB, Admission, device_memory
-from bench_lib.sweep import estimate
 from bench_lib.sweep.cases import Case, new_case
-from bench_lib.sweep.fixed_costs import CPU, CUDA
 from bench_lib.sweep.profile import Measurement
 from tests.test_monitor import FakeNvmlError
 from tests.test_predict_memory import FakePredictor, fake_nvml
@@ -23,11 +23,11 @@ LONG = Measurement(case_timeout_s=10_000.0)
 
 def beyond_steps(case: Case, rig: Rig) -> float:
     """A launch's estimated seconds beside its steps: its start-up and first warm-up step
-    (``sweep.fixed_costs``; the launches' diagnostics are steps: left out)."""
-    est, step = estimate.case_estimate(case, rig), estimate.step_seconds(case, rig)
+    (``prediction.fixed_costs``; the launches' diagnostics are steps: left out)."""
+    est, step = duration.case_estimate(case, rig), duration.step_seconds(case, rig)
     m = case.measurement
-    steady = estimate.steady_warmup_steps(m.warmup_steps, m.launches) * step
-    diagnostics = estimate.diagnostic_steps(case, m.launches) * step
+    steady = duration.steady_warmup_steps(m.warmup_steps, m.launches) * step
+    diagnostics = duration.diagnostic_steps(case, m.launches) * step
     return (est.startup_s - diagnostics + est.warmup_s - steady) / m.launches
 
 

@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from bench_lib.analysis.stats import launch_interval, paired_ratio_interval
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.report.headlines import headline_lines, tutorial_lines
 from bench_lib.run.progress import Progress
-from bench_lib.run.protocol import CaseOutcome
 
 
 def row(strategy, img, thr, split="", status="ok", partition=""):

@@ -10,10 +10,10 @@ from typing import NoReturn
 
 import torch
 
+from bench_lib.launch import diagnostics
+from bench_lib.launch.protocol import RankResult
+from bench_lib.launch.ranks import combine
 from bench_lib.measure import kernels
-from bench_lib.run import diagnostics
-from bench_lib.run.protocol import RankResult
-from bench_lib.run.ranks import combine
 
 CUDA, CPU = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
 

@@ -1,4 +1,4 @@
-"""Where a launch's time goes (run/launch_parts.py, the worker's stamps, duty.json's parts).
+"""Where a launch's time goes (launch/launch_parts.py, the worker's stamps, duty.json's parts).
 
 The parts' arithmetic on hand-made stamps, a real cpu launch whose parts add up to its
 fixed cost, the cuda path's stamps with torch.cuda faked, and duty.json's parts: written,
@@ -13,11 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench_lib.rig import Rig
-from bench_lib.run import worker
-from bench_lib.run.case_launch import run_case
-from bench_lib.run.duty import DUTY_FILE, DutyCycle, DutyMeter, write_duty
-from bench_lib.run.launch_parts import (
+from bench_lib.launch import worker
+from bench_lib.launch.launch_parts import (
     DONE,
     LAUNCH_PARTS,
     MAIN,
@@ -26,8 +23,11 @@ from bench_lib.run.launch_parts import (
     with_unaccounted,
     worker_parts,
 )
-from bench_lib.run.protocol import CaseSpec, RankResult
-from bench_lib.run.ranks import combine
+from bench_lib.launch.protocol import CaseSpec, RankResult
+from bench_lib.launch.ranks import combine
+from bench_lib.rig import Rig
+from bench_lib.run.case_launch import run_case
+from bench_lib.run.duty import DUTY_FILE, DutyCycle, DutyMeter, write_duty
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 

@@ -21,10 +21,10 @@ from bench_lib.analysis.launch_spread import (
     kernels_note,
     launch_spread,
 )
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.report.answer import answer_lines
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row, launch_spread_columns
+from bench_lib.rows.rows import case_row, launch_spread_columns
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 

@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 
 from bench_lib import commands, exit_codes
+from bench_lib.launch import torchrun
+from bench_lib.launch.protocol import RankResult
+from bench_lib.launch.torchrun import AgentExits, Launcher, failure_codes, resolve, torchrun_args
+from bench_lib.nodes import coordination, multinode
 from bench_lib.rig import Rig
-from bench_lib.run import coordination, launch, multinode
 from bench_lib.run.case_launch import _combine_launch
-from bench_lib.run.launch import AgentExits, Launcher, failure_codes, resolve, torchrun_args
-from bench_lib.run.protocol import RankResult
 from bench_lib.sweep.profile import Profile, UsageError
 from tests.test_reliability import finish, only_run_dir, start, statuses, workers_of
 
@@ -33,7 +34,7 @@ def test_torchrun_on_one_node_is_standalone_with_no_restarts():
 
 
 def test_multi_node_takes_slurm_and_the_endpoint_variable_and_hosts_on_node_0():
-    env = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", launch.ENDPOINT_ENV: "node001:29500"}
+    env = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", torchrun.ENDPOINT_ENV: "node001:29500"}
     follower = resolve("torchrun", None, None, None, None, environ=env)
     assert (follower.nnodes, follower.node_rank, follower.source) == (2, 1, "SLURM")
     assert (follower.rdzv_endpoint, follower.coord_port) == ("node001:29500", 29501)
@@ -53,7 +54,7 @@ def test_multi_node_takes_slurm_and_the_endpoint_variable_and_hosts_on_node_0():
 
 def test_the_local_launcher_ignores_slurm_and_refuses_multi_node_flags():
     assert resolve("local", None, None, None, None, environ={"SLURM_NNODES": "4"}) == \
-        launch.LOCAL
+        torchrun.LOCAL
     with pytest.raises(UsageError, match="need --launcher torchrun"):
         resolve("local", 2, 0, "h:1", None, environ={})
 
@@ -144,7 +145,7 @@ Traceback (most recent call last):
   File "torch/distributed/run.py", line 900, in main
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-bench_lib.run.worker FAILED
+bench_lib.launch.worker FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

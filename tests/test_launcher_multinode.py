@@ -24,8 +24,9 @@ import pandas as pd
 import psutil
 import pytest
 
-from bench_lib.run import coordination, launch
-from bench_lib.run.launch import Launcher
+from bench_lib.launch import torchrun
+from bench_lib.launch.torchrun import Launcher
+from bench_lib.nodes import coordination
 from bench_lib.sweep.profile import UsageError
 from tests.conftest import PYTHON, REPO, in_process
 from tests.test_reliability import TINY, finish, only_run_dir, statuses
@@ -85,7 +86,7 @@ class Cluster:
         found = []
         for p in psutil.process_iter(["cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "bench_lib.run.worker" in cmd and str(self.root) in cmd:
+            if "bench_lib.launch.worker" in cmd and str(self.root) in cmd:
                 found.append(p)
         return found
 
@@ -198,7 +199,7 @@ def test_nodes_that_expand_different_sweeps_exit_2_and_write_nothing(tmp_path):
 def _alone(capsys, monkeypatch, tmp_path, node: int, timeout_s: float):
     """One node of a 2-node run started without the other, in this process, with a waiting
     line every half second; its finished process and how long it took."""
-    monkeypatch.setattr(launch, "WAIT_NOTE_S", 0.5)
+    monkeypatch.setattr(torchrun, "WAIT_NOTE_S", 0.5)
     rdzv, coord = free_ports(2)
     started = time.monotonic()
     proc = in_process(capsys, "run", *NODE, "--strategies", "ddp", "--node-rank", str(node),
@@ -280,7 +281,7 @@ def test_a_node_admitted_before_its_time_is_up_waits_for_the_welcome():
 @pytest.mark.parametrize("seconds", [0, -5, float("inf"), float("nan")])
 def test_a_rendezvous_timeout_is_a_positive_number_of_seconds(seconds):
     with pytest.raises(UsageError, match="--rdzv-timeout-s must be a number of seconds > 0"):
-        launch.resolve("torchrun", 2, 1, "127.0.0.1:29500", None, environ={},
+        torchrun.resolve("torchrun", 2, 1, "127.0.0.1:29500", None, environ={},
                        rdzv_timeout_s=seconds)
-    assert launch.resolve("torchrun", 2, 1, "127.0.0.1:29500", None, environ={},
+    assert torchrun.resolve("torchrun", 2, 1, "127.0.0.1:29500", None, environ={},
                           rdzv_timeout_s=5).rdzv_timeout_s == 5

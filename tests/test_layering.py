@@ -3,13 +3,20 @@
 The rules (docs/architecture.md, "Layout"):
 
 - ``report/`` and ``compare/`` read files only: they import neither ``measure/`` (the
-  instruments) nor ``run/`` (the runner) nor torch, directly or through another module.
+  instruments) nor the runner's packages (``RUNNER``: ``launch/``, ``nodes/``,
+  ``prediction/``, ``rows/``, ``run/``) nor torch, directly or through another module.
 - ``compare/`` starts no process: it imports neither ``subprocess`` (git included) nor
   ``gate/``, directly or through another module.
 - ``gate/`` (the sides, their worktrees, the rounds) sits between ``commands/``, the only
   package that imports it, and the readers: it imports neither ``commands/`` nor
-  ``measure/`` nor ``run/`` nor torch (each side's ``run`` is a process of its own).
-- ``measure/`` touches a clock or a device and never imports ``run/``.
+  ``measure/`` nor the runner's packages nor torch (each side's ``run`` is a process of
+  its own).
+- ``measure/`` touches a clock or a device and never imports the runner's packages; nor
+  does ``sweep/``, the plan's data.
+- The runner's packages are floors, each importing only those below it (``FLOORS``):
+  ``launch/`` (one launch's processes), then ``nodes/`` (several nodes) and
+  ``prediction/`` (before a case runs), then ``rows/`` (a case's rows), then ``run/`` (the
+  ``run`` command's body).
 - ``analysis/`` is arithmetic on figures: it imports no torch and no ``bench_lib`` package
   but itself and ``results/``.
 - ``results/`` never imports torch, directly or through another module.
@@ -193,9 +200,22 @@ def _through(package: str, to: str = "torch") -> list[str]:
             for m, path in paths_to(EDGES, sources, to).items()]
 
 
+RUNNER = ("bench_lib.launch", "bench_lib.nodes", "bench_lib.prediction", "bench_lib.rows",
+          "bench_lib.run")
+"""The runner's packages, which launch cases and make their rows."""
+FLOORS = {
+    "bench_lib.launch": ("bench_lib.nodes", "bench_lib.prediction", "bench_lib.rows",
+                         "bench_lib.run"),
+    "bench_lib.nodes": ("bench_lib.prediction", "bench_lib.rows", "bench_lib.run"),
+    "bench_lib.prediction": ("bench_lib.nodes", "bench_lib.rows", "bench_lib.run"),
+    "bench_lib.rows": ("bench_lib.nodes", "bench_lib.run"),
+}
+"""Each of the runner's packages -> the ones above it, which it never imports."""
+
+
 def test_the_readers_import_neither_instruments_nor_runner_nor_torch():
     for package in ("bench_lib.report", "bench_lib.compare"):
-        assert not _broken(package, ("bench_lib.measure", "bench_lib.run", "torch")), package
+        assert not _broken(package, ("bench_lib.measure", *RUNNER, "torch")), package
         assert not _through(package), package
 
 
@@ -213,7 +233,7 @@ def test_the_gate_sits_between_the_commands_and_the_readers():
     it."""
     assert MODULES.get("bench_lib.gate"), "bench_lib/gate/ is missing"
     assert not _broken("bench_lib.gate", ("bench_lib.commands", "bench_lib.measure",
-                                          "bench_lib.run", "torch"))
+                                          *RUNNER, "torch"))
     assert not _through("bench_lib.gate")
     assert not [str(e) for e in EDGES if within(e.target, "bench_lib.gate")
                 and not within(e.source, "bench_lib.gate")
@@ -221,7 +241,14 @@ def test_the_gate_sits_between_the_commands_and_the_readers():
 
 
 def test_the_instruments_never_import_the_runner():
-    assert not _broken("bench_lib.measure", ("bench_lib.run",))
+    assert not _broken("bench_lib.measure", RUNNER)
+    assert not _broken("bench_lib.sweep", RUNNER)  # the plan's data, before anything runs
+
+
+def test_the_runners_packages_import_only_the_floors_below_them():
+    for package, above in FLOORS.items():
+        assert MODULES.get(package), f"{package} is missing"
+        assert not _broken(package, above), package
 
 
 def test_analysis_is_arithmetic_on_figures():
@@ -237,7 +264,7 @@ def test_results_never_import_torch():
 
 
 MODULE_NAME = re.compile(r"bench_lib(\.\w+)*")
-"""A string that is a module's dotted name (``"bench_lib.run.worker"``)."""
+"""A string that is a module's dotted name (``"bench_lib.launch.worker"``)."""
 
 
 def named_modules(package: str, known: Mapping[str, tuple[Path, bool]] = MODULES) -> list[str]:
@@ -255,7 +282,7 @@ def named_modules(package: str, known: Mapping[str, tuple[Path, bool]] = MODULES
 
 
 def test_processes_import_nothing_of_ours_above_them():
-    """The fork server warms what its caller names (``run.agent.WARM_MODULES``): no module
+    """The fork server warms what its caller names (``launch.agent.WARM_MODULES``): no module
     of the runner's reached through a string."""
     assert MODULES.get("bench_lib.processes.forkserver"), "processes/forkserver.py is missing"
     assert not _broken("bench_lib.processes", (ROOT,), ("bench_lib.processes",))
@@ -271,7 +298,7 @@ def test_no_import_circle_between_modules():
 
 
 def package_of(module: str) -> str:
-    """``bench_lib.run.ranks`` -> ``bench_lib.run``; a top-level module is its own."""
+    """``bench_lib.launch.ranks`` -> ``bench_lib.run``; a top-level module is its own."""
     return ".".join(module.split(".")[:2])
 
 

@@ -19,7 +19,7 @@ TORCH_FREE = [
     "bench_lib.results.schema", "bench_lib.results.read", "bench_lib.results.store",
     # the arithmetic the runner, the report and compare share
     "bench_lib.analysis", "bench_lib.analysis.bubble", "bench_lib.analysis.stats",
-    "bench_lib.analysis.bound", "bench_lib.analysis.waterfall",
+    "bench_lib.analysis.bound", "bench_lib.analysis.step_parts",
     "bench_lib.analysis.collective_fits",
 ]
 
@@ -82,7 +82,7 @@ def test_the_worker_starts_without_scipy():
     Only the runner and the readers compute t intervals (``stats.t_quantile`` imports scipy
     when first called); the interval itself still uses it there.
     """
-    code = ("import bench_lib.run.worker, sys; "
+    code = ("import bench_lib.launch.worker, sys; "
             "leaked = sorted(m for m in sys.modules if m.startswith('scipy')); "
             "assert not leaked, leaked; "
             "from bench_lib.analysis.stats import t_quantile; "

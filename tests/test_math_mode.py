@@ -82,7 +82,7 @@ def test_an_unknown_math_mode_is_refused(restore_math_flags, tmp_path, capsys):
 @pytest.mark.parametrize("mode", ["torch", "ieee"])
 def test_the_worker_trains_in_the_cases_math_mode(monkeypatch, tmp_path, restore_math_flags,
                                                   mode):
-    from bench_lib.run import worker
+    from bench_lib.launch import worker
     from bench_lib.sweep.cases import new_case
 
     class Timed(Exception):
@@ -107,8 +107,8 @@ def test_the_worker_trains_in_the_cases_math_mode(monkeypatch, tmp_path, restore
 
 
 def test_the_calibration_is_keyed_by_and_computes_in_the_math_mode():
-    from bench_lib.run.calibration import CalibrationKey
-    from bench_lib.run.calibration_file import _calibrations_of
+    from bench_lib.prediction.calibration import CalibrationKey
+    from bench_lib.prediction.calibration_file import _calibrations_of
     from bench_lib.sweep.cases import new_case
 
     rig = Rig("cpu", 1, 1, tuple(available_cores()[:1]))
@@ -230,8 +230,8 @@ def test_distance_computes_and_records_in_the_math_mode_asked_for(
     from bench_lib.distance import benchmark as distance_benchmark
     from bench_lib.distance import worker as distance_worker
     from bench_lib.distance.spec import DistanceSpec
+    from bench_lib.launch.protocol import CaseOutcome
     from bench_lib.results.read import run_dirs_in
-    from bench_lib.run.protocol import CaseOutcome
 
     class NoServer:  # no fork server started: no launch forks anything here
         @staticmethod

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from bench_lib import strategies
+from bench_lib.launch import ranks
+from bench_lib.launch.protocol import CaseOutcome, baseline_path
 from bench_lib.measure import memory
 from bench_lib.measure.memory import PeakMemory, status_field_mib
 from bench_lib.measure.timing import time_steps
-from bench_lib.run import ranks
-from bench_lib.run.protocol import CaseOutcome, baseline_path
-from bench_lib.run.rows import case_row
+from bench_lib.rows.rows import case_row
 from bench_lib.strategies import BuildContext
 from bench_lib.strategies.base import Microbatching
 from bench_lib.sweep.cases import new_case

@@ -10,6 +10,7 @@ import types
 
 import pytest
 
+from bench_lib.launch import sampling
 from bench_lib.measure.cpu_sources import ProcessSource, RaplSource
 from bench_lib.measure.nvml_source import NvmlSource
 from bench_lib.measure.sampler import Sampler
@@ -17,8 +18,8 @@ from bench_lib.results.schema import SAMPLE_COLUMNS
 from bench_lib.results.schema import SAMPLE_METRIC_NAMES as SAMPLE_METRICS
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
-from bench_lib.run import case_launch, sampling
-from bench_lib.run.sampler_columns import window_columns
+from bench_lib.rows.sampler_columns import window_columns
+from bench_lib.run import case_launch
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 
@@ -242,7 +243,7 @@ def test_real_nvml_reads_the_first_gpu():
 def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path, forks):
     from bench_lib.measure.flop_peak import AttainablePeak
     from bench_lib.measure.timing import STOP_REASONS
-    from bench_lib.run.rows import case_row
+    from bench_lib.rows.rows import case_row
 
     # Enough steps for a timed window over 1 s: shorter ones get no utilisation.
     measurement = Measurement(warmup_steps=1, timed_steps=80, max_time_s=1e6,

@@ -13,13 +13,13 @@ import pytest
 
 from bench_lib.analysis import bound, step_parts
 from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.prediction.calibration_data import BatchCosts, Calibration
+from bench_lib.prediction.case_shape import shape_of
+from bench_lib.prediction.step_time import predict_case, predicted_parts
 from bench_lib.rig import Rig
-from bench_lib.run import case_bound, case_parts
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.sweep.calibration_data import BatchCosts, Calibration
-from bench_lib.sweep.case_shape import shape_of
+from bench_lib.rows import case_bound, waterfall
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict_time import predict_case, predicted_parts
 from tests.test_bound import traced
 
 OPT = 0.01
@@ -46,7 +46,7 @@ def columns(case, rig, outcome, median, cal):
     found = case_bound.case_bound(case, rig, outcome, median, curve[case.workload_batch],
                                   COLL, ddp_compute_s=0.4, copies=cal.copies)
     assert isinstance(found, bound.Bound), found
-    water = case_parts.waterfall_columns(case, rig, outcome, {"step_time_s_median": median},
+    water = waterfall.waterfall_columns(case, rig, outcome, {"step_time_s_median": median},
                                          curve, OPT, found, ddp_compute_s=0.4)
     return predicted, parts, found, water
 
@@ -125,7 +125,7 @@ def test_the_predicted_parts_add_up_to_the_predicted_step(rig, strategy, options
 
 
 def test_ddp_own_work_is_measured_from_a_ddp1_case_and_said_where_there_is_none(cpu_rig):
-    from bench_lib.run.workload_rows import ddp_own_s
+    from bench_lib.rows.workload_rows import ddp_own_s
 
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 32)
     ddp1 = new_case(cpu_rig, "ddp-1", "resnet-tiny", 32, 32)
@@ -133,10 +133,10 @@ def test_ddp_own_work_is_measured_from_a_ddp1_case_and_said_where_there_is_none(
     assert ddp_own_s(ddp, [(ddp1, one)], {32: 0.50}) == pytest.approx(0.06)
     assert ddp_own_s(ddp, [], {32: 0.50}) is None
     outcome = CaseOutcome("ok", step_times_s=[0.4], compute_step_s=0.3)
-    water = case_parts.waterfall_columns(ddp, cpu_rig, outcome, {"step_time_s_median": 0.4},
+    water = waterfall.waterfall_columns(ddp, cpu_rig, outcome, {"step_time_s_median": 0.4},
                                          {32: 0.5, 16: 0.3}, OPT, None)
-    assert water["waterfall_own_s"] == 0.0 and case_parts.NO_DDP1 in water["waterfall_note"]
-    water = case_parts.waterfall_columns(ddp, cpu_rig, outcome, {"step_time_s_median": 0.4},
+    assert water["waterfall_own_s"] == 0.0 and waterfall.NO_DDP1 in water["waterfall_note"]
+    water = waterfall.waterfall_columns(ddp, cpu_rig, outcome, {"step_time_s_median": 0.4},
                                          {32: 0.5, 16: 0.3}, OPT, None, ddp_own_s=0.06)
     assert water["waterfall_own_s"] == 0.06
 
@@ -146,7 +146,7 @@ def test_a_ddp_case_on_one_device_measures_its_own_work_from_its_no_sync_steps(c
     ms: DDP's own work 6.7 ms, and 1.9 ms (its no_sync steps over single's) remain."""
     case = new_case(cpu_rig, "ddp-1", "resnet-tiny", 32, 8)
     outcome = CaseOutcome("ok", step_times_s=[0.029], compute_step_s=0.0223)
-    water = case_parts.waterfall_columns(case, cpu_rig, outcome, {"step_time_s_median": 0.029},
+    water = waterfall.waterfall_columns(case, cpu_rig, outcome, {"step_time_s_median": 0.029},
                                          {8: 0.0204}, None, None)
     assert water["waterfall_own_s"] == pytest.approx(0.0067)
     assert water["waterfall_remainder_s"] == pytest.approx(0.0223 - 0.0204)

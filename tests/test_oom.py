@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from bench_lib.distance import worker as distance_worker
-from bench_lib.run import diagnostics, worker
-from bench_lib.run.protocol import RankResult, is_oom
-from bench_lib.run.ranks import combine
+from bench_lib.launch import diagnostics, worker
+from bench_lib.launch.protocol import RankResult, is_oom
+from bench_lib.launch.ranks import combine
 
 NCCL_OOM = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
             "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5\n"

@@ -16,6 +16,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench_lib.launch import sampling
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.math_modes import math_mode, set_math_mode
 from bench_lib.measure import cpu_sources, environment, flop_peak, flop_probe, flops
 from bench_lib.measure.cpu_sources import ProcessSource, RaplSource
@@ -25,10 +27,8 @@ from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import CASE_COLUMNS, SAMPLE_METRIC_NAMES
 from bench_lib.rig import Rig, RigError
 from bench_lib.rig_detection import detect_rig
-from bench_lib.run import sampling
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row, derived_columns
-from bench_lib.run.sampler_columns import window_columns
+from bench_lib.rows.rows import case_row, derived_columns
+from bench_lib.rows.sampler_columns import window_columns
 from bench_lib.sweep.cases import new_case
 from bench_lib.topology import CpuTopology, read_cpu_topology
 from tests.conftest import PYTHON, REPO
@@ -387,9 +387,9 @@ def test_a_case_across_nodes_leaves_energy_empty(cpu_rig):
     """Only node 0 samples: its joules over every node's images would read about 1/N of the
     truth (#28 item 11). A case across nodes keeps node 0's utilisation; its power and
     energy are empty, with the reason; node 0's own single case keeps them."""
-    from bench_lib.run.multinode import plan as plan_nodes
-    from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.rows import case_row
+    from bench_lib.launch.protocol import CaseOutcome
+    from bench_lib.nodes.multinode import plan as plan_nodes
+    from bench_lib.rows.rows import case_row
     from bench_lib.sweep.profile import Profile
 
     profile = Profile(strategies=("single", "ddp"), models=("resnet-tiny",), image_sizes=(32,),

@@ -12,19 +12,19 @@ import pytest
 
 from bench_lib import commands
 from bench_lib.commands.plan import profile_overrides
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.prediction import memory, schedule_orders
+from bench_lib.prediction.admission import Admission, DeviceMemory, device_memory
+from bench_lib.prediction.fake_step import Program, simulate
 from bench_lib.report.device_figures import parse_by_device
 from bench_lib.report.memory_prediction import error_table, fig_prediction, prediction_points
 from bench_lib.results.read import read_cases
 from bench_lib.results.schema import ADDED_CASE_COLUMNS, CASE_COLUMNS
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
+from bench_lib.rows.rows import case_row
 from bench_lib.run import runner
-from bench_lib.run.admission import Admission, DeviceMemory, device_memory
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row
-from bench_lib.sweep import predict_memory, schedule_orders
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.fake_step import Program, simulate
 from bench_lib.sweep.profile import Measurement
 from bench_lib.workloads import Workload
 
@@ -65,7 +65,7 @@ def test_toy_training_step_is_a_hand_count():
     assert 0 <= fixed - (TOY_PARAM_BYTES + second_layer_grads) <= 64
 
 
-# planned only (nothing asks CUDA); predict_memory.counted_mib: the bare count
+# planned only (nothing asks CUDA); memory.counted_mib: the bare count
 CUDA2 = Rig("cuda", 2)
 
 
@@ -75,7 +75,7 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_stages_minus_rank():
     after its first backward made the stage's weight gradients (Linear(10, 10): 110
     floats). Everything else (inputs, receive buffers, the transient) is the same."""
     split = 1000
-    rank0 = {s: predict_memory.counted_mib(
+    rank0 = {s: memory.counted_mib(
                  new_case(CUDA2, s, "toy", 0, 4 * split, split_size=split), CUDA2)["0"]
              for s in ("gpipe", "1f1b")}
     assert (rank0["gpipe"] - rank0["1f1b"]) * MIB == pytest.approx(2 * 40 * split - 4 * 110)
@@ -93,7 +93,7 @@ def test_device_labels_are_those_the_measurement_records():
     labels = {}
     for strategy in ("single", "ddp", "mp", "pipeline", "gpipe", "1f1b", "accum", "fsdp"):
         case = new_case(rig, strategy, "resnet-tiny", 64, 8, split_size=4)
-        p = predict_memory.predict(case, rig)
+        p = memory.predict(case, rig)
         labels[strategy] = sorted(p.mib_by_device)
         assert all(v > 0 for v in p.mib_by_device.values())
         assert bool(p.cut) == (case.partition is not None)
@@ -101,30 +101,30 @@ def test_device_labels_are_those_the_measurement_records():
                       "mp": ["0+1"], "pipeline": ["0+1"], "gpipe": ["0", "1"],
                       "1f1b": ["0", "1"]}
     # On GPUs the devices of one process are apart.
-    mp = predict_memory.predict(new_case(CUDA2, "mp", "resnet-tiny", 64, 8), CUDA2)
+    mp = memory.predict(new_case(CUDA2, "mp", "resnet-tiny", 64, 8), CUDA2)
     assert sorted(mp.mib_by_device) == ["0", "1"]
 
 
 def test_a_cpu_rig_scales_the_count_by_the_heap_factor():
     cpu = Rig("cpu", 2, 1, (0, 1))
-    on_cpu = predict_memory.predict(new_case(cpu, "single", "toy", 0, 1000), cpu).max_mib
-    counted = predict_memory.counted_mib(new_case(CUDA2, "single", "toy", 0, 1000), CUDA2)["0"]
-    assert on_cpu == pytest.approx(predict_memory.CPU_HEAP_FACTOR * counted)
+    on_cpu = memory.predict(new_case(cpu, "single", "toy", 0, 1000), cpu).max_mib
+    counted = memory.counted_mib(new_case(CUDA2, "single", "toy", 0, 1000), CUDA2)["0"]
+    assert on_cpu == pytest.approx(memory.CPU_HEAP_FACTOR * counted)
     assert counted * MIB == 660 + 220 + 180 * 1000 + 8  # the hand count above
 
 
 def test_a_cpu_rig_counts_ddps_buckets_once():
     """Allocated as DDP wraps the model, the buckets are not heap churn: unscaled."""
     cpu = Rig("cpu", 2, 1, (0, 1))
-    on_cpu = predict_memory.predict(new_case(cpu, "ddp", "toy", 0, 200), cpu).mib_by_device["0"]
-    counted = predict_memory.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
+    on_cpu = memory.predict(new_case(cpu, "ddp", "toy", 0, 200), cpu).mib_by_device["0"]
+    counted = memory.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
     buckets = TOY_GRAD_BYTES / MIB
-    assert on_cpu == pytest.approx(predict_memory.CPU_HEAP_FACTOR * (counted - buckets) + buckets)
+    assert on_cpu == pytest.approx(memory.CPU_HEAP_FACTOR * (counted - buckets) + buckets)
 
 
 def test_ddp_adds_one_bucket_copy_of_the_gradients():
-    ddp = predict_memory.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
-    single = predict_memory.counted_mib(new_case(CUDA2, "single", "toy", 0, 100), CUDA2)["0"]
+    ddp = memory.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
+    single = memory.counted_mib(new_case(CUDA2, "single", "toy", 0, 100), CUDA2)["0"]
     assert (ddp - single) * MIB == pytest.approx(TOY_GRAD_BYTES)
 
 
@@ -137,7 +137,7 @@ class FakePredictor:
 
     def __call__(self, case, rig, cut):
         self.calls.append(cut)
-        return predict_memory.Prediction(dict(self.mib), cut)
+        return memory.Prediction(dict(self.mib), cut)
 
 
 def _sweep(tmp_path, monkeypatch, case, admission):
@@ -256,7 +256,7 @@ class ReservedPredictor:
     """A prediction whose allocator reserves 30% above its allocated peak."""
 
     def __call__(self, case, rig, cut):
-        return predict_memory.Prediction({"0": 1000.0}, cut, {"0": 1300.0})
+        return memory.Prediction({"0": 1000.0}, cut, {"0": 1300.0})
 
 
 def test_a_cuda_case_is_admitted_by_its_reserved_peak_not_its_allocated_one():
@@ -286,10 +286,10 @@ def test_one_process_on_two_slots_of_a_gpu_is_one_gpus_context_against_the_whole
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     slots = Rig("cuda", 2, gpu_slots=2)
     case = new_case(slots, "mp", "resnet-tiny", 64, 8)
-    assert list(predict_memory.predict(case, slots).mib_by_device) == ["0+1"]
-    memory = device_memory(slots, 0.0, nvml=fake_nvml((80.0,)))
-    assert memory is not None
-    admission = Admission(slots, memory)
+    assert list(memory.predict(case, slots).mib_by_device) == ["0+1"]
+    devices = device_memory(slots, 0.0, nvml=fake_nvml((80.0,)))
+    assert devices is not None
+    admission = Admission(slots, devices)
     assert admission.outside_allocator(case, "0+1") == {"CUDA context": 770.0}
     fits = 80 * 1024 - 770.0 - 1
     admission._predictor = FakePredictor({"0+1": fits})
@@ -410,7 +410,7 @@ def test_the_flops_cut_is_the_one_the_worker_chooses(cpu_rig, strategy):
     placement = stage_placement(2, 2, "v") if spr == 2 else None
     real = choose("balanced-flops", w.build_model(), 2 * spr, w, 4, torch.device("cpu"),
                   placement)
-    assert predict_memory.predict(case, cpu_rig).cut == real.label
+    assert memory.predict(case, cpu_rig).cut == real.label
 
 
 def _real_fsdp_live_peak(rank: int, world: int, model: str, image: int, batch: int) -> float:
@@ -418,8 +418,8 @@ def _real_fsdp_live_peak(rank: int, world: int, model: str, image: int, batch: i
     import torch
 
     from bench_lib import strategies
+    from bench_lib.prediction.fake_step import LiveBytes
     from bench_lib.strategies.base import BuildContext
-    from bench_lib.sweep.fake_step import LiveBytes
 
     torch.manual_seed(0)
     w = Workload(model, image, batch)
@@ -443,7 +443,7 @@ def test_fsdp_prediction_is_near_the_live_tensors_of_a_real_fsdp2_step():
     from tests.dist_harness import run_ranks
 
     real = run_ranks(_real_fsdp_live_peak, 2, args=("resnet18", 32, 8))
-    counted = predict_memory.counted_mib(new_case(CUDA2, "fsdp", "resnet18", 32, 8), CUDA2)
+    counted = memory.counted_mib(new_case(CUDA2, "fsdp", "resnet18", 32, 8), CUDA2)
     for rank, peak in enumerate(real):
         assert counted[str(rank)] * MIB == pytest.approx(peak, rel=0.15)
 
@@ -451,12 +451,12 @@ def test_fsdp_prediction_is_near_the_live_tensors_of_a_real_fsdp2_step():
 def test_ddp_1_holds_buckets_and_bucket_views_are_not_counted_twice():
     from bench_lib.strategies.ddp_knobs import DdpKnobs
 
-    single = predict_memory.counted_mib(new_case(CUDA2, "single", "toy", 0, 200), CUDA2)["0"]
-    one = predict_memory.counted_mib(new_case(CUDA2, "ddp-1", "toy", 0, 200), CUDA2)
+    single = memory.counted_mib(new_case(CUDA2, "single", "toy", 0, 200), CUDA2)["0"]
+    one = memory.counted_mib(new_case(CUDA2, "ddp-1", "toy", 0, 200), CUDA2)
     assert list(one) == ["0"]
     assert (one["0"] - single) * MIB == pytest.approx(TOY_GRAD_BYTES)
-    plain = predict_memory.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
-    view = predict_memory.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200,
+    plain = memory.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200), CUDA2)["0"]
+    view = memory.counted_mib(new_case(CUDA2, "ddp", "toy", 0, 200,
                                         ddp=DdpKnobs(gradient_as_bucket_view=True)), CUDA2)["0"]
     # The gradients live at the peak (the second Linear's, made first by backward) are
     # separate tensors without the views and bucket memory with them.
@@ -473,24 +473,24 @@ def test_powersgd_adds_its_error_feedback_and_two_copies_of_the_largest_bucket()
         return new_case(rig, "ddp-1", "resnet18", 32, 8, ddp=knobs)
 
     def counted(hook, cap=None):
-        return predict_memory.counted_mib(case(CUDA2, hook, cap), CUDA2)["0"]
+        return memory.counted_mib(case(CUDA2, hook, cap), CUDA2)["0"]
 
     grads = 4 * sum(p.numel() for p in Workload("resnet18", 32, 8).build_model().parameters())
-    assert grads > predict_memory.DDP_BUCKET_BYTES  # several buckets: the largest is the cap
+    assert grads > memory.DDP_BUCKET_BYTES  # several buckets: the largest is the cap
     added = counted("powersgd") - counted("none")
-    assert added * MIB == pytest.approx(grads + 2 * predict_memory.DDP_BUCKET_BYTES, rel=1e-6)
+    assert added * MIB == pytest.approx(grads + 2 * memory.DDP_BUCKET_BYTES, rel=1e-6)
     small = counted("powersgd", cap=1.0) - counted("none", cap=1.0)
     assert small * MIB == pytest.approx(grads + 2 * 2**20, rel=1e-6)
     assert counted("fp16") == counted("none")
     cpu = Rig("cpu", 2, 1, (0, 1))  # heap, scaled like the activations
-    on_cpu = {h: predict_memory.predict(case(cpu, h), cpu).max_mib for h in ("powersgd", "none")}
+    on_cpu = {h: memory.predict(case(cpu, h), cpu).max_mib for h in ("powersgd", "none")}
     assert on_cpu["powersgd"] - on_cpu["none"] == pytest.approx(
-        predict_memory.CPU_HEAP_FACTOR * added, rel=1e-6)
+        memory.CPU_HEAP_FACTOR * added, rel=1e-6)
 
 
 @pytest.mark.integration
 def test_heap_factor_script_counts_live_tensors_and_resident_memory():
-    """benchmarks/heap_factor.py (the calibration check predict_memory.py cites) runs and reads
+    """benchmarks/heap_factor.py (the calibration check memory.py cites) runs and reads
     both figures; resident memory holds at least the live tensors. In its own process, as
     it is run: in pytest's, heap pages earlier tests freed would hold the tensors unseen."""
     import re

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench_lib.prediction import memory
 from bench_lib.rig import Rig
-from bench_lib.sweep import predict_memory
 from bench_lib.sweep.cases import new_case
 
 EVIDENCE = Path(__file__).parent / "data" / "h100-2026-11-26"
@@ -31,7 +31,7 @@ def _evidence() -> list[tuple[str, Rig, dict[str, str]]]:
 @pytest.fixture(autouse=True)
 def _torchs_default_cublas_workspace(monkeypatch):
     """As the evidence ran: a machine's own CUBLAS_WORKSPACE_CONFIG would change the
-    prediction (``sweep.cuda_memory.cublas_workspace_bytes``), not what was measured."""
+    prediction (``prediction.cuda_memory.cublas_workspace_bytes``), not what was measured."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
 
 
@@ -39,11 +39,11 @@ CASES = _evidence()
 IDS = [f"{folder}:{row['case_id']}" for folder, _, row in CASES]
 
 
-def _predicted(rig: Rig, row: dict[str, str]) -> predict_memory.Prediction:
+def _predicted(rig: Rig, row: dict[str, str]) -> memory.Prediction:
     split = int(row["split_size"]) if row["split_size"] else None
     case = new_case(rig, row["strategy"], row["model"], int(row["image_size"]),
                     int(row["batch_size"]), row["precision"], split_size=split)
-    return predict_memory.predict(case, rig)
+    return memory.predict(case, rig)
 
 
 def test_the_evidence_holds_every_kind_of_case():
@@ -84,7 +84,7 @@ def test_the_reserved_peak_is_predicted_within_6_percent(folder, rig, row):
 
 PRE_HOPPER_SLACK_MIB = 2 * (32 - 8.125)
 """Two cuBLAS workspaces are predicted at Hopper's 32 MiB; before Hopper torch's default is
-8 MiB + 128 KiB (``sweep.cuda_memory.CUBLAS_WORKSPACE_BYTES``): over by this much there."""
+8 MiB + 128 KiB (``prediction.cuda_memory.CUBLAS_WORKSPACE_BYTES``): over by this much there."""
 
 
 @pytest.mark.gpu
@@ -104,6 +104,6 @@ def test_a_real_gpu_cases_peak_is_never_predicted_more_than_2_percent_under(prec
     outcome = run_case(case, rig, tmp_path, trace=False)
     assert outcome.status == "ok", outcome.reason
     measured = max(outcome.peak_mem_mib.values())
-    predicted = predict_memory.predict(case, rig).max_mib
+    predicted = memory.predict(case, rig).max_mib
     assert predicted >= 0.98 * measured
     assert predicted <= 1.05 * measured + PRE_HOPPER_SLACK_MIB

@@ -1,7 +1,7 @@
-"""The step-time predictor (``sweep.predict_time``, ``sweep.predict_pipeline``) driven by
+"""The step-time predictor (``prediction.step_time``, ``prediction.pipeline_time``) driven by
 hand-made calibrations, against the closed forms; the calibration's sizes and
-combination (``run.calibration``), its files (``run.calibration_file``) and the run's
-predictor (``run.predictions``)."""
+combination (``prediction.calibration``), its files (``prediction.calibration_file``) and the run's
+predictor (``prediction.predictor``)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,19 @@ import pytest
 from bench_lib.analysis import bound
 from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
 from bench_lib.analysis.step_parts import FRESH_COPY_BYTES, fsdp_copied_bytes, fsdp_copies_s
-from bench_lib.run.calibration import CalibrationKey, CalibrationSpec, combine, sizes_for
-from bench_lib.sweep.calibration_data import BatchCosts, Calibration, Sizes
-from bench_lib.sweep.case_shape import Shape, shape_of
-from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict_pipeline import PipelineParts, stage_passes
-from bench_lib.sweep.predict_time import (
+from bench_lib.prediction.calibration import CalibrationKey, CalibrationSpec, combine, sizes_for
+from bench_lib.prediction.calibration_data import BatchCosts, Calibration, Sizes
+from bench_lib.prediction.case_shape import Shape, shape_of
+from bench_lib.prediction.pipeline_time import PipelineParts, stage_passes
+from bench_lib.prediction.schedule_orders import schedule_actions
+from bench_lib.prediction.step_time import (
     calibration_sizes,
     error_pct,
     predict,
     predict_case,
     speedup,
 )
-from bench_lib.sweep.schedule_orders import schedule_actions
+from bench_lib.sweep.cases import new_case
 from bench_lib.workloads.sizes import parameter_bytes
 
 OPT = 0.01  # the optimizer step, seconds
@@ -294,8 +294,8 @@ def test_a_calibration_serves_the_sizes_it_measured():
 def _stored(tmp_path, cpu_rig, cal, hardware=None):
     """A run folder holding ``cal`` as resnet-tiny 32 px's calibration, stamped with
     ``hardware`` (default: this machine's)."""
+    from bench_lib.prediction.calibration_file import hardware_id, write_calibrations
     from bench_lib.results.schema import CALIBRATION_FILE
-    from bench_lib.run.calibration_file import hardware_id, write_calibrations
 
     folder = tmp_path / "earlier"
     folder.mkdir()
@@ -307,10 +307,9 @@ def _stored(tmp_path, cpu_rig, cal, hardware=None):
 
 def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
         tmp_path, cpu_rig, monkeypatch):
+    from bench_lib.prediction.calibration_file import given_calibrations
+    from bench_lib.prediction.predictor import Predictor
     from bench_lib.results.schema import CALIBRATION_FILE
-    from bench_lib.run import predictions
-    from bench_lib.run.calibration_file import given_calibrations
-    from bench_lib.run.predictions import Predictor
 
     single = new_case(cpu_rig, "single", "resnet-tiny", 32, 16)
     ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16)
@@ -322,7 +321,7 @@ def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
     assert source == folder / CALIBRATION_FILE and list(found.values()) == [cal]
     assert given_calibrations(source, cpu_rig) == (source, found)
     launched = []
-    monkeypatch.setattr(predictions, "calibrate",
+    monkeypatch.setattr("bench_lib.prediction.predictor.calibrate",
                         lambda key, *a, **k: launched.append(key) or "not launched")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -350,8 +349,8 @@ def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
     ("devices", "timed on 1 device(s), this rig has 2"),
 ])
 def test_a_calibration_from_elsewhere_is_refused(tmp_path, cpu_rig, content, message):
+    from bench_lib.prediction.calibration_file import given_calibrations
     from bench_lib.results.schema import CALIBRATION_FILE
-    from bench_lib.run.calibration_file import given_calibrations
 
     cal = Calibration(OPT, {16: BatchCosts(0.2)}, {}, 1 if content == "devices" else 2)
     if content is None:
@@ -523,8 +522,8 @@ def test_a_balanced_pipelines_first_launch_takes_its_cut_from_the_calibration(cp
     """The cut partition's min-max picks from the calibrated blocks at the case's
     micro-batch, as a label the case runs; nothing where the calibration lacks that size,
     or the partition is not ``balanced`` (or already given)."""
+    from bench_lib.prediction.pipeline_time import calibrated_cut
     from bench_lib.strategies.partition import min_max_cuts
-    from bench_lib.sweep.predict_pipeline import calibrated_cut
     from bench_lib.workloads import Workload, blocks
 
     n = len(blocks(Workload("resnet-tiny", 32, 4).build_model()))

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 from bench_lib.measure import collectives, flop_peak, flop_probe
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.rig import Rig
-from bench_lib.run.agent import WARM_MODULES
+from bench_lib.launch.agent import WARM_MODULES
 
 instrument, forked = sys.argv[1], sys.argv[2] == "forked"
 module = flop_peak if instrument == "flops" else collectives

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.prediction.admission import Admission
 from bench_lib.results.read import (
     done_case_ids,
     provisional_round,
@@ -21,11 +23,9 @@ from bench_lib.results.read import (
 )
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
+from bench_lib.rows.speedup_table import SpeedupTable
+from bench_lib.rows.workload_rows import RoundDone, RowInputs, workload_rows
 from bench_lib.run import runner
-from bench_lib.run.admission import Admission
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.speedup_table import SpeedupTable
-from bench_lib.run.workload_rows import RoundDone, RowInputs, workload_rows
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 from tests.conftest import in_process

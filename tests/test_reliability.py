@@ -1,6 +1,6 @@
 """Faults, hangs, memory exhaustion, interrupts and bad input lose no results.
 
-Faults are injected through the test-only PARABENCH_TEST_FAULT hook (bench_lib/run/faults.py).
+Faults are injected through the test-only PARABENCH_TEST_FAULT hook (bench_lib/launch/faults.py).
 """
 
 from __future__ import annotations

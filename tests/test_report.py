@@ -95,7 +95,7 @@ def synthetic_run(root: Path, name: str = "20260101T000000Z_host_abcdef0", scale
             for k, ((strategy, split), step_s) in enumerate(steps.items()):
                 medians = launch_medians(step_s * scale, k)
                 row = ok_row(strategy, image, split, medians)
-                # Filled as the runner fills them (run.speedup_table.SpeedupTable): single runs
+                # Filled as the runner fills them (rows.speedup_table.SpeedupTable): single runs
                 # first, the speedup paired with it by round.
                 speedup = paired_ratio_interval(single, medians)
                 row |= {"speedup_vs_single": speedup.point, "speedup_ci_low": speedup.low,

@@ -22,20 +22,20 @@ from pathlib import Path
 import pytest
 
 from bench_lib import commands, exit_codes
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.nodes.multinode import plan as plan_nodes
+from bench_lib.prediction.duration import case_seconds
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
-from bench_lib.run.multinode import plan as plan_nodes
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row, step_rows
+from bench_lib.rows.rows import case_row, step_rows
+from bench_lib.rows.speedup_table import SPEEDUP_COLUMNS, SpeedupTable
 from bench_lib.run.runner import workload_groups
-from bench_lib.run.speedup_table import SPEEDUP_COLUMNS, SpeedupTable
+from bench_lib.run.shard import Shard, balance, plan, record, select, sweep_id
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.estimate import case_seconds
 from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
-from bench_lib.sweep.shard import Shard, balance, plan, record, select, sweep_id
 from tests.conftest import PYTHON, REPO, in_process
 
 PROFILE = Profile(name="shards", strategies=("single", "dp", "ddp", "pipeline"),
@@ -254,7 +254,7 @@ def test_merged_shards_read_like_the_unsharded_run(tmp_path, cpu_rig, capsys):
 
 
 def test_shards_of_a_multi_node_run_merge(tmp_path, cpu_rig, capsys):
-    """Merge plans the sweep again as the multi-node run did (``run.multinode.plan``)."""
+    """Merge plans the sweep again as the multi-node run did (``nodes.multinode.plan``)."""
     one, two = (fake_run(tmp_path / f"s{k}", cpu_rig, Shard(k, 2), nodes=2) for k in (1, 2))
     assert commands.main(["merge", str(one), str(two), "--out", str(tmp_path / "merged")]
                          ) == exit_codes.EXIT_OK

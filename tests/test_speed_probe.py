@@ -166,8 +166,8 @@ def test_a_folder_written_before_the_probe_reads_without_it(tmp_path):
 
 
 def test_steps_rows_carry_each_ranks_probe():
-    from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.rows import step_rows
+    from bench_lib.launch.protocol import CaseOutcome
+    from bench_lib.rows.rows import step_rows
 
     out = CaseOutcome("ok", step_times_s=[0.1, 0.2], rank_step_times_s={0: [0.1, 0.2]},
                       rank_probe_times_s={0: [0.006, 0.007]})

@@ -13,13 +13,13 @@ import pytest
 
 from bench_lib import commands, exit_codes
 from bench_lib.analysis.bound import Bound
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.prediction.admission import Admission
 from bench_lib.report import figures
 from bench_lib.results.read import read_cases
 from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.run import runner
-from bench_lib.run.admission import Admission
-from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import PROFILE_DIR, Profile, UsageError, load_profile
 from bench_lib.sweep.splits import (

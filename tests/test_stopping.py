@@ -150,7 +150,7 @@ def _gpu_samples(t0: float, t1: float, interval_s: float = 0.1) -> list[dict]:
 
 
 def _measure(clock: FastClock, m, monkeypatch) -> timing.TimedSteps:
-    """One launch timed as ``run.worker`` times it, under ``m`` (a case's measurement)."""
+    """One launch timed as ``launch.worker`` times it, under ``m`` (a case's measurement)."""
     monkeypatch.setattr(timing, "time", clock)
     return timing.measure_steps(clock.step, [torch.device("cpu")], warmup_steps=1,
                                 timed_steps=m.timed_steps, max_time_s=m.max_time_s,
@@ -160,7 +160,7 @@ def _measure(clock: FastClock, m, monkeypatch) -> timing.TimedSteps:
 
 def test_a_fast_gpu_case_times_until_the_minimum_and_fills_the_sampler_columns(monkeypatch):
     from bench_lib.rig import Rig
-    from bench_lib.run.sampler_columns import window_columns
+    from bench_lib.rows.sampler_columns import window_columns
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import MIN_TIME_S_BY_RIG, Measurement
 
@@ -187,7 +187,7 @@ def test_a_fast_gpu_case_times_until_the_minimum_and_fills_the_sampler_columns(m
 def test_without_a_minimum_the_fast_case_stops_at_the_ci_target_and_its_columns_are_empty(
         monkeypatch):
     from bench_lib.rig import Rig
-    from bench_lib.run.sampler_columns import window_columns
+    from bench_lib.rows.sampler_columns import window_columns
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import Measurement
     from bench_lib.topology import available_cores
@@ -236,8 +236,8 @@ def test_the_minimum_is_checked_and_capped_by_max_time_s():
 
 
 def test_the_worker_times_a_case_under_its_minimum(monkeypatch, tmp_path):
+    from bench_lib.launch import worker
     from bench_lib.rig import Rig
-    from bench_lib.run import worker
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import Measurement
     from bench_lib.topology import available_cores

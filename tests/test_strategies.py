@@ -13,11 +13,11 @@ import pytest
 from bench_lib import strategies
 from bench_lib.gpu_check.plan import TEST_MEASUREMENT as MEASUREMENT
 from bench_lib.gpu_check.plan import TWO_GPU_TEST, tiny_case
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.measure.timing import WARMUP_EXTRA_MAX
 from bench_lib.rig import Rig
+from bench_lib.rows.rows import case_row
 from bench_lib.run.case_launch import run_case
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.rows import case_row
 from bench_lib.strategies.base import Strategy
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.profile import MIN_TIME_S_BY_RIG

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from bench_lib.launch.protocol import CaseSpec, RankResult
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseSpec, RankResult
 from bench_lib.strategies import Microbatching
 from bench_lib.sweep.expansion import baselines_first, expand
 from bench_lib.sweep.profile import (

@@ -106,9 +106,9 @@ def test_a_case_is_throttled_when_a_reason_other_than_idle_held_over_10pct():
 
 
 def test_the_case_row_marks_a_throttled_case_as_contention_is_marked():
+    from bench_lib.launch.protocol import CaseOutcome
     from bench_lib.rig import Rig
-    from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.rows import case_row
+    from bench_lib.rows.rows import case_row
     from bench_lib.sweep.cases import new_case
 
     rig = Rig("cuda", 1)

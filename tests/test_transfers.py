@@ -19,14 +19,14 @@ from bench_lib.analysis.collective_fits import (
     Collectives,
     device_copy_fit,
 )
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.measure import device_copy
+from bench_lib.prediction.calibration_data import BatchCosts, Calibration
+from bench_lib.prediction.pipeline_time import pipeline_parts
+from bench_lib.prediction.step_time import predict_case
 from bench_lib.rig import Rig
-from bench_lib.run.bound_columns import bound_columns
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.sweep.calibration_data import BatchCosts, Calibration
+from bench_lib.rows.bound_columns import bound_columns
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.predict_pipeline import pipeline_parts
-from bench_lib.sweep.predict_time import predict_case
 from bench_lib.workloads import Workload, split_stages
 from bench_lib.workloads.blocks import tutorial_cut
 from bench_lib.workloads.sizes import boundary_bytes
@@ -85,7 +85,7 @@ def test_mp_on_two_gpus_is_priced_with_the_device_copy_not_send_recv():
 
 def bound_cut(case):
     """The cut mp runs without a timed partition (``fixed_cuts``)."""
-    from bench_lib.sweep.predict_pipeline import fixed_cuts
+    from bench_lib.prediction.pipeline_time import fixed_cuts
 
     (cut,) = fixed_cuts(case)
     return cut
@@ -254,7 +254,7 @@ def test_sweep_collectives_probes_the_copy_only_for_one_process_cases_on_two_gpu
     """The run's rig figures: the copy probe runs where mp or pipeline hand tensors between
     two GPUs, not for a sweep of ddp alone nor on one GPU's slots."""
     from bench_lib.measure import collectives
-    from bench_lib.run.sweep_collectives import sweep_collectives
+    from bench_lib.prediction.collectives import sweep_collectives
 
     probed = []
     monkeypatch.setattr(collectives, "measure",

@@ -18,12 +18,12 @@ from bench_lib.commands import main
 from bench_lib.commands.parser import build_parser
 from bench_lib.commands.plan import plan_new
 from bench_lib.commands.tune import plan_of as tune_plan_of
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.prediction.admission import Admission, DeviceMemory
+from bench_lib.prediction.memory import Prediction
 from bench_lib.results.read import run_dirs_in
 from bench_lib.rig import Rig
-from bench_lib.run.admission import Admission, DeviceMemory
-from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.predict_memory import Prediction
 from bench_lib.sweep.profile import Profile, UsageError, load_profile, profile_path
 from bench_lib.tune.plan import TunePlan
 from bench_lib.tune.race import LaunchResult, Measure, RaceSettings, race

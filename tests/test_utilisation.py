@@ -9,10 +9,10 @@ import types
 import pytest
 
 from bench_lib.analysis import utilisation
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.results.schema import SAMPLE_METRIC_NAMES
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.sampler_columns import util_check_columns, window_columns
+from bench_lib.rows.sampler_columns import util_check_columns, window_columns
 from bench_lib.sweep.cases import new_case
 
 
@@ -175,9 +175,9 @@ def test_the_report_names_the_counter_and_lists_the_cases_that_disagree(tmp_path
 def test_a_mig_instance_is_read_as_its_own_share_of_the_card(monkeypatch):
     """Under MIG NVML's utilisation, power and energy are the card's, every instance's work:
     the instance's utilisation is its own GPM SM activity, and the rest is said, not read."""
+    from bench_lib.launch import sampling
     from bench_lib.measure.nvml_source import NvmlSource
     from bench_lib.measure.sampler import Sampler
-    from bench_lib.run import sampling
     from tests.test_gpu_env import topo_nvml
     from tests.test_monitor import MIB, fake_nvml
 

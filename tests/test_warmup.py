@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench_lib.launch.protocol import CaseOutcome, reused_warmup
 from bench_lib.measure import timing
 from bench_lib.measure.timing import (
     WARMUP_EXTRA_MAX,
@@ -17,7 +18,6 @@ from bench_lib.measure.timing import (
     measure_steps,
     time_steps,
 )
-from bench_lib.run.protocol import CaseOutcome, reused_warmup
 from tests.dist_harness import run_ranks
 
 CPU = torch.device("cpu")

@@ -1,7 +1,7 @@
-"""The waterfall (analysis/waterfall.py): a measured step cut into the step's parts
+"""The waterfall (rows/waterfall.py): a measured step cut into the step's parts
 (analysis/step_parts.py) from hand-made figures, each part by its formula, parts that sum to
 the step, a large remainder said as such, what is missing said why; and the measured figures
-read off a case (run/case_parts.py)."""
+read off a case (rows/waterfall.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from bench_lib.analysis.bound import data_parallel_bound
 from bench_lib.analysis.step_parts import Figures, imbalance_s
-from bench_lib.analysis.waterfall import PARTS, SERIAL_NOTE, Waterfall, waterfall
+from bench_lib.rows.waterfall import PARTS, SERIAL_NOTE, Waterfall, waterfall
 
 CURVE = {16: 0.27, 8: 0.35, 4: 0.12, 2: 0.08}
 """single's median step (s) per batch: the full batch 16 and its batch curve."""
@@ -194,8 +194,8 @@ def _timeline(busy: dict[int, float]) -> tuple[dict, ...]:
 
 
 def test_the_shared_compute_comes_from_the_cases_own_steps_without_communication(cpu_rig):
-    from bench_lib.run.case_parts import measured_figures
-    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.launch.protocol import CaseOutcome
+    from bench_lib.rows.waterfall import measured_figures
     from bench_lib.sweep.cases import new_case
 
     curve = {16: 0.3, 8: 0.35, 4: 0.1}
@@ -223,8 +223,8 @@ def test_the_shared_compute_comes_from_the_cases_own_steps_without_communication
 
 
 def test_the_waterfall_columns_take_comm_and_own_work_from_the_case_s_bound(cpu_rig):
-    from bench_lib.run.case_parts import NO_DDP1, waterfall_columns
-    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.launch.protocol import CaseOutcome
+    from bench_lib.rows.waterfall import NO_DDP1, waterfall_columns
     from bench_lib.sweep.cases import new_case
 
     curve = {16: 0.3, 8: 0.35}
@@ -261,8 +261,8 @@ def test_the_waterfall_columns_take_comm_and_own_work_from_the_case_s_bound(cpu_
 
 
 def test_a_serial_pipeline_without_an_optimizer_step_says_so(cpu_rig):
-    from bench_lib.run.case_parts import waterfall_columns
-    from bench_lib.run.protocol import CaseOutcome
+    from bench_lib.launch.protocol import CaseOutcome
+    from bench_lib.rows.waterfall import waterfall_columns
     from bench_lib.sweep.cases import new_case
 
     pipe = new_case(cpu_rig, "pipeline", "resnet50", 64, 16, split_size=4)

@@ -9,13 +9,13 @@ import random
 
 import pytest
 
-from bench_lib.analysis import waterfall
 from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.analysis.step_parts import Figures
 from bench_lib.report.answer import answer_lines
 from bench_lib.report.headlines import headline_lines
 from bench_lib.report.ranking import headline_groups
-from bench_lib.run.speedup_table import SpeedupTable
+from bench_lib.rows import waterfall
+from bench_lib.rows.speedup_table import SpeedupTable
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile, UsageError

@@ -14,13 +14,13 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from bench_lib import commands, exit_codes, strategies
+from bench_lib.launch import worker
+from bench_lib.launch.protocol import CaseOutcome, RankResult
 from bench_lib.measure.flop_peak import AttainablePeak
 from bench_lib.measure.flops import train_flops_per_image
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.rig import Rig
-from bench_lib.run import worker
-from bench_lib.run.protocol import CaseOutcome, RankResult
-from bench_lib.run.rows import case_row
+from bench_lib.rows.rows import case_row
 from bench_lib.strategies import BuildContext, Microbatching
 from bench_lib.sweep.cases import Case, new_case
 from bench_lib.sweep.expansion import expand

@@ -21,7 +21,7 @@ from the collective micro-benchmark's send/recv fit (``analysis.collective_fits`
 rig's NCCL between GPUs), counted only where the two stages sit on different ranks.
 Chosen over the timeline's gaps because a gap also holds the scheduler's own overhead and
 waits for the peer, which is what the bound is to be compared with. The bound is the
-makespan of torch's own action list per rank (``sweep.predict_memory``'s replay of the
+makespan of torch's own action list per rank (``prediction.memory``'s replay of the
 schedule) run by a list scheduler (``simulate``): an action starts when its rank is free
 and its input is there. Exact for unbalanced stages, where closed forms are not. Then
 *other* = traced step - timeline span (optimizer step, loss, input split). The traced step
@@ -82,7 +82,7 @@ hides them: the sum (``step_time_s_bound_no_overlap`` either way;
 FSDP2's copies into and out of its gathered buffers at the calibration's copy rate
 (``step_parts.fsdp_copies_s``, *other*), where the run calibrated.
 
-The bound, the prediction (``sweep.predict_time``) and the waterfall (``analysis.waterfall``)
+The bound, the prediction (``prediction.step_time``) and the waterfall (``rows.waterfall``)
 are one model of a step (``analysis.step_parts``): the same parts priced by the same
 functions, fed with the case's own figures here, with the calibration's in the prediction.
 """
@@ -100,7 +100,7 @@ from bench_lib.analysis.collective_fits import CollectiveFit, Collectives, devic
 
 Action = tuple[str, int, int]
 """(kind, stage, micro-batch): F forward, B full backward, I input gradient, W weight
-gradient (``sweep.predict_memory``'s actions)."""
+gradient (``prediction.memory``'s actions)."""
 PHASE_OF = {"F": "fwd", "B": "bwd", "I": "bwd", "W": "wgt"}
 """The timeline phase that stamps each kind of action (``measure.trace``)."""
 PIPELINED = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")
@@ -142,7 +142,7 @@ class Bound:
     busy_s: tuple[float, ...] = ()
     """Pipelines: each rank's passes (the replay's busy time); empty for the others."""
     parts: step_parts.StepParts | None = None
-    """A predicted step's parts (``sweep.predict_time.predicted_parts``); None otherwise."""
+    """A predicted step's parts (``prediction.step_time.predicted_parts``); None otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

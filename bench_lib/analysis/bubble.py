@@ -1,6 +1,6 @@
 """The pipeline bubble, per device and per schedule: measured from a timeline, and in theory.
 
-Pure Python, no torch: the runner fills cases.csv from it (``run.bound_columns``) and the
+Pure Python, no torch: the runner fills cases.csv from it (``rows.bound_columns``) and the
 report draws with it (``report.gantt``), so both read one definition.
 
 Measured. A *device* is a rank's device in the distributed schedules, or a device slot of

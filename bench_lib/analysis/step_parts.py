@@ -3,8 +3,8 @@
 A case's step on N devices is cut into the parts below, from the ideal (single's step spread
 over the N devices) up to what the busiest device waits for. Each part is computed by the
 functions of this module from a ``Figures``: the *predicted* column feeds them the workload's
-calibration (``sweep.predict_time.predicted_parts``, before the case runs), the *measured*
-column the case's own figures and the run's (``run.case_parts``, after it). The waterfall is
+calibration (``prediction.step_time.predicted_parts``, before the case runs), the *measured*
+column the case's own figures and the run's (``rows.waterfall``, after it). The waterfall is
 the measured column beside the measured step (its ``remainder`` is what no part explains),
 the prediction is the predicted column's sum, and the bound (``analysis.bound``) is priced
 with the same functions (``exposed_comm_s``, ``fsdp_copies_s``, the schedule's replay).

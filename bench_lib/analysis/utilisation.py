@@ -17,7 +17,7 @@ them, the first of these that the device has enough of (``MIN_SAMPLES`` in every
                                       threads spinning while they wait
 
 The cross-check (``disagreement``): the case's own measure of its devices' compute, the
-"timeline busy" share of a step (``run.sampler_columns.util_check_columns``: ddp's
+"timeline busy" share of a step (``rows.sampler_columns.util_check_columns``: ddp's
 compute-only steps, a pipeline's passes per device in the traced step), against the
 utilisation read. Over ``DISAGREE_POINTS`` apart, the row says so: the counter is then not
 the devices' compute share, and the reason names what the counter counts.

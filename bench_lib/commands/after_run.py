@@ -13,7 +13,7 @@ from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
-    from bench_lib.run.workload_rows import RoundDone
+    from bench_lib.rows.workload_rows import RoundDone
 
 
 def check_after_run_targets(args: argparse.Namespace, rig: Rig, multi_node: bool = False

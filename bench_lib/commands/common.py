@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from bench_lib.rig import Rig
-    from bench_lib.sweep.shard import Shard
+    from bench_lib.run.shard import Shard
 
 SWEEP_GROUP = "sweep (flags > profile file > defaults; --resume takes them from the run folder)"
 RIG_GROUP = "rig (detected; these override)"
@@ -134,8 +134,8 @@ def bucket_caps(text: str) -> tuple[float | None, ...]:
 
 def shard_part(text: str) -> Shard:
     """``K/N`` -> ``Shard`` (argparse's type: bad input exits 2 with the form to use)."""
+    from bench_lib.run.shard import Shard
     from bench_lib.sweep.profile import UsageError
-    from bench_lib.sweep.shard import Shard
 
     try:
         return Shard.parse(text)

@@ -12,20 +12,20 @@ from typing import TYPE_CHECKING, Any
 from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
+    from bench_lib.prediction.calibration_file import GivenCalibrations
+    from bench_lib.prediction.fixed_costs import FixedCosts, ImpliedRange
     from bench_lib.rig import Rig
-    from bench_lib.run.calibration_file import GivenCalibrations
     from bench_lib.sweep.cases import Case
-    from bench_lib.sweep.fixed_costs import FixedCosts, ImpliedRange
 
 
 def this_box_terms(rig: Rig, results: Path) -> FixedCosts:
     """The estimate's terms for ``rig``: the rig kind's, renewed from this machine's newest
     run under ``results`` (``fixed_costs.this_box``: this machine as
-    ``run.calibration_file.hardware_id`` names it; NCCL's group from the launches of the
+    ``prediction.calibration_file.hardware_id`` names it; NCCL's group from the launches of the
     strategies with a process per device)."""
     from bench_lib import strategies
-    from bench_lib.run.calibration_file import hardware_id
-    from bench_lib.sweep.fixed_costs import this_box
+    from bench_lib.prediction.calibration_file import hardware_id
+    from bench_lib.prediction.fixed_costs import this_box
 
     groups = {n for n, s in strategies.REGISTRY.items() if s.per_device_processes}
     return this_box(results, rig.kind, lambda: hardware_id(rig), groups)
@@ -39,8 +39,8 @@ def terms_lines(terms: FixedCosts, kind: str, implied: ImpliedRange) -> list[str
           they imply 40.1 min to 46.3 min: each from 0.5x to 2x its figure; ...
 
     (the last two only where a term of another machine counts in the total)."""
-    from bench_lib.sweep.estimate import format_duration as f
-    from bench_lib.sweep.fixed_costs import (
+    from bench_lib.prediction.duration import format_duration as f
+    from bench_lib.prediction.fixed_costs import (
         ELSEWHERE_FACTORS,
         ELSEWHERE_RANGES_S,
         TERM_WORDS,
@@ -70,13 +70,13 @@ def print_plan(cases: list[Case], rig: Rig, predict_memory: bool = False,
     """The dry run's table: each case, what will happen to it, its estimated time and
     (``predict_memory``) its peak memory per device predicted as the run would before
     launching it (a case the run would refuse is shown ``oom``, with the reason); then the
-    run's estimate, part by part (``estimate.run_estimate``: the rig figures where
+    run's estimate, part by part (``duration.run_estimate``: the rig figures where
     ``rig_figures``, calibrations where ``predict_time``), and where its terms come from:
     this machine's newest run under ``results`` (``this_box_terms``), else another
     machine, with the range that implies (``terms_lines``)."""
-    from bench_lib.run.admission import Admission
-    from bench_lib.sweep.estimate import case_seconds, format_duration, run_estimate
-    from bench_lib.sweep.fixed_costs import implied_range
+    from bench_lib.prediction.admission import Admission
+    from bench_lib.prediction.duration import case_seconds, format_duration, run_estimate
+    from bench_lib.prediction.fixed_costs import implied_range
 
     admission = Admission.of(rig, cases, read_devices=False)
     terms = this_box_terms(rig, results)
@@ -112,7 +112,7 @@ def print_plan(cases: list[Case], rig: Rig, predict_memory: bool = False,
     print("\n".join(terms_lines(terms, rig.kind, implied)))
     if predict_memory:
         print("peak MiB: predicted before launch on fake tensors "
-              "(bench_lib/sweep/predict_memory.py; "
+              "(bench_lib/prediction/memory.py; "
               "'balanced' cuts from counted FLOPs until a launch measures them)"
               + (f"; {admission.note}" if admission.note else ""))
     else:
@@ -128,14 +128,14 @@ def print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
     import tempfile
     import time
 
+    from bench_lib.launch.agent import WARM_MODULES
+    from bench_lib.prediction.admission import Admission
+    from bench_lib.prediction.calibration import describe_calibration
+    from bench_lib.prediction.collectives import sweep_collectives
+    from bench_lib.prediction.predictor import Predictor
+    from bench_lib.prediction.step_time import speedup
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.rig_detection import cuda_device_count
-    from bench_lib.run.admission import Admission
-    from bench_lib.run.agent import WARM_MODULES
-    from bench_lib.run.calibration import describe_calibration
-    from bench_lib.run.predictions import Predictor
-    from bench_lib.run.sweep_collectives import sweep_collectives
-    from bench_lib.sweep.predict_time import speedup
 
     start = time.monotonic()
     admission = Admission.of(rig, cases, read_devices=False)
@@ -185,5 +185,5 @@ def print_predictions(cases: list[Case], rig: Rig, stack: contextlib.ExitStack,
         print(f"predicted best for {model} {image} px batch {batch} ({scaling}): "
               f"{case.strategy} {x:.2f}x single ({case.case_id})")
     print(f"{len(cases)} cases on rig {rig.label}; predicted in "
-          f"{time.monotonic() - start:.0f} s (sweep.predict_time states each formula)")
+          f"{time.monotonic() - start:.0f} s (prediction.step_time states each formula)")
     return EXIT_OK

@@ -12,12 +12,12 @@ from bench_lib.commands.after_run import check_after_run_targets
 from bench_lib.commands.common import rig_of
 
 if TYPE_CHECKING:
+    from bench_lib.launch.torchrun import Launcher
+    from bench_lib.prediction.calibration_file import GivenCalibrations
     from bench_lib.rig import Rig
-    from bench_lib.run.calibration_file import GivenCalibrations
-    from bench_lib.run.launch import Launcher
+    from bench_lib.run.shard import ShardPlan, SweepRecord
     from bench_lib.sweep.cases import Case
     from bench_lib.sweep.profile import Profile
-    from bench_lib.sweep.shard import ShardPlan, SweepRecord
 
 
 def profile_overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -78,7 +78,7 @@ def plan_shard(args: argparse.Namespace, rig: Rig, profile: Profile, cases: list
                ) -> tuple[list[Case], SweepRecord | None, ShardPlan | None]:
     """The cases of the shard to run (``--shard``, or the resumed folder's own: a resumed
     shard stays that shard), its env.json record, and the cut of the whole sweep."""
-    from bench_lib.sweep import shard
+    from bench_lib.run import shard
     from bench_lib.sweep.profile import UsageError
 
     if args.resume:
@@ -98,7 +98,7 @@ def plan_shard(args: argparse.Namespace, rig: Rig, profile: Profile, cases: list
 
 def resolve_launcher(args: argparse.Namespace) -> Launcher:
     """The run's launcher (exit 2 on bad input); ``--nproc-per-node`` fills ``--devices``."""
-    from bench_lib.run.launch import resolve
+    from bench_lib.launch.torchrun import resolve
     from bench_lib.sweep.profile import UsageError
 
     launcher = resolve(args.launcher, args.nnodes, args.node_rank, args.rdzv_endpoint,
@@ -134,7 +134,7 @@ def plan_run(args: argparse.Namespace) -> Planned:
     """Every check before the run folder exists (UsageError and the like: exit 2, nothing
     written): the flags that go together, the launcher, the sweep (new, resumed, a node's
     share, a shard), a reused calibration, the post-sweep targets."""
-    from bench_lib.run.multinode import plan as plan_nodes
+    from bench_lib.nodes.multinode import plan as plan_nodes
     from bench_lib.sweep.profile import UsageError
 
     if args.predict_memory and not args.dry_run:
@@ -149,7 +149,7 @@ def plan_run(args: argparse.Namespace) -> Planned:
         profile = profile.override(predict_time=True)
     given = None
     if args.calibration is not None:
-        from bench_lib.run.calibration_file import given_calibrations
+        from bench_lib.prediction.calibration_file import given_calibrations
 
         try:
             given = given_calibrations(args.calibration, rig)

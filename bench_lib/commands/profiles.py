@@ -22,9 +22,9 @@ def command(args: argparse.Namespace) -> int:
     estimated duration of a run, its description. The other kind's default profile is
     planned on a rig of that kind with as many devices (a cuda sweep's hours on CPU workers
     would answer no one's question), and says so."""
+    from bench_lib.prediction.duration import case_seconds, format_duration
     from bench_lib.rig import RIG_KINDS
     from bench_lib.rig_detection import detect_rig
-    from bench_lib.sweep.estimate import case_seconds, format_duration
     from bench_lib.sweep.expansion import expand
     from bench_lib.sweep.profile import load_profile, profile_names, profile_path
 

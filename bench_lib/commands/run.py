@@ -1,6 +1,6 @@
 """``run``: a sweep, its run folder, and what follows it (report, gate, baseline): the
 command's flags and its sequence; its plan is ``commands.plan``'s, its run folder
-``commands.run_folder``'s, its answers on stderr ``run.answers``'."""
+``commands.run_folder``'s, its answers on stderr ``report.answer``'s."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
 from bench_lib.processes import interrupts
 
 if TYPE_CHECKING:
+    from bench_lib.launch.protocol import CaseOutcome
+    from bench_lib.launch.torchrun import Launcher
     from bench_lib.rig import Rig
-    from bench_lib.run.launch import Launcher
-    from bench_lib.run.protocol import CaseOutcome
-    from bench_lib.run.workload_rows import RoundDone
+    from bench_lib.rows.workload_rows import RoundDone
     from bench_lib.sweep.cases import Case
 
 HELP = "run a sweep and write a run folder under results/"
@@ -91,10 +91,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 
 
 def add_launcher_args(run: argparse.ArgumentParser) -> None:
-    """How each multi-process case starts its ranks, and the multi-node run (run.launch,
-    run.multinode, run.coordination). Not sweep flags: the same sweep runs under either
+    """How each multi-process case starts its ranks, and the multi-node run (launch.torchrun,
+    nodes.multinode, nodes.coordination). Not sweep flags: the same sweep runs under either
     launcher."""
-    from bench_lib.run.launch import ENDPOINT_ENV, LAUNCHERS, RDZV_TIMEOUT_S, WAIT_NOTE_S
+    from bench_lib.launch.torchrun import ENDPOINT_ENV, LAUNCHERS, RDZV_TIMEOUT_S, WAIT_NOTE_S
 
     g = run.add_argument_group(
         "launcher (multi-node: every node runs the same command, with its own --node-rank; "
@@ -126,7 +126,7 @@ def add_launcher_args(run: argparse.ArgumentParser) -> None:
 
 def follow(args: argparse.Namespace, launcher: Launcher, rig: Rig, cases: list[Case]) -> int:
     """A non-first node of a multi-node run: follow node 0, which writes the run folder."""
-    from bench_lib.run.coordination import NodeZeroGone
+    from bench_lib.nodes.coordination import NodeZeroGone
     from bench_lib.run.follower_run import run_follower
 
     try:
@@ -154,19 +154,19 @@ def command(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     """``command``'s body; ``stack`` closes what it opens (the fork server) as it returns."""
+    from bench_lib.launch.agent import WARM_MODULES
+    from bench_lib.nodes.coordination import open_coordinator
+    from bench_lib.prediction.calibration import CalibrationKey, describe_calibration
+    from bench_lib.prediction.calibration_data import Calibration
+    from bench_lib.prediction.duration import case_seconds, run_estimate
+    from bench_lib.prediction.predictor import Predictor
     from bench_lib.processes.forkserver import ForkServer
+    from bench_lib.report.answer import answer_text, round_answer
     from bench_lib.results.store import RunWriter
-    from bench_lib.run.agent import WARM_MODULES
-    from bench_lib.run.answers import print_answers, round_answer
-    from bench_lib.run.calibration import CalibrationKey, describe_calibration
-    from bench_lib.run.coordination import open_coordinator
     from bench_lib.run.duty import DutyMeter, write_duty
-    from bench_lib.run.predictions import Predictor
     from bench_lib.run.progress import Progress
     from bench_lib.run.runner import run_sweep
-    from bench_lib.sweep.calibration_data import Calibration
-    from bench_lib.sweep.estimate import case_seconds, run_estimate
-    from bench_lib.sweep.shard import describe as describe_shard
+    from bench_lib.run.shard import describe as describe_shard
 
     duty = DutyMeter()  # the run's wall clock starts with the command
     with duty.part("planning"):
@@ -226,7 +226,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         # runs would take its cores.
         if done.last:
             return  # the run's end prints the whole answer and writes the report
-        for line in round_answer(done, plan.profile):
+        for line in round_answer(done.label, done.rows, plan.profile.name):
             progress.note(line)
         if args.report and report_due(done):
             progress.note(interim_report(run_dir, f"after round {done.round_done} of "
@@ -253,8 +253,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         return EXIT_INTERRUPTED
     progress.close()
     cycle = write_duty(run_dir, duty.finish())
-    if not args.quiet:
-        print_answers(rows, plan.profile, cycle, run_dir)
+    if not args.quiet:  # the answer, the duty cycle and where the results are
+        for line in [*answer_text(rows, plan.profile.name), cycle.text(),
+                     f"results: {run_dir / 'cases.csv'}"]:
+            print(line, file=sys.stderr)
     print(run_dir)
     failed = any(r["status"] in ("error", "timeout") for r in rows)
     return after_run(args, run_dir) or (EXIT_NOT_OK if failed else EXIT_OK)

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from bench_lib.commands.plan import Planned
     from bench_lib.measure.energy import IdlePower
     from bench_lib.measure.flop_peak import AttainablePeak
+    from bench_lib.nodes.coordination import Coordinator
     from bench_lib.processes.forkserver import ForkServer
-    from bench_lib.run.coordination import Coordinator
     from bench_lib.run.duty import DutyMeter
 
 
@@ -35,15 +35,15 @@ def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
     """The run folder (new, with its env.json, or the resumed one) and its rig figures;
     ``duty`` times each of them as a part of the run (``DutyMeter.part``); ``preflight``:
     env.json's record of the pre-flight (``measure.preflight.record``), where it ran."""
+    from bench_lib.launch.sampling import measure_idle_power
     from bench_lib.measure import environment
     from bench_lib.measure.energy import IdlePower
     from bench_lib.measure.flop_peak import AttainablePeak, measure_peak
+    from bench_lib.nodes.multinode import cluster_env
+    from bench_lib.prediction.collectives import sweep_collectives
     from bench_lib.results.read import read_env
     from bench_lib.results.store import start_run_dir, write_json_atomic
-    from bench_lib.run.multinode import cluster_env
-    from bench_lib.run.sampling import measure_idle_power
-    from bench_lib.run.sweep_collectives import sweep_collectives
-    from bench_lib.sweep.shard import record as sweep_record
+    from bench_lib.run.shard import record as sweep_record
 
     rig, profile, cases = plan.rig, plan.profile, plan.cases
 

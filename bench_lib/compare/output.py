@@ -145,7 +145,7 @@ def prediction_note(results: list[cmp.CaseResult], base: Run, cand: Run
         return None
     return ("the step-time prediction got worse (|error| grew by more than "
             f"{MODEL_REGRESSION_POINTS:g} points: {', '.join(grown)}): a regression of "
-            "the model (sweep/predict_time.py, the calibration), not of the code "
+            "the model (prediction/step_time.py, the calibration), not of the code "
             "measured; the verdicts above do not count it")
 
 

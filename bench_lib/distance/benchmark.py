@@ -41,13 +41,13 @@ from bench_lib.distance import methods
 from bench_lib.distance.launch import Computed, launch
 from bench_lib.distance.spec import DTYPES, METHODS, DistanceCase, DistanceSpec, Layer, new_case
 from bench_lib.exit_codes import EXIT_NOT_OK, EXIT_OK
+from bench_lib.launch.agent import WARM_MODULES
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.processes.forkserver import ForkServer
+from bench_lib.results.cells import by_device
 from bench_lib.results.schema import DISTANCE_COLUMNS
 from bench_lib.rig import Rig
-from bench_lib.run.agent import WARM_MODULES
 from bench_lib.run.case_launch import memory_true_forks
-from bench_lib.run.cells import by_device
-from bench_lib.run.protocol import CaseOutcome
 from bench_lib.run.runner import round_order
 from bench_lib.sweep.profile import Measurement, UsageError
 

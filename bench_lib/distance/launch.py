@@ -1,6 +1,6 @@
 """One launch of a distance case: fresh processes, supervised by the runner's own rules.
 
-The processes start as a training case's ranks do (``run.ranks.launch_ranks``: one process
+The processes start as a training case's ranks do (``launch.ranks.launch_ranks``: one process
 group of their own, each told its parent's pid; forked by the run's fork server), running
 ``bench_lib.distance.worker``; then every launcher's supervision
 (``processes.supervision.supervise``: the case timeout, the cpu memory cap through
@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from bench_lib.distance.spec import DistanceSpec, result_file
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.launch.ranks import combine, launch_ranks, rss_over_cap
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.processes.supervision import supervise
-from bench_lib.run.protocol import CaseOutcome
-from bench_lib.run.ranks import combine, launch_ranks, rss_over_cap
 
 WORKER_MODULE = "bench_lib.distance.worker"
 

@@ -2,7 +2,7 @@
 
     python -m bench_lib.distance.worker SPEC_JSON RANK RUNNER_PID
 
-Like a training case's worker (``bench_lib.run.worker``), whose protocol it speaks: it
+Like a training case's worker (``bench_lib.launch.worker``), whose protocol it speaks: it
 asks to die with the runner before importing torch, pins itself to its worker's cores,
 joins the case's process group (a cpu rig's ``split``), records its resident memory before
 the weight exists (``protocol.baseline_path``: the runner's memory cap counts what comes
@@ -23,7 +23,7 @@ worker checks its own peak after the steps as well (a peak between the runner's 
 
 from __future__ import annotations
 
-# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in run.worker)
+# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in launch.worker)
 import sys
 import time
 import traceback
@@ -39,18 +39,18 @@ import torch
 
 from bench_lib.distance import methods
 from bench_lib.distance.spec import DistanceSpec, result_file
+from bench_lib.launch.protocol import RankResult, baseline_path
+from bench_lib.launch.worker import (
+    EXIT_FAILED,
+    PROCESS_GROUP_TIMEOUT_S,
+    result_path,
+)
 from bench_lib.math_modes import set_math_mode
 from bench_lib.measure.memory import PeakMemory, cap_cuda_memory
 from bench_lib.measure.timing import measure_steps
 from bench_lib.pinning import pin_worker
 from bench_lib.process_groups import destroy_process_group, init_process_group
 from bench_lib.results.store import write_json_atomic
-from bench_lib.run.protocol import RankResult, baseline_path
-from bench_lib.run.worker import (
-    EXIT_FAILED,
-    PROCESS_GROUP_TIMEOUT_S,
-    result_path,
-)
 
 
 class Step:

@@ -94,7 +94,7 @@ def collectives_problems(cases: Sequence[Row], env: Mapping[str, Any]) -> list[s
     missing or count none."""
     skipped = (env.get("collectives") or {}).get("skipped")
     slots = int((env.get("rig") or {}).get("gpu_slots") or 1) > 1
-    # As ``run.case_bound.largest_message`` decides which runs measure them.
+    # As ``prediction.collectives.largest_message`` decides which runs measure them.
     strategies = PRICED_WITH_COLLECTIVES | (set() if slots else MOVING_ACROSS_GPUS)
     priced = [str(r.get("case_id")) for r in cases if r.get("status") == "ok"
               and r.get("strategy") in strategies and int(r.get("world_size") or 1) > 1]

@@ -9,9 +9,9 @@ estimate to fit ``BUDGET_S``::
     sweep           ``run --rig cuda --devices 2 --profile gpu-check`` with every registered
                     strategy, its folder checked as every sweep's (``folders``)
 
-Each part is priced by the run estimate's terms (``sweep.fixed_costs``: this machine's own
+Each part is priced by the run estimate's terms (``prediction.fixed_costs``: this machine's own
 after a run here, else another machine's) and the cases it will run: the tests' cases by
-``estimate.case_seconds``, the sweep by ``estimate.run_estimate`` of the cases ``run``
+``duration.case_seconds``, the sweep by ``duration.run_estimate`` of the cases ``run``
 itself plans from the same flags. Where the estimate passes the budget, the sweep measures
 fewer splits (``SPLIT_CHOICES``), never fewer strategies.
 """
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench_lib import strategies
+from bench_lib.prediction.duration import case_seconds, format_duration, run_estimate
+from bench_lib.prediction.fixed_costs import TERMS, FixedCosts
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case, new_case
-from bench_lib.sweep.estimate import case_seconds, format_duration, run_estimate
-from bench_lib.sweep.fixed_costs import TERMS, FixedCosts
 from bench_lib.sweep.profile import Measurement
 
 BUDGET_S = 15 * 60.0

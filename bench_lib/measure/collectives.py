@@ -32,7 +32,7 @@ imports (``lifeline.die_with_parent``): a runner killed with SIGKILL must not le
 holding its device, waiting at the rendezvous for up to ``TIMEOUT_S``.
 """
 
-# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in run.worker)
+# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in launch.worker)
 from __future__ import annotations
 
 import json

@@ -21,7 +21,7 @@ its path, dtype, way, wrong elements, first wrong index, checksums), ``error``.
 Exit 0 when ok, 1 otherwise; 4 where PARENT_PID was gone before the child started.
 """
 
-# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in run.worker)
+# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in launch.worker)
 from __future__ import annotations
 
 import sys

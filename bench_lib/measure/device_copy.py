@@ -1,7 +1,7 @@
 """One process's device-to-device copy, timed: what ``mp``'s and ``pipeline``'s ``.to()``
 between two GPUs costs, fitted as t(n) = alpha + n / beta (``analysis.collective_fits``).
 
-Beside the collectives (``run.sweep_collectives``), where device slots 0 and 1 are distinct
+Beside the collectives (``prediction.collectives``), where device slots 0 and 1 are distinct
 GPUs (``Rig.moves_between``) and a case of the sweep hands a tensor between them inside one
 process (``analysis.bound.MOVING_ACROSS_GPUS``), one fresh process times ``t.to(device 1)``
 of a tensor on device 0, and back, at each of the collectives' sizes: one warm-up, then
@@ -20,7 +20,7 @@ device a tensor is on returns the tensor itself, so mp's hand-off there copies n
     python -m bench_lib.measure.device_copy RIG_JSON FOLDER SIZES_MIB REPEATS PARENT_PID
 """
 
-# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in run.worker)
+# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in launch.worker)
 from __future__ import annotations
 
 import json

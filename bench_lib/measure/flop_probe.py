@@ -18,7 +18,7 @@ torch's imports (``lifeline.die_with_parent``): a runner killed with SIGKILL mus
 a probe holding its device, waiting at the barrier for up to ``PEAK_TIMEOUT_S``.
 """
 
-# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in run.worker)
+# ruff: noqa: E402  (the lifeline is armed before torch's imports, as in launch.worker)
 from __future__ import annotations
 
 import json

@@ -26,7 +26,7 @@ rule, the collective stop, and the slowest rank per step.
    which ``compare`` applies too when it re-reads steps.csv).
 
 torch is imported only inside the functions that touch a device: the sweep's planning
-(``sweep.estimate``) reads this module's counts without it.
+(``prediction.duration``) reads this module's counts without it.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ WARMUP_EXTRA_MAX = 8
 STOP_REASONS = ("ci_target", "time_cap", "step_cap", "min_time")
 COMPUTE_ONLY_STEPS = 3
 """Steps every launch of a run (not tune's) times with no collective after its timed ones
-(``run.diagnostics.compute_only``; the run's estimate counts them: ``sweep.estimate``)."""
+(``launch.diagnostics.compute_only``; the run's estimate counts them: ``prediction.duration``)."""
 
 
 def time_budget(max_time_s: float, min_steps: int = MIN_STEPS_UNDER_TIME_CAP) -> StopRule:

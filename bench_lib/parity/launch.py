@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench_lib.launch.agent import WARM_MODULES
 from bench_lib.parity.train import EpochResult, ParitySpec, result_path
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.processes.supervision import start_group, supervise
 from bench_lib.rig import Rig
-from bench_lib.run.agent import WARM_MODULES
 
 RUN_TIMEOUT_S = 600.0
 PEER_GRACE_S = 0.5

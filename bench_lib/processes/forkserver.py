@@ -4,7 +4,7 @@ rank of every launch. The server's own process is ``forkserver_process`` (its do
 holds the protocol); this side starts it (``ForkServer``, ``prestart``), asks it for
 processes and reads them as ``Popen``s (``Forked``, ``start_module``). Torch-free.
 
-Why: a rank started as ``python -m bench_lib.run.worker`` spends about 2.8 s of CPU (2-core
+Why: a rank started as ``python -m bench_lib.launch.worker`` spends about 2.8 s of CPU (2-core
 AMD EPYC) importing torch, torchvision and this library before it builds its model, once
 per rank and per launch: with three launches of every case that was about a third of
 ``make bench``. A forked rank starts in milliseconds and is still a fresh process of its
@@ -293,7 +293,7 @@ class Forked:
         """The exit code once the process has ended, as promptly as ``Popen.poll``: a rank
         that died is a zombie (or, reaped, gone) before the server's report of it arrives,
         so that state waits for the report. The runner blames the rank that ended first
-        by these polls (``run.ranks.combine``); a late one would blame the peer whose
+        by these polls (``launch.ranks.combine``); a late one would blame the peer whose
         collective failed because of it."""
         if self.returncode is None:
             self.returncode = self._server.exit_code(self.pid)

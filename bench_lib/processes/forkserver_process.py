@@ -13,15 +13,15 @@ it around a fork itself (``pthread_atfork``; tests/test_forkserver.py checks tha
 else runs).
 
 The modules to import before forking come on the command line (``MODULE ...``): the
-caller says what its ranks run (the runner: ``run.agent.WARM_MODULES``), so that this
+caller says what its ranks run (the runner: ``launch.agent.WARM_MODULES``), so that this
 module names nothing of the library it serves.
 
 Protocol, one JSON object per line. Runner to server (stdin)::
 
-    {"module": "bench_lib.run.worker", "args": ["/run/.work/case/spec.json", "1", "4100"],
+    {"module": "bench_lib.launch.worker", "args": ["/run/.work/case/spec.json", "1", "4100"],
      "stdout": ".../worker.log", "stderr": "", "group": 4242}
 
-runs ``python -m bench_lib.run.worker ...`` in a forked process (``runpy``) with its output
+runs ``python -m bench_lib.launch.worker ...`` in a forked process (``runpy``) with its output
 appended to the files (``stderr`` empty: with stdout), in process group ``group`` (-1: the
 server's, 0: a new one it leads, else that one). Server to runner
 (stdout): ``{"ready": PID, "mirrors_memory": B}`` once the imports are done (``B``: whether

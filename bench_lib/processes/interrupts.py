@@ -1,7 +1,7 @@
 """Ctrl-C (and a caught SIGTERM) as a ``KeyboardInterrupt`` on the main thread, held while
 that thread runs torch code that calls back into Python (``shielded``), raised as it leaves.
 
-Why: the runner runs some torch in its own process (``sweep.fake_step.simulate``'s fake
+Why: the runner runs some torch in its own process (``prediction.fake_step.simulate``'s fake
 step and ``predict_memory._chosen_cut``'s cut, counted under ``FakeTensorMode``;
 ``measure.flops.count_train_flops`` under ``FlopCounterMode``). There torch's C++ calls
 back into Python (a dispatch mode's ``__torch_dispatch__``, a fake tensor's device, a

@@ -1,6 +1,6 @@
 """No process outlives the one that started it: the parent-death signal, and a light exit.
 
-Every process the suite starts (a case's ranks, torchrun's agent: ``run.agent``, the fork
+Every process the suite starts (a case's ranks, torchrun's agent: ``launch.agent``, the fork
 server and what it forks, the FLOP probe, the collective micro-benchmark, the pre-flight
 check, the calibration, parity's and distance's ranks) asks as it starts to be killed when
 its parent dies (``die_with_parent``), and leaves through ``exit_lightly``.
@@ -62,7 +62,7 @@ def exit_lightly(code: int | None) -> NoReturn:
     """``sys.exit(code)`` without the interpreter walking its whole heap on the way out.
 
     With torch and torchvision imported, the garbage collections of Python's teardown take
-    ~1 s of CPU (2 cores, AMD EPYC: ``import bench_lib.run.worker`` then exit, 3.0-3.6 s
+    ~1 s of CPU (2 cores, AMD EPYC: ``import bench_lib.launch.worker`` then exit, 3.0-3.6 s
     against 2.3-2.4 s with ``os._exit``), paid by every runner, worker, fork server and
     test subprocess. ``gc.freeze()`` moves every object to the permanent generation, which
     no collection visits; atexit handlers, buffered streams and ``finally`` blocks still

@@ -1,8 +1,8 @@
 """One launch's processes in a process group of their own: started (``start_group``),
 watched until they end or must be stopped (``supervise``: a time limit, a caller's reason
 to stop them such as a memory cap, a dead process's peers given their grace), and killed,
-group and all (``kill_group``). Every launcher's one loop: a case's ranks (``run.ranks``),
-a calibration's (``run.calibration``), a distance case's (``distance.launch``) and a parity
+group and all (``kill_group``). Every launcher's one loop: a case's ranks (``launch.ranks``),
+a calibration's (``prediction.calibration``), a distance case's (``distance.launch``) and a parity
 run's (``parity.launch``). Torch-free.
 """
 

@@ -9,7 +9,7 @@ behind, each sentence built from the run's own numbers (no number, no sentence).
 
 The winner and its interval are the headlines' (``ranking.rank``) under strong scaling
 (the batch split over the devices); the loss is the waterfall part
-(``bench_lib.analysis.waterfall``) with the largest median share of the other ok cases'
+(``bench_lib.rows.waterfall``) with the largest median share of the other ok cases'
 steps, or the remainder (what no part explains) where that share is larger; the batch
 curve's point is the per-device batch of the fastest of them that cuts the batch (``dp``'s
 replicas cut it too: ``Case.device_batch_size``), and that case is named. The weak-scaling
@@ -17,11 +17,16 @@ sentence names the weak case with the largest speedup over single (a throughput 
 paired by round) and says whether its interval clears 1. A last
 sentence, only where some case's launches differ by more than their steps' noise explains
 (``launches_differ``, ``analysis.launch_spread``), names those cases.
+
+What a run says on stderr as it goes is made here too (``answer_text``): a workload's
+answer after each of its rounds (``round_answer``), and the whole run's at its end (the
+headlines, the answer in words, the prediction's score), from the rows so far.
 """
 
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -184,3 +189,28 @@ def answer_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         if sentences:
             lines.append(" ".join(sentences))
     return lines
+
+
+def answer_text(rows: Sequence[dict[str, Any]], profile_name: str) -> list[str]:
+    """The headlines, the answer in words and the prediction's score of ``rows``: the
+    run's at its end, a workload's after each of its rounds (``round_answer``); the
+    tutorial profile's timings beside them."""
+    from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
+    from bench_lib.report.headlines import headline_lines, tutorial_lines
+    from bench_lib.report.part_errors import part_error_lines
+    from bench_lib.report.time_prediction import score_lines
+
+    rows = list(rows)
+    lines = headline_lines(rows)
+    if profile_name == "tutorial":
+        lines += tutorial_lines(rows)
+    return lines + [line for answer in answer_lines(rows) + score_lines(rows)
+                    + part_error_lines(rows) for line in textwrap.wrap(answer, ANSWER_WIDTH)]
+
+
+def round_answer(label: str, rows: Sequence[dict[str, Any]], profile_name: str
+                 ) -> list[str]:
+    """A workload's answer after one of its rounds: ``answer_text`` of its rows so far
+    (provisional before its last round: the headlines say so), under ``label``, the line
+    naming the round (``RoundDone.label``)."""
+    return [label, *(f"  {line}" for line in answer_text(rows, profile_name))]

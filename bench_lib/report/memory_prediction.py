@@ -1,7 +1,7 @@
 """Predicted against measured peak memory: one point per case and device, and the errors.
 
 The prediction (``peak_mem_mib_predicted_by_device``, made before the case ran:
-``bench_lib.sweep.predict_memory``) is set beside what the case added
+``bench_lib.prediction.memory``) is set beside what the case added
 (``peak_mem_net_mib_by_device``), device label by device label. Read from cases.csv only,
 like every figure; never imports torch.
 """
@@ -29,7 +29,7 @@ BAND = 0.15
 SOURCE_DEVICE = {"dp": "0"}
 """Strategies one device of which holds more than the others by design, and which: dp's
 source (``device_ids[0]``: the whole batch, the gathered outputs, the reduced gradients;
-``bench_lib.sweep.predict_memory``). Their devices get rows of their own in the table, so
+``bench_lib.prediction.memory``). Their devices get rows of their own in the table, so
 that a miss on the source is not averaged away by its replicas."""
 
 
@@ -126,7 +126,7 @@ def error_html(cases: pd.DataFrame) -> str:
     note = ("<p class=caption>Error: predicted over measured, minus 1, per case and device "
             "(measured: what the case added, net of the runtime). The prediction replays one "
             "training step of each process on fake tensors before the case runs "
-            "(bench_lib/sweep/predict_memory.py states what it counts and assumes; a DDP knob "
+            "(bench_lib/prediction/memory.py states what it counts and assumes; a DDP knob "
             "that changes memory, gradient bucket views or PowerSGD's state, has its own "
             "row, and so has each device of dp, whose device 0 holds more than the "
             "others).</p>")

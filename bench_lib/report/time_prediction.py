@@ -1,5 +1,5 @@
 """The step-time predictor's score: each case's prediction (made before it ran:
-``sweep.predict_time``) against its measured median, and per workload whether the
+``prediction.step_time``) against its measured median, and per workload whether the
 predicted best was the measured best.
 
     step time predicted before launch: median |error| 10.1%, worst 26.9% (fsdp 64 px) over
@@ -184,5 +184,5 @@ def score_html(cases: pd.DataFrame) -> str:
             "<p class=caption>Predicted before each case's first launch from its workload's "
             "calibration (calibration.json: steps alone and with every device computing, "
             "block passes, the optimizer step) and the run's collectives; "
-            "bench_lib/sweep/predict_time.py states each formula. Error: predicted over "
+            "bench_lib/prediction/step_time.py states each formula. Error: predicted over "
             "measured, minus 1.</p>")

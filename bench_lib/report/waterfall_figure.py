@@ -6,7 +6,7 @@ order (the device's smaller batch, its optimizer step, devices computing togethe
 busiest device's extra work, the schedule's bubble, the communication not hidden, the
 strategy's own work) to what no part explains (the remainder, hatched; where the parts
 overstate the step it is drawn back from their end). The bar ends at the measured step; the
-label gives the speedup measured against the ideal one. ``bench_lib.analysis.waterfall``
+label gives the speedup measured against the ideal one. ``bench_lib.rows.waterfall``
 states each part. A run folder from before a part's column draws it as 0 (its remainder
 holds it). Reads cases.csv only; never imports torch.
 """

@@ -1,7 +1,7 @@
 """env.json's hardware fingerprint, read: its hardware keys (``hardware_of``) and their short
 id (``fingerprint_id``). ``compare`` files and finds a stored baseline by the id, ``run.merge``
 refuses shards of different hardware by it, and a calibration reused by a later run must
-name the same (``run.calibration_file.hardware_id``). Never imports torch.
+name the same (``prediction.calibration_file.hardware_id``). Never imports torch.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A run folder ``results/<run_id>/`` holds::
 
     env.json     environment, rig, profile, command line, schema version; ``sweep``: the
-                 sweep's id (``sweep.shard.sweep_id``) and the shard K/N a ``run --shard``
+                 sweep's id (``run.shard.sweep_id``) and the shard K/N a ``run --shard``
                  ran (with its case ids), or the shards a ``merge`` joined (``merged_from``);
                  ``launcher``: local or torchrun, nodes, node rank, rendezvous endpoint
                  and timeout; in a multi-node run ``nodes``, every node (host, devices, versions,
@@ -22,7 +22,7 @@ A run folder ``results/<run_id>/`` holds::
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
     calibration.json  where the profile predicts step times (``predict_time``): each
-                 workload's calibration (``run.calibration``), or why it failed
+                 workload's calibration (``prediction.calibration``), or why it failed
     shards/K/    a merged folder only: shard K's own env.json (``run.merge``)
     distance.csv a ``distance`` run folder only (with env.json, no cases.csv): one row per
                  pairwise-distance case (``DISTANCE``; ``bench_lib.distance``)
@@ -65,8 +65,8 @@ from dataclasses import dataclass
 SCHEMA_VERSION = 5
 STATUSES = ("ok", "oom", "unsupported", "skipped", "timeout", "error")
 CALIBRATION_FILE = "calibration.json"
-"""A run folder's calibrations, one entry per workload: written by ``run.calibration_file``, reused
-by a gate's later rounds (``gate.rounds``)."""
+"""A run folder's calibrations, one entry per workload: written by
+``prediction.calibration_file``, reused by a gate's later rounds (``gate.rounds``)."""
 
 
 class ResultsError(ValueError):
@@ -129,7 +129,7 @@ CASES = _cols(
                     "running, how far it got, e.g. 'after round 1 of 3': made by the same code "
                     "as the final row, from the launches so far (after round 1 one per case, "
                     "so no interval), replaced by the next round's rows and by the final ones "
-                    "(run.workload_rows); a run stopped mid-workload keeps them, and "
+                    "(rows.workload_rows); a run stopped mid-workload keeps them, and "
                     "--resume drops them and runs that workload again", False, True),
     ("steps_per_launch", "timed steps of each launch, in round order, e.g. 8;8;7"),
     ("launch_medians_s", "each launch's median step time (the slowest rank's per step), in "
@@ -197,10 +197,11 @@ CASES = _cols(
                                          "and with its device labels, device:MiB;...: one "
                                          "training step of each process replayed on fake "
                                          "tensors, its live tensors counted "
-                                         "(bench_lib.sweep.predict_memory: what is counted, "
+                                         "(bench_lib.prediction.memory: what is counted, "
                                          "assumed and calibrated); on a cuda rig the allocator's "
                                          "peak, the count run through its blocks with cuBLAS's "
-                                         "and cuDNN's workspaces (bench_lib.sweep.cuda_memory); "
+                                         "and cuDNN's workspaces "
+                                         "(bench_lib.prediction.cuda_memory); "
                                          "empty for a case not run (skipped, unsupported) or not "
                                          "predicted (why in note)", False, True),
     ("peak_mem_source", "how peaks were read: cuda-allocator, vmhwm (/proc VmHWM reset "
@@ -342,7 +343,7 @@ CASES = _cols(
                                     "end (the t interval over rounds, as speedup_ci_low)",
      N, True),
     ("per_image_efficiency_ci_high", "the same interval's high end", N, True),
-    # The waterfall (bench_lib.analysis.waterfall): the step's parts (one list, defined
+    # The waterfall (bench_lib.rows.waterfall): the step's parts (one list, defined
     # once: bench_lib.analysis.step_parts) measured, from the ideal N-fold step up to the
     # measured step; seconds and % of the measured step (step_time_s_median).
     ("waterfall_ideal_s", "single's step at the workload's batch x batch_size / (that batch "
@@ -454,7 +455,7 @@ CASES = _cols(
                    "assumed: ...)' where mp's or pipeline's GPU-to-GPU copy was priced "
                    "without a measured one", False, True),
     # The step time predicted before the case ran, from its workload's calibration
-    # (profile key predict_time; bench_lib.sweep.predict_time states each formula).
+    # (profile key predict_time; bench_lib.prediction.step_time states each formula).
     ("step_time_s_predicted", "the step time predicted before the case's first launch from "
                               "its workload's calibration (calibration.json: steps timed "
                               "alone and with every device computing, block passes, the "

@@ -1,2 +1,4 @@
-"""ONE CASE = FRESH PROCESSES: the runner, the worker, the typed protocol between them,
-the case's row, progress, and the test-only fault hooks."""
+"""THE `run` COMMAND'S BODY: rounds of launches into a run folder (``runner``), one launch of
+a case (``case_launch``; ``agent_run``, ``follower_run`` where several nodes share a sweep),
+where the run's time went (``duty``), its progress, and a sweep cut into shards and joined
+back (``shard``, ``merge``)."""

@@ -11,11 +11,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_lib.measure.sampler import Sampler
-from bench_lib.processes.supervision import supervise
-from bench_lib.rig import Rig
-from bench_lib.run.coordination import LaunchWatch
-from bench_lib.run.launch import (
+from bench_lib.launch.protocol import SampleRow
+from bench_lib.launch.ranks import rss_over_cap
+from bench_lib.launch.sampling import case_sampler
+from bench_lib.launch.torchrun import (
     AgentExits,
     AgentRanks,
     Launcher,
@@ -23,9 +22,10 @@ from bench_lib.run.launch import (
     start_agent,
     torchrun_args,
 )
-from bench_lib.run.protocol import SampleRow
-from bench_lib.run.ranks import rss_over_cap
-from bench_lib.run.sampling import case_sampler
+from bench_lib.measure.sampler import Sampler
+from bench_lib.nodes.coordination import LaunchWatch
+from bench_lib.processes.supervision import supervise
+from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
 
 
@@ -44,7 +44,7 @@ def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: La
               rdzv_id: str = "", watch: LaunchWatch | None = None) -> AgentRun:
     """Start this node's torchrun agent for one launch of ``case`` and supervise it as the
     local launcher's ranks are: the case timeout, the memory cap, the sampler (from when
-    the ranks are found: ``launch.AgentRanks``), and ``watch`` (the other nodes)."""
+    the ranks are found: ``torchrun.AgentRanks``), and ``watch`` (the other nodes)."""
     nproc = case.world_size // launcher.nnodes
     args = torchrun_args(launcher, nproc, rdzv_id, case.measurement.case_timeout_s,
                          case_dir / "torchrun")

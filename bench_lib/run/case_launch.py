@@ -5,12 +5,12 @@ and the parts it went to.
 Every process of a launch shares one process group of its own, so a crash, hang or OOM
 ends that launch alone: on timeout or on a dead rank the whole group is killed, and the
 case still yields exactly one row. The local launcher (``_run_local``) starts the ranks
-here (``run.ranks``). Under ``--launcher torchrun`` (``run.launch``) a multi-process launch
+here (``launch.ranks``). Under ``--launcher torchrun`` (``launch.torchrun``) a multi-process launch
 is one torchrun agent instead (``run.agent_run``), supervised the same way (timeout, memory
 cap, sampler, the ranks' files combined by the same rules: ``_run_torchrun``); on node 0
 of a multi-node run it is announced to the other nodes, whose runners follow
 (``follower_run.follow_sweep``), and their ranks' files come back over node 0's
-coordination store (``run.coordination``).
+coordination store (``nodes.coordination``).
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench_lib.launch.launch_parts import with_unaccounted
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec
+from bench_lib.launch.ranks import combine, launch_ranks, rss_over_cap
+from bench_lib.launch.sampling import case_sampler
+from bench_lib.launch.torchrun import LOCAL, AgentExits, Launcher
 from bench_lib.measure.contention import CpuSnapshot, machine_load
+from bench_lib.nodes.coordination import Coordinator
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.processes.supervision import PEER_GRACE_S, supervise
 from bench_lib.rig import Rig
 from bench_lib.run.agent_run import run_agent
-from bench_lib.run.coordination import Coordinator
-from bench_lib.run.launch import LOCAL, AgentExits, Launcher
-from bench_lib.run.launch_parts import with_unaccounted
-from bench_lib.run.protocol import CaseOutcome, CaseSpec
-from bench_lib.run.ranks import combine, launch_ranks, rss_over_cap
-from bench_lib.run.sampling import case_sampler
 from bench_lib.sweep.cases import Case
 
 REPORT_GRACE_S = 15.0
@@ -142,7 +142,7 @@ def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher
                   compute_only: bool = True) -> CaseOutcome:
     """One launch through torchrun: this node's agent; on node 0 of a multi-node run,
     announced to the other nodes first, and their reports gathered after
-    (``run.coordination``)."""
+    (``nodes.coordination``)."""
     if not launcher.multi_node:
         part = run_agent(case, rig, case_dir, log_path, launcher)
         outcome = _combine_launch(case_dir, case.world_size, log_path, part.stopped,

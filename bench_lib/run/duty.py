@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench_lib.launch.launch_parts import LAUNCH_PARTS
 from bench_lib.results.store import write_json_atomic
-from bench_lib.run.launch_parts import LAUNCH_PARTS
 
 DUTY_FILE = "duty.json"
 SUMMARY_PARTS = 5
@@ -51,7 +51,7 @@ class DutyCycle:
     """Every launch's wall time, from starting its first rank to reaping its last."""
     launches: int
     calibration_s: float = 0.0
-    """The workloads' calibrations (``run.calibration``): part of the per-run fixed cost."""
+    """The workloads' calibrations (``prediction.calibration``): part of the per-run fixed cost."""
     launch_parts_s: dict[str, float] = field(default_factory=dict)
     """The per-launch fixed cost by part, summed over launches (``launch_parts``: they add
     up to ``per_launch_s``); empty: not recorded (a run from before them)."""

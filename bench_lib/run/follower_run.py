@@ -1,6 +1,6 @@
 """A non-first node's run of a multi-node sweep: join node 0 (``run_follower``), then start
 this node's torchrun agent (``run.agent_run``) for each launch node 0 announces and report
-its part back over node 0's coordination store (``follow_sweep``, ``run.coordination``),
+its part back over node 0's coordination store (``follow_sweep``, ``nodes.coordination``),
 until node 0 ends the run.
 """
 
@@ -12,14 +12,14 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench_lib.launch.protocol import CaseSpec, RankResult
+from bench_lib.launch.ranks import log_tail
+from bench_lib.launch.torchrun import Launcher
+from bench_lib.nodes.coordination import Follower, LaunchNotice, NodeReport, NodeZeroGone
+from bench_lib.nodes.multinode import this_node
 from bench_lib.processes.supervision import PEER_GRACE_S
 from bench_lib.rig import Rig
 from bench_lib.run.agent_run import run_agent
-from bench_lib.run.coordination import Follower, LaunchNotice, NodeReport, NodeZeroGone
-from bench_lib.run.launch import Launcher
-from bench_lib.run.multinode import this_node
-from bench_lib.run.protocol import CaseSpec, RankResult
-from bench_lib.run.ranks import log_tail
 from bench_lib.sweep.cases import Case
 
 

@@ -1,5 +1,5 @@
 """Joining shards: ``python -m bench_lib merge RUN_DIR... [--out DIR]`` turns the run folders
-of ``run --shard K/N`` (``sweep.shard``) into one run folder that reports and compares like
+of ``run --shard K/N`` (``run.shard``) into one run folder that reports and compares like
 any other: ``<UTC time>_<host>_<git sha7>_merge-<profile>`` in ``DIR`` (default ``results``,
 the folder that receives a run folder, as ``run --out`` is), linked there as
 ``latest-merge``.
@@ -29,7 +29,7 @@ the empty folder that claimed its name), so a failure leaves nothing half-writte
   Figures, report.html and compare outputs are not copied: ``report`` the merged folder.
 
 It lives beside the runner, not in ``results/``, because it expands the sweep and fills
-speedups with ``run.speedup_table``, which imports torch; ``results/`` never does.
+speedups with ``rows.speedup_table``, which imports torch; ``results/`` never does.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench_lib.results.cells import Row
 from bench_lib.results.fingerprint import fingerprint_id, hardware_of
 from bench_lib.results.read import provisional_round, read_cases, read_env, run_dirs_in
 from bench_lib.results.store import (
@@ -55,12 +56,11 @@ from bench_lib.results.store import (
     write_json_atomic,
 )
 from bench_lib.rig import Rig
-from bench_lib.run.cells import Row
-from bench_lib.run.speedup_table import EFFICIENCY_COLUMNS, SPEEDUP_COLUMNS, SpeedupTable
+from bench_lib.rows.speedup_table import EFFICIENCY_COLUMNS, SPEEDUP_COLUMNS, SpeedupTable
+from bench_lib.run.shard import Shard, SweepRecord, sweep_id
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.expansion import expand
 from bench_lib.sweep.profile import Profile, UsageError
-from bench_lib.sweep.shard import Shard, SweepRecord, sweep_id
 
 CASE_FILES = ("steps.csv", "timeline.csv", "samples.csv")
 """Per-case row files, merged case by case beside cases.csv."""
@@ -195,7 +195,7 @@ def expand_sweep(shard: ShardRun) -> list[Case]:
     where it is not the sweep the shard recorded."""
     rig, profile = Rig.from_dict(shard.env["rig"]), Profile.from_dict(shard.env["profile"])
     if rig.nodes > 1:  # planned as the multi-node run planned it, on every node's devices
-        from bench_lib.run.multinode import plan as plan_nodes
+        from bench_lib.nodes.multinode import plan as plan_nodes
 
         _, cases = plan_nodes(profile, dataclasses.replace(rig, nodes=1), rig.nodes)
     else:

@@ -1,7 +1,7 @@
 """Progress of a sweep: a tqdm bar on a terminal, plain lines elsewhere: one per launch as
 it ends, one per case as its row is written (after its workload's last round).
 
-The ETA starts from the run's estimate (``sweep.estimate.run_estimate``: the cases' launches
+The ETA starts from the run's estimate (``prediction.duration.run_estimate``: the cases' launches
 and the workloads' calibrations still to come) and is corrected by the measured pace (actual
 over estimated seconds of the launches and calibrations done so far).
 """
@@ -16,9 +16,9 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from bench_lib.run.protocol import CaseOutcome
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.prediction.duration import format_duration
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.estimate import format_duration
 
 
 def _interval(row: Mapping[str, Any], low: str, high: str, fmt: str) -> str:

@@ -22,22 +22,22 @@ import sys
 from collections.abc import Callable
 
 from bench_lib.analysis.collective_fits import Collectives
+from bench_lib.launch.protocol import CaseOutcome, reused_warmup
+from bench_lib.launch.torchrun import LOCAL, Launcher
 from bench_lib.measure.energy import IdlePower
 from bench_lib.measure.flop_peak import AttainablePeak
+from bench_lib.nodes.coordination import Coordinator
+from bench_lib.prediction.admission import Admission
+from bench_lib.prediction.predictor import Predictor
 from bench_lib.processes.forkserver import ForkServer
+from bench_lib.results.cells import Row
 from bench_lib.results.read import provisional_text
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
-from bench_lib.run.admission import Admission
+from bench_lib.rows.rows import step_rows
+from bench_lib.rows.speedup_table import SpeedupTable
+from bench_lib.rows.workload_rows import RoundCallback, RoundDone, RowInputs, workload_rows
 from bench_lib.run.case_launch import memory_true_forks, run_case
-from bench_lib.run.cells import Row
-from bench_lib.run.coordination import Coordinator
-from bench_lib.run.launch import LOCAL, Launcher
-from bench_lib.run.predictions import Predictor
-from bench_lib.run.protocol import CaseOutcome, reused_warmup
-from bench_lib.run.rows import step_rows
-from bench_lib.run.speedup_table import SpeedupTable
-from bench_lib.run.workload_rows import RoundCallback, RoundDone, RowInputs, workload_rows
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.splits import settle
 
@@ -95,13 +95,13 @@ def run_sweep(
     ``launcher``: how multi-process cases start their ranks; ``coordinator``: node 0's side
     of a multi-node run, told at the end (or on Ctrl-C) so that the other nodes stop too.
     ``admission``: each case's predicted memory, and the refusal of a case predicted not to
-    fit (``run.admission``; default: ``Admission.of`` the cases on ``rig``).
+    fit (``prediction.admission``; default: ``Admission.of`` the cases on ``rig``).
     ``collectives``: the rig's measured collectives, for the ddp/fsdp and p2p bounds.
     ``server``: the run's fork server, which forks the local launcher's ranks
     (``processes.forkserver``) where it can make their memory read as fresh interpreters'
     (``ForkServer.mirrors_memory``); None, or a server that cannot: fresh interpreters.
     ``predictor``: predicts each case's step time before its workload's first round
-    (``run.predictions``; None: no prediction columns).
+    (``prediction.predictor``; None: no prediction columns).
     """
     admission = admission or Admission.of(rig, cases)
     if admission.note:  # e.g. a GPU in MIG mode whose instance's memory NVML cannot name

@@ -167,7 +167,7 @@ class Trainer:
         collective (DDP's ``no_sync``; small ones may remain: its buffer broadcast), or None
         where the strategy has no such mode. The worker times a few
         steps in it after the timed ones: the compute part of a data-parallel case's bound
-        (``run.case_bound``)."""
+        (``rows.case_bound``)."""
         return None
 
     def timeline_stages(self) -> list[TimelineStage]:

@@ -154,7 +154,7 @@ class DdpTrainer(Trainer):
         hooked); gradients stay local. Not free of collectives: each forward still
         broadcasts the BatchNorm buffers from rank 0 (``broadcast_buffers``, on), a small
         part of the step but one a failed peer leaves this rank waiting in
-        (``run.diagnostics``). None with SyncBatchNorm: its forward all-gathers every
+        (``launch.diagnostics``). None with SyncBatchNorm: its forward all-gathers every
         layer's statistics whatever ``no_sync`` says, a large part of the step."""
         if any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules()):
             return None

@@ -237,7 +237,7 @@ SCHEDULE_CLASSES: dict[str, type] = {
     "interleaved-1f1b": pp.ScheduleInterleaved1F1B,
     "interleaved-zb": pp.ScheduleInterleavedZeroBubble, "zbv": pp.ScheduleZBVZeroBubble,
 }
-"""Each strategy's torch schedule (``sweep.predict_memory`` replays its order of actions)."""
+"""Each strategy's torch schedule (``prediction.memory`` replays its order of actions)."""
 
 STRATEGIES = [
     _strategy("gpipe", "torch.distributed.pipelining GPipe: all forwards, then all backwards",

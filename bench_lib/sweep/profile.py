@@ -68,7 +68,7 @@ class Measurement:
     """Memory cap per device in MiB (0: none); a case above it is recorded as ``oom``."""
     predict_skip: bool = True
     """A case whose predicted peak memory exceeds a device's memory (the cap above, else a
-    GPU's total memory) is recorded ``oom`` without being launched (``run.admission``);
+    GPU's total memory) is recorded ``oom`` without being launched (``prediction.admission``);
     False: it is launched anyway."""
     interval_target_pct: float = 2.0
     """A launch's timing stops once its median's 95% CI half-width (over its own steps) is
@@ -188,8 +188,8 @@ class Profile:
     """Measure the rig's idle power and FLOP peak before the sweep (a few seconds: the net
     energy and MFU columns); off where only step times matter (the ci profile's gates)."""
     predict_time: bool = False
-    """Calibrate each workload before its cases launch (a few seconds: ``run.calibration``)
-    and predict every case's step time and speedup from it (``sweep.predict_time``); after
+    """Calibrate each workload before its cases launch (a few seconds: ``prediction.calibration``)
+    and predict every case's step time and speedup from it (``prediction.step_time``); after
     the run, each prediction's error (``step_time_s_predicted``, ``speedup_predicted``,
     ``prediction_error_pct``)."""
     scaling: tuple[str, ...] = ("strong",)

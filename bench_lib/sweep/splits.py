@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from bench_lib.analysis.bound import Bound
 
 Prediction = tuple["Bound | str", "Bound | str"]
-"""``run.predictions.Predictor.predict``'s answer: the case's step, and its single's."""
+"""``prediction.predictor.Predictor.predict``'s answer: the case's step, and its single's."""
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bench_lib.analysis.stats import CI_CONFIDENCE, LaunchInterval
+from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.prediction.duration import case_seconds, format_duration
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.estimate import case_seconds, format_duration
 from bench_lib.tune.plan import TunePlan
 from bench_lib.tune.race import RaceResult, RaceSettings
 from bench_lib.tune.space import (
@@ -96,14 +96,14 @@ def write_cases(run_dir: Path, space: Space, rig: Rig, admitted: list[Case],
                 outcomes: dict[int, list[CaseOutcome]], refused: dict[str, str],
                 slow: dict[str, str] | None = None,
                 predicted: Mapping[str, Bound | str] | None = None) -> None:
-    """cases.csv and steps.csv: one row per case of the space (``run.rows.case_row``),
+    """cases.csv and steps.csv: one row per case of the space (``rows.rows.case_row``),
     speedups against ``single`` paired by rung (``SpeedupTable``: single first); ``slow``:
     the cases skipped as predicted too slow (``skipped``, with why); ``predicted``: each
     case's predicted step (``step_time_s_predicted`` and its error)."""
+    from bench_lib.prediction.predictor import prediction_columns
     from bench_lib.results.store import RunWriter
-    from bench_lib.run.predictions import prediction_columns
-    from bench_lib.run.rows import case_row, step_rows
-    from bench_lib.run.speedup_table import SpeedupTable
+    from bench_lib.rows.rows import case_row, step_rows
+    from bench_lib.rows.speedup_table import SpeedupTable
 
     index = {c.case_id: i for i, c in enumerate(admitted)}
     speedups = SpeedupTable()

@@ -4,7 +4,7 @@ instead of sweeping it, and recommend a configuration.
 Before anything launches: the space is expanded and validated (bad input: exit 2, nothing
 written), the plan printed (candidates, rung 0's estimate, the exhaustive sweep's, the
 halving schedule and the budget; ``--dry-run`` stops there), and the memory prediction
-refuses what will not fit (``run.admission``: recorded ``oom``, reason "predicted: ...",
+refuses what will not fit (``prediction.admission``: recorded ``oom``, reason "predicted: ...",
 never launched). Then each launch is one fresh ``run.case_launch.run_case``, short
 (``tune.space.race_launch``: every rung alike, so that rungs pair), with no traced step;
 later launches reuse the first launch's stage cut, as a sweep's do. Each is printed as it
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
+from bench_lib.launch.protocol import CaseOutcome
 from bench_lib.processes import interrupts
 from bench_lib.rig import Rig
-from bench_lib.run.protocol import CaseOutcome
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.profile import Profile
 from bench_lib.tune import output
@@ -43,8 +43,8 @@ from bench_lib.tune.space import Space, build_space, race_launch
 
 if TYPE_CHECKING:
     from bench_lib.analysis.bound import Bound
+    from bench_lib.prediction.admission import Admission
     from bench_lib.processes.forkserver import ForkServer
-    from bench_lib.run.admission import Admission
 
 BUDGET_FRACTION = 0.3
 """Default budget: a tenth under the third of the exhaustive sweep's time that issue #17
@@ -70,7 +70,7 @@ def one_launch(case: Case) -> Case:
 def settings_of(plan: TunePlan, space: Space, rig: Rig) -> RaceSettings:
     """The race's settings: the plan's limits, and how much longer the exhaustive sweep's
     launches take than the race's (estimated)."""
-    from bench_lib.sweep.estimate import case_seconds
+    from bench_lib.prediction.duration import case_seconds
 
     full = sum(case_seconds(one_launch(c), rig) for c in space.candidates)
     short = sum(case_seconds(race_launch(c, space.profile.measurement), rig)
@@ -110,7 +110,7 @@ class TuneLog:
 
 
 Predict = Callable[[list[Case]], "dict[str, Bound | str]"]
-"""The candidates -> each one's predicted step (``run.predictions.Predictor``), by case id."""
+"""The candidates -> each one's predicted step (``prediction.predictor.Predictor``), by case id."""
 
 
 def skipped_by_prediction(cases: list[Case], predicted: dict[str, Bound | str],
@@ -219,7 +219,7 @@ def execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
     unix time the command started; ``launch``: one launch of a case, default
     ``run.case_launch.run_case``; ``admission``: the memory prediction, default ``Admission.of``
     the candidates; ``predict``: the step-time prediction, default the profile's
-    ``predict_time``: a calibration of the workload, ``run.predictions.Predictor``)."""
+    ``predict_time``: a calibration of the workload, ``prediction.predictor.Predictor``)."""
     with contextlib.ExitStack() as stack:  # the fork server, where one is started
         return _execute(plan, space, rig, settings, started, stack, launch, admission,
                         predict)
@@ -230,8 +230,8 @@ def _execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
              admission: Admission | None, predict: Predict | None = None) -> int:
     """``execute``'s body."""
     from bench_lib.measure import environment
+    from bench_lib.prediction.admission import Admission
     from bench_lib.results.store import start_run_dir, write_json_atomic
-    from bench_lib.run.admission import Admission
 
     def say(text: str) -> None:
         if not plan.quiet:
@@ -246,8 +246,8 @@ def _execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
     work_root = run_dir / ".work"
     server = None
     if launch is None:  # every launch forked by one server that imported torch once
+        from bench_lib.launch.agent import WARM_MODULES
         from bench_lib.processes.forkserver import ForkServer
-        from bench_lib.run.agent import WARM_MODULES
         from bench_lib.run.case_launch import memory_true_forks
 
         server = stack.enter_context(ForkServer.take(WARM_MODULES))
@@ -296,10 +296,10 @@ def _execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
 def _calibrated(rig: Rig, run_dir: Path, server: ForkServer, say: Say, quiet: bool
                 ) -> Predict:
     """The step-time prediction of a real race: the collectives measured and the workload
-    calibrated (``run.calibration``), as a run does before its cases."""
-    from bench_lib.run.calibration import describe_calibration
-    from bench_lib.run.predictions import Predictor
-    from bench_lib.run.sweep_collectives import sweep_collectives
+    calibrated (``prediction.calibration``), as a run does before its cases."""
+    from bench_lib.prediction.calibration import describe_calibration
+    from bench_lib.prediction.collectives import sweep_collectives
+    from bench_lib.prediction.predictor import Predictor
 
     def predict(cases: list[Case]) -> dict[str, Bound | str]:
         collectives = sweep_collectives(rig, quiet, cases, server)

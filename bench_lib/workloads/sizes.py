@@ -1,8 +1,8 @@
 """A workload's byte sizes, counted on its model built on meta or fake tensors (shapes and
 dtypes only: no memory, no compute), cached: the gradients, each FSDP unit's share, and the
 activation that crosses each stage cut, at the dtype that crosses it. The bound
-(``run.case_bound``) and the time prediction (``sweep.predict_time``,
-``sweep.predict_pipeline``) price transfers and collectives with them.
+(``rows.case_bound``) and the time prediction (``prediction.step_time``,
+``prediction.pipeline_time``) price transfers and collectives with them.
 """
 
 from __future__ import annotations
