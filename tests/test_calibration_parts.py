@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_lib.prediction import calibration_timing as measure
+from bench_lib.prediction import calibration_timing
 from bench_lib.prediction import calibration_worker as worker
 from bench_lib.prediction.calibration import (
     CalibrationKey,
@@ -72,32 +72,37 @@ def test_the_cuda_rule_counts_the_autotuning_step_as_warm_up_and_stops_on_its_bu
     batch 20 (0.020 s) as soon as its median's interval is first judged (8 passes); the
     3 s first step is warm-up, never in the median."""
     fake = clock(steady(3.0, step_s))
-    found = measure.step_passes(fake.step, [torch.device("cpu")], measure.pass_rule("cuda"))
+    found = calibration_timing.step_passes(fake.step, [torch.device("cpu")],
+                                           calibration_timing.pass_rule("cuda"))
     assert found.warmup >= 2 and found.warmup_s >= 3.0
     assert found.median_s == pytest.approx(step_s, rel=0.005)
     assert found.repeats == repeats
-    assert found.timed_s <= measure.CUDA_RULE.max_time_s + step_s
+    assert found.timed_s <= calibration_timing.CUDA_RULE.max_time_s + step_s
     assert fake.calls == found.warmup + found.repeats
 
 
 def test_the_cuda_rule_warms_up_until_the_steps_stop_falling(clock):
     """Steps still getting faster after the autotuning one are warm-up too (``WarmupRule``)."""
     fake = clock([3.0, 0.2, 0.12, 0.08, *steady(0.068, 0.068)])
-    found = measure.step_passes(fake.step, [torch.device("cpu")], measure.pass_rule("cuda"))
+    found = calibration_timing.step_passes(fake.step, [torch.device("cpu")],
+                                           calibration_timing.pass_rule("cuda"))
     assert found.warmup >= 5  # 3.0, 0.2, 0.12, 0.08 and the first steady one that shows it
     assert found.median_s == pytest.approx(0.068, rel=0.005)
 
 
 def test_the_cuda_rule_times_at_least_three_slow_steps(clock):
     fake = clock(steady(4.0, 0.5))
-    found = measure.step_passes(fake.step, [torch.device("cpu")], measure.pass_rule("cuda"))
+    found = calibration_timing.step_passes(fake.step, [torch.device("cpu")],
+                                           calibration_timing.pass_rule("cuda"))
     assert found.repeats == 3 and found.median_s == pytest.approx(0.5, rel=0.005)
 
 
 def test_the_cpu_rule_is_two_untimed_and_three_timed_passes(clock):
     fake = clock([1.0, 0.5, 0.30, 0.33, 0.29, 9.0])
-    found = measure.step_passes(fake.step, [torch.device("cpu")], measure.pass_rule("cpu"))
-    assert (found.warmup, found.repeats) == (measure.WARMUP, measure.REPEATS) == (2, 3)
+    found = calibration_timing.step_passes(fake.step, [torch.device("cpu")],
+                                           calibration_timing.pass_rule("cpu"))
+    assert (found.warmup, found.repeats) == (2, 3)
+    assert (calibration_timing.WARMUP, calibration_timing.REPEATS) == (2, 3)
     assert found.median_s == pytest.approx(0.30)
     assert found.warmup_s == pytest.approx(1.5) and found.timed_s == pytest.approx(0.92)
     assert fake.calls == 5
@@ -191,7 +196,7 @@ def test_a_cuda_rank_creates_its_context_first_and_settles_its_passes(
     torch.set_num_threads(1)  # as a worker has (the fixture puts it back)
     monkeypatch.setattr(Rig, "device", lambda self, index: torch.device("cpu"))
     monkeypatch.setattr(worker, "init_cuda", created.append)
-    monkeypatch.setattr(measure, "CUDA_RULE", measure.PassRule(
+    monkeypatch.setattr(calibration_timing, "CUDA_RULE", calibration_timing.PassRule(
         warmup=1, repeats=50, settle=True, max_time_s=0.05))  # a CPU's slow steps
     spec = one_device_spec(tmp_path, "cuda")
     stamps: worker.Stamps = []

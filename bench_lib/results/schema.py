@@ -292,7 +292,7 @@ CASES = _cols(
     ("peak_mem_reserved_mib_predicted_by_device", "the CUDA caching allocator's reservation "
                                                   "per device predicted before the case ran "
                                                   "(its segments, the predicted allocations "
-                                                  "replayed through them: bench_lib.sweep."
+                                                  "replayed through them: bench_lib.prediction."
                                                   "allocator), device:MiB;...: what admission "
                                                   "compares with each GPU's memory; empty "
                                                   "where peak_mem_mib_predicted_by_device is "
