@@ -73,8 +73,9 @@ CHILD = textwrap.dedent("""
     import signal, sys
     from bench_lib.measure import flops
     from bench_lib.processes import interrupts
+    import bench_lib.prediction.memory
+    from bench_lib.prediction import fake_step
     from bench_lib.rig import Rig
-    from bench_lib.sweep import fake_step, predict_memory
     from bench_lib.sweep.expansion import expand
     from bench_lib.sweep.profile import Profile
 
@@ -85,7 +86,7 @@ CHILD = textwrap.dedent("""
 
     def memory():
         fake_step.simulate.cache_clear()
-        predict_memory.predict(case, rig)
+        bench_lib.prediction.memory.predict(case, rig)
 
     def flop_count():
         flops.train_flops_per_image.cache_clear()
