@@ -89,7 +89,7 @@ def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def case_row(case: DistanceCase, rig: Rig, outcome: CaseOutcome, agreement: Row,
+def distance_row(case: DistanceCase, rig: Rig, outcome: CaseOutcome, agreement: Row,
              blocked_medians: Sequence[float], cap_mib: float) -> Row:
     """The distance.csv row of a case (``schema.DISTANCE``)."""
     layer = case.layer
@@ -183,7 +183,7 @@ def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: 
     for i, case in enumerate(cases):
         agreement = (_agreement(computed.get(i), ref_value, ref_grad, case.dtype)
                      if results[i].status == "ok" else {})
-        row = {"run_id": run_dir.name} | case_row(case, rig, results[i], agreement, blocked,
+        row = {"run_id": run_dir.name} | distance_row(case, rig, results[i], agreement, blocked,
                                                   cap)
         _append(run_dir / "distance.csv", row)
         print(progress_line(done + i + 1, total, row), file=sys.stderr, flush=True)

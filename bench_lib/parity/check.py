@@ -67,7 +67,7 @@ def _append(path: Path, columns: Sequence[str], rows: Sequence[Row]) -> None:
 
 
 @dataclass(frozen=True)
-class Run:
+class TrainingRun:
     """One training run of a parity run: a strategy at a precision and seed."""
 
     case: Case
@@ -82,19 +82,19 @@ class Run:
             and self.seed else "")
 
 
-def _runs(plan: ParityPlan, cases: list[Case], batch_norm: bool) -> list[Run]:
+def _runs(plan: ParityPlan, cases: list[Case], batch_norm: bool) -> list[TrainingRun]:
     """The model's runs in order: single in float64, in float32, at its further seeds (a
     BatchNorm model), then every other runnable strategy (``single`` is ``cases[0]``)."""
     single, others = cases[0], cases[1:]
     if single.status:
         return []
     extra = plan.seed_runs if batch_norm else 0
-    return ([Run(single, "fp64", plan.seed), Run(single, "fp32", plan.seed)]
-            + [Run(single, "fp32", plan.seed + k) for k in range(1, extra + 1)]
-            + [Run(c, "fp32", plan.seed) for c in others if not c.status])
+    return ([TrainingRun(single, "fp64", plan.seed), TrainingRun(single, "fp32", plan.seed)]
+            + [TrainingRun(single, "fp32", plan.seed + k) for k in range(1, extra + 1)]
+            + [TrainingRun(c, "fp32", plan.seed) for c in others if not c.status])
 
 
-def _spec(plan: ParityPlan, rig: Rig, run: Run) -> ParitySpec:
+def _spec(plan: ParityPlan, rig: Rig, run: TrainingRun) -> ParitySpec:
     case = run.case
     return ParitySpec(case.model, case.strategy, rig, case.processes, plan.epochs,
                       plan.batch_size, plan.split_size, plan.lr, run.seed, plan.seed,
@@ -103,7 +103,7 @@ def _spec(plan: ParityPlan, rig: Rig, run: Run) -> ParitySpec:
                       math_mode=plan.math_mode)
 
 
-def model_runs(plan: ParityPlan, rig: Rig, model: str) -> tuple[list[Case], list[Run]]:
+def model_runs(plan: ParityPlan, rig: Rig, model: str) -> tuple[list[Case], list[TrainingRun]]:
     """``model``'s cases (single first; a strategy this rig cannot run has its status and
     reason) and the training runs they make, in order."""
     batch_norm = model_facts(model).batch_norm
