@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_lib.gpu_check import folders, plan, sweeps, testsuite  # noqa: E402
-from bench_lib.gpu_check.shards import CORES_PER_SHARD, Shard, ShardResult  # noqa: E402
+from bench_lib.gpu_check.shards import CORES_PER_SHARD, PytestShard, ShardResult  # noqa: E402
 from bench_lib.gpu_check.verdict import Verdict  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dirs = []
     for i, name in enumerate([] if args.no_sweeps else sweeps.SWEEPS, 1):
         print(f"\nsweep {i} of {len(sweeps.SWEEPS)}: {name} (about a minute)", flush=True)
-        folder, why = sweeps.run_sweep(name, args.out, REPO)
+        folder, why = sweeps.run_check_sweep(name, args.out, REPO)
         if folder is None:
             print(f"error: {why}", file=sys.stderr)
             return 2
@@ -151,7 +151,7 @@ def run_two_gpu_tests(args: argparse.Namespace, tests: int,
     cores = tuple(sorted(os.sched_getaffinity(0)))
     out = args.out / "tests"
     out.mkdir(parents=True, exist_ok=True)
-    shard = Shard(0, cores, (plan.TWO_GPU_TEST,), estimate_s)
+    shard = PytestShard(0, cores, (plan.TWO_GPU_TEST,), estimate_s)
     collection = testsuite.Collection({plan.TWO_GPU_TEST: "gpu"})
     print(f"\n{tests} two-GPU tests (one per strategy) through the fork server; log in "
           f"{out}", flush=True)
@@ -178,7 +178,7 @@ def check_two_gpus(args: argparse.Namespace) -> int:
         tests = run_two_gpu_tests(args, planned.tests, planned.tests_s)
     if not failed and not args.no_sweeps:
         print(f"\nsweep: every strategy on two GPUs (~{planned.sweep_s:.0f} s)", flush=True)
-        folder, why = sweeps.run_sweep("two-gpus", args.out, REPO, planned.sweep_flags)
+        folder, why = sweeps.run_check_sweep("two-gpus", args.out, REPO, planned.sweep_flags)
         if folder is None:
             print(f"error: {why}", file=sys.stderr)
             return 2

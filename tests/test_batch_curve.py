@@ -24,9 +24,8 @@ from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import launch_medians
 from bench_lib.rows.speedup_table import SpeedupTable
 from bench_lib.rows.waterfall import PARTS
-from bench_lib.run.runner import workload_groups
 from bench_lib.sweep.cases import new_case
-from bench_lib.sweep.expansion import expand
+from bench_lib.sweep.expansion import expand, workload_groups
 from bench_lib.sweep.profile import Profile
 from tests.conftest import in_process
 

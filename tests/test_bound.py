@@ -56,7 +56,7 @@ def test_simulated_torch_schedules_match_the_closed_forms_for_balanced_stages(na
     """(m+p-1)(f+b) for GPipe and 1F1B; (v*m+p-1)(f+b) per chunk for interleaved 1F1B."""
     stages = p * (2 if name == "interleaved-1f1b" else 1)
     f, b = 0.3, 0.7
-    makespan, busy = bound.simulate(schedule_actions(name, p, m),
+    makespan, busy = bound.replay_schedule(schedule_actions(name, p, m),
                                     stage_times([f] * stages, [b] * stages))
     assert makespan == pytest.approx(bound.closed_form(name, p, m, f, b))
     assert max(busy) == pytest.approx(m * (f + b) * stages / p)
@@ -68,7 +68,7 @@ def test_simulated_zero_bubble_schedules_match_the_closed_form(name, p, m):
     """(3*v*m+p-1) t with f = b = w = t per chunk (Qi et al.; analysis.bubble's theory)."""
     t = 0.25
     times = stage_times([t] * 2 * p, [t] * 2 * p, [t] * 2 * p)
-    makespan, _ = bound.simulate(schedule_actions(name, p, m), times)
+    makespan, _ = bound.replay_schedule(schedule_actions(name, p, m), times)
     assert makespan == pytest.approx(bound.closed_form(name, p, m, t, t, t))
     assert makespan == pytest.approx((3 * 2 * m + p - 1) * t)
 
@@ -78,8 +78,8 @@ def test_unbalanced_1f1b_by_hand_beats_the_usual_estimate():
     B0; makespan 19, where sum(f+b) + (m-1) max(f+b) says 21. With a transfer of 0.5 per
     crossing: F0 reaches rank 1 at 2.5, its gradient rank 0 at 8, the last at 14.5 -> 20."""
     times = stage_times([2, 1], [4, 2])
-    assert bound.simulate(one_f_one_b(2, 3), times) == (19, [18, 9])
-    assert bound.simulate(one_f_one_b(2, 3), times, [0.5])[0] == pytest.approx(20)
+    assert bound.replay_schedule(one_f_one_b(2, 3), times) == (19, [18, 9])
+    assert bound.replay_schedule(one_f_one_b(2, 3), times, [0.5])[0] == pytest.approx(20)
     b = bound.pipeline_bound("1f1b", one_f_one_b(2, 3), times, [0.5], other_s=0.25)
     assert (b.compute_s, b.bubble_s, b.comm_s, b.other_s) == pytest.approx((18, 1, 1, 0.25))
     assert b.step_s == pytest.approx(20.25)
@@ -93,7 +93,7 @@ def test_gpipe_with_transfers_and_unbalanced_stages_is_a_flow_shop(p, m):
     f = [rng.uniform(0.1, 1.0) for _ in range(p)]
     b = [rng.uniform(0.2, 2.0) for _ in range(p)]
     c = 0.05
-    makespan, _ = bound.simulate(schedule_actions("gpipe", p, m), stage_times(f, b),
+    makespan, _ = bound.replay_schedule(schedule_actions("gpipe", p, m), stage_times(f, b),
                                  [c] * (p - 1))
     expected = sum(f) + sum(b) + (m - 1) * (max(f) + max(b)) + 2 * (p - 1) * c
     assert makespan == pytest.approx(expected)
@@ -104,16 +104,16 @@ def test_transfers_count_only_between_ranks_and_zbv_turns_on_one_rank():
     t = 1.0
     times = stage_times([t] * 4, [t] * 4, [t] * 4)
     orders = schedule_actions("zbv", 2, 4)
-    free = bound.simulate(orders, times)[0]
-    only_middle = bound.simulate(orders, times, [0.0, 5.0, 0.0])[0]
+    free = bound.replay_schedule(orders, times)[0]
+    only_middle = bound.replay_schedule(orders, times, [0.0, 5.0, 0.0])[0]
     assert only_middle == free  # stage 1 -> 2 stays on rank 1
-    assert bound.simulate(orders, times, [0.5, 0.0, 0.5])[0] > free
+    assert bound.replay_schedule(orders, times, [0.5, 0.0, 0.5])[0] > free
 
 
 def test_deadlocked_action_lists_are_refused():
     times = stage_times([1, 1], [1, 1])
     with pytest.raises(ValueError, match="deadlock"):
-        bound.simulate([[("B", 0, 0), ("F", 0, 0)], [("F", 1, 0), ("B", 1, 0)]], times)
+        bound.replay_schedule([[("B", 0, 0), ("F", 0, 0)], [("F", 1, 0), ("B", 1, 0)]], times)
 
 
 def test_serial_bound_sums_every_pass():
@@ -155,9 +155,9 @@ def test_replaying_each_traced_pass_never_exceeds_the_traced_span():
                            "phase": "fwd" if name[0] == "F" else "bwd",
                            "start_s": int(start) / 1000, "end_s": int(end) / 1000})
     times = bound.phase_times(events)
-    assert bound.simulate(one_f_one_b(2, 4), times)[0] == pytest.approx(0.160)
+    assert bound.replay_schedule(one_f_one_b(2, 4), times)[0] == pytest.approx(0.160)
     medians = {k: v for k, v in times.items() if len(k) == 2}
-    assert bound.simulate(one_f_one_b(2, 4), medians)[0] == pytest.approx(0.173)
+    assert bound.replay_schedule(one_f_one_b(2, 4), medians)[0] == pytest.approx(0.173)
 
 
 # -- data parallel ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from bench_lib.prediction import calibration_worker as worker
 from bench_lib.prediction.calibration import (
     CalibrationKey,
     CalibrationSpec,
-    combine,
+    calibration_from_ranks,
     describe_calibration,
     parts_of,
     summary_parts,
@@ -135,7 +135,7 @@ def test_parts_add_up_to_the_wall_time_and_make_the_line():
 def test_calibration_json_round_trips_its_parts_and_reads_files_without_them(tmp_path):
     ranks = [{"optimizer_s": 0.01, "alone": {"16": BatchCosts(0.2).as_dict()}, "together": {},
               "copies": {}, "steps": {"alone_16": [3, 5]}}]
-    cal = combine(ranks, 2.5)
+    cal = calibration_from_ranks(ranks, 2.5)
     assert cal.steps == {"alone_16": (3, 5)}
     parts = {"process_start_s": 0.1, "model_build_s": 0.4, "alone_16_warmup_s": 1.5,
              "alone_16_timed_s": 0.3, "teardown_s": 0.2}

@@ -12,7 +12,8 @@ from bench_lib import exit_codes
 from bench_lib.commands import main
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.baseline import resolve_baseline, save_baseline
-from bench_lib.compare.output import ComparePlan, run_compare
+from bench_lib.compare.output import run_compare
+from bench_lib.compare.plan import ComparePlan
 from bench_lib.compare.runs import check_fingerprints, load_run, software_differences, step_samples
 from bench_lib.results.fingerprint import fingerprint_id
 from bench_lib.results.schema import SCHEMA_VERSION

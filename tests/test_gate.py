@@ -20,7 +20,7 @@ from bench_lib.results.schema import SCHEMA_VERSION
 
 
 def test_rounds_alternate_which_side_goes_first_abba() -> None:
-    order = [rounds.round_order(r) for r in range(4)]
+    order = [rounds.sides_order(r) for r in range(4)]
     assert order == [("base", "head"), ("head", "base"), ("base", "head"), ("head", "base")]
     # B H H B B H H B: each side runs in every position equally often over an even count
     flat = [s for o in order for s in o]

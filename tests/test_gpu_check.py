@@ -19,7 +19,7 @@ import pytest
 from bench_lib.commands.parser import build_parser
 from bench_lib.fault_hooks import QUICK_PEAK_ENV
 from bench_lib.gpu_check import folders, plan, shards, sweeps, testsuite
-from bench_lib.gpu_check.shards import Shard, ShardResult
+from bench_lib.gpu_check.shards import PytestShard, ShardResult
 from bench_lib.gpu_check.verdict import Verdict
 from bench_lib.prediction.duration import format_duration
 from bench_lib.results.schema import CASE_COLUMNS
@@ -233,7 +233,7 @@ def test_an_earlier_checks_folder_is_not_taken_for_a_sweep_that_wrote_none(tmp_p
     earlier.mkdir(parents=True)
     (tmp_path / "smoke" / "latest-run").symlink_to(earlier.name)
     monkeypatch.setattr(sweeps.subprocess, "call", lambda *a, **k: 2)
-    assert sweeps.run_sweep("smoke", tmp_path, REPO) == (
+    assert sweeps.run_check_sweep("smoke", tmp_path, REPO) == (
         None, "`run` exited 2 and wrote no run folder")
 
 
@@ -342,9 +342,9 @@ def test_each_shard_runs_pinned_to_its_cores_and_a_shard_over_time_is_stopped(tm
     fake.write_text(FAKE_PYTEST)
     monkeypatch.setattr(testsuite, "PYTEST", [sys.executable, str(fake)])
     cores = sorted(os.sched_getaffinity(0))
-    plan = [Shard(0, (cores[0],), ("tests/test_good.py",), 1.0),
-            Shard(1, (cores[-1],), ("tests/test_bad.py", "tests/test_ok.py"), 1.0),
-            Shard(2, (cores[0],), ("tests/test_hang.py",), 1.0)]
+    plan = [PytestShard(0, (cores[0],), ("tests/test_good.py",), 1.0),
+            PytestShard(1, (cores[-1],), ("tests/test_bad.py", "tests/test_ok.py"), 1.0),
+            PytestShard(2, (cores[0],), ("tests/test_hang.py",), 1.0)]
     collection = testsuite.Collection(dict.fromkeys(
         ["tests/test_good.py::t", "tests/test_bad.py::t", "tests/test_ok.py::t",
          "tests/test_hang.py::t"], "unit"))
@@ -391,7 +391,7 @@ def test_the_collection_weighs_each_test_by_its_markers(tmp_path, monkeypatch):
 
 def _shard_result(index: int, failed: tuple[str, ...] = (), problem: str = "",
                   gpu_skipped: int = 0) -> ShardResult:
-    shard = Shard(index, (2 * index, 2 * index + 1), (f"tests/test_{index}.py",), 10.0)
+    shard = PytestShard(index, (2 * index, 2 * index + 1), (f"tests/test_{index}.py",), 10.0)
     return ShardResult(shard, 1 if failed else 0, 12.0, Path(f"shard{index}.log"),
                        passed=20, skipped=1, failed=failed, gpu_skipped=gpu_skipped,
                        problem=problem)
@@ -427,7 +427,7 @@ def test_the_command_runs_sweeps_then_tests_and_prints_one_verdict(gpu_check, tm
     measured = {n: _as_measured(EVIDENCE / r, tmp_path / n)
                 for n, r in (("smoke", "smoke-1gpu"), ("slots", "smoke-2slots"))}
     monkeypatch.setattr(sweeps, "gpus_visible", lambda: 1)
-    monkeypatch.setattr(sweeps, "run_sweep", lambda name, out, repo: (measured[name], ""))
+    monkeypatch.setattr(sweeps, "run_check_sweep", lambda name, out, repo: (measured[name], ""))
     calls = []
 
     def fake_suite(repo, out, cores, per_shard, timeout_s):
@@ -444,7 +444,7 @@ def test_the_command_runs_sweeps_then_tests_and_prints_one_verdict(gpu_check, tm
     monkeypatch.setattr(testsuite, "run_suite", lambda *a: ([_shard_result(0)], ()))
     assert gpu_check.main(["--out", str(tmp_path / "out")]) == 0
     assert "verdict: TRUST" in capsys.readouterr().out
-    monkeypatch.setattr(sweeps, "run_sweep", lambda name, out, repo: (None, "no folder"))
+    monkeypatch.setattr(sweeps, "run_check_sweep", lambda name, out, repo: (None, "no folder"))
     assert gpu_check.main(["--out", str(tmp_path / "out"), "--no-tests"]) == 2
 
 
@@ -536,7 +536,7 @@ def test_on_two_gpus_it_runs_the_preflight_the_two_gpu_tests_and_a_sweep_then_on
         shard = shards[0]
         return [ShardResult(shard, 0, 60.0, out / "shard0.log", passed=13)]
 
-    monkeypatch.setattr(sweeps, "run_sweep", fake_sweep)
+    monkeypatch.setattr(sweeps, "run_check_sweep", fake_sweep)
     monkeypatch.setattr(testsuite, "run_shards", fake_shards)
     assert gpu_check.main(["--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
@@ -557,14 +557,14 @@ def test_on_two_gpus_a_failed_preflight_or_skipped_tests_is_no_trust(gpu_check, 
                                                                       visible_gpus):
     _fake_two_gpu_box(monkeypatch, visible_gpus, preflight_error="all_reduce: timed out")
     ran = []
-    monkeypatch.setattr(sweeps, "run_sweep", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(sweeps, "run_check_sweep", lambda *a, **k: ran.append(a))
     monkeypatch.setattr(testsuite, "run_shards", lambda *a, **k: ran.append(a))
     assert gpu_check.main(["--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert ran == []  # nothing after a failed pre-flight
     assert "DO NOT TRUST" in out and "  1 problem in the pre-flight:\n    all_reduce" in out
     # Tests that skipped (torch saw one GPU) are not tests that passed.
-    skipped = ShardResult(Shard(0, (0,), (plan.TWO_GPU_TEST,), 1.0), 0, 5.0, Path("s.log"),
+    skipped = ShardResult(PytestShard(0, (0,), (plan.TWO_GPU_TEST,), 1.0), 0, 5.0, Path("s.log"),
                           passed=0, skipped=13)
     verdict = Verdict((), 1, (skipped,), tests_label="the two-GPU tests", required_tests=13,
                       preflight="")

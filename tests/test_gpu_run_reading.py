@@ -14,7 +14,8 @@ import pytest
 from bench_lib import commands, exit_codes
 from bench_lib.compare import paired
 from bench_lib.compare.baseline import save_baseline, stored_hardware
-from bench_lib.compare.output import ComparePlan, busy_cases, run_compare
+from bench_lib.compare.output import busy_cases, run_compare
+from bench_lib.compare.plan import ComparePlan
 from bench_lib.compare.runs import load_run
 from bench_lib.gate.rounds import reusable_calibration
 from bench_lib.report.headlines import headline_lines

@@ -198,7 +198,7 @@ def test_parity_trains_and_records_in_the_math_mode_asked_for(
     args = build_parser().parse_args(["parity", "--models", "mlp", "--strategies",
                                       "single,ddp", "--math-mode", mode, "--out",
                                       str(tmp_path)])
-    assert parity_check.command(plan_of(args), cpu_rig, args.out) == 0
+    assert parity_check.run_parity(plan_of(args), cpu_rig, args.out) == 0
     assert specs and {s.math_mode for s in specs} == {mode}  # every run's ranks are told
     (run_dir,) = run_dirs_in(tmp_path)
     env = json.loads((run_dir / "env.json").read_text())

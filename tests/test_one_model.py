@@ -1,5 +1,5 @@
 """One model of a step: the waterfall (measured), the bound and the prediction read each
-shared part from the same function (``analysis.step_parts``, ``analysis.bound.simulate``),
+shared part from the same function (``analysis.step_parts``, ``analysis.bound.replay_schedule``),
 and the predicted parts add up to the predicted step.
 
 Each test builds a case from hand-made figures (a calibration, collective fits, a traced
@@ -91,14 +91,15 @@ def test_exposed_communication_comes_from_one_function(rig, strategy, monkeypatc
 
 def test_a_schedules_bubble_comes_from_one_replay(cpu_rig, monkeypatch):
     """The prediction replays calibrated passes, the bound (and so the waterfall) the traced
-    ones: through the same ``simulate``. A stub that says makespan 1.0 s with the ranks busy
+    ones: through the same ``replay_schedule``. A stub that says makespan 1.0 s with the ranks busy
     0.6 and 0.7 s gives every column the bubble 1.0 - 0.7."""
     case = new_case(cpu_rig, "1f1b", "resnet-tiny", 32, 8, split_size=2)
     events = traced([(0, 0, 2, 4), (1, 1, 1, 2)], 4, 0.01)
     span = max(e["end_s"] for e in events)
     outcome = CaseOutcome("ok", step_times_s=[span], timeline=events, traced_step_s=span,
                           partition="balanced:3")
-    monkeypatch.setattr(bound, "simulate", lambda orders, times, edge_s=(): (1.0, [0.6, 0.7]))
+    monkeypatch.setattr(bound, "replay_schedule",
+                        lambda orders, times, edge_s=(): (1.0, [0.6, 0.7]))
     predicted, parts, found, water = columns(case, cpu_rig, outcome, span, calibration())
     assert predicted.bubble_s == parts.bubble_s == found.bubble_s == pytest.approx(0.3)
     assert water["waterfall_bubble_s"] == pytest.approx(0.3)

@@ -208,7 +208,7 @@ def _args(**changes: object) -> argparse.Namespace:
 def _command(rig: Rig, **changes: object) -> int:
     """``parity`` run on ``rig`` as its flags changed by ``changes`` ask."""
     args = _args(**changes)
-    return parity_check.command(parity_plan_of(args), rig, args.out)
+    return parity_check.run_parity(parity_plan_of(args), rig, args.out)
 
 
 def test_defaults_include_mlp_a_resnet_and_fsdp():

@@ -12,7 +12,12 @@ import pytest
 from bench_lib.analysis import bound
 from bench_lib.analysis.collective_fits import CollectiveFit, Collectives
 from bench_lib.analysis.step_parts import FRESH_COPY_BYTES, fsdp_copied_bytes, fsdp_copies_s
-from bench_lib.prediction.calibration import CalibrationKey, CalibrationSpec, combine, sizes_for
+from bench_lib.prediction.calibration import (
+    CalibrationKey,
+    CalibrationSpec,
+    calibration_from_ranks,
+    sizes_for,
+)
 from bench_lib.prediction.calibration_data import BatchCosts, Calibration, Sizes
 from bench_lib.prediction.case_shape import Shape, shape_of
 from bench_lib.prediction.pipeline_time import PipelineParts, stage_passes
@@ -266,7 +271,7 @@ def test_calibration_round_trips_and_ranks_combine(tmp_path, cpu_rig):
           "copies": {"4096": 0.002}}
     r1 = {"alone": {}, "together": {"4": BatchCosts(0.22, (0.03, 0.02), (0.04, 0.04)).as_dict()},
           "copies": {"4096": 0.003}}
-    cal = combine([r0, r1], 3.0)
+    cal = calibration_from_ranks([r0, r1], 3.0)
     assert cal.copies == {4096: 0.003}  # the slowest rank's
     assert cal.alone == {16: BatchCosts(0.26)}
     assert cal.together[4].step_s == 0.22

@@ -31,10 +31,9 @@ from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.rows.rows import case_row, step_rows
 from bench_lib.rows.speedup_table import SPEEDUP_COLUMNS, SpeedupTable
-from bench_lib.run.runner import workload_groups
 from bench_lib.run.shard import Shard, balance, plan, record, select, sweep_id
 from bench_lib.sweep.cases import Case
-from bench_lib.sweep.expansion import expand
+from bench_lib.sweep.expansion import expand, workload_groups
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
 from tests.conftest import PYTHON, REPO, in_process
 

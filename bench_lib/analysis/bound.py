@@ -22,7 +22,7 @@ rig's NCCL between GPUs), counted only where the two stages sit on different ran
 Chosen over the timeline's gaps because a gap also holds the scheduler's own overhead and
 waits for the peer, which is what the bound is to be compared with. The bound is the
 makespan of torch's own action list per rank (``prediction.memory``'s replay of the
-schedule) run by a list scheduler (``simulate``): an action starts when its rank is free
+schedule) run by a list scheduler (``replay_schedule``): an action starts when its rank is free
 and its input is there. Exact for unbalanced stages, where closed forms are not. Then
 *other* = traced step - timeline span (optimizer step, loss, input split). The traced step
 is one step of the first launch: faster or slower as a whole than the case's median step
@@ -191,7 +191,7 @@ def placement_of(orders: Sequence[Sequence[Action]]) -> dict[int, int]:
     return {stage: rank for rank, order in enumerate(orders) for _, stage, _ in order}
 
 
-def simulate(orders: Sequence[Sequence[Action]], times: PassTimes,
+def replay_schedule(orders: Sequence[Sequence[Action]], times: PassTimes,
              edge_s: Sequence[float] = ()) -> tuple[float, list[float]]:
     """The makespan of each rank running its actions in order, and each rank's busy time.
 
@@ -241,10 +241,10 @@ def simulate(orders: Sequence[Sequence[Action]], times: PassTimes,
 def pipeline_bound(strategy: str, orders: Sequence[Sequence[Action]],
                    times: PassTimes, edge_s: Sequence[float] = (),
                    other_s: float = 0.0) -> Bound:
-    """A pipeline schedule's bound: ``simulate`` with and without transfers (module
+    """A pipeline schedule's bound: ``replay_schedule`` with and without transfers (module
     docstring); compute is the busiest rank's passes, bubble its forced idle time."""
-    free, busy = simulate(orders, times)
-    with_p2p = simulate(orders, times, edge_s)[0] if any(edge_s) else free
+    free, busy = replay_schedule(orders, times)
+    with_p2p = replay_schedule(orders, times, edge_s)[0] if any(edge_s) else free
     compute = max(busy)
     return Bound(strategy, with_p2p + other_s, compute, free - compute, with_p2p - free,
                  other_s, busy_s=tuple(busy))

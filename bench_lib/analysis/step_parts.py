@@ -25,7 +25,7 @@ one device runs (1 for ddp and dp, 1/N where the model or its optimizer state is
                           predicted: the calibration's "together" steps, the replayed passes)
     imbalance  the busiest device's passes over the mean device's
     bubble     the idle time the schedule forces on the busiest device with free transfers
-               (``analysis.bound.simulate``'s replay of torch's action lists); a serial case
+               (``analysis.bound.replay_schedule``'s replay of torch's action lists); a serial case
                (one process runs every stage in turn: mp, ``pipeline`` on a cpu rig) idles
                while the others compute
     comm       collectives and transfers not hidden (``exposed_comm_s``)

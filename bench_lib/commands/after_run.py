@@ -100,7 +100,8 @@ def after_run(args: argparse.Namespace, run_dir: Path) -> int:
 
         print(f"report: {write_report([run_dir])}", file=sys.stderr)
     if args.compare_to:
-        from bench_lib.compare.output import ComparePlan, run_compare
+        from bench_lib.compare.output import run_compare
+        from bench_lib.compare.plan import ComparePlan
         from bench_lib.compare.verdicts import DEFAULT_THRESHOLD_PCT
 
         code = run_compare(ComparePlan(

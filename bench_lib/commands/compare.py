@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """The ``compare`` subcommand: its flags as a ``ComparePlan``, run."""
-    from bench_lib.compare.output import ComparePlan, run_compare
+    from bench_lib.compare.output import run_compare
+    from bench_lib.compare.plan import ComparePlan
 
     return run_compare(ComparePlan(args.baseline, args.candidate,
                                    threshold_pct=args.threshold_pct, metric=args.metric,

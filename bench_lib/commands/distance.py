@@ -17,7 +17,7 @@ from bench_lib.commands.common import (
 from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
-    from bench_lib.distance.benchmark import DistancePlan
+    from bench_lib.distance.plan import DistancePlan
     from bench_lib.rig import Rig
 
 HELP = ("time the pairwise distance of a conv weight's kernels (a loop, blocked cdist, split "
@@ -66,12 +66,13 @@ def command(args: argparse.Namespace) -> int:
 
     rig = rig_of(args, plan_only=args.dry_run)
     plan = plan_of(args, rig)
-    return dry_run(plan, rig) if args.dry_run else benchmark.command(plan, rig, args.out)
+    return dry_run(plan, rig) if args.dry_run else benchmark.run_distance(plan, rig, args.out)
 
 
 def plan_of(args: argparse.Namespace, rig: Rig) -> DistancePlan:
     """The validated plan of the flags on ``rig`` (UsageError: exit 2, nothing written)."""
-    from bench_lib.distance.benchmark import DistancePlan, measurement_of
+    from bench_lib.distance.benchmark import measurement_of
+    from bench_lib.distance.plan import DistancePlan
     from bench_lib.distance.spec import Layer
 
     measurement = measurement_of(args.launches, args.max_memory_per_device_mib,

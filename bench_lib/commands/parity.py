@@ -11,7 +11,7 @@ from bench_lib.commands.common import add_math_mode, add_out, add_rig_args, rig_
 from bench_lib.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
-    from bench_lib.parity.check import ParityPlan
+    from bench_lib.parity.plan import ParityPlan
     from bench_lib.rig import Rig
 
 HELP = ("train every strategy on real data from the same weights; exit 1 when one learns "
@@ -64,12 +64,12 @@ def command(args: argparse.Namespace) -> int:
 
     rig = rig_of(args, plan_only=args.dry_run)
     plan = plan_of(args)
-    return dry_run(plan, rig) if args.dry_run else check.command(plan, rig, args.out)
+    return dry_run(plan, rig) if args.dry_run else check.run_parity(plan, rig, args.out)
 
 
 def plan_of(args: argparse.Namespace) -> ParityPlan:
     """The validated plan of the flags (UsageError: exit 2, nothing written)."""
-    from bench_lib.parity.check import ParityPlan
+    from bench_lib.parity.plan import ParityPlan
     from bench_lib.sweep.profile import UsageError
 
     try:

@@ -1,19 +1,18 @@
 """A run planned from the flags: the launcher, the rig, the profile with the flags over it,
 the cases (new, resumed, or one shard of them) and a reused calibration, validated before
-anything runs (``plan_run``: the ``Planned`` run)."""
+anything runs (``plan_run``: the ``run.plan.RunPlan``)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bench_lib.commands.after_run import check_after_run_targets
 from bench_lib.commands.common import rig_of
+from bench_lib.run.plan import RunPlan
 
 if TYPE_CHECKING:
     from bench_lib.launch.torchrun import Launcher
-    from bench_lib.prediction.calibration_file import GivenCalibrations
     from bench_lib.rig import Rig
     from bench_lib.run.shard import ShardPlan, SweepRecord
     from bench_lib.sweep.cases import Case
@@ -115,22 +114,7 @@ def resolve_launcher(args: argparse.Namespace) -> Launcher:
     return launcher
 
 
-@dataclass(frozen=True)
-class Planned:
-    """A run's plan, every input checked (nothing written yet)."""
-
-    launcher: Launcher
-    rig: Rig
-    profile: Profile
-    cases: list[Case]
-    sweep: SweepRecord | None
-    """This shard's record (``--shard``, or a resumed shard's), else None."""
-    cut: ShardPlan | None
-    given: GivenCalibrations | None
-    """The calibrations ``--calibration`` named, else None."""
-
-
-def plan_run(args: argparse.Namespace) -> Planned:
+def plan_run(args: argparse.Namespace) -> RunPlan:
     """Every check before the run folder exists (UsageError and the like: exit 2, nothing
     written): the flags that go together, the launcher, the sweep (new, resumed, a node's
     share, a shard), a reused calibration, the post-sweep targets."""
@@ -159,4 +143,4 @@ def plan_run(args: argparse.Namespace) -> Planned:
         rig, cases = plan_nodes(profile, rig, launcher.nnodes)
     cases, sweep, cut = plan_shard(args, rig, profile, cases)
     check_after_run_targets(args, rig, launcher.multi_node)
-    return Planned(launcher, rig, profile, cases, sweep, cut, given)
+    return RunPlan(launcher, rig, profile, cases, sweep, cut, given)

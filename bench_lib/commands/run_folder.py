@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from bench_lib.analysis.collective_fits import Collectives
-    from bench_lib.commands.plan import Planned
     from bench_lib.measure.energy import IdlePower
     from bench_lib.measure.flop_peak import AttainablePeak
     from bench_lib.nodes.coordination import Coordinator
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.run.duty import DutyMeter
+    from bench_lib.run.plan import RunPlan
 
 
 class RigFigures(NamedTuple):
@@ -28,7 +28,7 @@ class RigFigures(NamedTuple):
     collectives: Collectives
 
 
-def start_folder(args: argparse.Namespace, plan: Planned, server: ForkServer,
+def start_folder(args: argparse.Namespace, plan: RunPlan, server: ForkServer,
                  coordinator: Coordinator | None,
                  duty: DutyMeter | None = None,
                  preflight: dict[str, Any] | None = None) -> tuple[Path, RigFigures]:

@@ -40,11 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """The ``tune`` subcommand: the rig and the profile as ``run`` resolves them, the
-    rest of its flags as a ``TunePlan``, searched (``tune.search.command``)."""
+    rest of its flags as a ``TunePlan``, searched (``tune.search.run_tune``)."""
     from bench_lib.tune import search
 
     rig, profile, _ = plan_new(args)  # the same flags, profile and validation as run's
-    return search.command(plan_of(args), rig, profile)
+    return search.run_tune(plan_of(args), rig, profile)
 
 
 def plan_of(args: argparse.Namespace) -> TunePlan:

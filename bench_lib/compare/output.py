@@ -2,17 +2,15 @@
 pull-request comment, and github-action-benchmark's ``customBiggerIsBetter`` JSON.
 
 ``run_compare`` is the whole command (read, judge, print, write, exit code), given a
-``ComparePlan``: ``compare`` and ``run --compare-to`` both build one. ``compare.paired``
-(the same-job gate's verdicts) uses its table, verdict line and notes too. Never imports
-torch.
+``ComparePlan`` (``compare.plan``): ``compare`` and ``run --compare-to`` both build one.
+``compare.paired`` (the same-job gate's verdicts) uses its table, verdict line and notes
+too. Never imports torch.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +23,7 @@ from bench_lib.analysis.stats import (
 )
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.baseline import resolve_baseline
+from bench_lib.compare.plan import ComparePlan
 from bench_lib.compare.runs import (
     CompareError,
     Run,
@@ -262,27 +261,6 @@ def benchmark_json(results: list[cmp.CaseResult], cand: Run,
                 entry["range"] = f"{speedup.low:.4f}..{speedup.high:.4f}"
             out.append(entry)
     return out
-
-
-@dataclass(frozen=True)
-class ComparePlan:
-    """A ``compare`` as its flags ask for it (``bench_lib.commands.compare`` builds it; ``run
-    --compare-to`` too, on the run folder it wrote)."""
-
-    baseline: Path
-    """A run folder, its cases.csv, or a baseline store (``compare.baseline``)."""
-    candidate: Path
-    """A run folder or its cases.csv."""
-    threshold_pct: float = cmp.DEFAULT_THRESHOLD_PCT
-    """The smallest change in percent that counts."""
-    metric: str = "auto"
-    """What decides a verdict (``verdicts.METRICS``)."""
-    allow_different_hardware: bool = False
-    """Compare runs whose hardware fingerprints differ."""
-    markdown: Path | None = None
-    """Where to write the Markdown for a pull-request comment."""
-    json_path: Path | None = None
-    """Where to write github-action-benchmark's ``customBiggerIsBetter`` JSON."""
 
 
 def run_compare(plan: ComparePlan) -> int:

@@ -11,5 +11,7 @@ training cases:
   processes are told;
 - ``worker``: one process of a launch (``python -m bench_lib.distance.worker``);
 - ``launch``: one launch, supervised by the runner's rules;
-- ``run``: the command, ``python -m bench_lib distance``, writing ``distance.csv``.
+- ``plan``: ``DistancePlan``, what the flags ask for, validated;
+- ``benchmark``: the command (``run_distance``), ``python -m bench_lib distance``, writing
+  ``distance.csv``.
 """

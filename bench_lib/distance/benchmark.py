@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,8 @@ import torch
 from bench_lib.analysis.stats import launch_interval, paired_ratio_interval
 from bench_lib.distance import methods
 from bench_lib.distance.launch import Computed, launch
-from bench_lib.distance.spec import DTYPES, METHODS, DistanceCase, DistanceSpec, Layer, new_case
+from bench_lib.distance.plan import DistancePlan
+from bench_lib.distance.spec import DistanceCase, DistanceSpec
 from bench_lib.exit_codes import EXIT_NOT_OK, EXIT_OK
 from bench_lib.launch.agent import WARM_MODULES
 from bench_lib.launch.protocol import CaseOutcome
@@ -63,45 +63,6 @@ AGREE_RTOL = {"fp32": 1e-4, "fp64": 1e-10}
 """A case agrees when its value is within this of the float64 reference, relatively, and
 its gradient within this of the reference gradient's largest magnitude."""
 Row = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class DistancePlan:
-    """A distance run, validated (``bench_lib.commands.distance`` builds it from the flags)."""
-
-    layers: tuple[Layer, ...]
-    methods: tuple[str, ...]
-    dtype: str
-    """``fp32`` or ``fp64``."""
-    block_rows: int
-    loop_max_kernels: int
-    seed: int
-    measurement: Measurement
-
-    def __post_init__(self) -> None:
-        if not self.layers or not self.methods:
-            raise UsageError("give at least one layer and one method")
-        for method in self.methods:
-            if method not in METHODS:
-                raise UsageError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
-        if self.block_rows < 1 or self.loop_max_kernels < 1:
-            raise UsageError(f"--block-rows ({self.block_rows}) and --loop-max-kernels "
-                             f"({self.loop_max_kernels}) must be >= 1")
-
-    def cases(self, rig: Rig) -> list[DistanceCase]:
-        """Every (layer, method) case in layer order, methods in ``METHODS`` order; a
-        UsageError where none of them can run."""
-        cases = [new_case(rig, layer, m, self.dtype, self.block_rows, self.loop_max_kernels)
-                 for layer in dict.fromkeys(self.layers) for m in METHODS if m in self.methods]
-        if all(c.status for c in cases):
-            raise UsageError("no case can run: " + "; ".join(
-                dict.fromkeys(f"{c.method}: {c.reason}" for c in cases)))
-        return cases
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"layers": [layer.label for layer in self.layers]}
 
 
 def _agreement(computed: Computed | None, ref_value: float, ref_grad: torch.Tensor,
@@ -128,7 +89,7 @@ def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def case_row(case: DistanceCase, rig: Rig, outcome: CaseOutcome, agreement: Row,
+def distance_row(case: DistanceCase, rig: Rig, outcome: CaseOutcome, agreement: Row,
              blocked_medians: Sequence[float], cap_mib: float) -> Row:
     """The distance.csv row of a case (``schema.DISTANCE``)."""
     layer = case.layer
@@ -222,7 +183,7 @@ def run_layer(plan: DistancePlan, rig: Rig, cases: list[DistanceCase], run_dir: 
     for i, case in enumerate(cases):
         agreement = (_agreement(computed.get(i), ref_value, ref_grad, case.dtype)
                      if results[i].status == "ok" else {})
-        row = {"run_id": run_dir.name} | case_row(case, rig, results[i], agreement, blocked,
+        row = {"run_id": run_dir.name} | distance_row(case, rig, results[i], agreement, blocked,
                                                   cap)
         _append(run_dir / "distance.csv", row)
         print(progress_line(done + i + 1, total, row), file=sys.stderr, flush=True)
@@ -245,7 +206,7 @@ def measurement_of(launches: int, cap_mib: float | None, math_mode: str, rig: Ri
         raise UsageError(str(e)) from None
 
 
-def command(plan: DistancePlan, rig: Rig, out: Path) -> int:
+def run_distance(plan: DistancePlan, rig: Rig, out: Path) -> int:
     """Run the plan on ``rig`` into a new run folder under ``out``; 1 when a case failed
     or disagrees."""
     from bench_lib.measure import environment

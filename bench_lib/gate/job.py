@@ -19,7 +19,7 @@ from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.runs import CompareError, load_run
 from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE
 from bench_lib.gate.plan import GateError, GatePlan, check
-from bench_lib.gate.rounds import measure, round_order
+from bench_lib.gate.rounds import measure, sides_order
 from bench_lib.gate.sides import SIDES, Progress, plan_sides, prepare, say_on_stderr
 from bench_lib.gate.worktrees import remove_worktree, repo_root
 
@@ -52,7 +52,7 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
     gate_dir = out / f"{stamp}_{sides['base'].sha[:7]}_{sides['head'].sha[:7]}"
     work = Path(tempfile.mkdtemp(prefix="parabench-gate-"))
     started = time.monotonic()
-    order = [list(round_order(r)) for r in range(rounds)]
+    order = [list(sides_order(r)) for r in range(rounds)]
     say(f"gate: base {sides['base'].describe()}, head {sides['head'].describe()}; profile "
         f"{profile}, {rounds} rounds ({paired.order_text(order)})")
     out_existed = out.exists()

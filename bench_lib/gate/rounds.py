@@ -15,7 +15,7 @@ from bench_lib.gate.sides import SIDES, Progress, run_side, say_on_stderr
 from bench_lib.results.schema import CALIBRATION_FILE
 
 
-def round_order(round_index: int) -> tuple[str, str]:
+def sides_order(round_index: int) -> tuple[str, str]:
     """The sides in the order round ``round_index`` runs them: base first in even rounds,
     head first in odd ones (B H | H B | ...: ABBA over each pair of rounds)."""
     return SIDES if round_index % 2 == 0 else (SIDES[1], SIDES[0])
@@ -24,13 +24,13 @@ def round_order(round_index: int) -> tuple[str, str]:
 def measure(envs: Mapping[str, Mapping[str, str]], gate_dir: Path, work: Path, *,
             profile: str, rounds: int, run_args: Sequence[str], python: str,
             say: Progress = say_on_stderr) -> tuple[dict[str, list[Path]], list[dict[str, Any]]]:
-    """Run both sides (checked out under ``work``) in rounds (``round_order``); each
+    """Run both sides (checked out under ``work``) in rounds (``sides_order``); each
     side's run folders in round order and a record of every run (side, round, seconds)."""
     runs: dict[str, list[Path]] = {name: [] for name in envs}
     record: list[dict[str, Any]] = []
     started, total = time.monotonic(), 2 * rounds
     for r in range(rounds):
-        for name in round_order(r):
+        for name in sides_order(r):
             t0 = time.monotonic()
             reuse = reusable_calibration(runs[name][0]) if runs[name] else None
             args = [*run_args, *(["--calibration", str(reuse)] if reuse else [])]

@@ -47,7 +47,7 @@ def tiny_case(name: str, rig: Rig) -> Case:
                     measurement=TEST_MEASUREMENT)
 
 
-def sweep_flags(splits: tuple[int, ...]) -> tuple[str, ...]:
+def two_gpu_flags(splits: tuple[int, ...]) -> tuple[str, ...]:
     """The ``run`` flags of the two-GPU sweep: every registered strategy, ``splits``."""
     return ("--rig", "cuda", "--devices", "2", "--profile", PROFILE,
             "--strategies", ",".join(sorted(strategies.REGISTRY)),
@@ -113,7 +113,7 @@ def two_gpu_plan(terms: FixedCosts, budget_s: float = BUDGET_S) -> TwoGpuPlan:
     preflight_s = terms.run_s + terms.process_group_s
     plan = None
     for splits in SPLIT_CHOICES:
-        flags = sweep_flags(splits)
+        flags = two_gpu_flags(splits)
         sweep_s, cases = sweep_seconds(flags, terms)
         plan = TwoGpuPlan(preflight_s, len(names), tests_s, flags, cases, sweep_s, terms,
                           budget_s)

@@ -27,7 +27,7 @@ GPU_SKIP = "needs a CUDA GPU"
 
 
 @dataclass(frozen=True)
-class Shard:
+class PytestShard:
     """One pytest process: its cores and the test ids (files, functions or cases) it runs."""
 
     index: int
@@ -86,7 +86,7 @@ def units(kinds: Mapping[str, str], limit_s: float,
 
 
 def plan(kinds: Mapping[str, str], cores: Sequence[int],
-         per_shard: int = CORES_PER_SHARD) -> list[Shard]:
+         per_shard: int = CORES_PER_SHARD) -> list[PytestShard]:
     """The shards for ``cores`` (``core_groups``) with the tests of ``kinds`` dealt heaviest
     first to the lightest shard; a shard with nothing to run is left out."""
     groups = core_groups(cores, per_shard)
@@ -98,7 +98,7 @@ def plan(kinds: Mapping[str, str], cores: Sequence[int],
         lightest = min(range(len(groups)), key=lambda i: (loads[i], i))
         loads[lightest] += weight
         members[lightest].append(unit)
-    return [Shard(i, groups[i], tuple(sorted(members[i])), loads[i])
+    return [PytestShard(i, groups[i], tuple(sorted(members[i])), loads[i])
             for i in range(len(groups)) if members[i]]
 
 
@@ -106,7 +106,7 @@ def plan(kinds: Mapping[str, str], cores: Sequence[int],
 class ShardResult:
     """What one shard's pytest did."""
 
-    shard: Shard
+    shard: PytestShard
     returncode: int | None
     """pytest's exit code; None where it was stopped at the time limit."""
     wall_s: float

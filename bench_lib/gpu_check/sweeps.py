@@ -32,7 +32,7 @@ def sweep_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in TEST_HOOK_VARIABLES}
 
 
-def run_sweep(name: str, out: Path, repo: Path,
+def run_check_sweep(name: str, out: Path, repo: Path,
               flags: Sequence[str] | None = None) -> tuple[Path | None, str]:
     """Run sweep ``name`` (``sweep_command``; its progress on this terminal); its run folder,
     or None and why none was written. A nonzero exit with a folder is not an error here:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_lib.gpu_check.shards import Shard, ShardResult, plan, read_junit
+from bench_lib.gpu_check.shards import PytestShard, ShardResult, plan, read_junit
 
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly",
           "-p", "no:cacheprovider"]
@@ -62,12 +62,12 @@ def collect(repo: Path, out: Path) -> Collection:
     return Collection(json.loads(kinds_file.read_text()), errors)
 
 
-def shard_command(shard: Shard, report: Path) -> list[str]:
+def shard_command(shard: PytestShard, report: Path) -> list[str]:
     """The pytest command of ``shard``, its JUnit report written to ``report``."""
     return [*PYTEST, "-v", f"--junitxml={report}", *shard.tests]
 
 
-def _start(shard: Shard, out: Path, repo: Path) -> subprocess.Popen[bytes]:
+def _start(shard: PytestShard, out: Path, repo: Path) -> subprocess.Popen[bytes]:
     log = (out / f"shard{shard.index}.log").open("wb")
     cores = set(shard.cores)
     # Pinned before exec, so every thread and child it starts stays on its cores; its own
@@ -80,7 +80,7 @@ def _start(shard: Shard, out: Path, repo: Path) -> subprocess.Popen[bytes]:
                                 preexec_fn=lambda: os.sched_setaffinity(0, cores))
 
 
-def _result(shard: Shard, out: Path, code: int | None, wall_s: float,
+def _result(shard: PytestShard, out: Path, code: int | None, wall_s: float,
             files: set[str]) -> ShardResult:
     log, report = out / f"shard{shard.index}.log", out / f"shard{shard.index}.xml"
     stopped = f"stopped at its time limit after {wall_s:.0f} s" if code is None else ""
@@ -102,7 +102,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def run_shards(shards: Sequence[Shard], collection: Collection, repo: Path, out: Path,
+def run_shards(shards: Sequence[PytestShard], collection: Collection, repo: Path, out: Path,
                timeout_s: float = SHARD_TIMEOUT_S,
                say: Callable[[str], None] = print) -> list[ShardResult]:
     """Run every shard at once; a line as each ends and every ``HEARTBEAT_S``; a shard over

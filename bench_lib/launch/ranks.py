@@ -2,7 +2,7 @@
 ``processes.supervision.start_group``), their memory checked against the cpu cap
 (``rss_over_cap``, for ``supervision.supervise``), and their result files combined into one
 ``CaseOutcome`` by the runner's rules (the first failure blamed, an ``oom`` first; else the
-slowest rank per step). The runner's launches (``run.case_launch``, ``run.agent_run``), the
+slowest rank per step). The runner's launches (``run.case_launch``, ``run.agent_launch``), the
 calibration (``prediction.calibration``) and the distance command (``distance.launch``) start and
 read their ranks through it.
 """

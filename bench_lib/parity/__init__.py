@@ -7,5 +7,7 @@
 - ``launch``: a run's rank processes, and the side-by-side runs of a cpu rig;
 - ``verdict``: what BatchNorm normalises over, the tolerances (float32 rounding; single's
   spread over seeds) and the verdict per strategy;
-- ``run``: the command: every strategy of every model, ``parity.csv`` and the verdicts.
+- ``plan``: ``ParityPlan``, what the flags ask for, validated;
+- ``check``: the command (``run_parity``): every strategy of every model, ``parity.csv`` and
+  the verdicts.
 """

@@ -29,9 +29,9 @@ from typing import Any
 
 from bench_lib import strategies
 from bench_lib.exit_codes import EXIT_NOT_OK, EXIT_OK
-from bench_lib.math_modes import DEFAULT_MATH_MODE, MATH_MODES
 from bench_lib.parity.data import IMAGE_SIZE, dataset, parity_workload
 from bench_lib.parity.launch import Job, Outcome, launch_all
+from bench_lib.parity.plan import ParityPlan
 from bench_lib.parity.train import ParitySpec
 from bench_lib.parity.verdict import (
     Final,
@@ -46,9 +46,7 @@ from bench_lib.parity.verdict import (
 from bench_lib.results.schema import PARITY_COLUMNS, PARITY_VERDICT_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case, new_case
-from bench_lib.sweep.profile import UsageError
 from bench_lib.sweep.refusals import model_facts
-from bench_lib.workloads import MODELS
 
 DEFAULT_MODELS = ("mlp", "toy", "resnet-tiny")
 DEFAULT_STRATEGIES = ("single", "ddp", "fsdp", "mp", "pipeline", "accum", "gpipe", "1f1b")
@@ -57,56 +55,6 @@ DEFAULTS = {"epochs": 5, "seed_runs": 3}
 Row = dict[str, Any]
 Key = tuple[str, str, int]
 """A training run of a model: (strategy, precision, seed)."""
-
-
-@dataclass(frozen=True)
-class ParityPlan:
-    """A parity run, validated: its models, strategies and training settings
-    (``bench_lib.commands.parity`` builds it from the flags)."""
-
-    models: tuple[str, ...]
-    strategies: tuple[str, ...]
-    epochs: int
-    batch_size: int
-    split_size: int
-    lr: float
-    seed: int
-    """Seeds the weights, the shuffles and the split (``single``'s seed runs add 1, 2 ...
-    to it for their weights and shuffles only)."""
-    seed_runs: int = 3
-    """Further seeds of ``single`` on a BatchNorm model (``verdict.SEED_RUNS``)."""
-    sync_bn: bool = False
-    """SyncBatchNorm in ``ddp`` and ``fsdp`` (GPU rigs)."""
-    data_root: Path | None = None
-    """The user's MNIST / CIFAR-10 folder (``parity.data``); None: the digits."""
-    math_mode: str = DEFAULT_MATH_MODE
-    """The fp32 math every run computes in (``math_modes.MATH_MODES``; env.json records its
-    flags)."""
-
-    def __post_init__(self) -> None:
-        if self.math_mode not in MATH_MODES:
-            raise UsageError(f"unknown math mode {self.math_mode!r}; valid: "
-                             f"{', '.join(MATH_MODES)}")
-        for model in self.models:
-            if model not in MODELS:
-                raise UsageError(f"unknown model {model!r}; valid: {', '.join(sorted(MODELS))}")
-        for name in self.strategies:
-            strategies.get(name)  # a ValueError naming the known ones
-        if "single" not in self.strategies:
-            raise UsageError("parity compares every strategy with single: include it")
-        if min(self.epochs, self.batch_size, self.split_size) < 1 or self.lr <= 0:
-            raise UsageError("epochs, batch size and split size must be >= 1 and lr > 0")
-        if self.split_size > self.batch_size:
-            raise UsageError(f"split size {self.split_size} is larger than batch size "
-                             f"{self.batch_size}")
-        if self.seed_runs < 2 and any(model_facts(m).batch_norm for m in self.models):
-            raise UsageError(f"--seed-runs {self.seed_runs}: a BatchNorm model's tolerance "
-                             "needs single at 2 or more further seeds")
-        if self.data_root is not None:
-            if not self.data_root.is_dir():
-                raise UsageError(f"--data-root {self.data_root} is not a folder")
-            for model in self.models:  # exit 2 before anything is written
-                dataset(parity_workload(model, self.batch_size), self.seed, self.data_root)
 
 
 def _append(path: Path, columns: Sequence[str], rows: Sequence[Row]) -> None:
@@ -119,7 +67,7 @@ def _append(path: Path, columns: Sequence[str], rows: Sequence[Row]) -> None:
 
 
 @dataclass(frozen=True)
-class Run:
+class TrainingRun:
     """One training run of a parity run: a strategy at a precision and seed."""
 
     case: Case
@@ -134,19 +82,19 @@ class Run:
             and self.seed else "")
 
 
-def _runs(plan: ParityPlan, cases: list[Case], batch_norm: bool) -> list[Run]:
+def _runs(plan: ParityPlan, cases: list[Case], batch_norm: bool) -> list[TrainingRun]:
     """The model's runs in order: single in float64, in float32, at its further seeds (a
     BatchNorm model), then every other runnable strategy (``single`` is ``cases[0]``)."""
     single, others = cases[0], cases[1:]
     if single.status:
         return []
     extra = plan.seed_runs if batch_norm else 0
-    return ([Run(single, "fp64", plan.seed), Run(single, "fp32", plan.seed)]
-            + [Run(single, "fp32", plan.seed + k) for k in range(1, extra + 1)]
-            + [Run(c, "fp32", plan.seed) for c in others if not c.status])
+    return ([TrainingRun(single, "fp64", plan.seed), TrainingRun(single, "fp32", plan.seed)]
+            + [TrainingRun(single, "fp32", plan.seed + k) for k in range(1, extra + 1)]
+            + [TrainingRun(c, "fp32", plan.seed) for c in others if not c.status])
 
 
-def _spec(plan: ParityPlan, rig: Rig, run: Run) -> ParitySpec:
+def _spec(plan: ParityPlan, rig: Rig, run: TrainingRun) -> ParitySpec:
     case = run.case
     return ParitySpec(case.model, case.strategy, rig, case.processes, plan.epochs,
                       plan.batch_size, plan.split_size, plan.lr, run.seed, plan.seed,
@@ -155,7 +103,7 @@ def _spec(plan: ParityPlan, rig: Rig, run: Run) -> ParitySpec:
                       math_mode=plan.math_mode)
 
 
-def model_runs(plan: ParityPlan, rig: Rig, model: str) -> tuple[list[Case], list[Run]]:
+def model_runs(plan: ParityPlan, rig: Rig, model: str) -> tuple[list[Case], list[TrainingRun]]:
     """``model``'s cases (single first; a strategy this rig cannot run has its status and
     reason) and the training runs they make, in order."""
     batch_norm = model_facts(model).batch_norm
@@ -276,7 +224,7 @@ def _verdict_line(v: Row) -> str:
             f"{v.get('reason', '')}")
 
 
-def command(plan: ParityPlan, rig: Rig, out: Path) -> int:
+def run_parity(plan: ParityPlan, rig: Rig, out: Path) -> int:
     """Run the plan on ``rig`` into a new run folder under ``out``; 1 when a strategy
     diverged or failed."""
     from bench_lib.measure import environment

@@ -144,12 +144,12 @@ def calibrate(key: CalibrationKey, sizes: Sizes, rig: Rig, work_root: Path,
         return f"calibration of {key.describe()} failed: {why}"
     ranks = [json.loads(f.read_text()) for f in files]
     ended = time.monotonic()
-    cal = combine(ranks, ended - start)
+    cal = calibration_from_ranks(ranks, ended - start)
     shutil.rmtree(workdir, ignore_errors=True)
     return replace(cal, parts_s=parts_of(ranks[0], start, ended))
 
 
-def combine(ranks: list[Mapping[str, Any]], wall_s: float) -> Calibration:
+def calibration_from_ranks(ranks: list[Mapping[str, Any]], wall_s: float) -> Calibration:
     """The ranks' files as one calibration: rank 0's alone; together, the slowest rank's
     step and each block's mean over ranks; each copy the slowest rank's."""
     first = ranks[0]

@@ -88,7 +88,7 @@ def pipelined(shape: Shape, cal: Calibration, parts: PipelineParts) -> Bound | s
     costs = cal.together.get(b)
     if costs is None or not costs.forward_s:
         raise KeyError(f"block times at batch {b}")
-    cuts = list(parts.cutter(block_costs(costs), stage_ranks(parts.orders)))
+    cuts = list(parts.cutter(calibrated_block_costs(costs), stage_ranks(parts.orders)))
     zero_bubble = shape.strategy in ZERO_BUBBLE
     times = stage_passes(costs, cuts, cal.optimizer_s, zero_bubble)
     edges = parts.edge_s(cuts)
@@ -102,7 +102,7 @@ def pipelined(shape: Shape, cal: Calibration, parts: PipelineParts) -> Bound | s
     return replace(found, formula=f"{found.formula} cut {','.join(map(str, cuts))}")
 
 
-def block_costs(costs: BatchCosts) -> list[float]:
+def calibrated_block_costs(costs: BatchCosts) -> list[float]:
     """Each block's forward + backward: what the balanced partition weighs."""
     return [f + b for f, b in zip(costs.forward_s, costs.backward_s)]
 
@@ -177,5 +177,5 @@ def calibrated_cut(case: Case, rig: Rig, cal: Calibration | None) -> str:
     if costs is None or not costs.forward_s:
         return ""
     parts = pipeline_parts(case, rig, None)
-    cuts = parts.cutter(block_costs(costs), stage_ranks(parts.orders))
+    cuts = parts.cutter(calibrated_block_costs(costs), stage_ranks(parts.orders))
     return f"balanced:{','.join(map(str, cuts))}"

@@ -25,7 +25,7 @@ step, T_a(b) and T_t(b) the calibrated step alone and together)::
                           (added on a cpu rig, overlapped on GPUs) + its copies into fresh
                           buffers around them (``fsdp_copies_s``, calibrated)
     gpipe, 1f1b,          (``prediction.pipeline_time``) torch's action lists replayed
-    interleaved-*, zbv    (``bound.simulate``) with each stage's forward and backward: the
+    interleaved-*, zbv    (``bound.replay_schedule``) with each stage's forward and backward: the
                           sum of its blocks' together times at s, scaled so that the
                           blocks add up to T_t(s) - O (a block timed alone misses the
                           step's glue: loss, the graph's own overhead); the cut the

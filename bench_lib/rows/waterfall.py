@@ -8,7 +8,7 @@ The waterfall is the parts' *measured* column beside the measured step::
 
 Every part but three is a figure measured without the case: single's batch curve and its
 optimizer step alone, the collective micro-benchmark's fits, the calibration's copy rate,
-the schedule's replay (``analysis.bound.simulate``). The devices' compute side by side (S:
+the schedule's replay (``analysis.bound.replay_schedule``). The devices' compute side by side (S:
 ddp's no_sync steps, a traced step's passes), the busiest device's passes and the work
 between passes are read off the case's own steps without communication and its traced step
 (scaled to its median step, ``rows.case_bound.traced_parts``). The remainder is what no

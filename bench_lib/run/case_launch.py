@@ -6,7 +6,7 @@ Every process of a launch shares one process group of its own, so a crash, hang 
 ends that launch alone: on timeout or on a dead rank the whole group is killed, and the
 case still yields exactly one row. The local launcher (``_run_local``) starts the ranks
 here (``launch.ranks``). Under ``--launcher torchrun`` (``launch.torchrun``) a multi-process launch
-is one torchrun agent instead (``run.agent_run``), supervised the same way (timeout, memory
+is one torchrun agent instead (``run.agent_launch``), supervised the same way (timeout, memory
 cap, sampler, the ranks' files combined by the same rules: ``_run_torchrun``); on node 0
 of a multi-node run it is announced to the other nodes, whose runners follow
 (``follower_run.follow_sweep``), and their ranks' files come back over node 0's
@@ -32,7 +32,7 @@ from bench_lib.nodes.coordination import Coordinator
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.processes.supervision import PEER_GRACE_S, supervise
 from bench_lib.rig import Rig
-from bench_lib.run.agent_run import run_agent
+from bench_lib.run.agent_launch import run_agent
 from bench_lib.sweep.cases import Case
 
 REPORT_GRACE_S = 15.0

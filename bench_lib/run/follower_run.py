@@ -1,5 +1,5 @@
 """A non-first node's run of a multi-node sweep: join node 0 (``run_follower``), then start
-this node's torchrun agent (``run.agent_run``) for each launch node 0 announces and report
+this node's torchrun agent (``run.agent_launch``) for each launch node 0 announces and report
 its part back over node 0's coordination store (``follow_sweep``, ``nodes.coordination``),
 until node 0 ends the run.
 """
@@ -19,7 +19,7 @@ from bench_lib.nodes.coordination import Follower, LaunchNotice, NodeReport, Nod
 from bench_lib.nodes.multinode import this_node
 from bench_lib.processes.supervision import PEER_GRACE_S
 from bench_lib.rig import Rig
-from bench_lib.run.agent_run import run_agent
+from bench_lib.run.agent_launch import run_agent
 from bench_lib.sweep.cases import Case
 
 

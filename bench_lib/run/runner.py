@@ -39,6 +39,7 @@ from bench_lib.rows.speedup_table import SpeedupTable
 from bench_lib.rows.workload_rows import RoundCallback, RoundDone, RowInputs, workload_rows
 from bench_lib.run.case_launch import memory_true_forks, run_case
 from bench_lib.sweep.cases import Case
+from bench_lib.sweep.expansion import workload_groups
 from bench_lib.sweep.splits import settle
 
 
@@ -48,15 +49,6 @@ def round_order(count: int, round_index: int) -> list[int]:
     order = list(range(count))
     random.Random(round_index).shuffle(order)
     return order
-
-
-def workload_groups(cases: list[Case]) -> list[list[int]]:
-    """Indices of the cases of each workload (``Case.group_key``: its batch-curve points
-    with it), in first-seen order."""
-    groups: dict[tuple[str, int, int, str, str], list[int]] = {}
-    for i, case in enumerate(cases):
-        groups.setdefault(case.group_key, []).append(i)
-    return list(groups.values())
 
 
 LaunchStart = Callable[[int, Case, int], None]

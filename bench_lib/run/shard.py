@@ -5,10 +5,9 @@ joins the folders after.
 Decided here, before anything runs, from the sweep alone:
 
 * **The unit is a workload group**: a workload's ``single`` case and every case compared with
-  it, its batch-curve points too (``Case.group_key``, the grouping
-  ``run.runner.workload_groups`` measures in interleaved rounds). A group is never split:
-  its speedups pair each case with its ``single`` round by round, which only means
-  something within one run.
+  it, its batch-curve points too (``sweep.expansion.workload_groups``, the groups the
+  runner measures in interleaved rounds). A group is never split: its speedups pair each
+  case with its ``single`` round by round, which only means something within one run.
 * **Balance by estimated duration** (``prediction.duration.case_seconds``): groups, longest first,
   each go to the shard with the least estimated time so far (fewest cases, then lowest
   index, on a tie): greedy list scheduling ("LPT"), so no shard is estimated more than the
@@ -32,9 +31,8 @@ from typing import Any
 from bench_lib.prediction.duration import case_seconds, format_duration
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
+from bench_lib.sweep.expansion import workload_groups
 from bench_lib.sweep.profile import Profile, UsageError
-
-WorkloadKey = tuple[str, int, int, str, str]
 
 
 @dataclass(frozen=True)
@@ -65,15 +63,6 @@ class Shard:
             raise UsageError(f"--shard takes K/N (the K-th of N shards, K from 1), "
                              f"e.g. 2/4; got {text!r}")
         return cls(int(k), int(n))
-
-
-def workload_groups(cases: Sequence[Case]) -> list[list[int]]:
-    """Indices of the cases of each workload, in first-seen order: the unit a shard takes
-    (the same grouping as ``run.runner.workload_groups``, which measures a group in rounds)."""
-    groups: dict[WorkloadKey, list[int]] = {}
-    for i, case in enumerate(cases):
-        groups.setdefault(case.group_key, []).append(i)
-    return list(groups.values())
 
 
 def balance(costs: Sequence[float], sizes: Sequence[int], count: int) -> list[int]:

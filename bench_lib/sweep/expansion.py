@@ -1,7 +1,8 @@
 """A profile expanded on a rig into the sweep's cases, before anything runs: checked
 (``validate``), each combination of its grid made a case (``cases.new_case``), a split
 search's candidates marked (``splits.searched``), ``single``'s batch-curve points added
-(``batch_curve``), in run order (``baselines_first``).
+(``batch_curve``), in run order (``baselines_first``); its workload groups
+(``workload_groups``).
 
 A value that no case of the sweep can use is a usage error (``UsageError``: exit 2, nothing
 written); a combination that some cases can use and others cannot is a ``skipped`` case.
@@ -10,6 +11,7 @@ written); a combination that some cases can use and others cannot is a ``skipped
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 from bench_lib import strategies
 from bench_lib.rig import Rig
@@ -107,3 +109,13 @@ def baselines_first(cases: list[Case]) -> list[Case]:
         first.setdefault(case.group_key, i)
     return sorted(cases, key=lambda c: (first[c.group_key], c.strategy != "single",
                                         c.curve_of is not None, c.scaling == "weak"))
+
+
+def workload_groups(cases: Sequence[Case]) -> list[list[int]]:
+    """Indices of the cases of each workload (``Case.group_key``: its batch-curve points
+    with it), in first-seen order: the unit the runner measures in rounds (``run.runner``)
+    and a shard takes whole (``run.shard``)."""
+    groups: dict[tuple[str, int, int, str, str], list[int]] = {}
+    for i, case in enumerate(cases):
+        groups.setdefault(case.group_key, []).append(i)
+    return list(groups.values())

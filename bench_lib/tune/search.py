@@ -197,7 +197,7 @@ def run_race(space: Space, candidates: list[Case], reference: int | None,
     return race(len(candidates), reference, measure, settings, seed), outcomes
 
 
-def command(plan: TunePlan, rig: Rig, profile: Profile) -> int:
+def run_tune(plan: TunePlan, rig: Rig, profile: Profile) -> int:
     """The whole ``tune`` command (``commands.tune`` resolves the rig and the profile and
     makes the plan)."""
     import psutil

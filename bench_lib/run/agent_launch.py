@@ -1,6 +1,6 @@
 """This node's torchrun agent for one launch, started and supervised as the local
 launcher's ranks are (the case timeout, the memory cap, the sampler), and what the runner
-saw of it (``AgentRun``): node 0's side of a torchrun launch (``run.case_launch``) and every
+saw of it (``AgentLaunch``): node 0's side of a torchrun launch (``run.case_launch``) and every
 other node's (``run.follower_run``) both run it.
 """
 
@@ -30,7 +30,7 @@ from bench_lib.sweep.cases import Case
 
 
 @dataclass
-class AgentRun:
+class AgentLaunch:
     """This node's part of one torchrun launch, as its runner saw it."""
 
     stopped: tuple[str, str] | None
@@ -41,7 +41,7 @@ class AgentRun:
 
 
 def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: Launcher,
-              rdzv_id: str = "", watch: LaunchWatch | None = None) -> AgentRun:
+              rdzv_id: str = "", watch: LaunchWatch | None = None) -> AgentLaunch:
     """Start this node's torchrun agent for one launch of ``case`` and supervise it as the
     local launcher's ranks are: the case timeout, the memory cap, the sampler (from when
     the ranks are found: ``torchrun.AgentRanks``), and ``watch`` (the other nodes)."""
@@ -74,7 +74,7 @@ def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: La
     except OSError:
         log_text = ""
     sampler = samplers[0] if samplers else None
-    return AgentRun(stopped, AgentExits.of(ranks, log_text, ended),
+    return AgentLaunch(stopped, AgentExits.of(ranks, log_text, ended),
                     sampler.samples if sampler else [],
                     sampler.note if sampler else "no samples: the ranks ended before all "
                                                  "were found")
