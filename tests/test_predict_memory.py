@@ -143,8 +143,8 @@ class FakePredictor:
 def _sweep(tmp_path, monkeypatch, case, admission):
     launched = []
 
-    def fake_run_case(case, rig, work_root, **kwargs):
-        launched.append(case.case_id)
+    def fake_run_case(spec, work_root, launch, options):
+        launched.append(spec.case.case_id)
         return CaseOutcome("error", "fake launch")
 
     monkeypatch.setattr(runner, "run_case", fake_run_case)

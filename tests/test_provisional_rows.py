@@ -35,9 +35,10 @@ from tests.conftest import in_process
 MEDIANS_S = {"single": (0.100, 0.110, 0.104), "ddp": (0.060, 0.066, 0.061)}
 
 
-def _fake_launch(case, rig, work_root, **kw) -> CaseOutcome:
+def _fake_launch(spec, work_root, launch, options) -> CaseOutcome:
     """``run_case`` without processes: a launch's outcome from ``MEDIANS_S``."""
-    median = MEDIANS_S[case.strategy][kw["launch"]]
+    case = spec.case
+    median = MEDIANS_S[case.strategy][launch]
     steps = [median * f for f in (0.98, 1.0, 1.0, 1.03)]
     ranks = range(case.world_size if case.process_group else 1)
     devices = [str(r) for r in range(case.world_size)]

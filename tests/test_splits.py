@@ -197,8 +197,8 @@ def test_skipped_candidates_are_rows_with_their_prediction_and_are_never_launche
         tmp_path, monkeypatch):
     launched = []
 
-    def fake_run_case(case, rig, work_root, **kwargs):
-        launched.append(case.case_id)
+    def fake_run_case(spec, work_root, launch, options):
+        launched.append(spec.case.case_id)
         return CaseOutcome("error", "fake launch")
 
     monkeypatch.setattr(runner, "run_case", fake_run_case)

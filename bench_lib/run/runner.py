@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 
 from bench_lib.analysis.collective_fits import Collectives
-from bench_lib.launch.protocol import CaseOutcome, reused_warmup
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec, reused_warmup
 from bench_lib.launch.torchrun import LOCAL, Launcher
 from bench_lib.measure.energy import IdlePower
 from bench_lib.measure.flop_peak import AttainablePeak
@@ -37,7 +37,7 @@ from bench_lib.rig import Rig
 from bench_lib.rows.rows import step_rows
 from bench_lib.rows.speedup_table import SpeedupTable
 from bench_lib.rows.workload_rows import RoundCallback, RoundDone, RowInputs, workload_rows
-from bench_lib.run.case_launch import memory_true_forks, run_case
+from bench_lib.run.case_launch import LaunchOptions, memory_true_forks, run_case
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.splits import settle
 
@@ -133,6 +133,7 @@ def _run_groups(
 ) -> list[Row]:
     """``run_sweep``'s walk: workload by workload, round by round."""
     work_root = writer.run_dir / ".work"
+    options = LaunchOptions(launcher, coordinator, server)
     rows = []
     inputs = RowInputs(rig, admission, attainable_peak, idle, collectives,
                        predictor.copies if predictor is not None else None)
@@ -169,10 +170,9 @@ def _run_groups(
                        else predictor.cut(case) if predictor is not None else "")
                 warmup = (reused_warmup(done[0], case.measurement.warmup_steps)
                           if done else None)
-                done.append(run_case(case, rig, work_root, trace=not done, cut=cut,
-                                     launcher=launcher, coordinator=coordinator, launch=r,
-                                     server=server, warmup_steps=warmup,
-                                     compute_only=True))
+                spec = CaseSpec(case, rig, trace=not done, cut=cut, warmup_steps=warmup,
+                                compute_only=True)
+                done.append(run_case(spec, work_root, launch=r, options=options))
                 if on_launch_done:
                     on_launch_done(i, case, r, done[-1])
             if r + 1 < rounds:  # the answer so far, by the final rows' code (copied tables)
