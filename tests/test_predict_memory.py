@@ -152,7 +152,8 @@ def _sweep(tmp_path, monkeypatch, case, admission):
     run_dir.mkdir()
     write_json_atomic(run_dir / "env.json", {"schema_version": 5})
     with RunWriter(run_dir) as writer:
-        rows = runner.run_sweep([case], admission.rig, writer, admission=admission)
+        rows = runner.run_sweep([case], admission.rig, writer,
+                                runner.SweepOptions(admission=admission))
     return rows, launched, run_dir
 
 

@@ -86,9 +86,10 @@ def test_round_rows_and_final_rows_come_from_one_function(tmp_path, monkeypatch,
         files.append(_cases_csv(run_dir))
 
     with RunWriter(run_dir) as writer:
-        final = runner.run_sweep(cases, cpu_rig, writer, admission=admission,
-                                 on_launch_done=lambda i, c, r, o: launched[i].append(o),
-                                 on_round_done=round_done)
+        final = runner.run_sweep(cases, cpu_rig, writer, runner.SweepOptions(admission=admission),
+                                 runner.SweepCallbacks(
+                                     on_launch_done=lambda i, c, r, o: launched[i].append(o),
+                                     on_round_done=round_done))
 
     def made(launches: int) -> list[dict]:
         so_far = {i: outcomes[:launches] for i, outcomes in launched.items()}

@@ -209,8 +209,9 @@ def test_skipped_candidates_are_rows_with_their_prediction_and_are_never_launche
     run_dir.mkdir()
     write_json_atomic(run_dir / "env.json", {"schema_version": 5})
     with RunWriter(run_dir) as writer:
-        rows = runner.run_sweep(cases, RIG, writer, admission=Admission.of(RIG, cases),
-                                predictor=FakeTimes(times))  # type: ignore[arg-type]
+        rows = runner.run_sweep(cases, RIG, writer, runner.SweepOptions(
+            admission=Admission.of(RIG, cases),
+            predictor=FakeTimes(times)))  # type: ignore[arg-type]
     assert len(rows) == len(cases)  # every case one row
     written = read_cases(run_dir).set_index("case_id")
     skipped = written[written.status == "skipped"]
