@@ -35,7 +35,7 @@ NODE = [*TINY, "--devices", "1", "--threads-per-worker", "1", "--launcher", "tor
         "--nnodes", "2"]
 QUICK_LOSS = """\
 import runpy, sys
-from bench_lib.run import coordination
+from bench_lib.nodes import coordination
 coordination.LOST_AFTER_S, coordination.BYE_WAIT_S = 4.0, 1.0
 sys.argv = ["bench_lib", *sys.argv[1:]]
 runpy.run_module("bench_lib", run_name="__main__", alter_sys=True)
