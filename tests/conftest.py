@@ -84,8 +84,9 @@ def restore_math_flags() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def forks():
-    """One fork server for the session's in-process cases (``run_case(..., server=forks)``):
-    their ranks start without seconds of imports each. Its environment is the session's at
+    """One fork server for the session's in-process cases
+    (``run_case(..., options=LaunchOptions(server=forks))``): their ranks start without
+    seconds of imports each. Its environment is the session's at
     its start: a test that sets a fault variable runs its case without it (the fresh
     interpreters of ``server=None``)."""
     from bench_lib.launch.agent import WARM_MODULES

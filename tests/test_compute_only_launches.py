@@ -36,10 +36,10 @@ def test_every_launch_of_a_run_times_the_compute_only_steps_and_only_the_first_t
     asked: list[dict[str, Any]] = []
     given: list[list[CaseOutcome]] = []
 
-    def fake_run_case(case, rig, work_root, **kwargs):
-        asked.append(kwargs)
+    def fake_run_case(spec, work_root, launch, options):
+        asked.append(vars(spec))
         return CaseOutcome("ok", step_times_s=[1.0, 1.0],
-                           compute_step_s=0.5 if kwargs["compute_only"] else None)
+                           compute_step_s=0.5 if spec.compute_only else None)
 
     def rows(inputs, cases, group, launched, *rest):
         given.append(list(launched[group[0]]))
@@ -70,12 +70,12 @@ def test_tunes_short_launches_run_no_compute_only_steps(tmp_path, monkeypatch):
 
     asked: list[dict[str, Any]] = []
 
-    def fake_run_case(case, rig, work_root, **kwargs):
-        asked.append(kwargs)
+    def fake_run_case(spec, work_root, launch, options):
+        asked.append(vars(spec))
         return CaseOutcome("ok")
 
     monkeypatch.setattr(case_launch, "run_case", fake_run_case)
-    launch = tune_search._runner_launch(RIG, tmp_path, None)
+    launch = tune_search._runner_launch(RIG, tmp_path, case_launch.LaunchOptions())
     launch(new_case(RIG, "ddp", "toy", 0, 8, measurement=QUICK), 1, "")
     assert asked and asked[0]["compute_only"] is False and asked[0]["trace"] is False
 
@@ -100,8 +100,9 @@ def test_node_0_tells_every_node_whether_to_run_the_compute_only_steps(compute_o
     before those steps), from the notice node 0 publishes (``Coordinator.announce``)."""
     published: dict[str, str] = {}
     node0 = SimpleNamespace(_seq=0, _store=SimpleNamespace(set=published.__setitem__))
-    Coordinator.announce(node0, "ddp_case", 1, False, "", None,  # type: ignore[arg-type]
-                         compute_only)
+    spec = CaseSpec(new_case(RIG, "ddp", "toy", 0, 8, measurement=QUICK), RIG, False,
+                    compute_only=compute_only)
+    Coordinator.announce(node0, spec, 1)  # type: ignore[arg-type]
     assert LaunchNotice.from_json(published["launch/0"]).compute_only is compute_only
 
 

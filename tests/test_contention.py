@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench_lib.commands import main
-from bench_lib.launch.protocol import CaseOutcome, RankResult
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec, RankResult
 from bench_lib.measure.contention import (
     CPU_PER_WALL_MIN,
     OTHER_CPU_PCT_MAX,
@@ -30,7 +30,7 @@ from bench_lib.results.schema import CASE_COLUMNS
 from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.rows.rows import case_row, contention_columns, step_rows
-from bench_lib.run.case_launch import run_case
+from bench_lib.run.case_launch import LaunchOptions, run_case
 from bench_lib.sweep.cases import Case, new_case
 from bench_lib.sweep.profile import Measurement
 from tests.test_compare import make_run
@@ -149,7 +149,8 @@ def per_step_ratios(outcome: CaseOutcome, cores: int) -> list[float]:
 @pytest.mark.integration
 def test_cpu_time_per_step_is_recorded_and_plausible(cpu_rig, tmp_path, forks):
     case = tiny(cpu_rig, steps=10)
-    outcome = run_case(case, cpu_rig, tmp_path / "work", server=forks)
+    outcome = run_case(CaseSpec(case, cpu_rig), tmp_path / "work",
+                       options=LaunchOptions(server=forks))
     assert outcome.status == "ok", outcome.reason
     # A process pinned to T cores spends (0, T x wall] of CPU per step (+ clock granularity).
     for c, w in zip(outcome.rank_step_cpu_times_s[0], outcome.rank_step_times_s[0]):
@@ -178,7 +179,7 @@ def test_a_hog_on_the_cases_core_is_flagged(cpu_rig, tmp_path, capsys, forks):
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         os.sched_setaffinity(hog.pid, cpu_rig.cores_of(0))
-        outcome = run_case(case, cpu_rig, tmp_path, server=forks)
+        outcome = run_case(CaseSpec(case, cpu_rig), tmp_path, options=LaunchOptions(server=forks))
     finally:
         hog.kill()
         hog.wait()

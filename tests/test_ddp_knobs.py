@@ -36,7 +36,7 @@ from bench_lib.results.schema import ADDED_CASE_COLUMNS, CASE_COLUMNS
 from bench_lib.rig import Rig
 from bench_lib.rig_detection import detect_rig
 from bench_lib.rows.rows import case_row
-from bench_lib.run.case_launch import run_case
+from bench_lib.run.case_launch import LaunchOptions, run_case
 from bench_lib.strategies import BuildContext
 from bench_lib.strategies.ddp_knobs import (
     COMM_HOOKS,
@@ -421,7 +421,7 @@ def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path, forks):
     case = new_case(RIG, "ddp", "resnet-tiny", 32, 4, measurement=m,
                     ddp=DdpKnobs(0.5, True, True, "powersgd", 2))
     assert case.status is None, case.reason
-    outcome = run_case(case, RIG, tmp_path, server=forks)
+    outcome = run_case(CaseSpec(case, RIG), tmp_path, options=LaunchOptions(server=forks))
     assert outcome.status == "ok", outcome.reason
     row = case_row(case, RIG, outcome)
     assert row["warmup_steps"] >= POWERSGD_WARMUP_STEPS

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from bench_lib import process_groups
 from bench_lib.launch import diagnostics, faults, worker
-from bench_lib.launch.protocol import CaseOutcome, RankResult
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec, RankResult
 from bench_lib.launch.ranks import combine as combine_rank_files
 from bench_lib.launch.ranks import launch_ranks
 from bench_lib.processes import forkserver, lifeline
@@ -289,7 +289,7 @@ def test_an_oom_rank_gives_an_oom_row_naming_it(strategy, cpu_rig, tmp_path, mon
     monkeypatch.setenv(faults.TEST_FAULT_ENV, f"{strategy}:1:oom")
     case = new_case(cpu_rig, strategy, "resnet-tiny", 32, 4, split_size=2,
                     measurement=MEASUREMENT)
-    outcome = run_case(case, cpu_rig, tmp_path)
+    outcome = run_case(CaseSpec(case, cpu_rig), tmp_path)
     assert outcome.status == "oom", outcome.reason
     assert outcome.reason.startswith("rank 1: out of memory"), outcome.reason
     # Ended by the failure (at worst the peer's grace), far from the case timeout.
@@ -304,7 +304,7 @@ def test_an_oom_in_the_traced_step_keeps_the_timed_case(strategy, rank, cpu_rig,
     monkeypatch.setenv(faults.TEST_FAULT_ENV, f"{strategy}:{rank}:trace-oom")
     case = new_case(cpu_rig, strategy, "resnet-tiny", 32, 4, split_size=2,
                     measurement=MEASUREMENT)
-    outcome = run_case(case, cpu_rig, tmp_path, trace=True)
+    outcome = run_case(CaseSpec(case, cpu_rig, trace=True), tmp_path)
     assert outcome.status == "ok", outcome.reason
     assert len(outcome.step_times_s) == 2 and all(t > 0 for t in outcome.step_times_s)
     assert outcome.timeline == [] and outcome.traced_step_s is None

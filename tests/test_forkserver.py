@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from bench_lib.launch.agent import WARM_MODULES, WORKER_MODULE
+from bench_lib.launch.protocol import CaseSpec
 from bench_lib.processes import forkserver, resident_pages
 from bench_lib.processes.forkserver import ForkServer, start_module
 from bench_lib.processes.lifeline import EXIT_ORPHANED
 from bench_lib.processes.supervision import kill_group
-from bench_lib.run.case_launch import run_case
+from bench_lib.run.case_launch import LaunchOptions, run_case
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 
@@ -58,7 +59,7 @@ def test_a_case_runs_through_the_server_and_its_cpu_is_counted(strategy, server,
                                                                tmp_path):
     case = new_case(cpu_rig, strategy, "toy", 32, 4, measurement=MEASUREMENT)
     before = server.reaped_cpu_s
-    outcome = run_case(case, cpu_rig, tmp_path, server=server)
+    outcome = run_case(CaseSpec(case, cpu_rig), tmp_path, options=LaunchOptions(server=server))
     assert outcome.status == "ok", outcome.reason
     assert len(outcome.step_times_s) == 3
     # Every rank's CPU came back through the server: at least its timed steps' CPU.
@@ -75,7 +76,8 @@ def test_a_rank_killed_by_a_signal_reads_as_popen_does(server, cpu_rig, tmp_path
     monkeypatch.setenv("PARABENCH_TEST_FAULT", "ddp:1:sigkill")
     case = new_case(cpu_rig, "ddp", "toy", 32, 4, measurement=MEASUREMENT)
     with ForkServer(WARM_MODULES) as faulty:
-        outcome = run_case(case, cpu_rig, tmp_path, server=faulty)
+        outcome = run_case(CaseSpec(case, cpu_rig), tmp_path,
+                           options=LaunchOptions(server=faulty))
     assert outcome.status == "error"
     assert "rank 1 was killed by SIGKILL" in outcome.reason
 

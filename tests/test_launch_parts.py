@@ -26,7 +26,7 @@ from bench_lib.launch.launch_parts import (
 from bench_lib.launch.protocol import CaseSpec, RankResult
 from bench_lib.launch.ranks import combine
 from bench_lib.rig import Rig
-from bench_lib.run.case_launch import run_case
+from bench_lib.run.case_launch import LaunchOptions, run_case
 from bench_lib.run.duty import DUTY_FILE, DutyCycle, DutyMeter, write_duty
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
@@ -149,7 +149,7 @@ def test_combine_reads_the_ranks_stamps_and_splits_the_slowest_warmup(tmp_path):
 @pytest.mark.integration
 def test_a_cpu_launchs_parts_add_up_to_its_fixed_cost(strategy, cpu_rig, tmp_path, forks):
     case = new_case(cpu_rig, strategy, "toy", 32, 4, measurement=MEASUREMENT)
-    out = run_case(case, cpu_rig, tmp_path, server=forks)
+    out = run_case(CaseSpec(case, cpu_rig), tmp_path, options=LaunchOptions(server=forks))
     assert out.status == "ok", out.reason
     parts = out.parts_s
     fixed = out.wall_time_s - sum(out.step_times_s) - out.warmup_time_s
@@ -201,8 +201,8 @@ def test_a_cuda_rank_stamps_its_context_before_the_model(fake_cuda, tmp_path):
     rig = Rig("cuda", 2)
     stamps: dict[str, float] = {}
     with pytest.raises(_Built):
-        worker.run_rank(new_case(rig, "dp", "toy", 32, 4, measurement=MEASUREMENT), rig, 0,
-                        tmp_path, stamps=stamps)
+        worker.run_rank(CaseSpec(new_case(rig, "dp", "toy", 32, 4, measurement=MEASUREMENT),
+                                 rig), worker.RankPlace(0, 0), tmp_path, stamps=stamps)
     assert stamps["cuda_context_start"] <= stamps["cuda_context_end"]
     assert stamps["cuda_context_end"] <= stamps["model_build_start"]
     assert "model_build_end" not in stamps
@@ -215,8 +215,9 @@ def test_a_cuda_rank_stamps_its_context_before_the_model(fake_cuda, tmp_path):
 def test_a_cpu_rank_has_no_cuda_stamp(fake_cuda, cpu_rig, tmp_path):
     stamps: dict[str, float] = {}
     with pytest.raises(_Built):
-        worker.run_rank(new_case(cpu_rig, "single", "toy", 32, 4, measurement=MEASUREMENT),
-                        cpu_rig, 0, tmp_path, stamps=stamps)
+        worker.run_rank(CaseSpec(new_case(cpu_rig, "single", "toy", 32, 4,
+                                          measurement=MEASUREMENT), cpu_rig),
+                        worker.RankPlace(0, 0), tmp_path, stamps=stamps)
     assert fake_cuda == []
     assert not any(k.startswith("cuda") for k in stamps) and "model_build_start" in stamps
 

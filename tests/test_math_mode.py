@@ -83,6 +83,7 @@ def test_an_unknown_math_mode_is_refused(restore_math_flags, tmp_path, capsys):
 def test_the_worker_trains_in_the_cases_math_mode(monkeypatch, tmp_path, restore_math_flags,
                                                   mode):
     from bench_lib.launch import worker
+    from bench_lib.launch.protocol import CaseSpec
     from bench_lib.sweep.cases import new_case
 
     class Timed(Exception):
@@ -102,7 +103,7 @@ def test_the_worker_trains_in_the_cases_math_mode(monkeypatch, tmp_path, restore
     torch.backends.cuda.matmul.allow_tf32 = flipped["cuda_matmul_allow_tf32"]
     torch.backends.cudnn.allow_tf32 = flipped["cudnn_allow_tf32"]
     with pytest.raises(Timed):
-        worker.run_rank(case, rig, 0, tmp_path, trace=False)
+        worker.run_rank(CaseSpec(case, rig, trace=False), worker.RankPlace(0, 0), tmp_path)
     assert seen == [math_modes.math_flags(mode)]
 
 

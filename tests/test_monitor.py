@@ -11,6 +11,7 @@ import types
 import pytest
 
 from bench_lib.launch import sampling
+from bench_lib.launch.protocol import CaseSpec
 from bench_lib.measure.cpu_sources import ProcessSource, RaplSource
 from bench_lib.measure.nvml_source import NvmlSource
 from bench_lib.measure.sampler import Sampler
@@ -20,6 +21,7 @@ from bench_lib.results.store import RunWriter
 from bench_lib.rig import Rig
 from bench_lib.rows.sampler_columns import window_columns
 from bench_lib.run import case_launch
+from bench_lib.run.case_launch import LaunchOptions
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
 
@@ -249,7 +251,8 @@ def test_a_real_ddp_case_is_sampled_over_its_timed_window(cpu_rig, tmp_path, for
     measurement = Measurement(warmup_steps=1, timed_steps=80, max_time_s=1e6,
                               case_timeout_s=150, interval_target_pct=0.0, sample_interval_ms=20)
     case = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 4, measurement=measurement)
-    outcome = case_launch.run_case(case, cpu_rig, tmp_path, server=forks)
+    outcome = case_launch.run_case(CaseSpec(case, cpu_rig), tmp_path,
+                                   options=LaunchOptions(server=forks))
     assert outcome.status == "ok", outcome.reason
     assert {s["device"] for s in outcome.samples} == {"0", "1"}
     t0, t1 = outcome.timed_window_unix_s

@@ -143,8 +143,8 @@ class FakePredictor:
 def _sweep(tmp_path, monkeypatch, case, admission):
     launched = []
 
-    def fake_run_case(case, rig, work_root, **kwargs):
-        launched.append(case.case_id)
+    def fake_run_case(spec, work_root, launch, options):
+        launched.append(spec.case.case_id)
         return CaseOutcome("error", "fake launch")
 
     monkeypatch.setattr(runner, "run_case", fake_run_case)
@@ -152,7 +152,8 @@ def _sweep(tmp_path, monkeypatch, case, admission):
     run_dir.mkdir()
     write_json_atomic(run_dir / "env.json", {"schema_version": 5})
     with RunWriter(run_dir) as writer:
-        rows = runner.run_sweep([case], admission.rig, writer, admission=admission)
+        rows = runner.run_sweep([case], admission.rig, writer,
+                                runner.SweepOptions(admission=admission))
     return rows, launched, run_dir
 
 

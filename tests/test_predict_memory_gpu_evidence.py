@@ -94,6 +94,7 @@ def test_a_real_gpu_cases_peak_is_never_predicted_more_than_2_percent_under(prec
     """The rule on any GPU this runs on: one real case's allocator peak against its
     prediction, never more than 2% under it (a prediction that admits a case must not be
     low), and within 5% over, plus two workspaces' difference on a GPU before Hopper."""
+    from bench_lib.launch.protocol import CaseSpec
     from bench_lib.rig_detection import detect_rig
     from bench_lib.run.case_launch import run_case
     from bench_lib.sweep.profile import Measurement
@@ -101,7 +102,7 @@ def test_a_real_gpu_cases_peak_is_never_predicted_more_than_2_percent_under(prec
     rig = detect_rig("cuda", 1)
     case = new_case(rig, "single", "resnet50", 64, 8, precision,
                     measurement=Measurement(warmup_steps=2, timed_steps=2, max_time_s=30))
-    outcome = run_case(case, rig, tmp_path, trace=False)
+    outcome = run_case(CaseSpec(case, rig, trace=False), tmp_path)
     assert outcome.status == "ok", outcome.reason
     measured = max(outcome.peak_mem_mib.values())
     predicted = memory.predict(case, rig).max_mib

@@ -35,9 +35,10 @@ from tests.conftest import in_process
 MEDIANS_S = {"single": (0.100, 0.110, 0.104), "ddp": (0.060, 0.066, 0.061)}
 
 
-def _fake_launch(case, rig, work_root, **kw) -> CaseOutcome:
+def _fake_launch(spec, work_root, launch, options) -> CaseOutcome:
     """``run_case`` without processes: a launch's outcome from ``MEDIANS_S``."""
-    median = MEDIANS_S[case.strategy][kw["launch"]]
+    case = spec.case
+    median = MEDIANS_S[case.strategy][launch]
     steps = [median * f for f in (0.98, 1.0, 1.0, 1.03)]
     ranks = range(case.world_size if case.process_group else 1)
     devices = [str(r) for r in range(case.world_size)]
@@ -85,9 +86,10 @@ def test_round_rows_and_final_rows_come_from_one_function(tmp_path, monkeypatch,
         files.append(_cases_csv(run_dir))
 
     with RunWriter(run_dir) as writer:
-        final = runner.run_sweep(cases, cpu_rig, writer, admission=admission,
-                                 on_launch_done=lambda i, c, r, o: launched[i].append(o),
-                                 on_round_done=round_done)
+        final = runner.run_sweep(cases, cpu_rig, writer, runner.SweepOptions(admission=admission),
+                                 runner.SweepCallbacks(
+                                     on_launch_done=lambda i, c, r, o: launched[i].append(o),
+                                     on_round_done=round_done))
 
     def made(launches: int) -> list[dict]:
         so_far = {i: outcomes[:launches] for i, outcomes in launched.items()}

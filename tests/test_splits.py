@@ -197,8 +197,8 @@ def test_skipped_candidates_are_rows_with_their_prediction_and_are_never_launche
         tmp_path, monkeypatch):
     launched = []
 
-    def fake_run_case(case, rig, work_root, **kwargs):
-        launched.append(case.case_id)
+    def fake_run_case(spec, work_root, launch, options):
+        launched.append(spec.case.case_id)
         return CaseOutcome("error", "fake launch")
 
     monkeypatch.setattr(runner, "run_case", fake_run_case)
@@ -209,8 +209,9 @@ def test_skipped_candidates_are_rows_with_their_prediction_and_are_never_launche
     run_dir.mkdir()
     write_json_atomic(run_dir / "env.json", {"schema_version": 5})
     with RunWriter(run_dir) as writer:
-        rows = runner.run_sweep(cases, RIG, writer, admission=Admission.of(RIG, cases),
-                                predictor=FakeTimes(times))  # type: ignore[arg-type]
+        rows = runner.run_sweep(cases, RIG, writer, runner.SweepOptions(
+            admission=Admission.of(RIG, cases),
+            predictor=FakeTimes(times)))  # type: ignore[arg-type]
     assert len(rows) == len(cases)  # every case one row
     written = read_cases(run_dir).set_index("case_id")
     skipped = written[written.status == "skipped"]

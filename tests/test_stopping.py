@@ -237,6 +237,7 @@ def test_the_minimum_is_checked_and_capped_by_max_time_s():
 
 def test_the_worker_times_a_case_under_its_minimum(monkeypatch, tmp_path):
     from bench_lib.launch import worker
+    from bench_lib.launch.protocol import CaseSpec
     from bench_lib.rig import Rig
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import Measurement
@@ -258,5 +259,5 @@ def test_the_worker_times_a_case_under_its_minimum(monkeypatch, tmp_path):
     case = new_case(rig, "single", "toy", 0, 8,
                     measurement=Measurement(min_time_s=1.5, max_time_s=5.0))
     with pytest.raises(Timed):
-        worker.run_rank(case, rig, 0, tmp_path, trace=False)
+        worker.run_rank(CaseSpec(case, rig, trace=False), worker.RankPlace(0, 0), tmp_path)
     assert seen["min_time_s"] == 1.5 and seen["timed_steps"] == case.measurement.timed_steps

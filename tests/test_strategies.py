@@ -13,11 +13,11 @@ import pytest
 from bench_lib import strategies
 from bench_lib.gpu_check.plan import TEST_MEASUREMENT as MEASUREMENT
 from bench_lib.gpu_check.plan import TWO_GPU_TEST, tiny_case
-from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec
 from bench_lib.measure.timing import WARMUP_EXTRA_MAX
 from bench_lib.rig import Rig
 from bench_lib.rows.rows import case_row
-from bench_lib.run.case_launch import run_case
+from bench_lib.run.case_launch import LaunchOptions, run_case
 from bench_lib.strategies.base import Strategy
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.profile import MIN_TIME_S_BY_RIG
@@ -35,7 +35,7 @@ def test_strategy_runs_one_case(name, cpu_rig, tmp_path, forks):
         return
     case = tiny_case(name, cpu_rig)
     assert case.status is None, case.reason
-    outcome = run_case(case, cpu_rig, tmp_path, server=forks)
+    outcome = run_case(CaseSpec(case, cpu_rig), tmp_path, options=LaunchOptions(server=forks))
     assert outcome.status == "ok", outcome.reason
     assert len(outcome.step_times_s) == 2
     assert all(t > 0 for t in outcome.step_times_s)
@@ -77,7 +77,7 @@ def _run_on_cuda(name: str, rig: Rig, tmp_path, server=None) -> None:
     if reason or case.status is not None:
         assert (reason or case.reason), f"{name} refused {rig.label} without a reason"
         return
-    outcome = run_case(case, rig, tmp_path, server=server)
+    outcome = run_case(CaseSpec(case, rig), tmp_path, options=LaunchOptions(server=server))
     assert outcome.status == "ok", outcome.reason
     _assert_timed_to_the_cuda_minimum(case, outcome)
     row = case_row(case, rig, outcome)

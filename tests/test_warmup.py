@@ -176,7 +176,8 @@ def test_a_fixed_warmup_runs_exactly_its_count_even_where_steps_still_fall(monke
 def test_later_launches_of_a_sweep_run_the_reused_warmup(tmp_path, cpu_rig, forks):
     """Through the runner: launch 1 under the rule, launches 2 and 3 the reused count."""
     from bench_lib.results.store import RunWriter
-    from bench_lib.run.runner import run_sweep
+    from bench_lib.run.case_launch import LaunchOptions
+    from bench_lib.run.runner import SweepCallbacks, SweepOptions, run_sweep
     from bench_lib.sweep.cases import new_case
     from bench_lib.sweep.profile import Measurement
 
@@ -187,8 +188,8 @@ def test_later_launches_of_a_sweep_run_the_reused_warmup(tmp_path, cpu_rig, fork
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with RunWriter(run_dir) as writer:
-        run_sweep([case], cpu_rig, writer, server=forks,
-                  on_launch_done=lambda i, c, r, o: counts.append(o.warmup_steps))
+        run_sweep([case], cpu_rig, writer, SweepOptions(LaunchOptions(server=forks)),
+                  SweepCallbacks(on_launch_done=lambda i, c, r, o: counts.append(o.warmup_steps)))
     assert len(counts) == 3 and counts[0] is not None and counts[0] >= 2
     expected = reused_warmup(CaseOutcome("ok", warmup_steps=counts[0]), 1)
     assert counts[1:] == [expected, expected]

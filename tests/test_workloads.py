@@ -15,7 +15,7 @@ from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from bench_lib import commands, exit_codes, strategies
 from bench_lib.launch import worker
-from bench_lib.launch.protocol import CaseOutcome, RankResult
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec, RankResult
 from bench_lib.measure.flop_peak import AttainablePeak
 from bench_lib.measure.flops import train_flops_per_image
 from bench_lib.results.read import read_cases, run_dirs_in
@@ -266,8 +266,8 @@ def _run_matrix_rank(rank: int, world_size: int, cases: list[Case], rig: Rig, ro
         folder.mkdir(parents=True, exist_ok=True)
         stages = cut_stages(strategies.get(case.strategy), case.world_size)
         try:
-            results[case.case_id] = worker.run_rank(case, rig, rank, folder, trace=False,
-                                                    cut=cuts.get(stages, ""))
+            spec = CaseSpec(case, rig, trace=False, cut=cuts.get(stages, ""))
+            results[case.case_id] = worker.run_rank(spec, worker.RankPlace(rank, rank), folder)
             if stages and results[case.case_id].partition:
                 cuts.setdefault(stages, results[case.case_id].partition)
         except Exception as e:  # recorded, so that one failure shows every other case too

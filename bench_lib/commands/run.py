@@ -163,9 +163,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.report.answer import answer_text, round_answer
     from bench_lib.results.store import RunWriter
+    from bench_lib.run.case_launch import LaunchOptions
     from bench_lib.run.duty import DutyMeter, write_duty
     from bench_lib.run.progress import Progress
-    from bench_lib.run.runner import run_sweep
+    from bench_lib.run.runner import SweepCallbacks, SweepOptions, run_sweep
     from bench_lib.run.shard import describe as describe_shard
 
     duty = DutyMeter()  # the run's wall clock starts with the command
@@ -237,13 +238,14 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if predictor is not None and predictor.reused:
         progress.note(f"calibration: {len(predictor.reused)} workload(s) from "
                       f"{predictor.reused_from}")
+    options = SweepOptions(LaunchOptions(launcher, coordinator, server),
+                           attainable_peak=figures.peak, idle=figures.idle,
+                           collectives=figures.collectives, predictor=predictor)
+    callbacks = SweepCallbacks(progress.case_done, progress.launch_start, launch_done,
+                               round_done)
     try:
         with RunWriter(run_dir) as writer, duty.sweep():
-            rows = run_sweep(cases, rig, writer, progress.case_done, progress.launch_start,
-                             attainable_peak=figures.peak, idle=figures.idle,
-                             on_launch_done=launch_done, launcher=launcher,
-                             coordinator=coordinator, collectives=figures.collectives,
-                             server=server, predictor=predictor, on_round_done=round_done)
+            rows = run_sweep(cases, rig, writer, options, callbacks)
     except KeyboardInterrupt:
         progress.close()
         print(f"interrupted: finished cases are in {run_dir / 'cases.csv'}; the workload that "

@@ -61,22 +61,23 @@ def baseline_path(case_dir: Path, rank: int) -> Path:
 
 @dataclass(frozen=True)
 class CaseSpec:
-    """What every rank of a case's launch is told: the case, the rig, whether to trace a
-    step for the pipeline timeline after the timed ones (the first launch only), the
-    stage cut to use instead of choosing one (``cut``: the first launch's, e.g.
-    ``balanced:6,12``, so that every launch measures the same cut; empty: choose it),
-    the warm-up to run as a fixed count (``warmup_steps``: what the first launch found,
-    ``reused_warmup``; None: the profile's minimum, then ``timing.WarmupRule``), and
-    whether to time the compute-only steps after the timed ones (``compute_only``: every
-    launch of a run, so that ``CaseOutcome.compute_step_s`` is a median over launches;
-    not tune's short launches)."""
+    """One launch of a case: what every rank of it is told. The runner makes one per launch
+    (the facts its earlier launches decided), ``run.case_launch.run_case`` writes it as
+    spec.json, and each rank's worker reads it back."""
 
     case: Case
     rig: Rig
     trace: bool = True
+    """Trace a step for the pipeline timeline after the timed ones (the first launch only)."""
     cut: str = ""
+    """The stage cut to use instead of choosing one: the first launch's, e.g.
+    ``balanced:6,12``, so that every launch measures the same cut; empty: choose it."""
     warmup_steps: int | None = None
+    """The warm-up to run as a fixed count: what the first launch found (``reused_warmup``);
+    None: the profile's minimum, then ``timing.WarmupRule``."""
     compute_only: bool = True
+    """Time the compute-only steps after the timed ones: every launch of a run, so that
+    ``CaseOutcome.compute_step_s`` is a median over launches; not tune's short launches."""
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, {"case": self.case.as_dict(), "rig": self.rig.as_dict(),

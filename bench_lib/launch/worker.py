@@ -92,7 +92,6 @@ from bench_lib.measure.timing import measure_steps
 from bench_lib.pinning import pin_worker
 from bench_lib.process_groups import destroy_process_group, init_process_group
 from bench_lib.results.store import write_json_atomic
-from bench_lib.rig import Rig
 from bench_lib.strategies import BuildContext, Trainer
 from bench_lib.sweep.cases import Case
 from bench_lib.workloads import Workload
@@ -142,23 +141,21 @@ class RankPlace:
         return f"{kind}:{index}" if self.node is None else f"n{self.node}/{kind}:{index}"
 
 
-def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
-             cut: str = "", place: RankPlace | None = None,
-             warmup_steps: int | None = None, stamps: Stamps | None = None,
-             compute_only: bool = True) -> RankResult:
-    """Measure this rank's part of one launch of the case (``trace``: then time single's
-    optimizer step alone and trace a step; ``compute_only``: time a few steps with no
-    gradient all-reduce where the strategy has them, ``CaseSpec.compute_only``;
-    ``cut``: the stage cut to use instead of choosing one, ``CaseSpec.cut``; ``place``:
-    where torchrun put this rank, default the local launcher's: rank = device slot;
-    ``warmup_steps``: a fixed warm-up, ``CaseSpec.warmup_steps``; ``stamps``: receives the
-    launch's named points as it passes them, ``launch_parts``).
+def run_rank(spec: CaseSpec, place: RankPlace, workdir: Path,
+             stamps: Stamps | None = None) -> RankResult:
+    """Measure this rank's part of one launch (``spec``: with ``trace``, then time single's
+    optimizer step alone and trace a step; with ``compute_only``, time a few steps with no
+    gradient all-reduce where the strategy has them; ``cut``, the stage cut to use instead
+    of choosing one; ``warmup_steps``, a fixed warm-up). ``place``: where this rank sits
+    (the local launcher's: rank = device slot; or where torchrun put it); ``workdir``: the
+    case folder; ``stamps``: receives the launch's named points as it passes them
+    (``launch_parts``).
 
     Writes the timed result before the diagnostics and as they go (``diagnostics.run``);
     leaves the process group (if any) up: ``main`` destroys it once the final result is
     written. A diagnostic past its time bound ends the process here (``_give_up``).
     """
-    place = place or RankPlace(rank, rank)
+    case, rig, rank = spec.case, spec.rig, place.rank
     stamps = {} if stamps is None else stamps
     # A rank of a process group drives its own device; a lone process drives them all.
     indices = [place.local_rank] if case.process_group else list(range(case.world_size))
@@ -190,7 +187,7 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     memory = PeakMemory(devices, labels)
     write_json_atomic(baseline_path(workdir, rank), {"rss_mib": memory.baseline_mib})
     with span(stamps, "model_build"):
-        trainer, x, y = _build(case, rank, devices, cut)
+        trainer, x, y = _build(case, rank, devices, spec.cut)
     faults.inject_test_fault(case.strategy, rank)
     m = case.measurement
     timed = measure_steps(
@@ -199,8 +196,8 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
         max_time_s=m.max_time_s, interval_target_pct=m.interval_target_pct,
         min_time_s=m.min_time_s or 0.0,
         group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
-        warmup_steps=m.warmup_steps if warmup_steps is None else warmup_steps,
-        warmup_rule=warmup_steps is None,
+        warmup_steps=m.warmup_steps if spec.warmup_steps is None else spec.warmup_steps,
+        warmup_rule=spec.warmup_steps is None,
         probe=speed_probe.make_probe() if rig.kind == "cpu" else None,
     )
     stamp(stamps, "diagnostics_start")  # everything after the timed steps, to the result
@@ -222,9 +219,9 @@ def run_rank(case: Case, rig: Rig, rank: int, workdir: Path, trace: bool = True,
     # over launches. The kernels: every launch, cuda rigs only. The rest: the launch that
     # traces.
     plan = diagnostics.schedule(
-        trainer, x, y, case.process_group, compute=compute_only,
-        optimizer=trace and case.strategy == "single",
-        stages=trainer.timeline_stages() if trace else [],
+        trainer, x, y, case.process_group, compute=spec.compute_only,
+        optimizer=spec.trace and case.strategy == "single",
+        stages=trainer.timeline_stages() if spec.trace else [],
         slot_labels=[place.slot_label(rig.kind, i) for i in indices],
         rebase=place.node is not None,
         trace_fault=functools.partial(faults.inject_trace_fault, case.strategy, rank))
@@ -316,8 +313,7 @@ def main(argv: list[str]) -> int:
         return EXIT_ORPHANED
     spec = CaseSpec.read(spec_path)
     try:
-        result = run_rank(spec.case, spec.rig, rank, spec_path.parent, spec.trace, spec.cut,
-                          place, spec.warmup_steps, stamps, spec.compute_only)
+        result = run_rank(spec, place, spec_path.parent, stamps)
     except Exception as e:  # the case's oom or error row, with the traceback in the log
         result = RankResult.failed(rank, e)
         traceback.print_exc()

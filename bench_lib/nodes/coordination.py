@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench_lib.launch import torchrun
+from bench_lib.launch.protocol import CaseSpec
 from bench_lib.launch.torchrun import Launcher
 from bench_lib.nodes.multinode import this_node
 from bench_lib.rig import Rig
@@ -269,12 +270,13 @@ class Coordinator:
         for i in self.others:
             self._store.set(f"welcome/{i}", json.dumps({"run_id": run_id}))
 
-    def announce(self, case_id: str, launch: int, trace: bool, cut: str,
-                 warmup_steps: int | None = None, compute_only: bool = True) -> LaunchNotice:
-        """Publish the next launch; the other nodes start their agents on it."""
+    def announce(self, spec: CaseSpec, launch: int) -> LaunchNotice:
+        """Publish the next launch (``spec``, in round ``launch``); the other nodes start
+        their agents on it, their ranks told what node 0's are."""
+        case_id = spec.case.case_id
         notice = LaunchNotice(self._seq, case_id, launch,
-                              f"parabench-{self._seq}-{case_id}-l{launch}", trace, cut,
-                              warmup_steps, compute_only)
+                              f"parabench-{self._seq}-{case_id}-l{launch}", spec.trace,
+                              spec.cut, spec.warmup_steps, spec.compute_only)
         self._seq += 1
         self._store.set(f"launch/{notice.seq}", notice.to_json())
         return notice

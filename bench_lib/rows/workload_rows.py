@@ -80,7 +80,8 @@ class RowInputs:
 
 @dataclass(frozen=True)
 class RoundDone:
-    """A workload's rows after one of its rounds (``run_sweep``'s ``on_round_done``)."""
+    """A workload's rows after one of its rounds (``run_sweep``'s
+    ``SweepCallbacks.on_round_done``)."""
 
     rows: tuple[Row, ...]
     """Its cases' rows from the launches so far: provisional (their ``provisional`` cell)

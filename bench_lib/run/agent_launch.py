@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_lib.launch.protocol import SampleRow
+from bench_lib.launch.protocol import CaseSpec, SampleRow
 from bench_lib.launch.ranks import rss_over_cap
 from bench_lib.launch.sampling import case_sampler
 from bench_lib.launch.torchrun import (
@@ -25,8 +25,6 @@ from bench_lib.launch.torchrun import (
 from bench_lib.measure.sampler import Sampler
 from bench_lib.nodes.coordination import LaunchWatch
 from bench_lib.processes.supervision import supervise
-from bench_lib.rig import Rig
-from bench_lib.sweep.cases import Case
 
 
 @dataclass
@@ -40,11 +38,13 @@ class AgentLaunch:
     sampler_note: str
 
 
-def run_agent(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: Launcher,
+def run_agent(spec: CaseSpec, case_dir: Path, log_path: Path, launcher: Launcher,
               rdzv_id: str = "", watch: LaunchWatch | None = None) -> AgentLaunch:
-    """Start this node's torchrun agent for one launch of ``case`` and supervise it as the
-    local launcher's ranks are: the case timeout, the memory cap, the sampler (from when
-    the ranks are found: ``torchrun.AgentRanks``), and ``watch`` (the other nodes)."""
+    """Start this node's torchrun agent for one launch (``spec``, written in ``case_dir``)
+    and supervise it as the local launcher's ranks are: the case timeout, the memory cap,
+    the sampler (from when the ranks are found: ``torchrun.AgentRanks``), and ``watch``
+    (the other nodes)."""
+    case, rig = spec.case, spec.rig
     nproc = case.world_size // launcher.nnodes
     args = torchrun_args(launcher, nproc, rdzv_id, case.measurement.case_timeout_s,
                          case_dir / "torchrun")

@@ -31,9 +31,7 @@ from bench_lib.measure.contention import CpuSnapshot, machine_load
 from bench_lib.nodes.coordination import Coordinator
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.processes.supervision import PEER_GRACE_S, supervise
-from bench_lib.rig import Rig
 from bench_lib.run.agent_launch import run_agent
-from bench_lib.sweep.cases import Case
 
 REPORT_GRACE_S = 15.0
 """Multi-node: how long node 0 waits for the other nodes' reports beyond ``PEER_GRACE_S``
@@ -52,31 +50,41 @@ def memory_true_forks(server: ForkServer | None) -> ForkServer | None:
     return None
 
 
-def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
-             cut: str = "", launcher: Launcher = LOCAL,
-             coordinator: Coordinator | None = None, launch: int = 0,
-             server: ForkServer | None = None,
-             warmup_steps: int | None = None, compute_only: bool = True) -> CaseOutcome:
-    """Run one launch of a case in fresh process(es) and return its outcome (never raises
-    for the case); ``trace``: trace a step for the pipeline timeline after the timed ones;
-    ``compute_only``: time the steps with no collective after them (``CaseSpec``);
-    ``cut``: the stage cut to use (``CaseSpec.cut``). ``launcher``: how its ranks start
-    (a case of one process always starts here); ``coordinator`` and ``launch`` (its round):
-    node 0's side of a multi-node run. ``server``: the run's fork server, which starts the
-    local launcher's ranks (None: each rank a fresh interpreter). ``warmup_steps``: a fixed
-    warm-up (``CaseSpec.warmup_steps``).
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How a run's launches start: decided once where the plan is (``commands.run``,
+    ``tune.search``), the same for every launch of the run."""
+
+    launcher: Launcher = LOCAL
+    """How a multi-process case starts its ranks (a case of one process always starts
+    here)."""
+    coordinator: Coordinator | None = None
+    """Node 0's side of a multi-node run (``nodes.coordination``), through which its torchrun
+    launches are announced to the other nodes; None on one node."""
+    server: ForkServer | None = None
+    """The run's fork server, which starts the local launcher's ranks (None: each rank a
+    fresh interpreter)."""
+
+
+def run_case(spec: CaseSpec, work_root: Path, launch: int = 0,
+             options: LaunchOptions = LaunchOptions()) -> CaseOutcome:
+    """Run one launch of a case (``spec``: the case, the rig, and what its ranks are told)
+    in fresh process(es) under ``work_root`` and return its outcome (never raises for the
+    case); ``launch``: its round, which node 0 of a multi-node run announces with it;
+    ``options``: how its ranks start.
 
     The launch's wall time runs from its case folder's creation to its removal; its
     ``parts_s`` say where it went beyond the steps (``launch_parts``): the ranks' parts, this
     side's ``prepare_s`` (the folder and spec), ``sampler_s`` and ``collect_s`` (the rank
     files combined, the folder removed), and the unaccounted rest."""
     start = time.monotonic()
+    case = spec.case
     case_dir = work_root / case.case_id
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
-    spec_path = case_dir / "spec.json"
-    CaseSpec(case, rig, trace, cut, warmup_steps, compute_only).write(spec_path)
+    spec.write(case_dir / "spec.json")
     log_path = case_dir / "worker.log"
+    server = options.server
     # The machine's and our CPU times: contention over the case. Ranks the fork server
     # reaped are its children, not ours: it reports their CPU.
     def snapshot() -> CpuSnapshot:
@@ -84,11 +92,10 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
 
     cpu_start = snapshot()
     prepare_s = time.monotonic() - start
-    if launcher.kind == "torchrun" and case.process_group:
-        outcome = _run_torchrun(case, rig, case_dir, log_path, launcher, coordinator,
-                                launch, trace, cut, warmup_steps, compute_only)
+    if options.launcher.kind == "torchrun" and case.process_group:
+        outcome = _run_torchrun(spec, case_dir, log_path, launch, options)
     else:
-        outcome = _run_local(case, rig, case_dir, log_path, server)
+        outcome = _run_local(spec, case_dir, log_path, server)
     returned = time.monotonic()
     # Every rank has been reaped (supervise waits for them; under torchrun the agent reaped
     # its ranks and we the agent): their CPU is in our children's, or the server's count.
@@ -105,9 +112,10 @@ def run_case(case: Case, rig: Rig, work_root: Path, trace: bool = True,
     return outcome
 
 
-def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path,
-               server: ForkServer | None = None) -> CaseOutcome:
+def _run_local(spec: CaseSpec, case_dir: Path, log_path: Path,
+               server: ForkServer | None) -> CaseOutcome:
     """The local launcher: the runner starts every rank itself (``launch_ranks``)."""
+    case, rig = spec.case, spec.rig
     requested = time.monotonic()  # the process start's beginning (launch_parts)
     procs = launch_ranks(case_dir / "spec.json", case.processes, log_path, server)
     # CPU workers are capped here by the resident memory the case adds, per device they
@@ -136,23 +144,21 @@ def _run_local(case: Case, rig: Rig, case_dir: Path, log_path: Path,
     return outcome
 
 
-def _run_torchrun(case: Case, rig: Rig, case_dir: Path, log_path: Path, launcher: Launcher,
-                  coordinator: Coordinator | None, launch: int, trace: bool,
-                  cut: str, warmup_steps: int | None = None,
-                  compute_only: bool = True) -> CaseOutcome:
-    """One launch through torchrun: this node's agent; on node 0 of a multi-node run,
-    announced to the other nodes first, and their reports gathered after
-    (``nodes.coordination``)."""
+def _run_torchrun(spec: CaseSpec, case_dir: Path, log_path: Path, launch: int,
+                  options: LaunchOptions) -> CaseOutcome:
+    """One launch through torchrun (``options.launcher``): this node's agent; on node 0 of a
+    multi-node run, announced to the other nodes first (``options.coordinator``), and their
+    reports gathered after (``nodes.coordination``)."""
+    case, launcher, coordinator = spec.case, options.launcher, options.coordinator
     if not launcher.multi_node:
-        part = run_agent(case, rig, case_dir, log_path, launcher)
+        part = run_agent(spec, case_dir, log_path, launcher)
         outcome = _combine_launch(case_dir, case.world_size, log_path, part.stopped,
                                   [part.exits])
     else:
         if coordinator is None:
             raise ValueError("node 0 of a multi-node run needs its coordinator")
-        notice = coordinator.announce(case.case_id, launch, trace, cut, warmup_steps,
-                                      compute_only)
-        part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
+        notice = coordinator.announce(spec, launch)
+        part = run_agent(spec, case_dir, log_path, launcher, notice.rdzv_id,
                          coordinator.watch(notice.seq, PEER_GRACE_S))
         coordinator.over(notice.seq)
         reports, lost = coordinator.collect(notice.seq, PEER_GRACE_S + REPORT_GRACE_S)

@@ -72,11 +72,11 @@ def _follow_launch(case: Case, rig: Rig, launcher: Launcher, follower: Follower,
     case_dir = work_root / f"{notice.seq}_{case.case_id}"
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
-    CaseSpec(case, rig, notice.trace, notice.cut, notice.warmup_steps,
-             notice.compute_only).write(
-        case_dir / "spec.json")
+    spec = CaseSpec(case, rig, notice.trace, notice.cut, notice.warmup_steps,
+                    notice.compute_only)  # node 0's ranks are told the same
+    spec.write(case_dir / "spec.json")
     log_path = case_dir / "worker.log"
-    part = run_agent(case, rig, case_dir, log_path, launcher, notice.rdzv_id,
+    part = run_agent(spec, case_dir, log_path, launcher, notice.rdzv_id,
                      lambda: follower.should_stop(notice.seq, PEER_GRACE_S))
     files = {int(p.stem.removeprefix("rank")): p for p in case_dir.glob("rank*.json")
              if p.stem.removeprefix("rank").isdigit()}  # not rank<N>.baseline.json

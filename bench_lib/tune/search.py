@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from bench_lib.exit_codes import EXIT_INTERRUPTED, EXIT_NOT_OK, EXIT_OK
-from bench_lib.launch.protocol import CaseOutcome
+from bench_lib.launch.protocol import CaseOutcome, CaseSpec
 from bench_lib.processes import interrupts
 from bench_lib.rig import Rig
 from bench_lib.sweep.cases import Case
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from bench_lib.analysis.bound import Bound
     from bench_lib.prediction.admission import Admission
     from bench_lib.processes.forkserver import ForkServer
+    from bench_lib.run.case_launch import LaunchOptions
 
 BUDGET_FRACTION = 0.3
 """Default budget: a tenth under the third of the exhaustive sweep's time that issue #17
@@ -248,10 +249,11 @@ def _execute(plan: TunePlan, space: Space, rig: Rig, settings: RaceSettings,
     if launch is None:  # every launch forked by one server that imported torch once
         from bench_lib.launch.agent import WARM_MODULES
         from bench_lib.processes.forkserver import ForkServer
-        from bench_lib.run.case_launch import memory_true_forks
+        from bench_lib.run.case_launch import LaunchOptions, memory_true_forks
 
         server = stack.enter_context(ForkServer.take(WARM_MODULES))
-        launch = _runner_launch(rig, work_root, memory_true_forks(server))
+        launch = _runner_launch(rig, work_root,
+                                LaunchOptions(server=memory_true_forks(server)))
     if predict is None and server is not None and space.profile.predict_time:
         predict = _calibrated(rig, run_dir, server, say, plan.quiet)
     predicted = predict(admitted) if predict is not None else {}
@@ -310,13 +312,14 @@ def _calibrated(rig: Rig, run_dir: Path, server: ForkServer, say: Say, quiet: bo
     return predict
 
 
-def _runner_launch(rig: Rig, work_root: Path, server: ForkServer | None) -> LaunchFn:
-    """One fresh launch through the runner (``run.case_launch.run_case``), its ranks forked by
-    ``server``."""
+def _runner_launch(rig: Rig, work_root: Path, options: LaunchOptions) -> LaunchFn:
+    """One fresh launch through the runner (``run.case_launch.run_case``), started as
+    ``options`` say (the local launcher, its ranks forked by their fork server): no trace,
+    no compute-only steps."""
     from bench_lib.run.case_launch import run_case
 
     def launch(case: Case, rung: int, cut: str) -> CaseOutcome:
-        return run_case(case, rig, work_root, trace=False, cut=cut, launch=rung,
-                        server=server, compute_only=False)
+        spec = CaseSpec(case, rig, trace=False, cut=cut, compute_only=False)
+        return run_case(spec, work_root, launch=rung, options=options)
 
     return launch
