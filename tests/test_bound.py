@@ -487,7 +487,7 @@ def test_a_case_across_nodes_is_not_priced_with_one_nodes_collectives(cpu_rig):
     """The micro-benchmark runs on node 0's devices: its fit prices intra-node traffic, not
     the network a case across nodes crosses (#28 item 11). Such a case gets no bound, and
     says why, rather than one off by the network's cost."""
-    from bench_lib.nodes.multinode import plan as plan_nodes
+    from bench_lib.nodes.multinode import plan_nodes
     from bench_lib.sweep.profile import Profile
 
     fit = CollectiveFit((1,), (1.0,), alpha_s=0.01, beta_bytes_s=1e8, busbw_gb_s=1.0)

@@ -32,7 +32,8 @@ INSUFFICIENT = ("RuntimeError: CUDA error: CUDA driver version is insufficient f
 
 
 def smoke_run(*results: dict[str, object], finished: bool = True) -> object:
-    """What ``preflight_probes.smoke_results`` returns (a ``SmokeRun``): one result per GPU."""
+    """What ``preflight_probes.smoke_results`` returns (a ``SmokeProcesses``): one result per
+    GPU."""
     return SimpleNamespace(finished=finished, results=dict(enumerate(results)),
                            codes=[0 if r.get("ok") else 1 for r in results], tail="",
                            seconds=2.5)
@@ -116,7 +117,7 @@ def test_a_working_gpu_passes_and_every_gpu_is_smoked_once(monkeypatch, no_settl
 
 def test_a_failed_smoke_test_skips_the_all_reduce(monkeypatch):
     fake_smoke(monkeypatch, smoke_run(gpu(0), gpu(1, ok=False, error=NO_KERNEL)))
-    checks = preflight.run(Rig("cuda", 2), shm=BIG_SHM, environ={}, nvml=topo_nvml(),
+    checks = preflight.run_checks(Rig("cuda", 2), shm=BIG_SHM, environ={}, nvml=topo_nvml(),
                            command=["/nonexistent/never-started"], host=QUIET_HOST,
                            copy_command=["/nonexistent/never-started"])
     assert [(c.name, c.status) for c in checks] == [

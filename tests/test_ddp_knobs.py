@@ -435,8 +435,8 @@ def test_a_knobbed_ddp_case_runs_through_the_worker(tmp_path, forks):
 
 def test_compute_only_steps_time_a_quiet_step_and_raise_on_failure():
     """``diagnostics.compute_only``: the median of its steps where the strategy has a quiet mode,
-    None where it has none; a step's failure is raised, for ``diagnostics.run`` to end the
-    diagnostics with (a note: the timed steps are kept)."""
+    None where it has none; a step's failure is raised, for ``diagnostics.run_diagnostics`` to
+    end the diagnostics with (a note: the timed steps are kept)."""
     import contextlib
     import types
 

@@ -200,7 +200,7 @@ def test_a_failed_diagnostic_ends_the_diagnostics_with_the_timed_result_kept():
     plan = [_diagnostic(diagnostics.COMPUTE_ONLY, ran, fail=True),
             _diagnostic(diagnostics.KERNELS, ran),
             _diagnostic(diagnostics.TRACED, ran, traced=True)]
-    out = diagnostics.run(_timed(), plan, written.append, _never_give_up)
+    out = diagnostics.run_diagnostics(_timed(), plan, written.append, _never_give_up)
     assert ran == [diagnostics.COMPUTE_ONLY]
     assert out.status == "ok" and out.step_times_s == (0.1,) and out.compute_step_s is None
     assert out.diagnostics_note == (
@@ -216,7 +216,7 @@ def test_a_failed_diagnostic_ends_the_diagnostics_with_the_timed_result_kept():
     written.clear()
     plan = [_diagnostic(diagnostics.COMPUTE_ONLY, ran), _diagnostic(diagnostics.TRACED, ran,
                                                                      traced=True)]
-    out = diagnostics.run(_timed(), plan, written.append, _never_give_up)
+    out = diagnostics.run_diagnostics(_timed(), plan, written.append, _never_give_up)
     assert ran == [diagnostics.COMPUTE_ONLY, diagnostics.TRACED]
     assert (out.compute_step_s, out.diagnostics_note, out.trace_note) == (0.5, "", "")
     assert worker.exit_code(out) == 0
@@ -247,7 +247,7 @@ def test_a_diagnostic_past_its_bound_gives_up_with_its_note():
         bounds.append(steps)
         return 0.2
 
-    diagnostics.run(_timed(), plan, lambda r: None, give_up, bound_s=bound_s)
+    diagnostics.run_diagnostics(_timed(), plan, lambda r: None, give_up, bound_s=bound_s)
     assert bounds[0] == 2  # the bound counts the diagnostic's steps
     assert [(g.diagnostics_note, g.trace_note) for g in given] == [
         ("the compute-only steps did not finish within 0 s", "the traced step did not run")]

@@ -268,7 +268,7 @@ def _kinds() -> dict[str, str]:
 
 def test_shards_deal_whole_files_heaviest_first_so_the_slow_files_spread():
     kinds = _kinds()
-    planned = shards.plan(kinds, range(6))  # 3 shards of 2 cores
+    planned = shards.deal_shards(kinds, range(6))  # 3 shards of 2 cores
     assert [s.cores for s in planned] == [(0, 1), (2, 3), (4, 5)]
     assert [sum("slow" in t for t in s.tests) for s in planned] == [1, 1, 1]
     # Every file in exactly one shard, whole: nothing run twice, nothing left out.
@@ -281,7 +281,7 @@ def test_a_file_heavier_than_a_shard_is_cut_into_functions_then_cases():
     kinds = {f"tests/test_big.py::test_models[m{i}]": "slow" for i in range(6)}
     kinds |= {"tests/test_big.py::test_other": "integration",
               "tests/test_small.py::test_x": "integration"}
-    planned = shards.plan(kinds, range(4))  # 2 shards: 98 s in all, 49 s a shard
+    planned = shards.deal_shards(kinds, range(4))  # 2 shards: 98 s in all, 49 s a shard
     dealt = sorted(t for s in planned for t in s.tests)
     # The file over 49 s cut into its functions, the function over 49 s into its cases.
     assert dealt == sorted([*list(kinds)[:7], "tests/test_small.py"])

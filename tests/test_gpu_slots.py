@@ -258,7 +258,7 @@ def test_slots_on_one_gpu_pass_the_preflight_in_a_default_docker_container(monke
 
 def ok_smoke(rig: Rig) -> Any:
     """A CUDA smoke run (``preflight_probes.smoke_results``) in which every GPU passed."""
-    return preflight_probes.SmokeRun(True, {g: {"ok": True, "device": f"cuda:{g}",
+    return preflight_probes.SmokeProcesses(True, {g: {"ok": True, "device": f"cuda:{g}",
                                                 "name": "Fake GPU", "capability": "sm_90"}
                                             for g in range(rig.num_gpus)},
                                      [0] * rig.num_gpus, "", 1.0)

@@ -71,7 +71,7 @@ def test_a_failed_kernel_step_costs_only_the_names(monkeypatch, capsys):
     assert [d.what for d in plan] == [diagnostics.KERNELS]
     timed = RankResult(0, "ok", step_times_s=(0.1,), step_cpu_times_s=(0.1,), warmup_steps=1)
     written: list[RankResult] = []
-    out = diagnostics.run(timed, plan, write=written.append, give_up=_no_give_up)
+    out = diagnostics.run_diagnostics(timed, plan, write=written.append, give_up=_no_give_up)
     assert out.status == "ok" and out.step_times_s == (0.1,) and out.kernel_names == ()
     assert out.diagnostics_note == ("the kernel-names step failed: RuntimeError: "
                                     "CUPTI_ERROR_NOT_INITIALIZED")

@@ -103,7 +103,7 @@ def test_the_traced_steps_note_names_an_oom_however_it_came(e, oom):
 
     plan = [diagnostics.Diagnostic(diagnostics.TRACED, 1, traced, traced=True)]
     timed = RankResult(0, "ok", step_times_s=(0.1,), step_cpu_times_s=(0.1,), warmup_steps=1)
-    out = diagnostics.run(timed, plan, write=lambda r: None, give_up=_no_give_up)
+    out = diagnostics.run_diagnostics(timed, plan, write=lambda r: None, give_up=_no_give_up)
     assert out.timeline == () and out.diagnostics_note == ""
     assert out.trace_note.startswith("out of memory in the traced step") == oom, out.trace_note
 

@@ -388,7 +388,7 @@ def test_a_case_across_nodes_leaves_energy_empty(cpu_rig):
     truth (#28 item 11). A case across nodes keeps node 0's utilisation; its power and
     energy are empty, with the reason; node 0's own single case keeps them."""
     from bench_lib.launch.protocol import CaseOutcome
-    from bench_lib.nodes.multinode import plan as plan_nodes
+    from bench_lib.nodes.multinode import plan_nodes
     from bench_lib.rows.rows import case_row
     from bench_lib.sweep.profile import Profile
 

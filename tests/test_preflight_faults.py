@@ -27,7 +27,7 @@ from tests.test_gpu_env import topo_nvml
 QUIET_HOST = {"iommu": {"state": "off", "units": [], "cmdline": []},
               "acs": {"state": "unknown", "bridges": {}}}
 """A machine whose IOMMU is off and whose ACS cannot be read (the IOMMU and ACS records
-``preflight.run`` takes instead of this machine's)."""
+``preflight.run_checks`` takes instead of this machine's)."""
 BIG_SHM = {"path": "/dev/shm", "total_mib": 16384.0}
 OK_SMOKE = ("import json, sys; open(sys.argv[2], 'w').write(json.dumps({'ok': True, "
             "'device': sys.argv[1], 'name': 'NVIDIA RTX 6000 Ada', 'capability': 'sm_89'}))")
@@ -58,7 +58,7 @@ def two_gpu_nvml(level: int = 30) -> types.SimpleNamespace:
 
 def fakes(copy: str = OK_COPY, rank: str = OK_RANK + "ok()", **extra: object
           ) -> dict[str, object]:
-    """``preflight.run``'s keywords for a fake two-GPU box whose children are these."""
+    """``preflight.run_checks``'s keywords for a fake two-GPU box whose children are these."""
     return {"shm": BIG_SHM, "nvml": two_gpu_nvml(), "host": QUIET_HOST,
             "smoke_command": [sys.executable, "-c", OK_SMOKE],
             "copy_command": [sys.executable, "-c", copy],
@@ -149,11 +149,11 @@ def test_a_start_that_hangs_is_not_retried_and_names_its_fixes(no_settle, p2p_on
 
 def test_no_retry_where_p2p_is_already_off_or_the_ranks_crash(no_settle, monkeypatch):
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
-    checks = preflight.run(Rig("cuda", 2), **fakes(rank=HANGS))
+    checks = preflight.run_checks(Rig("cuda", 2), **fakes(rank=HANGS))
     assert checks[-1].name == "all_reduce" and "and again" not in checks[-1].detail
     monkeypatch.setenv("NCCL_P2P_DISABLE", "0")
     crash = fakes(rank="import sys; sys.exit(3)")
-    checks = preflight.run(Rig("cuda", 2), **crash)
+    checks = preflight.run_checks(Rig("cuda", 2), **crash)
     assert checks[-1].fault == "error" and "and again" not in checks[-1].detail
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from bench_lib import commands, exit_codes
 from bench_lib.launch.protocol import CaseOutcome
-from bench_lib.nodes.multinode import plan as plan_nodes
+from bench_lib.nodes.multinode import plan_nodes
 from bench_lib.prediction.duration import case_seconds
 from bench_lib.results.read import read_cases, run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
@@ -31,7 +31,7 @@ from bench_lib.results.store import RunWriter, write_json_atomic
 from bench_lib.rig import Rig
 from bench_lib.rows.rows import case_row, step_rows
 from bench_lib.rows.speedup_table import SPEEDUP_COLUMNS, SpeedupTable
-from bench_lib.run.shard import Shard, balance, plan, record, select, sweep_id
+from bench_lib.run.shard import Shard, balance, cut_shards, record, select, sweep_id
 from bench_lib.sweep.cases import Case
 from bench_lib.sweep.expansion import expand, workload_groups
 from bench_lib.sweep.profile import Measurement, Profile, UsageError
@@ -81,8 +81,8 @@ def _cases(cpu_rig: Rig, profile: Profile = PROFILE) -> list[Case]:
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 6])
 def test_shards_take_whole_workloads_once_balanced_and_deterministic(cpu_rig, count):
     cases = _cases(cpu_rig)
-    cut = plan(cases, cpu_rig, count)
-    assert cut == plan(_cases(cpu_rig), cpu_rig, count)  # same sweep, same shards
+    cut = cut_shards(cases, cpu_rig, count)
+    assert cut == cut_shards(_cases(cpu_rig), cpu_rig, count)  # same sweep, same shards
     ids = [c.case_id for c in cases]
     every = [cid for part in cut.case_ids for cid in part]
     assert sorted(every) == sorted(ids)  # every case in exactly one shard
@@ -103,7 +103,7 @@ def test_uneven_groups_balance_better_than_taking_them_in_turn(cpu_rig):
     profile = Profile.from_dict(PROFILE.as_dict() | {"models": ["resnet50"],
                                                      "image_sizes": [64, 128, 224, 320]})
     cases = _cases(cpu_rig, profile)
-    cut = plan(cases, cpu_rig, 2)
+    cut = cut_shards(cases, cpu_rig, 2)
     in_turn = [0.0, 0.0]
     for k, g in enumerate(workload_groups(cases)):
         in_turn[k % 2] += sum(case_seconds(cases[i], cpu_rig) for i in g)
@@ -112,7 +112,7 @@ def test_uneven_groups_balance_better_than_taking_them_in_turn(cpu_rig):
 
 def test_more_shards_than_workloads_is_a_usage_error(cpu_rig):
     with pytest.raises(UsageError, match=r"has 6 workload group\(s\).*use N <= 6"):
-        plan(_cases(cpu_rig), cpu_rig, 7)
+        cut_shards(_cases(cpu_rig), cpu_rig, 7)
 
 
 def test_the_sweep_id_names_the_expanded_sweep(cpu_rig):
@@ -253,7 +253,7 @@ def test_merged_shards_read_like_the_unsharded_run(tmp_path, cpu_rig, capsys):
 
 
 def test_shards_of_a_multi_node_run_merge(tmp_path, cpu_rig, capsys):
-    """Merge plans the sweep again as the multi-node run did (``nodes.multinode.plan``)."""
+    """Merge plans the sweep again as the multi-node run did (``nodes.multinode.plan_nodes``)."""
     one, two = (fake_run(tmp_path / f"s{k}", cpu_rig, Shard(k, 2), nodes=2) for k in (1, 2))
     assert commands.main(["merge", str(one), str(two), "--out", str(tmp_path / "merged")]
                          ) == exit_codes.EXIT_OK

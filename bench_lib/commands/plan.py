@@ -118,7 +118,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     """Every check before the run folder exists (UsageError and the like: exit 2, nothing
     written): the flags that go together, the launcher, the sweep (new, resumed, a node's
     share, a shard), a reused calibration, the post-sweep targets."""
-    from bench_lib.nodes.multinode import plan as plan_nodes
+    from bench_lib.nodes.multinode import plan_nodes
     from bench_lib.sweep.profile import UsageError
 
     if args.predict_memory and not args.dry_run:

@@ -1,6 +1,6 @@
 """A pytest plugin (``-p bench_lib.gpu_check.collect_plugin``) that writes every collected
 test's kind to ``--test-kinds-out FILE`` (JSON ``{node id: kind}``), so that one collection
-tells ``shards.plan`` what each test file weighs. Loaded only by that collection."""
+tells ``shards.deal_shards`` what each test file weighs. Loaded only by that collection."""
 
 from __future__ import annotations
 

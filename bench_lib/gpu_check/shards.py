@@ -85,7 +85,7 @@ def units(kinds: Mapping[str, str], limit_s: float,
     return out
 
 
-def plan(kinds: Mapping[str, str], cores: Sequence[int],
+def deal_shards(kinds: Mapping[str, str], cores: Sequence[int],
          per_shard: int = CORES_PER_SHARD) -> list[PytestShard]:
     """The shards for ``cores`` (``core_groups``) with the tests of ``kinds`` dealt heaviest
     first to the lightest shard; a shard with nothing to run is left out."""

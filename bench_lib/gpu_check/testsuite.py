@@ -1,5 +1,5 @@
 """The test suite run with the GPU visible, in shards that each have their own cores
-(``shards.plan``): one collection, then every shard at once, each with its log and JUnit
+(``shards.deal_shards``): one collection, then every shard at once, each with its log and JUnit
 report, a line as each ends, and a summary file."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_lib.gpu_check.shards import PytestShard, ShardResult, plan, read_junit
+from bench_lib.gpu_check.shards import PytestShard, ShardResult, deal_shards, read_junit
 
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly",
           "-p", "no:cacheprovider"]
@@ -159,7 +159,7 @@ def run_suite(repo: Path, out: Path, cores: Sequence[int], per_shard: int,
     problems = [f"{e}: pytest could not collect it" for e in collection.errors]
     if not collection.kinds:
         return [], (collection.problem or "no test collected", *problems)
-    shards = plan(collection.kinds, cores, per_shard)
+    shards = deal_shards(collection.kinds, cores, per_shard)
     say(f"tests: {len(collection.kinds)} tests in {len(shards)} shards of {per_shard} cores "
         f"each, up to {timeout_s:.0f} s; logs in {out}")
     results = run_shards(shards, collection, repo, out, timeout_s, say)

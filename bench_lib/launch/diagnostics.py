@@ -2,8 +2,8 @@
 
 Compute-only steps (the bound's compute part), single's optimizer step alone, the CUDA
 kernels one more step runs, and one traced step for the pipeline timeline, in that order
-(``schedule``; ``launch.worker`` runs them through ``run``, ``launch_parts`` counts them as the
-launch's ``diagnostics``).
+(``schedule``; ``launch.worker`` runs them through ``run_diagnostics``, ``launch_parts``
+counts them as the launch's ``diagnostics``).
 
 Each is a derived figure, never worth the timed steps, and most use collectives: the
 compute-only steps start with a barrier, and DDP's ``no_sync`` steps still broadcast the
@@ -101,7 +101,8 @@ def time_bound_s(steps: int, slowest_step_s: float, first_step_s: float) -> floa
     return SLACK_S + first_step_s + STEP_FACTOR * steps * slowest_step_s
 
 
-def run(result: RankResult, plan: Sequence[Diagnostic], write: Callable[[RankResult], None],
+def run_diagnostics(
+        result: RankResult, plan: Sequence[Diagnostic], write: Callable[[RankResult], None],
         give_up: Callable[[RankResult], NoReturn],
         bound_s: Callable[[int], float] | None = None,
         fault: Callable[[], None] = lambda: None) -> RankResult:

@@ -151,7 +151,7 @@ def run_rank(spec: CaseSpec, place: RankPlace, workdir: Path,
     case folder; ``stamps``: receives the launch's named points as it passes them
     (``launch_parts``).
 
-    Writes the timed result before the diagnostics and as they go (``diagnostics.run``);
+    Writes the timed result before the diagnostics and as they go (``diagnostics.run_diagnostics``);
     leaves the process group (if any) up: ``main`` destroys it once the final result is
     written. A diagnostic past its time bound ends the process here (``_give_up``).
     """
@@ -227,7 +227,7 @@ def run_rank(spec: CaseSpec, place: RankPlace, workdir: Path,
         trace_fault=functools.partial(faults.inject_trace_fault, case.strategy, rank))
     path = result_path(workdir, rank)
     slowest = max(timed.times_s, default=0.0)
-    return diagnostics.run(
+    return diagnostics.run_diagnostics(
         result, plan, write=lambda r: dataclasses.replace(r, stamps_s=dict(stamps)).write(path),
         give_up=functools.partial(_give_up, path, stamps),
         bound_s=(functools.partial(diagnostics.time_bound_s, slowest_step_s=slowest,
@@ -237,11 +237,11 @@ def run_rank(spec: CaseSpec, place: RankPlace, workdir: Path,
 
 
 def _give_up(path: Path, stamps: Stamps, result: RankResult) -> NoReturn:
-    """Called from ``diagnostics.run``'s timer where a diagnostic ran past its bound (a peer
-    hung, or left this rank waiting in a collective it will not join): write ``result``
-    (its note says which) and exit at once with ``EXIT_DIAGNOSTIC_FAILED``, the process group
-    left as it is (destroying it could block on the same peer); the runner stops the peers
-    after its grace period."""
+    """Called from ``diagnostics.run_diagnostics``'s timer where a diagnostic ran past its
+    bound (a peer hung, or left this rank waiting in a collective it will not join): write
+    ``result`` (its note says which) and exit at once with ``EXIT_DIAGNOSTIC_FAILED``, the
+    process group left as it is (destroying it could block on the same peer); the runner
+    stops the peers after its grace period."""
     stamp(stamps, DONE)
     dataclasses.replace(result, stamps_s=dict(stamps)).write(path)
     print(f"rank {result.rank}: {result.diagnostics_note or result.trace_note}; exiting",

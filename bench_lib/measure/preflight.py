@@ -182,7 +182,7 @@ def all_reduce_or_fallback(rig: Rig, timeout_s: float = TIMEOUT_S,
                   f"{retry[0].detail}. {fixes('acs', 'iommu', 'driver')}", first.fault)]
 
 
-def run(rig: Rig, timeout_s: float = TIMEOUT_S, environ: Mapping[str, str] | None = None,
+def run_checks(rig: Rig, timeout_s: float = TIMEOUT_S, environ: Mapping[str, str] | None = None,
         shm: Mapping[str, Any] | None = None, nvml: Any = None,
         command: Sequence[str] | None = None, smoke_timeout_s: float = SMOKE_TIMEOUT_S,
         smoke_command: Sequence[str] | None = None, copy_command: Sequence[str] | None = None,
@@ -224,7 +224,7 @@ def record(checks: Sequence[Check], seconds: float | None = None) -> dict[str, A
 
 
 def check(rig: Rig, quiet: bool = False, **kwargs: Any) -> list[Check]:
-    """``run``'s checks, the topology and warnings printed (unless ``quiet``); raises
+    """``run_checks``' checks, the topology and warnings printed (unless ``quiet``); raises
     ``PreflightError`` naming every failure (the command line exits 2 before the run folder
     exists). Where the all-reduce passed only with NCCL_P2P_DISABLE=1, sets it in
     ``environ`` (default this process's environment, which every process of the run
@@ -232,7 +232,7 @@ def check(rig: Rig, quiet: bool = False, **kwargs: Any) -> list[Check]:
     start = time.monotonic()
     if not quiet:
         print(f"pre-flight of rig {rig.label} ...", file=sys.stderr)
-    checks = run(rig, **kwargs)
+    checks = run_checks(rig, **kwargs)
     for c in checks:
         if not quiet and c.name != "nccl_fallback" and (c.status == "warn"
                                                          or c.name == "topology"):

@@ -238,7 +238,7 @@ def peer_copy(rig: Rig, timeout_s: float = COPY_TIMEOUT_S,
 
 
 @dataclass(frozen=True)
-class SmokeRun:
+class SmokeProcesses:
     """What the CUDA smoke test's processes left (``smoke_results``)."""
 
     finished: bool
@@ -253,7 +253,7 @@ class SmokeRun:
 
 
 def smoke_results(rig: Rig, timeout_s: float = SMOKE_TIMEOUT_S,
-                  command: Sequence[str] | None = None) -> SmokeRun:
+                  command: Sequence[str] | None = None) -> SmokeProcesses:
     """Run ``measure.cuda_smoke`` on each physical GPU of ``rig`` (``Rig.num_gpus``: once
     per GPU however many slots share it), one fresh process each, all at once."""
     base = list(command or [sys.executable, "-m", SMOKE_MODULE])
@@ -266,7 +266,7 @@ def smoke_results(rig: Rig, timeout_s: float = SMOKE_TIMEOUT_S,
         procs = _start([[*base, f"cuda:{g}", str(paths[g]), str(os.getpid())] for g in gpus],
                        log_path)
         finished = _wait(procs, timeout_s, grace_s=timeout_s)  # each GPU says its own
-        return SmokeRun(finished, _read_results(paths), [p.returncode for p in procs],
+        return SmokeProcesses(finished, _read_results(paths), [p.returncode for p in procs],
                         _tail(log_path), time.monotonic() - start)
 
 

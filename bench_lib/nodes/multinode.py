@@ -49,7 +49,7 @@ def cluster_rig(rig: Rig, nnodes: int) -> Rig:
                                physical_cores=rig.physical_cores * nnodes, nodes=1)
 
 
-def plan(profile: Profile, rig: Rig, nnodes: int) -> tuple[Rig, list[Case]]:
+def plan_nodes(profile: Profile, rig: Rig, nnodes: int) -> tuple[Rig, list[Case]]:
     """The run's rig (this node's devices, ``nodes`` = N) and the sweep's cases across N
     nodes (module docstring)."""
     cases = expand(profile, cluster_rig(rig, nnodes))

@@ -195,7 +195,7 @@ def expand_sweep(shard: ShardRun) -> list[Case]:
     where it is not the sweep the shard recorded."""
     rig, profile = Rig.from_dict(shard.env["rig"]), Profile.from_dict(shard.env["profile"])
     if rig.nodes > 1:  # planned as the multi-node run planned it, on every node's devices
-        from bench_lib.nodes.multinode import plan as plan_nodes
+        from bench_lib.nodes.multinode import plan_nodes
 
         _, cases = plan_nodes(profile, dataclasses.replace(rig, nodes=1), rig.nodes)
     else:

@@ -96,7 +96,7 @@ class ShardPlan:
     """Per shard, how many workload groups it holds."""
 
 
-def plan(cases: Sequence[Case], rig: Rig, count: int) -> ShardPlan:
+def cut_shards(cases: Sequence[Case], rig: Rig, count: int) -> ShardPlan:
     """Cut ``cases`` (the whole sweep, in run order) into ``count`` balanced shards.
 
     A ``UsageError`` where the sweep has fewer workload groups than shards: a shard with
@@ -172,7 +172,7 @@ def record(profile: Profile, rig: Rig, cases: Sequence[Case],
     groups = len(workload_groups(cases))
     if shard is None:
         return SweepRecord(ident, len(cases), groups), None
-    cut = plan(cases, rig, shard.count)
+    cut = cut_shards(cases, rig, shard.count)
     return SweepRecord(ident, len(cases), groups, shard, cut.case_ids[shard.index - 1]), cut
 
 
