@@ -1,7 +1,14 @@
-"""Shared fixtures: small workloads, a CPU rig, GPU skips, and the repo's python."""
+"""Shared fixtures: small workloads, a CPU rig, GPU skips, the repo's python, and one tiny
+real run that several test files read."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import dataclasses
+import fcntl
+import io
+import json
 import os
 import subprocess
 import sys
@@ -115,3 +122,82 @@ def visible_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
         monkeypatch.setattr(rig_detection, "cuda_device_count", lambda: n)
 
     return see
+
+
+# --- One tiny real run, read by several test files --------------------------------------------
+
+SHARED_RUN = ["run", "--profile", "smoke", "--rig", "cpu", "--models", "resnet-tiny",
+              "--image-sizes", "32", "--batch-sizes", "4", "--strategies", "single,ddp",
+              "--warmup-steps", "1", "--timed-steps", "2", "--launches", "2", "--predict",
+              "--report"]
+"""Two rounds of one workload, predicted and reported: test_provisional_rows reads its
+rounds and interim report, test_predict_time its calibration (each once started its own)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedRun:
+    """``python -m bench_lib SHARED_RUN --out OUT`` as it ended, and what each interim report
+    showed when it was written: (when, cases.csv's rows then, report.html then)."""
+
+    out: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    interim: list[tuple[str, list[dict[str, str]], str]]
+
+    @property
+    def run_dir(self) -> Path:
+        (run_dir,) = [p for p in self.out.iterdir() if not p.is_symlink()]
+        return run_dir
+
+
+def _record_shared_run(folder: Path) -> None:
+    """Run ``SHARED_RUN`` in this process into ``folder``/out and write what it printed and
+    its interim reports to ``folder``/run.json."""
+    from bench_lib import commands
+    from bench_lib.commands import run as run_command
+
+    interim: list[tuple[str, list[dict[str, str]], str]] = []
+    report = run_command.interim_report
+
+    def report_then_look(run_dir: Path, when: str) -> str:
+        line = report(run_dir, when)
+        with (run_dir / "cases.csv").open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        interim.append((when, rows, (run_dir / "report.html").read_text()))
+        return line
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, threads = sys.argv, torch.get_num_threads()
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    sys.argv = [str(REPO / "bench_lib" / "__main__.py"), *SHARED_RUN]  # as in_process does
+    try:
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            patch.setattr(run_command, "interim_report", report_then_look)
+            code = commands.main([*SHARED_RUN, "--out", str(folder / "out")])
+    finally:
+        sys.argv = argv  # and undo any pinning, as _restore_affinity_and_threads does
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+        torch.set_num_threads(threads)
+    (folder / "run.json").write_text(json.dumps({
+        "returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
+        "interim": interim}))
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> SharedRun:
+    """``SHARED_RUN``, run once for the whole session: under pytest-xdist the first worker to
+    ask runs it under a lock in the workers' common temporary folder, the other reads it
+    (pytest-xdist's "making session-scoped fixtures execute only once")."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base if worker_id == "master" else base.parent) / "shared-run"
+    folder.mkdir(exist_ok=True)
+    with (folder / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "run.json").exists():
+            _record_shared_run(folder)
+    saved = json.loads((folder / "run.json").read_text())
+    return SharedRun(folder / "out", saved["returncode"], saved["stdout"], saved["stderr"],
+                     [(when, rows, html) for when, rows, html in saved["interim"]])

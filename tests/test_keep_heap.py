@@ -83,6 +83,7 @@ print(*faults)
 """
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_a_kept_heap_pages_a_step_in_once_not_every_step():
     def faults(mode: str) -> list[int]:

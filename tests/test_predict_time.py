@@ -386,9 +386,9 @@ def test_the_command_line_refuses_a_calibration_it_cannot_use(tmp_path, capsys, 
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
-def test_run_predict_then_a_run_that_reuses_its_calibration(tmp_path, capsys):
-    """--predict turns predictions on in a real run; --calibration takes its calibration
-    and launches none."""
+def test_run_predict_then_a_run_that_reuses_its_calibration(tmp_path, capsys, shared_run):
+    """--predict turns predictions on in a real run (``tests.conftest.SHARED_RUN``);
+    --calibration takes its calibration and launches none."""
     import json
 
     from bench_lib.results.read import read_cases, run_dirs_in
@@ -397,10 +397,10 @@ def test_run_predict_then_a_run_that_reuses_its_calibration(tmp_path, capsys):
     sweep = ["--profile", "smoke", "--rig", "cpu", "--models", "resnet-tiny", "--image-sizes",
              "32", "--batch-sizes", "4", "--strategies", "single,ddp", "--warmup-steps", "1",
              "--timed-steps", "2"]
-    first = in_process(capsys, "run", *sweep, "--predict", "--out", str(tmp_path / "a"))
+    first = shared_run  # the same sweep, with --predict (and two launches, --report)
     assert first.returncode == 0, first.stderr
     assert "calibrated resnet-tiny 32 px fp32 in " in first.stderr
-    (a,) = run_dirs_in(tmp_path / "a")
+    a = first.run_dir
     assert json.loads((a / "env.json").read_text())["profile"]["predict_time"] is True
     assert read_cases(a).step_time_s_predicted.notna().all()
     second = in_process(capsys, "run", *sweep, "--calibration", str(a), "--out",

@@ -213,6 +213,7 @@ def test_copy_check_passes_true_copies_and_finds_a_corrupt_one():
                      "checksum": first["expected"] + 1, "expected": first["expected"]}
 
 
+@pytest.mark.integration
 def test_the_copy_child_runs_through_its_command_line(tmp_path):
     check = preflight_probes.peer_copy(
         Rig("cuda", 2), 60, [sys.executable, "-c",

@@ -28,7 +28,6 @@ from bench_lib.rows.workload_rows import RoundDone, RowInputs, workload_rows
 from bench_lib.run import runner
 from bench_lib.sweep.cases import new_case
 from bench_lib.sweep.profile import Measurement
-from tests.conftest import in_process
 
 # Each fake launch's median step, per strategy and round: launches that differ, so that
 # intervals and paired speedups have something to say from round 2 on.
@@ -222,25 +221,11 @@ def test_the_report_is_due_after_a_workloads_first_round_only():
 
 @pytest.mark.timeout(300)
 @pytest.mark.integration
-def test_a_cpu_run_answers_after_its_first_round(tmp_path, capsys, monkeypatch):
-    """A real run on the cpu rig: the answer and the report after round 1, provisional rows
-    in cases.csv then, the final rows at the end."""
-    from bench_lib.commands import run as run_command
-
-    seen: list[tuple[str, list[dict[str, str]], str]] = []
-    interim = run_command.interim_report
-
-    def report_then_look(run_dir: Path, when: str) -> str:
-        line = interim(run_dir, when)
-        seen.append((when, _cases_csv(run_dir), (run_dir / "report.html").read_text()))
-        return line
-
-    monkeypatch.setattr(run_command, "interim_report", report_then_look)
-    out = tmp_path / "out"
-    done = in_process(capsys, "run", "--profile", "smoke", "--rig", "cpu", "--models",
-                      "resnet-tiny", "--image-sizes", "32", "--batch-sizes", "4",
-                      "--strategies", "single,ddp", "--warmup-steps", "1", "--timed-steps", "2",
-                      "--launches", "2", "--report", "--out", str(out))
+def test_a_cpu_run_answers_after_its_first_round(shared_run):
+    """A real run on the cpu rig (``tests.conftest.SHARED_RUN``: one workload in two rounds,
+    with --report): the answer and the report after round 1, provisional rows in cases.csv
+    then, the final rows at the end."""
+    done, seen = shared_run, shared_run.interim
     assert done.returncode == 0, done.stderr
     err = done.stderr
     assert "workload 1 of 1, after round 1 of 2:" in err
@@ -252,7 +237,7 @@ def test_a_cpu_run_answers_after_its_first_round(tmp_path, capsys, monkeypatch):
     assert when == "after round 1 of 2 of workload 1"
     assert {r["provisional"] for r in rows} == {"after round 1 of 2"} and len(rows) == 2
     assert "provisional, after round 1 of 2: one launch per case, no intervals" in html
-    (run_dir,) = [p for p in out.iterdir() if not p.is_symlink()]
+    run_dir = shared_run.run_dir
     final = _cases_csv(run_dir)
     assert [r["provisional"] for r in final] == ["", ""]
     assert [r["launches"] for r in final] == ["2", "2"]

@@ -80,6 +80,7 @@ def _rank_stops(rank: int, world: int) -> tuple[int, str]:
     return len(times), rule.final_reason(len(times), 60)
 
 
+@pytest.mark.integration
 def test_ranks_stop_after_the_same_step_with_the_same_reason():
     (steps0, reason0), (steps1, reason1) = run_ranks(_rank_stops, world_size=2, timeout_s=120)
     assert steps0 == steps1 and reason0 == reason1

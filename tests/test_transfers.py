@@ -224,6 +224,7 @@ class FinishedProcess:
         raise AssertionError("a finished process is not killed")
 
 
+@pytest.mark.integration
 def test_the_copy_probe_runs_as_its_own_process(monkeypatch, cpu_rig):
     """The probe in a fresh interpreter, as a run starts it (a cpu rig let through the
     two-GPU check: its ``.to()`` copies nothing, but the process, its arguments and its
