@@ -112,7 +112,7 @@ def test_a_multi_node_sweep_spans_process_group_strategies_and_refuses_the_other
                                   "fsdp"),
                       models=("resnet-tiny",), image_sizes=(32,), batch_sizes=(4,),
                       split_sizes=(2,))
-    run_rig, cases = multinode.plan(profile, rig, 2)
+    run_rig, cases = multinode.plan_nodes(profile, rig, 2)
     assert run_rig.label == "cpu:1x1t@2nodes" and run_rig.num_devices == 1
     by = {c.strategy: c for c in cases}
     assert {s: (c.status, c.world_size) for s, c in by.items()
@@ -123,7 +123,7 @@ def test_a_multi_node_sweep_spans_process_group_strategies_and_refuses_the_other
         assert "cannot reach another node's" in by[name].reason
         assert "ddp" in by[name].reason and "gpipe" in by[name].reason
     # Planned at the cluster's world size: 2 nodes of 1 device cannot split a batch of 3.
-    odd = multinode.plan(Profile(strategies=("single", "ddp"), models=("resnet-tiny",),
+    odd = multinode.plan_nodes(Profile(strategies=("single", "ddp"), models=("resnet-tiny",),
                                  image_sizes=(32,), batch_sizes=(3, 4)), rig, 2)[1]
     assert [(c.batch_size, c.strategy, c.status) for c in odd] == [
         (3, "single", None), (3, "ddp", "skipped"), (4, "single", None), (4, "ddp", None)]
