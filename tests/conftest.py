@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,31 @@ PYTHON = sys.executable
 os.environ.setdefault(QUICK_PEAK_ENV, "1")
 
 
+@contextlib.contextmanager
+def _module_argv(args: Sequence[str]) -> Iterator[None]:
+    """``sys.argv`` as ``python -m bench_lib ARGS`` sets it (env.json records it), then back."""
+    argv = sys.argv
+    sys.argv = [str(REPO / "bench_lib" / "__main__.py"), *args]
+    try:
+        yield
+    finally:
+        sys.argv = argv
+
+
+@contextlib.contextmanager
+def _kept_affinity_and_threads() -> Iterator[None]:
+    """This process's CPU affinity and torch's threads as they were, whatever pinning runs
+    inside (pin_worker, peak measurement, a run in this process)."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+        torch.set_num_threads(threads)
+
+
 def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m bench_lib ARGS`` run in this process (``commands.main``), as a finished process:
     the same exit code, stdout and stderr without a fresh interpreter's imports (about 3 s of
@@ -38,14 +63,11 @@ def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.Com
     from bench_lib import commands
 
     capsys.readouterr()  # what the test printed before is not the command's
-    argv = sys.argv
-    sys.argv = [str(REPO / "bench_lib" / "__main__.py"), *args]  # as `-m` sets it (env.json)
-    try:
-        code = commands.main(list(args))
-    except SystemExit as stop:  # argparse's refusals
-        code = stop.code if isinstance(stop.code, int) else 2
-    finally:
-        sys.argv = argv
+    with _module_argv(args):
+        try:
+            code = commands.main(list(args))
+        except SystemExit as stop:  # argparse's refusals
+            code = stop.code if isinstance(stop.code, int) else 2
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["python", "-m", "bench_lib", *args], code, out, err)
 
@@ -71,12 +93,8 @@ def _restore_affinity_and_threads():
 
     Subprocesses inherit the affinity, so a leak would shrink every later CLI run's rig.
     """
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    threads = torch.get_num_threads()
-    yield
-    if cores is not None:
-        os.sched_setaffinity(0, cores)
-    torch.set_num_threads(threads)
+    with _kept_affinity_and_threads():
+        yield
 
 
 @pytest.fixture
@@ -168,19 +186,13 @@ def _record_shared_run(folder: Path) -> None:
         return line
 
     out, err = io.StringIO(), io.StringIO()
-    argv, threads = sys.argv, torch.get_num_threads()
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    sys.argv = [str(REPO / "bench_lib" / "__main__.py"), *SHARED_RUN]  # as in_process does
-    try:
-        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), \
-                contextlib.redirect_stderr(err):
-            patch.setattr(run_command, "interim_report", report_then_look)
-            code = commands.main([*SHARED_RUN, "--out", str(folder / "out")])
-    finally:
-        sys.argv = argv  # and undo any pinning, as _restore_affinity_and_threads does
-        if cores is not None:
-            os.sched_setaffinity(0, cores)
-        torch.set_num_threads(threads)
+    # As in_process runs a command, and undoing its pinning as _restore_affinity_and_threads
+    # does (a session fixture is set up outside any test's).
+    with _module_argv(SHARED_RUN), _kept_affinity_and_threads(), \
+            pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        patch.setattr(run_command, "interim_report", report_then_look)
+        code = commands.main([*SHARED_RUN, "--out", str(folder / "out")])
     (folder / "run.json").write_text(json.dumps({
         "returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
         "interim": interim}))
