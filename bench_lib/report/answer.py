@@ -31,6 +31,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench_lib.report.headlines import NOTE_WIDTH, headline_lines, tutorial_lines
+from bench_lib.report.part_errors import part_error_lines
 from bench_lib.report.ranking import group_order, headline_groups, rank
 from bench_lib.report.row_values import (
     case_name,
@@ -40,6 +42,7 @@ from bench_lib.report.row_values import (
     throughput,
     throughput_interval,
 )
+from bench_lib.report.time_prediction import score_lines
 from bench_lib.results.read import number
 
 LOSSES = {"batch": "the smaller batch per device",
@@ -195,17 +198,12 @@ def answer_text(rows: Sequence[dict[str, Any]], profile_name: str) -> list[str]:
     """The headlines, the answer in words and the prediction's score of ``rows``: the
     run's at its end, a workload's after each of its rounds (``round_answer``); the
     tutorial profile's timings beside them."""
-    from bench_lib.report.headlines import NOTE_WIDTH as ANSWER_WIDTH
-    from bench_lib.report.headlines import headline_lines, tutorial_lines
-    from bench_lib.report.part_errors import part_error_lines
-    from bench_lib.report.time_prediction import score_lines
-
     rows = list(rows)
     lines = headline_lines(rows)
     if profile_name == "tutorial":
         lines += tutorial_lines(rows)
     return lines + [line for answer in answer_lines(rows) + score_lines(rows)
-                    + part_error_lines(rows) for line in textwrap.wrap(answer, ANSWER_WIDTH)]
+                    + part_error_lines(rows) for line in textwrap.wrap(answer, NOTE_WIDTH)]
 
 
 def round_answer(label: str, rows: Sequence[dict[str, Any]], profile_name: str
