@@ -43,7 +43,7 @@ def sweep_collectives(rig: Rig, quiet: bool, cases: list[Case], server: ForkServ
     if not quiet:
         print(f"collectives: {found.bandwidth_line()}", file=sys.stderr)
     one_process = any(c.status is None and c.strategy in MOVING_ACROSS_GPUS for c in cases)
-    if one_process and rig.num_devices > 1 and rig.moves_between(0, 1):
+    if one_process and _moves_between_gpus(rig):
         fit, why = device_copy.measure(rig, sizes, server=server)
         found = replace(found, device_copy=fit, copy_skipped=why)
         if not quiet:
@@ -55,8 +55,14 @@ def largest_message(cases: Iterable[Case], rig: Rig) -> int | None:
     """The most bytes one collective of the sweep's bounds moves (the largest model's
     gradients: activations are smaller), or None where no case to run is priced with the
     collective micro-benchmark (then it is not run)."""
-    moves = rig.num_devices > 1 and rig.moves_between(0, 1)  # mp's and pipeline's slots
-    priced = PRICED_WITH_COLLECTIVES | (MOVING_ACROSS_GPUS if moves else set())
+    priced = PRICED_WITH_COLLECTIVES | (MOVING_ACROSS_GPUS if _moves_between_gpus(rig)
+                                        else set())
     models = {(c.model, c.image_size) for c in cases
               if c.status is None and c.world_size > 1 and c.strategy in priced}
     return max((parameter_bytes(m, i)[0] for m, i in models), default=None)
+
+
+def _moves_between_gpus(rig: Rig) -> bool:
+    """Whether mp's and pipeline's hand-offs move tensors between two devices of the rig (not
+    two slots of one GPU)."""
+    return rig.num_devices > 1 and rig.moves_between(0, 1)

@@ -75,6 +75,6 @@ def run_agent(spec: CaseSpec, case_dir: Path, log_path: Path, launcher: Launcher
         log_text = ""
     sampler = samplers[0] if samplers else None
     return AgentLaunch(stopped, AgentExits.of(ranks, log_text, ended),
-                    sampler.samples if sampler else [],
-                    sampler.note if sampler else "no samples: the ranks ended before all "
-                                                 "were found")
+                       sampler.samples if sampler else [],
+                       sampler.note if sampler else "no samples: the ranks ended before all "
+                                                    "were found")
