@@ -5,6 +5,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 WORKERS ?= 2
+# The tests keep their bytecode (git-ignored __pycache__) even where the environment says
+# PYTHONDONTWRITEBYTECODE=1, as many containers do: without it every pytest worker rewrites
+# every test module's asserts, and every process a test starts compiles bench_lib, again.
+TESTENV := PYTHONDONTWRITEBYTECODE=
 
 .PHONY: venv bench test test-fast test-compat lint env smoke parity tune distance gate regress baseline report docs clean help
 
@@ -43,7 +47,7 @@ env: venv        ## print the environment a run would record
 	$(PY) -m bench_lib env
 
 test: venv       ## run the whole test suite on WORKERS=2 pytest workers (GPU tests skip without GPUs)
-	$(PY) -m pytest -n $(WORKERS) --dist worksteal $(ARGS)
+	$(TESTENV) $(PY) -m pytest -n $(WORKERS) --dist worksteal $(ARGS)
 
 TORCH ?=
 COMPAT := .venv-torch-$(TORCH)
@@ -58,10 +62,10 @@ test-compat:     ## the compatibility subset (every strategy) on another torch i
 	@case "$(TORCH)" in [0-9]*.[0-9]*.[0-9]*) ;; *) echo "error: name a torch release: make test-compat TORCH=2.11.0 (CI runs 2.10.0, 2.11.0 and 2.15.0)" >&2; exit 2;; esac
 	@$(MAKE) --no-print-directory $(COMPAT)/.installed
 	$(COMPAT)/bin/python -c "import torch, torchvision; print('compatibility pass on torch', torch.__version__, 'torchvision', torchvision.__version__)"
-	$(COMPAT)/bin/python -m pytest -n $(WORKERS) --dist worksteal -m compat $(ARGS)
+	$(TESTENV) $(COMPAT)/bin/python -m pytest -n $(WORKERS) --dist worksteal -m compat $(ARGS)
 
-test-fast: venv  ## the unit layer only (no process started, no real model trained): the edit-run loop
-	$(PY) -m pytest -m "not integration" $(ARGS)
+test-fast: venv  ## the unit layer only (no process started, no real model trained) on WORKERS=2 workers: the edit-run loop
+	$(TESTENV) $(PY) -m pytest -n $(WORKERS) --dist worksteal -m "not integration" $(ARGS)
 
 BASE ?= $(shell git merge-base HEAD origin/main 2>/dev/null || git merge-base HEAD main 2>/dev/null)
 

@@ -99,6 +99,7 @@ def test_the_command_line_exits_2_when_cuda_fails_on_one_gpu(monkeypatch, tmp_pa
     assert not out.exists()  # stopped before the run folder
 
 
+@pytest.mark.integration
 def test_a_working_gpu_passes_and_every_gpu_is_smoked_once(monkeypatch, no_settle):
     asked = fake_smoke(monkeypatch, smoke_run(gpu(0, name="NVIDIA H100", capability="sm_90")))
     checks = preflight.check(Rig("cuda", 1), quiet=True, shm=BIG_SHM, environ={},
@@ -130,6 +131,7 @@ FAKE_CHILD = ("import json, sys; open(sys.argv[2], 'w').write(json.dumps({'ok': 
               "'device': sys.argv[1], 'argv': sys.argv[1:], 'name': 'Fake GPU'}))")
 
 
+@pytest.mark.integration
 def test_one_process_per_physical_gpu_tied_to_the_runner():
     import os
 

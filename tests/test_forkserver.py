@@ -30,6 +30,9 @@ from bench_lib.sweep.profile import Measurement
 MEASUREMENT = Measurement(warmup_steps=1, timed_steps=3, max_time_s=30, case_timeout_s=120)
 
 
+pytestmark = pytest.mark.integration  # every test here starts processes: the server, ranks
+
+
 @pytest.fixture(scope="module")
 def server():
     with ForkServer(WARM_MODULES) as s:
@@ -41,7 +44,6 @@ def _threads(pid: int) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
-@pytest.mark.integration
 def test_the_server_starts_no_thread_of_its_own(monkeypatch):
     """Forking is safe only from a process whose threads know about it: torch's imports
     must start none (no intra-op pool, no CUDA context). numpy's OpenBLAS starts its pool
@@ -54,7 +56,6 @@ def test_the_server_starts_no_thread_of_its_own(monkeypatch):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("strategy", ["single", "ddp"])
-@pytest.mark.integration
 def test_a_case_runs_through_the_server_and_its_cpu_is_counted(strategy, server, cpu_rig,
                                                                tmp_path):
     case = new_case(cpu_rig, strategy, "toy", 32, 4, measurement=MEASUREMENT)
@@ -69,7 +70,6 @@ def test_a_case_runs_through_the_server_and_its_cpu_is_counted(strategy, server,
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.integration
 def test_a_rank_killed_by_a_signal_reads_as_popen_does(server, cpu_rig, tmp_path, monkeypatch):
     """The fault reads its variable in the rank, which inherits the server's environment:
     so a server of its own, started with the variable set."""
@@ -133,7 +133,6 @@ def test_ranks_share_the_first_ranks_process_group(server, tmp_path):
     assert first.wait(timeout=30) == second.wait(timeout=30) == -signal.SIGKILL
 
 
-@pytest.mark.integration
 def test_a_server_that_dies_takes_its_ranks_and_the_next_spawn_starts_another(tmp_path):
     with ForkServer(WARM_MODULES) as s:
         rank = _hang(s, tmp_path)
@@ -155,7 +154,6 @@ def test_a_server_that_dies_takes_its_ranks_and_the_next_spawn_starts_another(tm
         assert failing.wait(timeout=60) == 1
 
 
-@pytest.mark.integration
 def test_a_server_first_used_from_a_short_lived_thread_outlives_it(tmp_path):
     """The parent-death signal fires when the thread that started the server ends: a pool
     thread's first spawn (parity's side-by-side runs) must not be that thread."""
@@ -253,7 +251,6 @@ def test_poll_sees_a_dead_rank_before_the_servers_report_arrives():
     assert forkserver._ended(proc.pid)  # reaped: gone
 
 
-@pytest.mark.integration
 def test_a_forking_command_gets_the_server_started_before_its_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(forkserver, "_prestarted", None)
     forkserver.prestart(["report", "results/x"], WARM_MODULES)  # forks nothing: no server

@@ -425,6 +425,7 @@ JOIN = "import json, sys, time; open(sys.argv[5] + '.joined', 'w').close(); "
 """A fake rank's first line: its group is up (``preflight_probes.JOINED``)."""
 
 
+@pytest.mark.integration
 def test_a_slow_start_is_not_taken_for_a_hung_all_reduce(cpu_rig):
     """The ranks' start (torch's import, NCCL's communicator) has its own time: a start
     slower than the all-reduce's ``timeout_s`` passes, so that no slow box has peer-to-peer
@@ -443,6 +444,7 @@ def test_a_slow_start_is_not_taken_for_a_hung_all_reduce(cpu_rig):
     assert "did not start: rank 0, 1 had not joined the group within 2 s" in check.detail
 
 
+@pytest.mark.integration
 def test_all_reduce_ranks_that_fail_are_named(cpu_rig):
     (check,) = preflight_probes.all_reduce(
         cpu_rig, timeout_s=60, command=[sys.executable, "-c", "import sys; sys.exit(3)"])
@@ -463,6 +465,7 @@ OK_SMOKE = ("import json, sys; open(sys.argv[2], 'w').write(json.dumps({'ok': Tr
             "'device': sys.argv[1]}))")
 
 
+@pytest.mark.integration
 def test_check_stops_on_a_failure_and_prints_warnings(capsys, monkeypatch):
     monkeypatch.setattr(preflight, "SETTLE_S", 0.0)
     docker = {"path": "/dev/shm", "total_mib": 64.0}

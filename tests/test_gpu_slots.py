@@ -231,6 +231,7 @@ def test_a_preflight_rank_whose_runner_is_gone_does_not_start():
 DOCKER_SHM = {"path": "/dev/shm", "total_mib": 64.0, "free_mib": 64.0}
 
 
+@pytest.mark.integration
 def test_slots_on_one_gpu_pass_the_preflight_in_a_default_docker_container(monkeypatch):
     """#28 item 2: the slots talk gloo (no NCCL shared memory) and sit on one GPU, which
     NVML sees: neither /dev/shm's 64 MiB nor NVML's one GPU is a reason to stop."""

@@ -144,6 +144,7 @@ def test_process_source_measures_a_real_busy_process():
     assert set(SAMPLE_METRICS) <= set(rows[0])
 
 
+@pytest.mark.integration
 def test_process_source_survives_processes_that_exit():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -133,6 +133,7 @@ def test_an_unfinished_parity_folder_exits_2(tmp_path, capsys):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium "
                     "(apt-get install chromium; .ci/run installs it)")
+@pytest.mark.integration
 def test_parity_report_loads_in_a_browser_without_errors(tmp_path):
     html = build.write_report([parity_run(tmp_path)]).read_text()
     seen = probe(tmp_path, html)

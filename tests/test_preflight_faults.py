@@ -78,6 +78,7 @@ def p2p_on(monkeypatch):
 
 # --- the checks and their verdict ---------------------------------------------------------
 
+@pytest.mark.integration
 def test_a_healthy_two_gpu_box_passes_and_says_its_topology(capsys, no_settle, p2p_on):
     checks = preflight.check(Rig("cuda", 2), **fakes())
     assert [(c.name, c.status) for c in checks] == [
@@ -91,6 +92,7 @@ def test_a_healthy_two_gpu_box_passes_and_says_its_topology(capsys, no_settle, p
     assert preflight.record(checks)["nccl_fallback"] is None
 
 
+@pytest.mark.integration
 def test_a_copy_that_corrupts_stops_the_preflight_with_the_fixes(no_settle, p2p_on):
     with pytest.raises(preflight.PreflightError) as e:
         preflight.check(Rig("cuda", 2), quiet=True,
@@ -106,6 +108,7 @@ def test_a_copy_that_corrupts_stops_the_preflight_with_the_fixes(no_settle, p2p_
 
 @pytest.mark.parametrize("rank, what", [(HANGS_WITH_P2P, "hung"),
                                         (WRONG_WITH_P2P, "summed wrong")])
+@pytest.mark.integration
 def test_an_all_reduce_that_fails_with_p2p_falls_back_to_p2p_off(capsys, no_settle, p2p_on,
                                                                  rank, what):
     checks = preflight.check(Rig("cuda", 2), quiet=True, **fakes(rank=rank))
@@ -119,6 +122,7 @@ def test_an_all_reduce_that_fails_with_p2p_falls_back_to_p2p_off(capsys, no_sett
     assert f"this run goes on with {reason}" in capsys.readouterr().err  # even when quiet
 
 
+@pytest.mark.integration
 def test_an_all_reduce_that_always_hangs_stops_the_preflight_within_its_timeouts(
         no_settle, p2p_on):
     start = time.monotonic()
@@ -132,6 +136,7 @@ def test_an_all_reduce_that_always_hangs_stops_the_preflight_within_its_timeouts
     assert os.environ["NCCL_P2P_DISABLE"] == "0"
 
 
+@pytest.mark.integration
 def test_a_start_that_hangs_is_not_retried_and_names_its_fixes(no_settle, p2p_on, monkeypatch):
     """Ranks that never join their group hang before NCCL connects any peer (NCCL >= 2.22
     connects them at the first collective): no retry with P2P off, exit 2 with the fixes,
@@ -147,6 +152,7 @@ def test_a_start_that_hangs_is_not_retried_and_names_its_fixes(no_settle, p2p_on
     assert os.environ["NCCL_P2P_DISABLE"] == "0"
 
 
+@pytest.mark.integration
 def test_no_retry_where_p2p_is_already_off_or_the_ranks_crash(no_settle, monkeypatch):
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
     checks = preflight.run_checks(Rig("cuda", 2), **fakes(rank=HANGS))
@@ -157,6 +163,7 @@ def test_no_retry_where_p2p_is_already_off_or_the_ranks_crash(no_settle, monkeyp
     assert checks[-1].fault == "error" and "and again" not in checks[-1].detail
 
 
+@pytest.mark.integration
 def test_ranks_get_the_retrys_variable(tmp_path):
     seen = tmp_path / "seen"
     echo = ("import json, os, sys; open(sys.argv[5], 'w').write(json.dumps({'ok': True}));"
@@ -277,6 +284,7 @@ def _pci_tree(tmp_path, bridge_config: bytes):
     return links
 
 
+@pytest.mark.integration
 def test_acs_state_reads_the_bridges_above_the_gpus(tmp_path):
     links = _pci_tree(tmp_path, _config(0x1D))  # SrcValid ReqRedir CmpltRedir UpstreamFwd
     assert topology.upstream_bridges("0000:3b:00.0", links) == ["0000:00:01.0", "0000:3a:00.0"]
@@ -290,6 +298,7 @@ def test_acs_state_reads_the_bridges_above_the_gpus(tmp_path):
         "state"] == "unknown"
 
 
+@pytest.mark.integration
 def test_acs_state_falls_back_to_lspci(tmp_path):
     short = _pci_tree(tmp_path, _config(0x1D)[:256])
     lspci = tmp_path / "lspci"
@@ -361,6 +370,7 @@ def _cli(monkeypatch, tmp_path, **kw):
     return code, out, given
 
 
+@pytest.mark.integration
 def test_the_run_goes_on_with_p2p_off_and_records_it(monkeypatch, tmp_path, capsys,
                                                     no_settle, p2p_on):
     code, _, given = _cli(monkeypatch, tmp_path, rank=HANGS_WITH_P2P)
@@ -380,6 +390,7 @@ def test_the_run_goes_on_with_p2p_off_and_records_it(monkeypatch, tmp_path, caps
 
 @pytest.mark.parametrize("kw, why", [({"copy": CORRUPT_COPY}, "silent corruption"),
                                      ({"rank": HANGS}, "and again")])
+@pytest.mark.integration
 def test_a_sick_box_exits_2_before_its_run_folder(monkeypatch, tmp_path, capsys, no_settle,
                                                   p2p_on, kw, why):
     code, out, given = _cli(monkeypatch, tmp_path, **kw)

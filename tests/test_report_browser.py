@@ -19,8 +19,9 @@ from bench_lib.report.build import write_report
 from tests.test_report import synthetic_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium "
-                                "(apt-get install chromium; .ci/run installs it)")
+pytestmark = [pytest.mark.integration,  # a chromium process per page
+              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium "
+                                 "(apt-get install chromium; .ci/run installs it)")]
 
 # Injected into a copy of the page: counts errors (script errors, and resources that fail to
 # load, caught in the capture phase) and images decoded with a size, into the DOM.

@@ -133,6 +133,7 @@ def _rank_warmup(rank: int, world: int) -> tuple[int, int, int]:
     return alone, timed.warmup_steps, clock.steps
 
 
+@pytest.mark.integration
 def test_ranks_run_the_same_warmup_judged_on_the_slowest_rank():
     (alone0, warm0, steps0), (alone1, warm1, steps1) = run_ranks(_rank_warmup, world_size=2,
                                                                  timeout_s=120)

@@ -162,7 +162,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from bench_lib.prediction.predictor import Predictor
     from bench_lib.processes.forkserver import ForkServer
     from bench_lib.report.answer import answer_text, round_answer
-    from bench_lib.results.store import RunWriter
+    from bench_lib.results.store import RunWriter, make_results_root
     from bench_lib.run.case_launch import LaunchOptions
     from bench_lib.run.duty import DutyMeter, write_duty
     from bench_lib.run.progress import Progress
@@ -198,6 +198,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         return follow(args, launcher, rig, cases)
     # Node 0 of a multi-node run: the nodes admitted before anything is written.
     coordinator = open_coordinator(launcher, rig, cases) if launcher.multi_node else None
+    if not args.resume:  # a bad --out: exit 2 before the fork server starts (seconds)
+        make_results_root(args.out)
     # Every process the run starts from here on is forked by one server that imported
     # torch once (processes.forkserver): the FLOP probe, the collectives, every case's ranks.
     server = stack.enter_context(ForkServer.take(WARM_MODULES))

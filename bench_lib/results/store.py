@@ -63,15 +63,22 @@ def new_run_id(sha: str | None, command: str, profile: str | None = None) -> str
     return f"{now}_{host}_{(sha or 'nogit')[:7]}_{what}"
 
 
+def make_results_root(root: Path) -> None:
+    """The folder that run folders go in (``--out``), made where it is missing. One that
+    cannot be made is a ``ResultsError`` (a usage error: exit 2); a run makes it before it
+    starts anything, so that a bad ``--out`` costs no pre-flight and no fork server."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsError(f"cannot create the results folder {root}: {e.strerror or e}") from None
+
+
 def create_run_dir(root: Path, run_id: str) -> Path:
     """Make a fresh run folder; two runs started in the same second get distinct folders.
 
     A ``root`` that cannot be created is a ``ResultsError`` (a usage error: exit 2).
     """
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ResultsError(f"cannot create the results folder {root}: {e.strerror or e}") from None
+    make_results_root(root)
     for attempt in range(1000):
         path = root / (run_id if attempt == 0 else f"{run_id}-{attempt + 1}")
         try:
