@@ -232,6 +232,7 @@ def run_seeing_agents(out: Path, *args: str, fault: str = "") -> tuple[int, str,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # 45-140 s on 2 cores: started first (conftest), not last
 @pytest.mark.integration
 def test_torchrun_runs_ddp_and_gpipe_on_one_node_and_blames_a_sigkilled_rank(tmp_path,
                                                                              monkeypatch):

@@ -105,6 +105,7 @@ def _wait_for(paths: Callable[[], list[Path]], timeout: float = 200) -> None:
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow  # 45-140 s on 2 cores: started first (conftest), not last
 @pytest.mark.integration
 def test_two_nodes_run_ddp_and_gpipe_into_node_0s_run_folder(tmp_path):
     cluster = Cluster(tmp_path)

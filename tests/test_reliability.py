@@ -343,6 +343,7 @@ def _interrupted_at(out: Path, delay_s: float) -> tuple[int, str, list[psutil.Pr
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # 45-140 s on 2 cores: started first (conftest), not last
 @pytest.mark.integration
 def test_ctrl_c_at_any_moment_of_a_run_exits_130_or_0_never_by_a_signal(tmp_path, capsys):
     # Two whole tiny runs first, at once as the interrupted ones run: their wall time W
