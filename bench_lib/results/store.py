@@ -65,8 +65,9 @@ def new_run_id(sha: str | None, command: str, profile: str | None = None) -> str
 
 def make_results_root(root: Path) -> None:
     """The folder that run folders go in (``--out``), made where it is missing. One that
-    cannot be made is a ``ResultsError`` (a usage error: exit 2); a run makes it before it
-    starts anything, so that a bad ``--out`` costs no pre-flight and no fork server."""
+    cannot be made is a ``ResultsError`` (a usage error: exit 2); a run makes it before its
+    fork server starts, so that a bad ``--out`` is refused in a moment, not after the
+    server's imports (after the pre-flight, which must leave nothing behind when it fails)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
