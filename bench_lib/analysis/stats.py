@@ -285,48 +285,6 @@ def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[fl
     return launch_interval(ratios, "rounds", confidence)
 
 
-MIN_ROUNDS_FOR_CONTROL = 4
-"""Rounds below which ``controlled_ratio_interval`` fits no coefficient: its interval has
-rounds - 2 degrees of freedom, and with one or none it is wider than the probe could ever
-make up for."""
-
-
-def controlled_ratio_interval(numerators: Sequence[float], denominators: Sequence[float],
-                              control_numerators: Sequence[float],
-                              control_denominators: Sequence[float],
-                              confidence: float = CI_CONFIDENCE) -> LaunchInterval | None:
-    """numerator_r / denominator_r per round r, adjusted by a control timed beside each
-    (the speed probe: ``measure.speed_probe``) whose own ratio should be 1: the regression
-    of the log ratios d_r on the control's log ratios e_r, d = a + theta * e, read at e = 0
-    (a control variate, as CUPED in A/B tests). ``theta`` is fitted, not taken as 1: a
-    step moves with the machine's speed less than a matrix product does (0.2-0.8 of it on 2
-    Intel Xeon cores, docs/ci-gate.md), and dividing by the probe whole puts the rest of the
-    probe's noise into the ratio. The interval is the least-squares intercept's t interval
-    (n - 2 degrees of freedom; exact for normal residuals whatever theta is). None where
-    it cannot be fitted: under ``MIN_ROUNDS_FOR_CONTROL`` rounds, or a control that never
-    moved."""
-    n = len(numerators)
-    if not n == len(denominators) == len(control_numerators) == len(control_denominators):
-        raise ValueError("unpaired rounds: every round needs its figures and controls")
-    if n < MIN_ROUNDS_FOR_CONTROL:
-        return None
-    d = np.log(np.asarray(numerators, dtype=float) / np.asarray(denominators, dtype=float))
-    e = np.log(np.asarray(control_numerators, dtype=float)
-               / np.asarray(control_denominators, dtype=float))
-    sxx = float(((e - e.mean()) ** 2).sum())
-    if sxx <= 0:
-        return None
-    theta = float(((e - e.mean()) * (d - d.mean())).sum()) / sxx
-    a = float(d.mean()) - theta * float(e.mean())
-    residuals = d - a - theta * e
-    s2 = float((residuals ** 2).sum()) / (n - 2)
-    se = math.sqrt(s2 * (1 / n + float(e.mean()) ** 2 / sxx))
-    half = t_quantile(confidence, n - 2) * se
-    return LaunchInterval(math.exp(a), math.exp(a - half), math.exp(a + half), n,
-                          f"t over {n} rounds, the probe's coefficient fitted "
-                          f"({theta:.2f})")
-
-
 def welch_log_change(base: Sequence[float], cand: Sequence[float],
                      confidence: float = CI_CONFIDENCE) -> tuple[float, float, float]:
     """The relative change of candidate over baseline, geometric means of positive values,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_lib.analysis.stats import controlled_ratio_interval, paired_ratio_interval
+from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.compare import output
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.runs import Launches, Run
@@ -25,8 +25,6 @@ from bench_lib.results.read import number
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
 METHOD_CONTROLLED = ("paired t over rounds of steps over the speed probe timed before each "
                      "(base and head in the same job)")
-METHOD_FITTED = ("paired t over rounds, adjusted by the speed probe timed before each step "
-                 "with its coefficient fitted (base and head in the same job)")
 
 
 def order_text(order: Sequence[Sequence[str]]) -> str:
@@ -105,60 +103,10 @@ def figures(base: Run, head: Run, case_id: str
     return head.launch_medians(case_id), base.launch_medians(case_id), METHOD_PAIRED
 
 
-def fitted_change(metric: str, head: Sequence[float], base: Sequence[float],
-                  head_probe: Sequence[float], base_probe: Sequence[float]
-                  ) -> cmp.Change | None:
-    """The change head over base of figures paired by round, adjusted by the probes timed
-    beside them with the coefficient fitted (``stats.controlled_ratio_interval``); None
-    where it cannot be fitted (too few rounds, a probe that never moved)."""
-    ratio = controlled_ratio_interval(head, base, head_probe, base_probe)
-    if ratio is None:
-        return None
-    return cmp.Change(metric, ratio.point - 1, ratio.low - 1, ratio.high - 1, METHOD_FITTED,
-                      ratio.n, ratio.n)
-
-
-def fitted_changes(base: Run, head: Run, case_id: str) -> dict[str, cmp.Change] | None:
-    """``paired_changes`` adjusted by the speed probe with its coefficient fitted: the
-    step time's, and the time over single's (each side's probe over single's probe as its
-    control); None where the case (or, for the speedup, its single) lacks probes on either
-    side or a change cannot be fitted."""
-    if not same_probe(base, head):
-        return None
-    hp, bp = head.probe_medians(case_id), base.probe_medians(case_id)
-    if hp is None or bp is None:
-        return None
-    hb, bb = head.launch_medians(case_id), base.launch_medians(case_id)
-    rounds = [r for r in hb if r in bb and r in hp and r in bp]
-    step = fitted_change("step_time", [hb[r] for r in rounds], [bb[r] for r in rounds],
-                         [hp[r] for r in rounds], [bp[r] for r in rounds])
-    if step is None:
-        return None
-    out = {"step_time": step}
-    single = head.single_of(case_id)
-    if single and single != case_id and single == base.single_of(case_id):
-        hsp, bsp = head.probe_medians(single), base.probe_medians(single)
-        if hsp is None or bsp is None:
-            return None
-        hs, bs = head.launch_medians(single), base.launch_medians(single)
-        both = [r for r in rounds if r in hs and r in bs and r in hsp and r in bsp]
-        speedup = fitted_change(
-            "speedup", [hb[r] / hs[r] for r in both], [bb[r] / bs[r] for r in both],
-            [hp[r] / hsp[r] for r in both], [bp[r] / bsp[r] for r in both])
-        if speedup is None:
-            return None
-        out["speedup"] = speedup
-    return out
-
-
 def paired_changes(base: Run, head: Run, case_id: str) -> dict[str, cmp.Change]:
     """The case's paired step-time change and, where both sides ran its ``single`` in the
     same rounds, its paired change of time over single's (None-free: left out otherwise);
-    adjusted by the speed probe with its coefficient fitted where both sides timed it in
-    enough rounds (``fitted_changes``), else over the probe whole (``figures``), else in
-    seconds."""
-    if (fitted := fitted_changes(base, head, case_id)) is not None:
-        return fitted
+    each over the speed probe where both sides timed it (``figures``)."""
     hb, bb, method = figures(base, head, case_id)
     rounds = [r for r in hb if r in bb]
     out = {"step_time": paired_change("step_time", [hb[r] for r in rounds],
@@ -234,14 +182,11 @@ def method_line(results: list[cmp.CaseResult], rounds: int) -> str:
     ns = sorted({ch.n_base for r in results for ch in r.changes.values()})
     if not ns:
         return "no intervals: no case ran ok on both sides"
-    methods = {ch.method for r in results for ch in r.changes.values()}
+    probed = any(ch.method == METHOD_CONTROLLED for r in results for ch in r.changes.values())
     return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of {rounds} "
             "rounds of head over base, paired by round"
-            + (", adjusted by the speed probe timed before each step, its coefficient "
-               "fitted per case (the machine's speed taken out as far as the step follows "
-               "it)" if METHOD_FITTED in methods else "")
             + (", each launch's steps over the speed probe timed before each (the machine's "
-               "speed taken out)" if METHOD_CONTROLLED in methods else ""))
+               "speed taken out)" if probed else ""))
 
 
 def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],

@@ -69,14 +69,6 @@ class Run:
             return None
         return {r: float(np.median(v / probes[r])) for r, v in self.launches[case_id].items()}
 
-    def probe_medians(self, case_id: str) -> dict[int, float] | None:
-        """Launch index -> the median of that launch's speed probes (seconds), the control
-        ``stats.controlled_ratio_interval`` fits; None where the case has no probes."""
-        probes = self.probes.get(case_id)
-        if probes is None:
-            return None
-        return {r: float(np.median(v)) for r, v in probes.items()}
-
     def median_s(self, case_id: str) -> float:
         """The case's step time: the geometric mean of its launch medians (one launch: its
         median), as cases.csv's ``step_time_s_median``."""

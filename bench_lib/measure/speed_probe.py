@@ -4,9 +4,8 @@ timed step of a cpu rig's launch (``timing.time_steps``), in steps.csv's ``probe
 A shared CPU's speed moves within seconds, every process on it alike (docs/methodology.md,
 "What the noise is made of": on 2 Intel Xeon cores a launch's 8 steps ran at 0.72-0.74 s,
 the next launch's at 0.58-0.67 s). The probe, timed at the same moment as the step, moves with
-it: so a step adjusted by its probe keeps what the step's own code does and loses much of
-what the machine did (``compare.paired``: how much the step follows the probe is fitted per
-case, ``stats.controlled_ratio_interval``). Its code never changes with the code measured: it is
+it: so a step over its probe keeps what the step's own code does and loses most of what the
+machine did (``compare.runs``, ``gate``). Its code never changes with the code measured: it is
 a few matrix products of fixed size, and ``PROBE`` names them so that a gate compares two
 sides' probes only where both ran this one.
 
