@@ -347,6 +347,32 @@ def test_a_reused_calibration_is_checked_then_predicts_without_a_launch(
     assert again.predict(wide)[0] == "no prediction: not launched" and len(launched) == 1
 
 
+def test_the_calibration_file_keeps_the_runs_collectives_for_a_run_that_reuses_it(
+        tmp_path, cpu_rig):
+    """calibration.json records the collectives its run measured beside the calibrations
+    (they price ddp's predictions), and ``given_collectives`` reads them back for a run
+    given the file; a run that measured none records none."""
+    from bench_lib.analysis.collective_fits import OPS, CollectiveFit, Collectives
+    from bench_lib.prediction.calibration_file import given_calibrations, given_collectives
+    from bench_lib.prediction.predictor import Predictor
+
+    cal = Calibration(OPT, {16: BatchCosts(0.2), 8: BatchCosts(0.11)}, {8: BatchCosts(0.12)},
+                      2)
+    given = given_calibrations(_stored(tmp_path, cpu_rig, cal), cpu_rig)
+    assert given_collectives(given) is None and given_collectives(None) is None
+    fits = {op: CollectiveFit.of(op, 2, [2**20, 2**22], [0.01, 0.03]) for op in OPS}
+    measured = Collectives(fits, "gloo", 2, wall_s=3.9, path="gloo on host memory")
+    ddp = new_case(cpu_rig, "ddp", "resnet-tiny", 32, 16)
+    for name, collectives in (("measured", measured), ("none", Collectives(skipped="one"))):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        Predictor([ddp], cpu_rig, run_dir, collectives, given=given)
+        again = given_calibrations(run_dir, cpu_rig)
+        assert again[1] == given[1]
+        found = given_collectives(again)
+        assert found == (measured.as_dict() if name == "measured" else None), name
+
+
 @pytest.mark.parametrize(("content", "message"), [
     (None, "no calibration.json there"),
     ("{", "unreadable (JSONDecodeError"),
@@ -412,6 +438,12 @@ def test_run_predict_then_a_run_that_reuses_its_calibration(tmp_path, capsys, sh
     assert read_cases(b).step_time_s_predicted.notna().all()
     assert json.loads((a / "duty.json").read_text())["calibration_s"] > 0
     assert json.loads((b / "duty.json").read_text())["calibration_s"] == 0
+    # ddp's collectives come with the calibration: measured by the first run, not again.
+    env_a, env_b = (json.loads((d / "env.json").read_text()) for d in (a, b))
+    assert "measuring collectives" not in second.stderr
+    assert env_b["collectives"] == env_a["collectives"] and env_a["collectives"]["ops"]
+    assert env_b["collectives_reused_from"] == str(a / "calibration.json")
+    assert "collectives_reused_from" not in env_a
 
 
 @pytest.mark.integration

@@ -15,6 +15,7 @@ from bench_lib.analysis import bound
 from bench_lib.analysis.collective_fits import (
     ASSUMED_COPY_NOTE,
     ASSUMED_DEVICE_COPY,
+    OPS,
     CollectiveFit,
     Collectives,
     device_copy_fit,
@@ -271,3 +272,48 @@ def test_sweep_collectives_probes_the_copy_only_for_one_process_cases_on_two_gpu
     slots = Rig("cuda", 2, gpu_slots=2)
     sweep_collectives(slots, True, [new_case(slots, "mp", "resnet-tiny", 32, 8)], None)
     assert probed == [TWO_GPUS]
+
+
+def _measured_at(rig: Rig, cases: list, copy: CollectiveFit | None = None) -> dict:
+    """env.json's record of collectives measured as ``sweep_collectives`` would for
+    ``cases`` on ``rig`` (its sizes, backend, world, path), with ``copy`` as the copy fit."""
+    from bench_lib.measure.collectives import path_of, sizes_for
+    from bench_lib.prediction.collectives import largest_message
+
+    sizes = [int(s * 2**20) for s in sizes_for(largest_message(cases, rig) or 0)]
+    fits = {op: CollectiveFit.of(op, rig.num_devices, sizes, [1e-3 + n / 1e9 for n in sizes])
+            for op in OPS}
+    return Collectives(fits, rig.backend, rig.num_devices, wall_s=4.0, path=path_of(rig),
+                       device_copy=copy).as_dict()
+
+
+def test_collectives_are_reused_only_where_measured_as_the_sweep_would_measure_them(cpu_rig):
+    """``run --calibration``'s file's collectives replace the run's measurement only where
+    they are what it would measure now: the same sizes (the sweep's largest message),
+    backend, devices and path, and the device copy where a case hands tensors between two
+    GPUs. Anything else is measured again."""
+    from bench_lib.prediction.collectives import reusable_collectives
+
+    ddp = [new_case(cpu_rig, "ddp", "resnet-tiny", 32, 8)]
+    given = _measured_at(cpu_rig, ddp)
+    found = reusable_collectives(cpu_rig, ddp, given)
+    assert found is not None and found.as_dict() == given
+    assert reusable_collectives(cpu_rig, ddp, None) is None
+    # A sweep of a larger model times larger messages: its own measurement.
+    big = [new_case(cpu_rig, "ddp", "resnet50", 64, 8)]
+    assert reusable_collectives(cpu_rig, big, given) is None
+    assert reusable_collectives(cpu_rig, big, _measured_at(cpu_rig, big)) is not None
+    # Nothing of the sweep is priced with collectives: none is measured, none reused.
+    alone = [new_case(cpu_rig, "single", "resnet-tiny", 32, 8)]
+    assert reusable_collectives(cpu_rig, alone, given) is None
+    for other in ({"backend": "nccl"}, {"world_size": 3}, {"path": "gloo on CUDA memory"}):
+        assert reusable_collectives(cpu_rig, ddp, given | other) is None, other
+    assert reusable_collectives(cpu_rig, ddp, {"skipped": "micro-benchmark failed"}) is None
+    fewer = given | {"ops": {k: v for k, v in given["ops"].items() if k != "send_recv"}}
+    assert reusable_collectives(cpu_rig, ddp, fewer) is None
+    # mp between two GPUs needs the device copy: a record without it is measured again.
+    mp = [new_case(TWO_GPUS, "mp", "resnet-tiny", 32, 8),
+          new_case(TWO_GPUS, "ddp", "resnet-tiny", 32, 8)]
+    assert reusable_collectives(TWO_GPUS, mp, _measured_at(TWO_GPUS, mp)) is None
+    with_copy = reusable_collectives(TWO_GPUS, mp, _measured_at(TWO_GPUS, mp, COPY))
+    assert with_copy is not None and with_copy.device_copy == COPY

@@ -64,8 +64,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--calibration", type=Path, metavar="PATH",
                      help="with --predict implied: take the calibrations of an earlier run "
                           "on this machine (its folder or calibration.json) instead of "
-                          "measuring them again; a workload it lacks, or lacks a size of, "
-                          "is calibrated as usual")
+                          "measuring them again, and its collectives where they were "
+                          "measured for the same sweep; a workload it lacks, or lacks a "
+                          "size of, is calibrated as usual")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR",
                      help="finish an interrupted run: skip the cases it already recorded")
     run.add_argument("--shard", type=shard_part, metavar="K/N",

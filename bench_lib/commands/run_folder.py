@@ -1,6 +1,7 @@
 """A run's folder started before its first case: a new one, with the rig figures measured
-once (idle power, the FLOP peak, the collectives) and its env.json written, or a resumed
-one, its figures read back."""
+once (idle power, the FLOP peak, the collectives: those of ``run --calibration``'s file where
+they were measured for this sweep) and its env.json written, or a resumed one, its figures
+read back."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def start_folder(args: argparse.Namespace, plan: RunPlan, server: ForkServer,
     from bench_lib.measure.energy import IdlePower
     from bench_lib.measure.flop_peak import AttainablePeak, measure_peak
     from bench_lib.nodes.multinode import cluster_env
-    from bench_lib.prediction.collectives import sweep_collectives
+    from bench_lib.prediction.calibration_file import given_collectives
+    from bench_lib.prediction.collectives import reusable_collectives, sweep_collectives
     from bench_lib.results.read import read_env
     from bench_lib.results.store import start_run_dir, write_json_atomic
     from bench_lib.run.shard import record as sweep_record
@@ -73,14 +75,24 @@ def start_folder(args: argparse.Namespace, plan: RunPlan, server: ForkServer,
     else:
         off = "not measured: the profile's rig_figures is off"
         idle, peak = IdlePower(unsupported=off), AttainablePeak(unsupported=off)
-    with part("collectives"):
-        collectives = sweep_collectives(rig, args.quiet, cases, server)  # ddp/fsdp, p2p bounds
+    with part("collectives"):  # ddp/fsdp, p2p bounds: measured, or reused with --calibration
+        reused = reusable_collectives(rig, cases, given_collectives(plan.given))
+        reused_from = str(plan.given[0]) if reused is not None and plan.given else ""
+        if reused is None:
+            collectives = sweep_collectives(rig, args.quiet, cases, server)
+        else:
+            collectives = reused
+            if not args.quiet:
+                print(f"collectives: {reused.bandwidth_line()}, reused from {reused_from}",
+                      file=sys.stderr)
     with part("environment"):  # versions, devices, git: subprocesses and NVML reads
         env = environment.collect(rig, profile.as_dict(), sys.argv, peak.as_dict(),
                                   idle.as_dict(), profile.measurement.math_mode, preflight)
     env["sweep"] = (plan.sweep or sweep_record(profile, rig, cases)[0]).as_dict()
     env["launcher"] = plan.launcher.as_dict()
     env["collectives"] = collectives.as_dict()
+    if reused_from:
+        env["collectives_reused_from"] = reused_from
     if coordinator is not None:
         env = cluster_env(env, coordinator.infos)
     write_json_atomic(run_dir / "env.json", env)

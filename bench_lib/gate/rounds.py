@@ -1,7 +1,7 @@
 """The gate's rounds: in each, each side runs the sweep once (``run --launches 1``), base
 then head in even rounds and head then base in odd ones (B H | H B | B H | ...: ABBA), so
 that a linear drift, and a co-runner that lasts about a round, hit both sides alike. A
-side's later rounds reuse the calibration its first round measured."""
+side's later rounds reuse the calibration (and the collectives) its first round measured."""
 
 from __future__ import annotations
 
@@ -49,8 +49,9 @@ def measure(envs: Mapping[str, Mapping[str, str]], gate_dir: Path, work: Path, *
 
 def reusable_calibration(run_dir: Path) -> Path | None:
     """The step-time calibration a side's first round measured, for its later rounds to
-    reuse (``run --calibration``): seconds a round saved, and every round predicted from
-    the same calibration, so that the rounds' errors differ by the measurement alone. None
+    reuse (``run --calibration``, with the collectives it keeps): seconds a round saved, and
+    every round predicted from the same figures, so that the rounds' errors differ by the
+    measurement alone. None
     where that side does not predict (its profile's ``predict_time`` off) or predates
     ``--calibration`` (its calibration.json names no hardware)."""
     path = run_dir / CALIBRATION_FILE

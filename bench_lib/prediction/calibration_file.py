@@ -1,6 +1,9 @@
 """A run folder's calibration.json: written as each workload is calibrated, read back by a
 resumed run, and reused by ``run --calibration`` once it is checked to come from this
-machine's hardware and number of devices (``given_calibrations``).
+machine's hardware and number of devices (``given_calibrations``). Beside the workloads'
+calibrations it records the collectives the run measured (``Collectives.as_dict``), which
+price ddp's predictions as the calibrations price its compute: a run given the file reuses
+them where they were measured for its own sweep (``given_collectives``).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ def hardware_id(rig: Rig) -> str:
 
 
 def write_calibrations(path: Path, found: Mapping[CalibrationKey, Calibration | str],
-                       hardware: str = "", reused_from: str = "") -> None:
+                       hardware: str = "", reused_from: str = "",
+                       collectives: Mapping[str, Any] | None = None) -> None:
     write_json_atomic(path, {
         "hardware": hardware, **({"reused_from": reused_from} if reused_from else {}),
+        **({"collectives": dict(collectives)} if collectives else {}),
         "calibrations": [
             {"key": key.__dict__, **({"failed": cal} if isinstance(cal, str) else cal.as_dict())}
             for key, cal in found.items()]})
@@ -81,3 +86,17 @@ def given_calibrations(path: Path, rig: Rig) -> GivenCalibrations:
         raise ValueError(f"--calibration {file}: timed on {other[0]} device(s), this rig has "
                          f"{devices_of(rig)}")
     return file, kept
+
+
+def given_collectives(given: GivenCalibrations | None) -> dict[str, Any] | None:
+    """The collectives recorded beside ``run --calibration``'s calibrations (its file was
+    checked by ``given_calibrations``: this hardware, these devices), or None where there
+    is no such file or it records none (written before they were, or by a run that
+    measured none)."""
+    if given is None:
+        return None
+    try:
+        found = json.loads(given[0].read_text()).get("collectives")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) and found.get("ops") else None

@@ -62,8 +62,10 @@ class Predictor:
             self._write()
 
     def _write(self) -> None:
+        found = self.collectives  # reused with the calibrations (``given_collectives``)
         write_calibrations(self.run_dir / CALIBRATION_FILE, self.found, self.hardware,
-                           self.reused_from)
+                           self.reused_from,
+                           found.as_dict() if found is not None and not found.skipped else None)
 
     def calibration(self, case: Case) -> Calibration | str:
         key = CalibrationKey.of(case)

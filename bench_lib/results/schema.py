@@ -22,7 +22,10 @@ A run folder ``results/<run_id>/`` holds::
     timeline.csv pipelined cases only: per stage, micro-batch and phase, start and end
     samples.csv  the sampler's readings while each case ran
     calibration.json  where the profile predicts step times (``predict_time``): each
-                 workload's calibration (``prediction.calibration``), or why it failed
+                 workload's calibration (``prediction.calibration``), or why it failed,
+                 and the collectives the run measured (``collectives``, as env.json's),
+                 which ``run --calibration`` reuses for the same sweep (env.json then
+                 says ``collectives_reused_from``)
     shards/K/    a merged folder only: shard K's own env.json (``run.merge``)
     distance.csv a ``distance`` run folder only (with env.json, no cases.csv): one row per
                  pairwise-distance case (``DISTANCE``; ``bench_lib.distance``)
