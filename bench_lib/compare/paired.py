@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.compare import output
 from bench_lib.compare import verdicts as cmp
@@ -23,8 +25,9 @@ from bench_lib.compare.runs import Launches, Run
 from bench_lib.results.read import number
 
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
-METHOD_CONTROLLED = ("paired t over rounds of steps over the speed probe timed before each "
-                     "(base and head in the same job)")
+METHOD_CONTROLLED = ("paired t over rounds of launch medians over their speed probes', to "
+                     "the power the gate's steps follow the probe (base and head in the same "
+                     "job)")
 
 
 def order_text(order: Sequence[Sequence[str]]) -> str:
@@ -91,29 +94,63 @@ def same_probe(base: Run, head: Run) -> bool:
     return bool(probe) and probe == head.env.get("speed_probe")
 
 
-def figures(base: Run, head: Run, case_id: str
+def probe_coefficient(base: Run, head: Run) -> float:
+    """How much a launch's median step follows its median speed probe in this gate: the
+    least-squares slope of log median step on log median probe, pooled over every case
+    both sides probed and over both sides, each (case, side)'s launches taken from their
+    own means over the rounds (so that what the head changed, a shift of its level, does
+    not enter it), clipped to [0, 1] (0: seconds; 1: the probe taken out whole). 1 where
+    no case has two probed rounds.
+
+    Why pooled and per gate: a step follows the machine's speed less than the probe does,
+    and by how much moves with the machine's state (0.3-0.7 over five gates on 2 Intel Xeon
+    cores, methodology.md "What the noise is made of"). Dividing by the probe whole then
+    adds the probe's own moves; a slope fitted per case from 5 rounds' paired ratios costs
+    more than it gains ("Tried and not adopted", ci-gate.md); pooled, the slope has
+    (cases x sides x (rounds - 1)) degrees of freedom, 24 in a ``ci`` gate."""
+    xy = xx = 0.0
+    for run in (base, head):
+        for cid in sorted(set(base.probes) & set(head.probes)):
+            steps, probes = run.launches.get(cid, {}), run.probes[cid]
+            rounds = [r for r in steps if r in probes]
+            if len(rounds) < 2:
+                continue
+            x = np.log([float(np.median(probes[r])) for r in rounds])
+            y = np.log([float(np.median(steps[r])) for r in rounds])
+            x, y = x - x.mean(), y - y.mean()
+            xy, xx = xy + float(x @ y), xx + float(x @ x)
+    return 1.0 if xx <= 0 else min(max(xy / xx, 0.0), 1.0)
+
+
+def figures(base: Run, head: Run, case_id: str, coefficient: float
             ) -> tuple[dict[int, float], dict[int, float], str]:
     """The case's per-round figures on each side (head's, base's) and how they were had:
-    steps over the speed probe where both sides timed the same one in every round
-    (``Run.controlled_medians``), else launch medians in seconds."""
+    launch medians over their probes' to the power ``coefficient`` where both sides timed
+    the same probe in every round (``Run.controlled_medians``), else launch medians in
+    seconds."""
     if same_probe(base, head):
-        hc, bc = head.controlled_medians(case_id), base.controlled_medians(case_id)
+        hc = head.controlled_medians(case_id, coefficient)
+        bc = base.controlled_medians(case_id, coefficient)
         if hc is not None and bc is not None:
             return hc, bc, METHOD_CONTROLLED
     return head.launch_medians(case_id), base.launch_medians(case_id), METHOD_PAIRED
 
 
-def paired_changes(base: Run, head: Run, case_id: str) -> dict[str, cmp.Change]:
+def paired_changes(base: Run, head: Run, case_id: str,
+                   coefficient: float | None = None) -> dict[str, cmp.Change]:
     """The case's paired step-time change and, where both sides ran its ``single`` in the
     same rounds, its paired change of time over single's (None-free: left out otherwise);
-    each over the speed probe where both sides timed it (``figures``)."""
-    hb, bb, method = figures(base, head, case_id)
+    each over the speed probe where both sides timed it (``figures``), to the power
+    ``coefficient`` (default: ``probe_coefficient`` of the two sides)."""
+    if coefficient is None:
+        coefficient = probe_coefficient(base, head)
+    hb, bb, method = figures(base, head, case_id, coefficient)
     rounds = [r for r in hb if r in bb]
     out = {"step_time": paired_change("step_time", [hb[r] for r in rounds],
                                       [bb[r] for r in rounds], method)}
     single = head.single_of(case_id)
     if single and single != case_id and single == base.single_of(case_id):
-        hs, bs, single_method = figures(base, head, single)
+        hs, bs, single_method = figures(base, head, single, coefficient)
         if single_method != method:  # one of the two without probes: both in seconds
             hb, bb = head.launch_medians(case_id), base.launch_medians(case_id)
             hs, bs, method = head.launch_medians(single), base.launch_medians(single), \
@@ -131,6 +168,7 @@ def judge_cases(base: Run, head: Run, threshold_pct: float,
     ``broken`` where the base ran it ok and the head did not; ``n/a`` (with why) where the
     base did not, or the head's sweep lacks it."""
     results = []
+    coefficient = probe_coefficient(base, head)
     for cid in [*head.cases, *(c for c in base.cases if c not in head.cases)]:
         row = head.cases.get(cid) or base.cases[cid]
         strategy = str(row["strategy"])
@@ -139,7 +177,7 @@ def judge_cases(base: Run, head: Run, threshold_pct: float,
         b_med = base.median_s(cid) if cid in base.launches else None
         h_med = head.median_s(cid) if cid in head.launches else None
         if b_ok and h_ok:
-            ch = paired_changes(base, head, cid)
+            ch = paired_changes(base, head, cid, coefficient)
             verdict, by = cmp.judge(ch, metric, threshold_pct / 100)
             results.append(cmp.CaseResult(cid, strategy, b_med, h_med, ch, verdict, by))
         elif b_ok and cid in head.cases:
@@ -177,16 +215,20 @@ def gate_notes(results: list[cmp.CaseResult], base: Run, head: Run) -> list[str]
     return out
 
 
-def method_line(results: list[cmp.CaseResult], rounds: int) -> str:
-    """How the intervals were had, once."""
+def method_line(results: list[cmp.CaseResult], rounds: int,
+                coefficient: float | None = None) -> str:
+    """How the intervals were had, once; ``coefficient``: the gate's
+    ``probe_coefficient``, said where a case was judged over the probe."""
     ns = sorted({ch.n_base for r in results for ch in r.changes.values()})
     if not ns:
         return "no intervals: no case ran ok on both sides"
     probed = any(ch.method == METHOD_CONTROLLED for r in results for ch in r.changes.values())
+    power = "" if coefficient is None else f"^{coefficient:.2f}"
     return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of {rounds} "
             "rounds of head over base, paired by round"
-            + (", each launch's steps over the speed probe timed before each (the machine's "
-               "speed taken out)" if probed else ""))
+            + (f"; one process's cases as launch median step / median speed probe{power} "
+               "(the machine's speed taken out as far as this gate's steps followed the "
+               "probe)" if probed else ""))
 
 
 def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],
@@ -204,7 +246,8 @@ def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],
              f"{order_text(summary['order'])} "
              f"({summary['duration_s']:.0f} s). Threshold {summary['threshold_pct']:g}% and "
              f"a {cmp.CONFIDENCE:.0%} interval that excludes 0; changes are + when slower.",
-             "", f"{method_line(results, summary['rounds'])}.", "",
+             "", f"{method_line(results, summary['rounds'], summary.get('probe_coefficient'))}.",
+             "",
              "| " + " | ".join(output.HEADER) + " |", "|" + "---|" * len(output.HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in output.rows(results)]
     said = [f"torch {versions['torch']}"] if versions.get("torch") else []

@@ -60,14 +60,18 @@ class Run:
         """Launch index -> the median of that launch's step times, in round order."""
         return {r: float(np.median(v)) for r, v in self.launches[case_id].items()}
 
-    def controlled_medians(self, case_id: str) -> dict[int, float] | None:
-        """Launch index -> the median of that launch's steps over their speed probes (a
-        figure in probes, not seconds: it loses most of what the machine's speed did,
-        ``measure.speed_probe``); None where the case has no probes."""
+    def controlled_medians(self, case_id: str, coefficient: float = 1.0
+                           ) -> dict[int, float] | None:
+        """Launch index -> the median of that launch's steps over the median of their speed
+        probes to the power ``coefficient`` (1: a figure in probes, not seconds, which loses
+        what the machine's speed did to the probe, ``measure.speed_probe``; less: as much of
+        it as the steps followed, ``compare.paired.probe_coefficient``); None where the case
+        has no probes."""
         probes = self.probes.get(case_id)
         if probes is None:
             return None
-        return {r: float(np.median(v / probes[r])) for r, v in self.launches[case_id].items()}
+        return {r: float(np.median(v) / np.median(probes[r]) ** coefficient)
+                for r, v in self.launches[case_id].items()}
 
     def median_s(self, case_id: str) -> float:
         """The case's step time: the geometric mean of its launch medians (one launch: its

@@ -67,6 +67,8 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
         base = paired.side_run(gate_dir / "base", [load_run(p) for p in runs["base"]])
         head = paired.side_run(gate_dir / "head", [load_run(p) for p in runs["head"]])
         results = paired.judge_cases(base, head, plan.threshold_pct, plan.metric)
+        coefficient = (round(paired.probe_coefficient(base, head), 3)
+                       if paired.same_probe(base, head) else None)
     except (GateError, CompareError, OSError) as e:
         _remove_new(gate_dir, out_existed)
         print(f"error: {e}", file=sys.stderr)
@@ -84,6 +86,7 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
         shutil.rmtree(work, ignore_errors=True)
     code = cmp.exit_code(results)
     summary = {"profile": profile, "rounds": rounds, "order": order, "metric": plan.metric,
+               "probe_coefficient": coefficient,
                "threshold_pct": plan.threshold_pct, "run_args": args,
                "duration_s": round(time.monotonic() - started, 1)}
     notes = paired.gate_notes(results, base, head)
@@ -95,7 +98,7 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
                                 summary, notes)
     (gate_dir / "gate.md").write_text(text)
     print(output.table(results))
-    print(paired.method_line(results, rounds))
+    print(paired.method_line(results, rounds, coefficient))
     for n in notes:
         print(f"note: {n}")
     print(output.verdict_line(results) + f"  ({summary['duration_s']:.0f} s; {gate_dir})")

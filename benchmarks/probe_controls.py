@@ -1,0 +1,148 @@
+"""Which control of the machine's speed narrows a gate's intervals most? Kept gates re-judged.
+
+    python benchmarks/probe_controls.py GATE_DIR [GATE_DIR ...]
+
+GATE_DIR: a gate folder (``gate.json`` and its rounds' run folders), or a folder holding
+them (``benchmarks/same_job_gate.py --keep DIR`` keeps one per gate). For every case one
+process times (the speed probe's cases; ddp's ranks are left out), each way of turning a
+launch's steps and their speed probes (steps.csv ``step_time_s``, ``probe_s``) into the
+launch's figure is judged as the gate judges: per round, head over base, the t interval of
+the rounds' log ratios. First the gate's own judgement (``compare.paired``) with the probe to
+the power it fits (``probe_coefficient``), to the power 1 (the probe whole) and 0 (seconds);
+then other ways (``FIGURES``): the rule before the power (the median of each step over the
+probe timed before it), other uses of the probes, and seconds. Prints each interval and,
+per way, the median half-width over every interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bench_lib.analysis.stats import t_quantile
+from bench_lib.compare import paired
+from bench_lib.compare.runs import load_run
+
+
+def _bracketed(s: np.ndarray, p: np.ndarray) -> float:
+    after = np.append(p[1:], p[-1])  # the next step's probe, timed just after this step
+    return float(np.median(s / np.sqrt(p * after)))
+
+
+def _rolling(s: np.ndarray, p: np.ndarray) -> float:
+    smooth = pd.Series(np.log(p)).rolling(3, center=True, min_periods=1).mean().to_numpy()
+    return float(np.median(s / np.exp(smooth)))
+
+
+FIGURES: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "step / probe before it (the rule before the power)": lambda s, p: float(np.median(s / p)),
+    "step / mean of probes before and after": _bracketed,
+    "step / 3-probe rolling mean": _rolling,
+    "median step / median probe": lambda s, p: float(np.median(s) / np.median(p)),
+    "median step / fastest probe": lambda s, p: float(np.median(s) / np.min(p)),
+    "mean of log(step / probe)": lambda s, p: math.exp(float(np.mean(np.log(s / p)))),
+    "25th percentile of step / probe": lambda s, p: float(np.quantile(s / p, 0.25)),
+    "seconds: median step": lambda s, p: float(np.median(s)),
+    "seconds: fastest step": lambda s, p: float(np.min(s)),
+    "seconds: 25th percentile": lambda s, p: float(np.quantile(s, 0.25)),
+}
+
+
+def gate_folders(paths: list[Path]) -> list[Path]:
+    """Every folder holding a gate.json at or under ``paths``."""
+    return sorted({g.parent for p in paths for g in
+                   ([p / "gate.json"] if (p / "gate.json").is_file() else p.rglob("gate.json"))})
+
+
+def launches(gate: Path) -> dict[tuple[str, int], pd.DataFrame]:
+    """(side, round) -> that run's steps.csv."""
+    record = json.loads((gate / "gate.json").read_text())
+    return {(r["side"], r["round"]): pd.read_csv(gate / r["run"] / "steps.csv")
+            for r in record["runs"]}
+
+
+def figure(steps: pd.DataFrame, case_id: str, how: str) -> float | None:
+    """The launch's figure of ``case_id`` by ``how``; None where one process did not time
+    it with a probe before every step."""
+    case = steps[steps.case_id == case_id].sort_values("step")
+    if case.empty or case["rank"].nunique() > 1 or "probe_s" not in case:
+        return None
+    s, p = case.step_time_s.to_numpy(float), case.probe_s.to_numpy(float)
+    if not (np.isfinite(p).all() and (p > 0).all()):
+        return None
+    return FIGURES[how](s, p)
+
+
+def gate_rule(gate: Path, widths: dict[str, list[float]]) -> None:
+    """The gate's own judgement of ``gate``'s one-process cases with the fitted power, the
+    probe whole and seconds: one line, and each half-width added to ``widths``."""
+    record = json.loads((gate / "gate.json").read_text())
+    sides = {}
+    for name in ("base", "head"):
+        rounds = sorted((r for r in record["runs"] if r["side"] == name),
+                        key=lambda r: r["round"])
+        sides[name] = paired.side_run(gate / name, [load_run(gate / r["run"]) for r in rounds])
+    base, head = sides["base"], sides["head"]
+    fitted = paired.probe_coefficient(base, head)
+    parts = []
+    for label, power in ((f"b = {fitted:.2f}", fitted), ("whole", 1.0), ("seconds", 0.0)):
+        found = []
+        for cid in sorted(set(base.probes) & set(head.probes)):
+            ch = paired.paired_changes(base, head, cid, power)["step_time"]
+            half = (ch.ci_high - ch.ci_low) / 2
+            widths.setdefault(label.split(" = ")[0], []).append(half)
+            found.append(f"{cid.split('_')[0]} {100 * ch.value:+.1f} +- {100 * half:.1f}%")
+        parts.append(f"{label}: {', '.join(found)}")
+    print(f"{gate.name}: " + " | ".join(parts))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("gates", nargs="+", type=Path)
+    args = parser.parse_args()
+    gates = gate_folders(args.gates)
+    if not gates:
+        print("error: no gate.json under " + ", ".join(map(str, args.gates)), file=sys.stderr)
+        return 2
+    rule: dict[str, list[float]] = {}
+    for gate in gates:
+        gate_rule(gate, rule)
+    print(f"the gate's judgement, median half-width over {len(rule.get('whole', []))} "
+          "intervals:")
+    for label, found in rule.items():
+        name = "the fitted power b" if label == "b" else label
+        print(f"  {name}: {100 * statistics.median(found):.1f}%")
+    widths: dict[str, list[float]] = {how: [] for how in FIGURES}
+    for gate in gates:
+        runs = launches(gate)
+        rounds = max(r for _, r in runs)
+        for case_id in sorted(set(runs[("base", 1)].case_id)):
+            parts = []
+            for how in FIGURES:
+                figs = [(figure(runs[("base", r)], case_id, how),
+                         figure(runs[("head", r)], case_id, how)) for r in range(1, rounds + 1)]
+                if any(b is None or h is None for b, h in figs):
+                    break
+                logs = [math.log(h / b) for b, h in figs]  # type: ignore[operator]
+                half = t_quantile(0.95, rounds - 1) * statistics.stdev(logs) / math.sqrt(rounds)
+                widths[how].append(half)
+                parts.append(f"{100 * statistics.mean(logs):+.1f} +- {100 * half:.1f}%")
+            if parts:
+                print(f"{gate.name} {case_id.split('_')[0]}: " + " | ".join(parts))
+    print(f"median half-width over {len(widths[next(iter(FIGURES))])} intervals "
+          f"({len(gates)} gates):")
+    for how, found in widths.items():
+        print(f"  {how}: {100 * statistics.median(found):.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
