@@ -25,9 +25,9 @@ from bench_lib.compare.runs import Launches, Run
 from bench_lib.results.read import number
 
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
-METHOD_CONTROLLED = ("paired t over rounds of launch medians over their speed probes', to "
-                     "the power the gate's steps follow the probe (base and head in the same "
-                     "job)")
+METHOD_CONTROLLED = ("paired t over rounds of steps over the speed probe timed before each, "
+                     "to the power the gate's steps follow the probe (base and head in the "
+                     "same job)")
 
 
 def order_text(order: Sequence[Sequence[str]]) -> str:
@@ -125,9 +125,9 @@ def probe_coefficient(base: Run, head: Run) -> float:
 def figures(base: Run, head: Run, case_id: str, coefficient: float
             ) -> tuple[dict[int, float], dict[int, float], str]:
     """The case's per-round figures on each side (head's, base's) and how they were had:
-    launch medians over their probes' to the power ``coefficient`` where both sides timed
-    the same probe in every round (``Run.controlled_medians``), else launch medians in
-    seconds."""
+    the median of each launch's steps over their probes to the power ``coefficient`` where
+    both sides timed the same probe in every round (``Run.controlled_medians``), else
+    launch medians in seconds."""
     if same_probe(base, head):
         hc = head.controlled_medians(case_id, coefficient)
         bc = base.controlled_medians(case_id, coefficient)
@@ -226,7 +226,7 @@ def method_line(results: list[cmp.CaseResult], rounds: int,
     power = "" if coefficient is None else f"^{coefficient:.2f}"
     return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of {rounds} "
             "rounds of head over base, paired by round"
-            + (f"; one process's cases as launch median step / median speed probe{power} "
+            + (f"; one process's cases as each step over the speed probe before it{power} "
                "(the machine's speed taken out as far as this gate's steps followed the "
                "probe)" if probed else ""))
 

@@ -62,15 +62,15 @@ class Run:
 
     def controlled_medians(self, case_id: str, coefficient: float = 1.0
                            ) -> dict[int, float] | None:
-        """Launch index -> the median of that launch's steps over the median of their speed
-        probes to the power ``coefficient`` (1: a figure in probes, not seconds, which loses
-        what the machine's speed did to the probe, ``measure.speed_probe``; less: as much of
-        it as the steps followed, ``compare.paired.probe_coefficient``); None where the case
-        has no probes."""
+        """Launch index -> the median of that launch's steps, each over the speed probe
+        timed just before it to the power ``coefficient`` (1: a figure in probes, not
+        seconds, which loses what the machine's speed did to the probe,
+        ``measure.speed_probe``; less: as much of it as the steps followed,
+        ``compare.paired.probe_coefficient``); None where the case has no probes."""
         probes = self.probes.get(case_id)
         if probes is None:
             return None
-        return {r: float(np.median(v) / np.median(probes[r]) ** coefficient)
+        return {r: float(np.median(v / probes[r] ** coefficient))
                 for r, v in self.launches[case_id].items()}
 
     def median_s(self, case_id: str) -> float:
