@@ -103,8 +103,8 @@ def probe_coefficient(base: Run, head: Run) -> float:
     no case has two probed rounds.
 
     Why pooled and per gate: a step follows the machine's speed less than the probe does,
-    and by how much moves with the machine's state (0.3-0.7 over five gates on 2 Intel Xeon
-    cores, methodology.md "What the noise is made of"). Dividing by the probe whole then
+    and by how much moves with the machine's state (0.32-0.74 over seven gates on 2 Intel
+    Xeon cores, methodology.md "What the noise is made of"). Dividing by the probe whole then
     adds the probe's own moves; a slope fitted per case from 5 rounds' paired ratios costs
     more than it gains ("Tried and not adopted", ci-gate.md); pooled, the slope has
     (cases x sides x (rounds - 1)) degrees of freedom, 24 in a ``ci`` gate."""

@@ -51,9 +51,9 @@ def reusable_calibration(run_dir: Path) -> Path | None:
     """The step-time calibration a side's first round measured, for its later rounds to
     reuse (``run --calibration``, with the collectives it keeps): seconds a round saved, and
     every round predicted from the same figures, so that the rounds' errors differ by the
-    measurement alone. None
-    where that side does not predict (its profile's ``predict_time`` off) or predates
-    ``--calibration`` (its calibration.json names no hardware)."""
+    measurement alone. None where that side does not predict (its profile's
+    ``predict_time`` off) or predates ``--calibration`` (its calibration.json names no
+    hardware)."""
     path = run_dir / CALIBRATION_FILE
     try:
         return path if json.loads(path.read_text()).get("hardware") else None
