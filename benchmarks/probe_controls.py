@@ -6,9 +6,10 @@ GATE_DIR: a gate folder (``gate.json`` and its rounds' run folders), or a folder
 them (``benchmarks/same_job_gate.py --keep DIR`` keeps one per gate). For every case one
 process times (the speed probe's cases; ddp's ranks are left out), each way of turning a
 launch's steps and their speed probes (steps.csv ``step_time_s``, ``probe_s``) into the
-launch's figure is judged as the gate judges: per round, head over base, the t interval of
-the rounds' log ratios. First the gate's own judgement (``compare.paired``) with the probe to
-the power it fits (``probe_coefficient``), to the power 1 (the probe whole) and 0 (seconds);
+launch's figure is judged as the gate judges (``compare.paired.paired_change``: per round,
+head over base, the t interval of the rounds' log ratios). First the gate's own judgement
+(``compare.paired``) with the probe to the power it fits (``probe_coefficient``), to the power
+1 (the probe whole) and 0 (seconds);
 then other ways (``FIGURES``): the rule before the power (the median of each step over the
 probe timed before it), other uses of the probes, and seconds. Prints each interval and,
 per way, the median half-width over every interval.
@@ -27,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench_lib.analysis.stats import t_quantile
 from bench_lib.compare import paired
-from bench_lib.compare.runs import load_run
+from bench_lib.compare import verdicts as cmp
+from bench_lib.compare.runs import Run, load_run
 
 
 def _bracketed(s: np.ndarray, p: np.ndarray) -> float:
@@ -62,46 +63,51 @@ def gate_folders(paths: list[Path]) -> list[Path]:
                    ([p / "gate.json"] if (p / "gate.json").is_file() else p.rglob("gate.json"))})
 
 
-def launches(gate: Path) -> dict[tuple[str, int], pd.DataFrame]:
-    """(side, round) -> that run's steps.csv."""
+def sides(gate: Path) -> tuple[Run, Run]:
+    """The gate's base and head, each its rounds as one run (``compare.paired.side_run``)."""
     record = json.loads((gate / "gate.json").read_text())
-    return {(r["side"], r["round"]): pd.read_csv(gate / r["run"] / "steps.csv")
-            for r in record["runs"]}
-
-
-def figure(steps: pd.DataFrame, case_id: str, how: str) -> float | None:
-    """The launch's figure of ``case_id`` by ``how``; None where one process did not time
-    it with a probe before every step."""
-    case = steps[steps.case_id == case_id].sort_values("step")
-    if case.empty or case["rank"].nunique() > 1 or "probe_s" not in case:
-        return None
-    s, p = case.step_time_s.to_numpy(float), case.probe_s.to_numpy(float)
-    if not (np.isfinite(p).all() and (p > 0).all()):
-        return None
-    return FIGURES[how](s, p)
-
-
-def gate_rule(gate: Path, widths: dict[str, list[float]]) -> None:
-    """The gate's own judgement of ``gate``'s one-process cases with the fitted power, the
-    probe whole and seconds: one line, and each half-width added to ``widths``."""
-    record = json.loads((gate / "gate.json").read_text())
-    sides = {}
+    found = []
     for name in ("base", "head"):
         rounds = sorted((r for r in record["runs"] if r["side"] == name),
                         key=lambda r: r["round"])
-        sides[name] = paired.side_run(gate / name, [load_run(gate / r["run"]) for r in rounds])
-    base, head = sides["base"], sides["head"]
+        found.append(paired.side_run(gate / name, [load_run(gate / r["run"]) for r in rounds]))
+    return found[0], found[1]
+
+
+def half_width(change: cmp.Change) -> float:
+    return (change.ci_high - change.ci_low) / 2
+
+
+def gate_rule(gate: Path, base: Run, head: Run, widths: dict[str, list[float]]) -> None:
+    """The gate's own judgement of its one-process cases with the fitted power, the probe
+    whole and seconds: one line, and each half-width added to ``widths``."""
     fitted = paired.probe_coefficient(base, head)
     parts = []
     for label, power in ((f"b = {fitted:.2f}", fitted), ("whole", 1.0), ("seconds", 0.0)):
         found = []
         for cid in sorted(set(base.probes) & set(head.probes)):
             ch = paired.paired_changes(base, head, cid, power)["step_time"]
-            half = (ch.ci_high - ch.ci_low) / 2
-            widths.setdefault(label.split(" = ")[0], []).append(half)
-            found.append(f"{cid.split('_')[0]} {100 * ch.value:+.1f} +- {100 * half:.1f}%")
+            widths.setdefault(label.split(" = ")[0], []).append(half_width(ch))
+            found.append(f"{cid.split('_')[0]} {100 * ch.value:+.1f} +- "
+                         f"{100 * half_width(ch):.1f}%")
         parts.append(f"{label}: {', '.join(found)}")
     print(f"{gate.name}: " + " | ".join(parts))
+
+
+def other_rules(gate: Path, base: Run, head: Run, widths: dict[str, list[float]]) -> None:
+    """Each of ``FIGURES`` for the gate's one-process cases, judged by the gate's own
+    interval (``compare.paired.paired_change``): a line per case, each half-width added to
+    ``widths``."""
+    for cid in sorted(set(base.probes) & set(head.probes)):
+        rounds = [r for r in base.launches[cid] if r in head.launches[cid]]
+        parts = []
+        for how, figure in FIGURES.items():
+            ch = paired.paired_change(
+                "step_time", [figure(head.launches[cid][r], head.probes[cid][r]) for r in rounds],
+                [figure(base.launches[cid][r], base.probes[cid][r]) for r in rounds])
+            widths[how].append(half_width(ch))
+            parts.append(f"{100 * ch.value:+.1f} +- {100 * half_width(ch):.1f}%")
+        print(f"{gate.name} {cid.split('_')[0]}: " + " | ".join(parts))
 
 
 def main() -> int:
@@ -112,32 +118,19 @@ def main() -> int:
     if not gates:
         print("error: no gate.json under " + ", ".join(map(str, args.gates)), file=sys.stderr)
         return 2
+    judged = {gate: sides(gate) for gate in gates}
     rule: dict[str, list[float]] = {}
-    for gate in gates:
-        gate_rule(gate, rule)
+    for gate, (base, head) in judged.items():
+        gate_rule(gate, base, head, rule)
     print(f"the gate's judgement, median half-width over {len(rule.get('whole', []))} "
           "intervals:")
     for label, found in rule.items():
         name = "the fitted power b" if label == "b" else label
         print(f"  {name}: {100 * statistics.median(found):.1f}%")
     widths: dict[str, list[float]] = {how: [] for how in FIGURES}
-    for gate in gates:
-        runs = launches(gate)
-        rounds = max(r for _, r in runs)
-        for case_id in sorted(set(runs[("base", 1)].case_id)):
-            parts = []
-            for how in FIGURES:
-                figs = [(figure(runs[("base", r)], case_id, how),
-                         figure(runs[("head", r)], case_id, how)) for r in range(1, rounds + 1)]
-                if any(b is None or h is None for b, h in figs):
-                    break
-                logs = [math.log(h / b) for b, h in figs]  # type: ignore[operator]
-                half = t_quantile(0.95, rounds - 1) * statistics.stdev(logs) / math.sqrt(rounds)
-                widths[how].append(half)
-                parts.append(f"{100 * statistics.mean(logs):+.1f} +- {100 * half:.1f}%")
-            if parts:
-                print(f"{gate.name} {case_id.split('_')[0]}: " + " | ".join(parts))
-    print(f"median half-width over {len(widths[next(iter(FIGURES))])} intervals "
+    for gate, (base, head) in judged.items():
+        other_rules(gate, base, head, widths)
+    print(f"other rules, median half-width over {len(widths[next(iter(FIGURES))])} intervals "
           f"({len(gates)} gates):")
     for how, found in widths.items():
         print(f"  {how}: {100 * statistics.median(found):.1f}%")

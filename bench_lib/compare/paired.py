@@ -162,13 +162,15 @@ def paired_changes(base: Run, head: Run, case_id: str,
     return out
 
 
-def judge_cases(base: Run, head: Run, threshold_pct: float,
-                metric: str) -> list[cmp.CaseResult]:
+def judge_cases(base: Run, head: Run, threshold_pct: float, metric: str,
+                coefficient: float | None = None) -> list[cmp.CaseResult]:
     """Per case of either side, in the head's order: the verdict by the paired rounds;
     ``broken`` where the base ran it ok and the head did not; ``n/a`` (with why) where the
-    base did not, or the head's sweep lacks it."""
+    base did not, or the head's sweep lacks it. ``coefficient``: the probe's power
+    (default: ``probe_coefficient`` of the two sides)."""
     results = []
-    coefficient = probe_coefficient(base, head)
+    if coefficient is None:
+        coefficient = probe_coefficient(base, head)
     for cid in [*head.cases, *(c for c in base.cases if c not in head.cases)]:
         row = head.cases.get(cid) or base.cases[cid]
         strategy = str(row["strategy"])

@@ -66,9 +66,9 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
                                run_args=args, python=python, say=say)
         base = paired.side_run(gate_dir / "base", [load_run(p) for p in runs["base"]])
         head = paired.side_run(gate_dir / "head", [load_run(p) for p in runs["head"]])
-        results = paired.judge_cases(base, head, plan.threshold_pct, plan.metric)
-        coefficient = (round(paired.probe_coefficient(base, head), 3)
-                       if paired.same_probe(base, head) else None)
+        power = paired.probe_coefficient(base, head)  # the verdicts' and the method line's
+        results = paired.judge_cases(base, head, plan.threshold_pct, plan.metric, power)
+        coefficient = round(power, 3) if paired.same_probe(base, head) else None
     except (GateError, CompareError, OSError) as e:
         _remove_new(gate_dir, out_existed)
         print(f"error: {e}", file=sys.stderr)
