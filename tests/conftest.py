@@ -10,8 +10,10 @@ import fcntl
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import torch
 
 from bench_lib import rig_detection
 from bench_lib.fault_hooks import QUICK_PEAK_ENV
+from bench_lib.prediction.kept_counts import CACHE_ENV
 from bench_lib.rig import Rig
 from bench_lib.topology import available_cores
 
@@ -70,6 +73,21 @@ def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.Com
             code = stop.code if isinstance(stop.code, int) else 2
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["python", "-m", "bench_lib", *args], code, out, err)
+
+
+def pytest_configure(config):
+    """The session's own folder for the counts kept on disk (``prediction.kept_counts``),
+    made by the controlling process before its workers start (they inherit it, as does
+    every process a test starts): one test's fake step serves the next, as one user's run
+    serves their next, and nothing is read from or left in the user's cache."""
+    if not hasattr(config, "workerinput"):
+        config.parabench_cache = tempfile.mkdtemp(prefix="parabench-test-cache-")
+        os.environ[CACHE_ENV] = config.parabench_cache
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "parabench_cache"):
+        shutil.rmtree(config.parabench_cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,6 +23,7 @@ seen; ``prediction.memory`` and ``prediction.cuda_memory`` say how that is accou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from bench_lib.prediction.allocator import Event
+from bench_lib.prediction.kept_counts import kept
 from bench_lib.processes.interrupts import shielded
 from bench_lib.strategies.base import LEARNING_RATE
 from bench_lib.strategies.schedules import StageBoundary
@@ -226,10 +228,20 @@ def reduce_to_source(params: Sequence[nn.Parameter]) -> None:
     del sums
 
 
+def _footprint(kept: dict[str, Any]) -> Footprint:
+    """A footprint from its JSON (``kept_counts``); raises on a field missing or odd."""
+    return Footprint(int(kept["peak"]), int(kept["params"]), int(kept["grads_at_peak"]),
+                     int(kept["held"]), tuple(int(n) for n in kept["held_sizes"]),
+                     tuple((str(kind), int(n)) for kind, n in kept["trace"]),
+                     int(kept["matmul_threads"]))
+
+
 @functools.cache
+@kept("footprints", dataclasses.asdict, _footprint)
 @shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def simulate(p: Program) -> Footprint:
-    """Count ``p``'s memory over one training step (module docstring); cached per program."""
+    """Count ``p``'s memory over one training step (module docstring); cached per program,
+    in this process and on disk (``prediction.kept_counts``)."""
     with FakeTensorMode():
         model = p.workload.build_model()
         if p.channels_last:

@@ -104,6 +104,7 @@ from bench_lib import strategies
 from bench_lib.analysis.bound import DDP_BUCKET_BYTES
 from bench_lib.prediction.cuda_memory import cublas_workspace_bytes, on_gpu
 from bench_lib.prediction.fake_step import Action, Footprint, Program, simulate
+from bench_lib.prediction.kept_counts import kept
 from bench_lib.prediction.schedule_orders import fill_drain, schedule_actions
 from bench_lib.processes.interrupts import shielded
 from bench_lib.rig import Rig
@@ -227,6 +228,7 @@ def cut_label(case: Case, w: Workload, stages: int, cut: str) -> str:
 
 
 @functools.cache
+@kept("cuts", list, lambda cuts: tuple(int(c) for c in cuts))
 @shielded()  # torch calls back into Python here: a Ctrl-C waits (processes.interrupts)
 def _chosen_cut(w: Workload, stages: int, micro_batch: int, method: str,
                 placement: tuple[int, ...]) -> tuple[int, ...]:
