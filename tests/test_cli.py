@@ -141,13 +141,13 @@ def test_every_sweep_flag_reaches_the_profile_or_the_rig():
     dests = {f.dest for f in _sweep_flags()} - rig_dests - {"profile_flag"}
     assert dests <= set(Profile.keys()), dests - set(Profile.keys())
     # What a profile file can set and the command line cannot (--batch-sizes replaces the
-    # per-image-size batches; batch_curve, predict_time and rig_figures are the profile's
-    # choice of what to measure besides the cases; split_search too: --split-sizes or
+    # per-image-size batches; batch_curve, predict_time, rig_figures and diagnostics are the
+    # profile's choice of what to measure besides the cases; split_search too: --split-sizes or
     # --microbatches name the splits instead, which turns it off):
     assert set(Profile.keys()) - dests == {"name", "description", "max_time_s",
                                            "batch_sizes_by_image_size", "batch_curve",
-                                           "predict_time", "rig_figures", "split_search",
-                                           "split_search_by_strategy"}
+                                           "predict_time", "rig_figures", "diagnostics",
+                                           "split_search", "split_search_by_strategy"}
 
 
 # A value each flag parses; flags not listed take "1".

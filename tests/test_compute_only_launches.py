@@ -5,6 +5,7 @@ and the traced step stays the first launch's."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -56,6 +57,41 @@ def test_every_launch_of_a_run_times_the_compute_only_steps_and_only_the_first_t
     assert [a["compute_only"] for a in asked] == [True, True, True]
     assert [a["trace"] for a in asked] == [True, False, False]
     assert [o.compute_step_s for o in given[-1]] == [0.5, 0.5, 0.5]  # the final rows' input
+
+
+def test_a_measurement_without_diagnostics_asks_no_launch_for_them(tmp_path, monkeypatch):
+    """The ci profile's gates compare step times: no launch of theirs is asked for the
+    compute-only or traced steps, and the run's estimate counts none."""
+    from bench_lib.prediction.duration import diagnostic_steps
+
+    asked: list[dict[str, Any]] = []
+
+    def fake_run_case(spec, work_root, launch, options):
+        asked.append(vars(spec))
+        return CaseOutcome("ok", step_times_s=[1.0, 1.0])
+
+    monkeypatch.setattr(runner, "run_case", fake_run_case)
+    monkeypatch.setattr(runner, "workload_rows", lambda *args: [])
+    quiet = dataclasses.replace(QUICK, diagnostics=False)
+    cases = [new_case(RIG, s, "toy", 0, 8, split_size=4 if s == "pipeline" else None,
+                      measurement=quiet) for s in ("ddp", "pipeline")]
+    run_dir = tmp_path / "20260101T000000Z_host_abcdef0"
+    run_dir.mkdir()
+    write_json_atomic(run_dir / "env.json", {"schema_version": 5})
+    with RunWriter(run_dir) as writer:
+        runner.run_sweep(cases, RIG, writer)
+    assert len(asked) == 6
+    assert not any(a["compute_only"] or a["trace"] for a in asked)
+    assert [diagnostic_steps(c, 3) for c in cases] == [0, 0]
+    assert diagnostic_steps(dataclasses.replace(cases[1], measurement=QUICK), 3) == 1
+
+
+@pytest.mark.parametrize("value", ["no", 0, 1])
+def test_diagnostics_takes_a_boolean_only(value):
+    from bench_lib.sweep.profile import Profile, UsageError
+
+    with pytest.raises(UsageError, match="diagnostics must be true or false"):
+        Profile.from_dict({"diagnostics": value})
 
 
 def test_the_case_s_compute_step_is_the_median_over_its_launches():

@@ -136,8 +136,11 @@ def steady_warmup_steps(minimum: int, launches: int) -> int:
 
 def diagnostic_steps(case: Case, launches: int = 1) -> int:
     """Steps a case's ``launches`` run after their timed ones: DDP's compute-only steps in
-    every launch, the traced step of a case with stages in the first."""
+    every launch, the traced step of a case with stages in the first; none where its
+    measurement runs no diagnostics."""
     strat = strategies.get(case.strategy)
+    if not case.measurement.diagnostics:
+        return 0
     compute_only = COMPUTE_ONLY_STEPS * launches if strat.ddp_knobs else 0
     return compute_only + (1 if strat.uses_partition else 0)
 

@@ -164,13 +164,15 @@ def _run_groups(cases: list[Case], writer: RunWriter, inputs: RowInputs,
                 # calibration's block times where it has them) and the warm-up it found,
                 # without the steps that showed it was over (``reused_warmup``). Only the
                 # first traces; every one times the compute-only steps (a median, not one
-                # launch's moment: ``CaseOutcome.compute_step_s``).
+                # launch's moment: ``CaseOutcome.compute_step_s``); none where the
+                # measurement runs no diagnostics.
                 cut = (done[0].partition if done
                        else predictor.cut(case) if predictor is not None else "")
                 warmup = (reused_warmup(done[0], case.measurement.warmup_steps)
                           if done else None)
-                spec = CaseSpec(case, inputs.rig, trace=not done, cut=cut,
-                                warmup_steps=warmup, compute_only=True)
+                diagnose = case.measurement.diagnostics
+                spec = CaseSpec(case, inputs.rig, trace=diagnose and not done, cut=cut,
+                                warmup_steps=warmup, compute_only=diagnose)
                 done.append(run_case(spec, work_root, launch=r, options=launch))
                 if callbacks.on_launch_done:
                     callbacks.on_launch_done(i, case, r, done[-1])

@@ -75,6 +75,12 @@ class Measurement:
     under this % of it (0: off); ``timed_steps`` and ``max_time_s`` stay caps."""
     sample_interval_ms: float = 100.0
     """Interval of the utilisation/memory/power sampler (NVML refreshes every 1/6 s to 1 s)."""
+    diagnostics: bool = True
+    """After its timed steps each launch runs its diagnostics (``launch.diagnostics``): the
+    compute-only steps (the waterfall's and the bound's compute part), and in a case's first
+    launch ``single``'s optimizer steps and the traced step (the pipeline timeline and its
+    bubble). False where only step times are compared (the ci profile's gates): the timed
+    steps are the same, the columns those fill stay empty."""
     math_mode: str = DEFAULT_MATH_MODE
     """The fp32 math every case, its calibration and the FLOP peak probe compute in
     (``math_modes.MATH_MODES``): ``torch``, PyTorch's own TF32 flags (cuDNN convolutions in TF32 on
@@ -91,6 +97,9 @@ class Measurement:
             raise UsageError(f"case_timeout_s (got {self.case_timeout_s}) and max_time_s "
                              f"(got {self.max_time_s}) must be positive")
         _check_names("math mode", (self.math_mode,), MATH_MODES)
+        for key in ("predict_skip", "diagnostics"):
+            if not isinstance(getattr(self, key), bool):
+                raise UsageError(f"{key} must be true or false, got {getattr(self, key)!r}")
         if self.min_time_s is not None and not 0 <= self.min_time_s <= self.max_time_s:
             raise UsageError(f"min_time_s must be between 0 and max_time_s ({self.max_time_s:g}"
                              f", the hard cap), got {self.min_time_s}")
