@@ -325,13 +325,22 @@ def _sigint_caught(pid: int) -> bool:
     return bool(caught >> (signal.SIGINT - 1) & 1)
 
 
-def _interrupted_at(out: Path, delay_s: float) -> tuple[int, str, list[psutil.Process]]:
+def _interrupted_at(out: Path, delay_s: float
+                    ) -> tuple[int, str, list[psutil.Process], float | None]:
     """A tiny run under ``out``, sent SIGINT ``delay_s`` after its interpreter catches it:
-    its exit code, its stderr, and its processes that were alive then and still are."""
+    its exit code, its stderr, its processes that were alive then and still are, and, where
+    it ended first (never interrupted), its wall time."""
+    started = time.monotonic()
     proc = start(out, "--strategies", "single,ddp")
     while not _sigint_caught(proc.pid) and proc.poll() is None:
         time.sleep(0.01)
-    time.sleep(delay_s)
+    deadline = time.monotonic() + delay_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if proc.returncode is not None:
+        ended_s = time.monotonic() - started
+        code, _, err = finish(proc)
+        return code, err, [], ended_s
     try:
         family = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -339,7 +348,7 @@ def _interrupted_at(out: Path, delay_s: float) -> tuple[int, str, list[psutil.Pr
     proc.send_signal(signal.SIGINT)
     code, _, err = finish(proc)
     _, alive = psutil.wait_procs(family, timeout=10)
-    return code, err, alive
+    return code, err, alive, None
 
 
 @pytest.mark.timeout(300)
@@ -353,23 +362,27 @@ def test_ctrl_c_at_any_moment_of_a_run_exits_130_or_0_never_by_a_signal(tmp_path
     # (-2: a KeyboardInterrupt outside the sweep's handling, or one CPython marked
     # unhandled), a rare one by SIGABRT (-6: raised inside torch's C++, which
     # tests/test_interrupts.py provokes at will), and one went on with a half-imported numpy.
+    # A run that ends before its interrupt sets W for the later ones: the machine can be
+    # far less busy than while the whole runs ran (at the suite's start, beside its other
+    # slow tests), and intervals over W of then would fall past the end of most runs.
     started = time.monotonic()
     wholes = [start(tmp_path / f"whole{i}", "--strategies", "single,ddp") for i in range(2)]
     for code, _, err in map(finish, wholes):
         assert code == 0, err
     wall_s = time.monotonic() - started
-    delays = [wall_s * (i + 0.5) / 8 for i in range(9)]
     codes = []
     with ThreadPoolExecutor(2) as pool:  # two at a time, as on a loaded machine
-        for pair in (delays[i:i + 2] for i in range(0, len(delays), 2)):
-            results = pool.map(lambda d: (d, *_interrupted_at(tmp_path / f"at{d:.1f}", d)),
-                               pair)
-            for delay, code, err, alive in results:
+        for pair in ((i, i + 1) if i < 8 else (i,) for i in range(0, 9, 2)):
+            at = [(tmp_path / f"at{i}", wall_s * (i + 0.5) / 8) for i in pair]
+            results = pool.map(lambda a: (a[1], *_interrupted_at(*a)), at)
+            for delay, code, err, alive, ended_s in results:
                 assert "terminate called" not in err, f"at {delay:.1f} s: {err[-2000:]}"
                 assert code in (0, 130), f"at {delay:.1f} s: exit {code}\n{err[-2000:]}"
                 assert code == 0 or "interrupted" in err, err[-2000:]
                 assert not alive, f"at {delay:.1f} s: {alive} outlived the run"
                 codes.append(code)
+                if ended_s is not None:
+                    wall_s = min(wall_s, ended_s)
     assert codes.count(130) >= len(codes) // 2, codes  # most were interrupted, not done
     # The resume contract, on an interrupted run whose folder was started.
     started_dirs = [d for at in tmp_path.glob("at*") for d in run_dirs_in(at)
