@@ -12,12 +12,15 @@ head over base, the t interval of the rounds' log ratios). First the gate's own 
 1 (the probe whole) and 0 (seconds);
 then other ways (``FIGURES``): the rule before the power (the median of each step over the
 probe timed before it), other uses of the probes, and seconds. Prints each interval and,
-per way, the median half-width over every interval.
+per way, the median half-width over every interval. Last, ``ddp`` (two ranks, which the gate
+judges in seconds): its steps over its ranks' probes (their geometric mean per step) to the
+power the gate fits on its one-process cases, and whole, beside seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -28,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench_lib.compare import paired
+from bench_lib.compare import paired, runs
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.runs import Run, load_run
 
@@ -110,6 +113,31 @@ def other_rules(gate: Path, base: Run, head: Run, widths: dict[str, list[float]]
         print(f"{gate.name} {cid.split('_')[0]}: " + " | ".join(parts))
 
 
+def ddp_rule(gate: Path, widths: dict[str, list[float]]) -> None:
+    """``ddp`` judged in seconds, over its ranks' probes to the power the gate fits on its
+    one-process cases, and over them whole: one line, each half-width added to ``widths``."""
+    runs.ONE_PROCESS_PROBES = False  # read every case's probes, ddp's ranks' too
+    try:
+        base, head = sides(gate)
+    finally:
+        runs.ONE_PROCESS_PROBES = True
+    ddp = [c for c in base.probes if c.startswith("ddp_") and c in head.probes]
+    if not ddp:
+        return
+
+    def one_process(run: Run) -> Run:
+        return dataclasses.replace(run, probes={c: p for c, p in run.probes.items()
+                                                if not c.startswith("ddp_")})
+
+    fitted = paired.probe_coefficient(one_process(base), one_process(head))
+    parts = []
+    for label, power in (("seconds", 0.0), (f"b = {fitted:.2f}", fitted), ("whole", 1.0)):
+        ch = paired.paired_changes(base, head, ddp[0], power)["step_time"]
+        widths.setdefault(label.split(" = ")[0], []).append(half_width(ch))
+        parts.append(f"{label}: {100 * ch.value:+.1f} +- {100 * half_width(ch):.1f}%")
+    print(f"{gate.name} ddp: " + " | ".join(parts))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("gates", nargs="+", type=Path)
@@ -134,6 +162,12 @@ def main() -> int:
           f"({len(gates)} gates):")
     for how, found in widths.items():
         print(f"  {how}: {100 * statistics.median(found):.1f}%")
+    ddp: dict[str, list[float]] = {}
+    for gate in gates:
+        ddp_rule(gate, ddp)
+    for label, found in ddp.items():
+        print(f"  ddp, {label}: median half-width {100 * statistics.median(found):.1f}% over "
+              f"{len(found)} gates")
     return 0
 
 
