@@ -76,11 +76,12 @@ class Measurement:
     sample_interval_ms: float = 100.0
     """Interval of the utilisation/memory/power sampler (NVML refreshes every 1/6 s to 1 s)."""
     diagnostics: bool = True
-    """After its timed steps each launch runs its diagnostics (``launch.diagnostics``): the
-    compute-only steps (the waterfall's and the bound's compute part), and in a case's first
-    launch ``single``'s optimizer steps and the traced step (the pipeline timeline and its
-    bubble). False where only step times are compared (the ci profile's gates): the timed
-    steps are the same, the columns those fill stay empty."""
+    """After its timed steps each launch runs the compute-only steps (the waterfall's and the
+    bound's compute part), and a case's first launch ``single``'s optimizer steps and the
+    traced step (the pipeline timeline and its bubble): ``launch.diagnostics``. False where
+    only step times are compared (the ci profile's gates): none of these run, the timed
+    steps are the same and the columns those fill stay empty (a cuda rig's launch still
+    reads its kernels' names, one step)."""
     math_mode: str = DEFAULT_MATH_MODE
     """The fp32 math every case, its calibration and the FLOP peak probe compute in
     (``math_modes.MATH_MODES``): ``torch``, PyTorch's own TF32 flags (cuDNN convolutions in TF32 on
