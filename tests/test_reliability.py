@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from bench_lib import commands
+from bench_lib.prediction.kept_counts import CACHE_ENV
 from bench_lib.results.read import run_dirs_in
 from bench_lib.results.schema import SCHEMA_VERSION
 from bench_lib.results.store import RunWriter, prepare_resume, write_json_atomic
@@ -35,7 +36,11 @@ TINY = ["--profile", "smoke", "--rig", "cpu", "--models", "resnet-tiny", "--imag
 
 
 def start(out: Path, *args: str, fault: str = "") -> subprocess.Popen:
-    env = dict(os.environ, PARABENCH_TEST_FAULT=fault)
+    # Every run counts its memory on fake tensors, none reads the counts an earlier one kept
+    # (prediction.kept_counts): runs of one test take alike (a warm run was 15-20% shorter,
+    # which put the Ctrl-C test's later interrupts past the sweep), and a Ctrl-C can land in
+    # a count.
+    env = dict(os.environ, PARABENCH_TEST_FAULT=fault, **{CACHE_ENV: ""})
     return subprocess.Popen([PYTHON, "-m", "bench_lib", "run", *TINY, *args, "--out", str(out)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
