@@ -23,7 +23,6 @@ import torch
 from bench_lib import rig_detection
 from bench_lib.fault_hooks import QUICK_PEAK_ENV
 from bench_lib.launch.agent import WARM_MODULES
-from bench_lib.nvml import order_cuda_by_bus
 from bench_lib.prediction.kept_counts import CACHE_ENV
 from bench_lib.processes.forkserver import ForkServer
 from bench_lib.rig import Rig
@@ -128,12 +127,6 @@ def restore_math_flags() -> Iterator[None]:
     matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = before
 
 
-def _environ() -> dict[str, str]:
-    """This process's environment, but for the test pytest names in it as it runs (a
-    server's environment is its ranks')."""
-    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-
-
 class _SessionForks(ForkServer):
     """The session's fork server: a command run in this process borrows it (``ForkServer.take``)
     and leaves it running as its ``with`` ends; the session ends it."""
@@ -153,10 +146,8 @@ def forks():
     seconds of imports each, and each command without a server's ~5 s of CPU. Its
     environment is the session's at its start: a test that sets a fault variable runs its
     case without it (the fresh interpreters of ``server=None``)."""
-    environ = _environ()
-    order_cuda_by_bus(environ)  # as every command sets it before it takes its server
-    server = _SessionForks(WARM_MODULES, env=environ)
-    server.environ, server.cwd = environ, os.getcwd()
+    server = _SessionForks(WARM_MODULES)
+    server.environ, server.cwd = dict(os.environ), os.getcwd()
     yield server
     server.end()
 
@@ -175,7 +166,7 @@ def _commands_borrow_the_session_forks(request, monkeypatch):
     own = ForkServer.take.__func__
 
     def take(cls, warm):
-        if (tuple(warm) == server.warm and _environ() == server.environ
+        if (tuple(warm) == server.warm and dict(os.environ) == server.environ
                 and os.getcwd() == server.cwd):
             return server
         return own(cls, warm)
