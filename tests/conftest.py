@@ -22,9 +22,7 @@ import torch
 
 from bench_lib import rig_detection
 from bench_lib.fault_hooks import QUICK_PEAK_ENV
-from bench_lib.launch.agent import WARM_MODULES
 from bench_lib.prediction.kept_counts import CACHE_ENV
-from bench_lib.processes.forkserver import ForkServer
 from bench_lib.rig import Rig
 from bench_lib.topology import available_cores
 
@@ -127,52 +125,18 @@ def restore_math_flags() -> Iterator[None]:
     matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = before
 
 
-class _SessionForks(ForkServer):
-    """The session's fork server: a command run in this process borrows it (``ForkServer.take``)
-    and leaves it running as its ``with`` ends; the session ends it."""
-
-    def close(self) -> None:  # a command's end: kept for the next
-        pass
-
-    def end(self) -> None:
-        ForkServer.close(self)
-
-
 @pytest.fixture(scope="session")
 def forks():
     """One fork server for the session's in-process cases
-    (``run_case(..., options=LaunchOptions(server=forks))``) and for the commands its tests
-    run in this process (``_commands_borrow_the_session_forks``): their ranks start without
-    seconds of imports each, and each command without a server's ~5 s of CPU. Its
-    environment is the session's at its start: a test that sets a fault variable runs its
-    case without it (the fresh interpreters of ``server=None``)."""
-    server = _SessionForks(WARM_MODULES)
-    server.environ, server.cwd = dict(os.environ), os.getcwd()
-    yield server
-    server.end()
+    (``run_case(..., options=LaunchOptions(server=forks))``): their ranks start without
+    seconds of imports each. Its environment is the session's at
+    its start: a test that sets a fault variable runs its case without it (the fresh
+    interpreters of ``server=None``)."""
+    from bench_lib.launch.agent import WARM_MODULES
+    from bench_lib.processes.forkserver import ForkServer
 
-
-@pytest.fixture(autouse=True)
-def _commands_borrow_the_session_forks(request, monkeypatch):
-    """A command a test runs in this process (``commands.main``: ``run``, ``tune``,
-    ``parity``, ``distance``) takes the session's fork server where its ranks would see what
-    a server of its own would: the same environment and working folder (a test that sets a
-    variable, or changes folder, gets a server of its own). Tests of the servers themselves
-    are marked ``own_fork_servers``."""
-    if "own_fork_servers" in request.keywords:
-        yield
-        return
-    server = request.getfixturevalue("forks")
-    own = ForkServer.take.__func__
-
-    def take(cls, warm):
-        if (tuple(warm) == server.warm and dict(os.environ) == server.environ
-                and os.getcwd() == server.cwd):
-            return server
-        return own(cls, warm)
-
-    monkeypatch.setattr(ForkServer, "take", classmethod(take))
-    yield
+    with ForkServer(WARM_MODULES) as server:
+        yield server
 
 
 @pytest.fixture

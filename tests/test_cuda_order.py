@@ -25,8 +25,6 @@ from tests.test_gpu_env import GPUS, no_cuda_calls, topo_nvml  # noqa: F401 (a f
 MIXED = (GPUS[0], ("00000000:3B:00.0", "GPU-aaaa-1111", "NVIDIA L4"))
 """NVML's 0 is an H100 at 5E, its 1 an L4 at 3B: PCI order is L4, H100."""
 
-pytestmark = pytest.mark.own_fork_servers  # ForkServer.take as the commands have it
-
 
 def _without_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA_DEVICE_ORDER unset for the test, and as it was afterwards."""

@@ -29,9 +29,8 @@ from bench_lib.sweep.profile import Measurement
 
 MEASUREMENT = Measurement(warmup_steps=1, timed_steps=3, max_time_s=30, case_timeout_s=120)
 
-# Every test here starts processes (the server, ranks), and its commands take their own
-# servers (ForkServer.take as the commands have it, not the session's: conftest).
-pytestmark = [pytest.mark.integration, pytest.mark.own_fork_servers]
+
+pytestmark = pytest.mark.integration  # every test here starts processes: the server, ranks
 
 
 @pytest.fixture(scope="module")
