@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import statistics
 import sys
@@ -33,7 +32,7 @@ import pandas as pd
 
 from bench_lib.compare import paired, runs
 from bench_lib.compare import verdicts as cmp
-from bench_lib.compare.runs import Run, load_run
+from bench_lib.compare.runs import Run
 
 
 def _bracketed(s: np.ndarray, p: np.ndarray) -> float:
@@ -64,17 +63,6 @@ def gate_folders(paths: list[Path]) -> list[Path]:
     """Every folder holding a gate.json at or under ``paths``."""
     return sorted({g.parent for p in paths for g in
                    ([p / "gate.json"] if (p / "gate.json").is_file() else p.rglob("gate.json"))})
-
-
-def sides(gate: Path) -> tuple[Run, Run]:
-    """The gate's base and head, each its rounds as one run (``compare.paired.side_run``)."""
-    record = json.loads((gate / "gate.json").read_text())
-    found = []
-    for name in ("base", "head"):
-        rounds = sorted((r for r in record["runs"] if r["side"] == name),
-                        key=lambda r: r["round"])
-        found.append(paired.side_run(gate / name, [load_run(gate / r["run"]) for r in rounds]))
-    return found[0], found[1]
 
 
 def half_width(change: cmp.Change) -> float:
@@ -118,7 +106,7 @@ def ddp_rule(gate: Path, widths: dict[str, list[float]]) -> None:
     one-process cases, and over them whole: one line, each half-width added to ``widths``."""
     runs.ONE_PROCESS_PROBES = False  # read every case's probes, ddp's ranks' too
     try:
-        base, head = sides(gate)
+        base, head = paired.gate_sides(gate)
     finally:
         runs.ONE_PROCESS_PROBES = True
     ddp = [c for c in base.probes if c.startswith("ddp_") and c in head.probes]
@@ -146,7 +134,7 @@ def main() -> int:
     if not gates:
         print("error: no gate.json under " + ", ".join(map(str, args.gates)), file=sys.stderr)
         return 2
-    judged = {gate: sides(gate) for gate in gates}
+    judged = {gate: paired.gate_sides(gate) for gate in gates}
     rule: dict[str, list[float]] = {}
     for gate, (base, head) in judged.items():
         gate_rule(gate, base, head, rule)

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 from bench_lib.compare import paired
-from bench_lib.compare.runs import load_run
 from bench_lib.fault_hooks import INJECT_SLOWDOWN_ENV
 from bench_lib.measure.environment import cpu_model
 
@@ -76,13 +75,8 @@ def half_widths(record: dict) -> list[float]:
 def without_probe(gate_dir: Path, record: dict) -> list[float]:
     """The same gate's deciding intervals' half-widths from launch medians in seconds, its
     speed probes left out: what the probe bought, on the same launches."""
-    sides = {}
-    for name in ("base", "head"):
-        rounds = sorted((r for r in record["runs"] if r["side"] == name),
-                        key=lambda r: r["round"])
-        runs = [dataclasses.replace(load_run(gate_dir / r["run"]), probes={}) for r in rounds]
-        sides[name] = paired.side_run(gate_dir / name, runs)
-    results = paired.judge_cases(sides["base"], sides["head"], record["threshold_pct"],
+    base, head = (dataclasses.replace(side, probes={}) for side in paired.gate_sides(gate_dir))
+    results = paired.judge_cases(base, head, record["threshold_pct"],
                                  record.get("metric", "auto"))
     return [(c.ci_high - c.ci_low) / 2 for r in results
             if (c := r.changes.get(r.by)) is not None and c.ci_low == c.ci_low]

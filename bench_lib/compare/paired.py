@@ -11,6 +11,7 @@ launch-to-launch noise. ``bench_lib.gate`` measures the rounds (git, worktrees, 
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 from bench_lib.analysis.stats import paired_ratio_interval
 from bench_lib.compare import output
 from bench_lib.compare import verdicts as cmp
-from bench_lib.compare.runs import Launches, Run
+from bench_lib.compare.runs import Launches, Run, load_run
 from bench_lib.results.read import number
 
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
@@ -76,6 +77,18 @@ def side_run(path: Path, rounds: Sequence[Run]) -> Run:
         cases[cid]["prediction_error_pct"] = statistics.median(values)
     kept = {cid: parts for cid, parts in probes.items() if cid not in unprobed}
     return Run(path, rounds[0].env if rounds else {}, cases, launches, kept)
+
+
+def gate_sides(gate_dir: Path) -> tuple[Run, Run]:
+    """A kept gate folder's base and head, each its rounds (gate.json's ``runs``, in round
+    order) as one run (``side_run``): what a script re-judges a finished gate from."""
+    record = json.loads((gate_dir / "gate.json").read_text())
+    found = []
+    for name in ("base", "head"):
+        rounds = sorted((r for r in record["runs"] if r["side"] == name),
+                        key=lambda r: r["round"])
+        found.append(side_run(gate_dir / name, [load_run(gate_dir / r["run"]) for r in rounds]))
+    return found[0], found[1]
 
 
 def paired_change(metric: str, head: Sequence[float], base: Sequence[float],
