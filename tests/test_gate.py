@@ -56,6 +56,65 @@ def test_later_rounds_reuse_each_sides_first_calibration_where_it_can(
         plan.check_run_args(["--calibration", "x"])
 
 
+class FakeSide:
+    """A side's sweep as ``sides.start_side`` returns it, already written."""
+
+    def __init__(self, run: Path) -> None:
+        self.run = run
+        self.proc = self  # ``rounds`` asks its process whether it ended
+
+    def poll(self) -> int | None:
+        return None
+
+    def finish(self) -> Path:
+        return self.run
+
+    def stop(self) -> None:
+        raise AssertionError("nothing failed")
+
+
+def test_together_both_sides_run_at_once_sharing_a_rounds_turns_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round gives both sides one folder of its own and their side names; in the first
+    round the head starts only once a rank of the base waits there (each calibrates
+    alone); later rounds start both at once and reuse each side's calibration."""
+    import threading
+    import time
+
+    started: list[tuple[str, int, dict[str, str], list[str], bool]] = []
+
+    def fake_start(worktree: Path, env: dict[str, str], python: str, out: Path,
+                   profile: str, run_args: list[str]) -> FakeSide:
+        folder = Path(env["PARABENCH_TURNS_DIR"])
+        r = int(out.name.split("-")[1])
+        started.append((worktree.name, r, env, list(run_args), any(folder.iterdir())))
+        if worktree.name == "base" and r == 1:  # its first rank arrives a moment later
+            threading.Timer(0.3, (folder / "x.sock").touch).start()
+        run = out / "run"
+        run.mkdir(parents=True)
+        (run / "calibration.json").write_text(json.dumps({"hardware": "abc"}))
+        return FakeSide(run)
+
+    monkeypatch.setattr(rounds, "start_side", fake_start)
+    t0 = time.monotonic()
+    runs, record = rounds.measure({"base": {"A": "1"}, "head": {"A": "2"}},
+                                  tmp_path / "gate", tmp_path, profile="ci", rounds=2,
+                                  run_args=[], python="python", say=lambda line: None,
+                                  together=True)
+    assert time.monotonic() - t0 < 10
+    assert [(name, r) for name, r, *_ in started] == [("base", 1), ("head", 1), ("base", 2),
+                                                     ("head", 2)]
+    (_, _, b1, _, _), (_, _, h1, _, head_saw_base), (_, _, b2, args2, _), _ = started
+    assert head_saw_base  # round 1: the head started once the base's rank waited
+    assert b1["PARABENCH_TURNS_DIR"] == h1["PARABENCH_TURNS_DIR"] != b2["PARABENCH_TURNS_DIR"]
+    assert (b1["PARABENCH_TURNS_SIDE"], h1["PARABENCH_TURNS_SIDE"]) == ("base", "head")
+    assert (b1["A"], h1["A"]) == ("1", "2")
+    assert args2 == ["--calibration", str(runs["base"][0] / "calibration.json")]
+    assert not Path(b1["PARABENCH_TURNS_DIR"]).exists()  # each round's folder removed
+    assert [(x["side"], x["round"]) for x in record] == [("base", 1), ("head", 1),
+                                                        ("base", 2), ("head", 2)]
+
+
 # ---- inputs -----------------------------------------------------------------------------
 
 
@@ -100,9 +159,10 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-def fake_package(schema: int, main: str = "import sys; sys.exit(0)\n") -> dict[str, str]:
+def fake_package(schema: int, main: str = "import sys; sys.exit(0)\n",
+                 init: str = "") -> dict[str, str]:
     """A bench_lib that imports in a blink: its schema and a ``python -m bench_lib``."""
-    return {"bench_lib/__init__.py": "", "bench_lib/__main__.py": main,
+    return {"bench_lib/__init__.py": init, "bench_lib/__main__.py": main,
             "bench_lib/results/__init__.py": "",
             "bench_lib/results/schema.py": f"SCHEMA_VERSION = {schema}\n"}
 
@@ -240,3 +300,38 @@ def test_a_gate_of_fake_sides_pairs_rounds_and_writes_its_verdict(
     assert (tmp_path / "gate.md").read_text().startswith("### parabench same-job gate: FAIL")
     assert json.loads((tmp_path / "bench.json").read_text())[0]["unit"] == "img/s"
     assert git(repo, "worktree", "list").count("\n") == 0
+
+
+@pytest.mark.integration
+def test_sides_that_can_take_turns_run_at_once_unless_asked_apart(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both sides' packages say ``TAKES_TURNS``: each round runs them at once, each told
+    its side and the round's turns folder; ``--apart`` runs them one after the other."""
+    from tests.test_compare import make_run
+
+    main = ("import os, shutil, sys\n"
+            "from pathlib import Path\n"
+            "args = sys.argv[1:]\n"
+            "if '--dry-run' in args: sys.exit(0)\n"
+            "out = Path(args[args.index('--out') + 1])\n"
+            "log = Path(os.environ['FAKE_LOG'])\n"
+            "with log.open('a') as f:\n"
+            "    f.write(os.environ.get('PARABENCH_TURNS_SIDE', '-') + ' ')\n"
+            "shutil.copytree(os.environ['FAKE_RUN'], out / 'run')\n")
+    repo = make_repo(tmp_path / "r", fake_package(SCHEMA_VERSION, main, "TAKES_TURNS = 1\n"))
+    log = tmp_path / "sides.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_RUN", str(make_run(tmp_path / "t", "fast", seed=1, launches=1)))
+    for apart in (False, True):
+        log.write_text("")
+        out = tmp_path / f"gates-{apart}"
+        code = run_gate(GatePlan(base_ref="HEAD", rounds=2, out=out, apart=apart),
+                        cwd=repo, say=lambda line: None)
+        assert code == 0
+        (gate_dir,) = out.iterdir()
+        record = json.loads((gate_dir / "gate.json").read_text())
+        assert record["together"] is not apart
+        told = log.read_text().split()
+        assert sorted(told) == (["-"] * 4 if apart else ["base", "base", "head", "head"])
+    capsys.readouterr()

@@ -48,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", type=Path, help="write Markdown for a pull-request comment here")
     p.add_argument("--json", type=Path,
                    help="write github-action-benchmark customBiggerIsBetter JSON here")
+    p.add_argument("--apart", action="store_true",
+                   help="run base and head one after the other in each round (B H | H B "
+                        "...), not at once taking turns step by step on the same devices "
+                        "(the default where both sides can: a narrower interval; a side's "
+                        "case then shares its devices' memory with the other side's)")
     p.add_argument("run_args", nargs=argparse.REMAINDER, metavar="-- RUN FLAGS",
                    help="flags for each side's run after --, e.g. -- --image-sizes 96")
 
@@ -61,4 +66,5 @@ def command(args: argparse.Namespace) -> int:
                              head_env=tuple(args.head_env), profile=args.profile,
                              rounds=args.rounds, threshold_pct=args.threshold_pct,
                              metric=args.metric, out=args.out, run_args=tuple(args.run_args),
-                             markdown=args.markdown, json_path=args.json))
+                             markdown=args.markdown, json_path=args.json,
+                             apart=args.apart))

@@ -26,6 +26,8 @@ from bench_lib.compare.runs import Launches, Run, load_run
 from bench_lib.results.read import number
 
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
+METHOD_TURNS = ("paired t over rounds of each round's median log ratio of its step pairs "
+                "(base and head at once, taking turns step by step on the same devices)")
 METHOD_CONTROLLED = ("paired t over rounds of steps over the speed probe timed before each, "
                      "to the power the gate's steps follow the probe (base and head in the "
                      "same job)")
@@ -107,6 +109,27 @@ def same_probe(base: Run, head: Run) -> bool:
     return bool(probe) and probe == head.env.get("speed_probe")
 
 
+def took_turns(base: Run, head: Run) -> bool:
+    """Whether the two sides' runs stepped in turns with each other (env.json ``turns``:
+    the base's ranks as ``base``, the head's as ``head``; ``bench_lib.turns``)."""
+    return base.env.get("turns") == "base" and head.env.get("turns") == "head"
+
+
+def pair_figures(base: Run, head: Run, case_id: str) -> dict[int, float]:
+    """Per round, head over base as the exponential of the median over the round's step
+    pairs of their log ratio: the k-th timed step of the head's launch with the k-th of the
+    base's (as many pairs as the shorter launch has steps). Taken in turns, the two steps of
+    a pair met the machine in the same second, so its speed cancels in each ratio; the
+    median keeps a step that a neighbour hit on one side only from moving the round."""
+    hb, bb = head.launches[case_id], base.launches[case_id]
+    out = {}
+    for r in hb:
+        if r in bb:
+            n = min(hb[r].size, bb[r].size)
+            out[r] = float(np.exp(np.median(np.log(hb[r][:n]) - np.log(bb[r][:n]))))
+    return out
+
+
 def probe_coefficient(base: Run, head: Run) -> float:
     """How much a launch's median step follows its median speed probe in this gate: the
     least-squares slope of log median step on log median probe, pooled over every case
@@ -138,9 +161,13 @@ def probe_coefficient(base: Run, head: Run) -> float:
 def figures(base: Run, head: Run, case_id: str, coefficient: float
             ) -> tuple[dict[int, float], dict[int, float], str]:
     """The case's per-round figures on each side (head's, base's) and how they were had:
-    the median of each launch's steps over their probes to the power ``coefficient`` where
-    both sides timed the same probe in every round (``Run.controlled_medians``), else
-    launch medians in seconds."""
+    where the sides took turns, the round's paired steps (``pair_figures``, over a base of
+    1); else the median of each launch's steps over their probes to the power
+    ``coefficient`` where both sides timed the same probe in every round
+    (``Run.controlled_medians``), else launch medians in seconds."""
+    if took_turns(base, head):
+        pairs = pair_figures(base, head, case_id)
+        return pairs, dict.fromkeys(pairs, 1.0), METHOD_TURNS
     if same_probe(base, head):
         hc = head.controlled_medians(case_id, coefficient)
         bc = base.controlled_medians(case_id, coefficient)
@@ -237,13 +264,18 @@ def method_line(results: list[cmp.CaseResult], rounds: int,
     ns = sorted({ch.n_base for r in results for ch in r.changes.values()})
     if not ns:
         return "no intervals: no case ran ok on both sides"
-    probed = any(ch.method == METHOD_CONTROLLED for r in results for ch in r.changes.values())
+    methods = {ch.method for r in results for ch in r.changes.values()}
     power = "" if coefficient is None else f"^{coefficient:.2f}"
+    if METHOD_TURNS in methods:
+        return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of "
+                f"{rounds} rounds of head over base, each round the median over its step "
+                "pairs (base and head at once, taking turns step by step on the same "
+                "devices: each pair met the machine in the same second)")
     return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of {rounds} "
             "rounds of head over base, paired by round"
             + (f"; one process's cases as each step over the speed probe before it{power} "
                "(the machine's speed taken out as far as this gate's steps followed the "
-               "probe)" if probed else ""))
+               "probe)" if METHOD_CONTROLLED in methods else ""))
 
 
 def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],
@@ -257,8 +289,10 @@ def markdown_text(results: list[cmp.CaseResult], sides: Mapping[str, str],
     lines = [f"### parabench same-job gate: {output.verdict_line(results)}", "",
              f"Base `{sides['base']}`, head `{sides['head']}`, both "
              f"measured in this job{f' on {where}' if where else ''}: profile "
-             f"`{summary['profile']}`, {summary['rounds']} rounds in the order "
-             f"{order_text(summary['order'])} "
+             f"`{summary['profile']}`, {summary['rounds']} rounds "
+             + ("with both sides at once, taking turns step by step "
+                if summary.get("together") else
+                f"in the order {order_text(summary['order'])} ") +
              f"({summary['duration_s']:.0f} s). Threshold {summary['threshold_pct']:g}% and "
              f"a {cmp.CONFIDENCE:.0%} interval that excludes 0; changes are + when slower.",
              "", f"{method_line(results, summary['rounds'], summary.get('probe_coefficient'))}.",

@@ -24,14 +24,19 @@ here and now instead:
   malformed ``--head-env``; run flags the gate sets itself.
 * **Rounds.** ``--rounds`` R (default 5). In each round each side runs the sweep once
   (``run --launches 1``: every case launched once, in fresh processes; 2 warm-up and 6
-  timed steps unless the run flags say otherwise, ``DEFAULT_STEPS``), base then head in
-  even rounds and head then base in odd ones (B H | H B | B H | ...: ABBA), so that a
-  linear drift, and a co-runner that lasts about a round, hit both sides alike.
-* **The verdict.** Per case and round r, head_r / base_r of the two launch medians (a
-  launch's median over its timed steps, a step's time its slowest rank's); the change is
-  their geometric mean over the rounds less 1 (+ is slower), its interval the t interval
-  over rounds (``paired_ratio_interval``: R - 1 degrees of freedom). What a round shares,
-  the machine's state, cancels in each ratio; what remains is launch-to-launch noise. The
+  timed steps unless the run flags say otherwise, ``DEFAULT_STEPS``). Where both sides can
+  (``bench_lib.TAKES_TURNS``) and ``--apart`` is not given, both at once, each case's ranks
+  taking turns step by step with the other side's on the same devices (``bench_lib.turns``,
+  ``rounds``): each pair of steps meets the machine in the same second. Otherwise base then
+  head in even rounds and head then base in odd ones (B H | H B | B H | ...: ABBA), so that
+  a linear drift, and a co-runner that lasts about a round, hit both sides alike.
+* **The verdict.** Per case and round r, head over base: taking turns, the median over the
+  round's step pairs of their log ratio (the k-th timed step of each side: a step's time
+  its slowest rank's); apart, head_r / base_r of the two launch medians (over the speed
+  probe where both timed it). The change is their geometric mean over the rounds less 1 (+
+  is slower), its interval the t interval over rounds (``paired_ratio_interval``: R - 1
+  degrees of freedom). What a round shares, the machine's state, cancels in each ratio;
+  what remains is launch-to-launch and step-to-step noise. The
   rule is ``compare``'s: a regression only beyond ``--threshold-pct`` AND with the interval
   wholly above 0 (improvement likewise), the exit codes 0, 1 (a regression, or a case
   that ran in the base and failed in the head) and 2. Every case is judged on its step

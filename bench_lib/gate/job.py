@@ -52,23 +52,30 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
     gate_dir = out / f"{stamp}_{sides['base'].sha[:7]}_{sides['head'].sha[:7]}"
     work = Path(tempfile.mkdtemp(prefix="parabench-gate-"))
     started = time.monotonic()
-    order = [list(sides_order(r)) for r in range(rounds)]
     say(f"gate: base {sides['base'].describe()}, head {sides['head'].describe()}; profile "
-        f"{profile}, {rounds} rounds ({paired.order_text(order)})")
+        f"{profile}, {rounds} rounds")
     out_existed = out.exists()
     # A polite kill (SIGTERM: a CI job cancelled) cleans up as Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        envs = prepare(sides, repo, work, profile=profile, run_args=args, python=python,
-                       say=say)
+        envs, both_take_turns = prepare(sides, repo, work, profile=profile, run_args=args,
+                                        python=python, say=say)
+        together = both_take_turns and not plan.apart
+        order = [["base", "head"] if together else list(sides_order(r))
+                 for r in range(rounds)]
+        say(f"gate: {rounds} rounds, " + (
+            "both sides at once, taking turns step by step" if together else
+            f"one side after the other ({paired.order_text(order)})"
+            + ("" if plan.apart else ": the base cannot take turns (older than them)")))
         gate_dir.mkdir(parents=True)
         runs, record = measure(envs, gate_dir, work, profile=profile, rounds=rounds,
-                               run_args=args, python=python, say=say)
+                               run_args=args, python=python, say=say, together=together)
         base = paired.side_run(gate_dir / "base", [load_run(p) for p in runs["base"]])
         head = paired.side_run(gate_dir / "head", [load_run(p) for p in runs["head"]])
         power = paired.probe_coefficient(base, head)  # the verdicts' and the method line's
         results = paired.judge_cases(base, head, plan.threshold_pct, plan.metric, power)
-        coefficient = round(power, 3) if paired.same_probe(base, head) else None
+        coefficient = (round(power, 3) if paired.same_probe(base, head)
+                       and not paired.took_turns(base, head) else None)
     except (GateError, CompareError, OSError) as e:
         _remove_new(gate_dir, out_existed)
         print(f"error: {e}", file=sys.stderr)
@@ -85,7 +92,8 @@ def run_gate(plan: GatePlan, *, cwd: Path | None = None, python: str = sys.execu
             remove_worktree(repo, work / name)
         shutil.rmtree(work, ignore_errors=True)
     code = cmp.exit_code(results)
-    summary = {"profile": profile, "rounds": rounds, "order": order, "metric": plan.metric,
+    summary = {"profile": profile, "rounds": rounds, "order": order, "together": together,
+               "metric": plan.metric,
                "probe_coefficient": coefficient,
                "threshold_pct": plan.threshold_pct, "run_args": args,
                "duration_s": round(time.monotonic() - started, 1)}

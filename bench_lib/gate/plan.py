@@ -59,6 +59,9 @@ class GatePlan:
     """Where to write the Markdown for a pull-request comment too."""
     json_path: Path | None = None
     """Where to write github-action-benchmark's ``customBiggerIsBetter`` JSON."""
+    apart: bool = False
+    """``--apart``: run the sides one after the other in every round, even where both
+    could run at once taking turns (``bench_lib.gate.rounds``)."""
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:

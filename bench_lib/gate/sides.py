@@ -10,6 +10,7 @@ the head's side only). The test hooks are removed from both sides' environment o
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,8 @@ from bench_lib.results.schema import SCHEMA_VERSION
 
 SIDES = ("base", "head")
 PROBE = ("import bench_lib, bench_lib.results.schema as s; "
-         "print(bench_lib.__file__); print(s.SCHEMA_VERSION)")
+         "print(bench_lib.__file__); print(s.SCHEMA_VERSION); "
+         "print(getattr(bench_lib, 'TAKES_TURNS', 0))")
 TAIL_LINES = 15
 
 Progress = Callable[[str], None]
@@ -93,16 +95,17 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
 
 
 def check_side(side: Side, worktree: Path, env: Mapping[str, str], python: str,
-               profile: str, run_args: Sequence[str]) -> None:
+               profile: str, run_args: Sequence[str]) -> bool:
     """Refuse a side whose ``bench_lib`` cannot be imported from its worktree, whose
-    results schema is not this gate's, or whose ``run`` refuses the sweep (a dry run)."""
+    results schema is not this gate's, or whose ``run`` refuses the sweep (a dry run);
+    whether it can step in turns with the other side (``bench_lib.TAKES_TURNS``)."""
     who = f"the {side.name} {side.describe()}"
     proc = subprocess.run([python, "-c", PROBE], cwd=worktree, env=dict(env),
                           capture_output=True, text=True, timeout=300)
     found = proc.stdout.split()
-    if proc.returncode != 0 or len(found) < 2:
+    if proc.returncode != 0 or len(found) < 3:
         raise GateError(f"{who}: its bench_lib cannot be imported:\n{tail(proc.stderr)}")
-    where, schema = Path(found[-2]).resolve(), found[-1]
+    where, schema, turns = Path(found[-3]).resolve(), found[-2], found[-1]
     if not where.is_relative_to(worktree.resolve()):
         raise GateError(f"{who}: bench_lib imports from {where}, not from its checkout "
                         f"{worktree} (a package installed otherwise than editable?)")
@@ -116,13 +119,14 @@ def check_side(side: Side, worktree: Path, env: Mapping[str, str], python: str,
     if proc.returncode != 0:
         raise GateError(f"{who}: its run refuses the sweep (--profile {profile} "
                         f"{' '.join(run_args)}):\n{tail(proc.stderr or proc.stdout)}")
+    return turns == "1"
 
 
 def prepare(sides: Mapping[str, Side], repo: Path, work: Path, *, profile: str,
             run_args: Sequence[str], python: str,
-            say: Progress = say_on_stderr) -> dict[str, dict[str, str]]:
+            say: Progress = say_on_stderr) -> tuple[dict[str, dict[str, str]], bool]:
     """Check each side out under ``work`` and check it can be measured (``check_side``);
-    each side's environment."""
+    each side's environment, and whether both can step in turns."""
     from concurrent.futures import ThreadPoolExecutor
 
     envs = {}
@@ -133,20 +137,63 @@ def prepare(sides: Mapping[str, Side], repo: Path, work: Path, *, profile: str,
     with ThreadPoolExecutor(len(sides)) as pool:  # both at once: nothing is timed yet
         checks = [pool.submit(check_side, side, work / name, envs[name], python, profile,
                               run_args) for name, side in sides.items()]
-        for check in checks:
-            check.result()  # the base's refusal first
-    return envs
+        turns = [check.result() for check in checks]  # the base's refusal first
+    return envs, all(turns)
 
 
 def run_side(worktree: Path, env: Mapping[str, str], python: str, out: Path, profile: str,
              run_args: Sequence[str]) -> Path:
     """One sweep of a side into the fresh folder ``out`` (each case launched once); its run
     folder. A run that ends with failed cases (exit 1) still counts: its rows say which."""
+    return start_side(worktree, env, python, out, profile, run_args).finish()
+
+
+@dataclass
+class SideRun:
+    """One side's sweep, started (``start_side``): ``finish`` waits for it."""
+
+    cmd: list[str]
+    worktree: Path
+    out: Path
+    proc: subprocess.Popen[bytes]
+    stderr: Any
+    """A temporary file: two sides at once must not fill a pipe nobody reads."""
+
+    def finish(self) -> Path:
+        """Wait for the sweep; its run folder (GateError where it did not write one, or
+        ended otherwise than 0 or 1). On an interruption the sweep is stopped."""
+        try:
+            code = self.proc.wait()
+        except BaseException:
+            self.stop()
+            raise
+        self.stderr.seek(0)
+        err = self.stderr.read().decode(errors="replace")
+        self.stderr.close()
+        runs = run_dirs_in(self.out) if self.out.exists() else []
+        if code not in (0, 1) or len(runs) != 1:
+            raise GateError(f"{' '.join(self.cmd[1:])} (in {self.worktree}) ended with exit "
+                            f"{code}:\n{tail(err)}")
+        return runs[0]
+
+    def stop(self) -> None:
+        """Interrupt the sweep (as Ctrl-C would: its ranks go with it) and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_side(worktree: Path, env: Mapping[str, str], python: str, out: Path,
+               profile: str, run_args: Sequence[str]) -> SideRun:
+    """Start one sweep of a side into the fresh folder ``out`` (``run_side``), without
+    waiting for it."""
     cmd = [python, "-m", "bench_lib", "run", "--profile", profile, "--launches", "1",
            "--quiet", "--out", str(out), *run_args]
-    proc = subprocess.run(cmd, cwd=worktree, env=dict(env), capture_output=True, text=True)
-    runs = run_dirs_in(out) if out.exists() else []
-    if proc.returncode not in (0, 1) or len(runs) != 1:
-        raise GateError(f"{' '.join(cmd[1:])} (in {worktree}) ended with exit "
-                        f"{proc.returncode}:\n{tail(proc.stderr)}")
-    return runs[0]
+    stderr = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, cwd=worktree, env=dict(env), stdout=subprocess.DEVNULL,
+                            stderr=stderr)
+    return SideRun(cmd, worktree, out, proc, stderr)

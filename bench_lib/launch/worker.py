@@ -81,7 +81,7 @@ if __name__ == "__main__":
 
 import torch
 
-from bench_lib import strategies
+from bench_lib import strategies, turns
 from bench_lib.launch import diagnostics, faults
 from bench_lib.launch.launch_parts import DONE, MAIN, Stamps, span, stamp
 from bench_lib.launch.protocol import CaseSpec, RankResult, baseline_path
@@ -190,16 +190,25 @@ def run_rank(spec: CaseSpec, place: RankPlace, workdir: Path,
         trainer, x, y = _build(case, rank, devices, spec.cut)
     faults.inject_test_fault(case.strategy, rank)
     m = case.measurement
-    timed = measure_steps(
-        faults.with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices),
-        trainer.devices, timed_steps=m.timed_steps,
-        max_time_s=m.max_time_s, interval_target_pct=m.interval_target_pct,
-        min_time_s=m.min_time_s or 0.0,
-        group_device=devices[0] if case.process_group else None, after_warmup=memory.reset,
-        warmup_steps=m.warmup_steps if spec.warmup_steps is None else spec.warmup_steps,
-        warmup_rule=spec.warmup_steps is None,
-        probe=speed_probe.make_probe() if rig.kind == "cpu" else None,
-    )
+    # In a gate that runs both sides at once, this rank steps in turns with the same
+    # case's rank on the other side (bench_lib.turns); None otherwise.
+    taking_turns = turns.from_env(f"{case.case_id}/{rank}")
+    try:
+        timed = measure_steps(
+            faults.with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices),
+            trainer.devices, timed_steps=m.timed_steps,
+            max_time_s=m.max_time_s, interval_target_pct=m.interval_target_pct,
+            min_time_s=m.min_time_s or 0.0,
+            group_device=devices[0] if case.process_group else None,
+            after_warmup=memory.reset,
+            warmup_steps=m.warmup_steps if spec.warmup_steps is None else spec.warmup_steps,
+            warmup_rule=spec.warmup_steps is None,
+            probe=speed_probe.make_probe() if rig.kind == "cpu" else None,
+            turns=taking_turns,
+        )
+    finally:
+        if taking_turns is not None:
+            taking_turns.close()
     stamp(stamps, "diagnostics_start")  # everything after the timed steps, to the result
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where

@@ -125,14 +125,19 @@ def cpu_per_wall(cpu_s: Sequence[float], wall_s: Sequence[float], cores: int) ->
     return statistics.median(ratios) if ratios and cores > 0 else None
 
 
-def contention(load: MachineLoad | None, ratio: float | None = None, cores: int = 1) -> str:
+def contention(load: MachineLoad | None, ratio: float | None = None, cores: int = 1,
+               turns: bool = False) -> str:
     """Why a case was measured under contention, or ``""``.
 
     ``load``: the machine over the case; ``ratio``: the case's ``cpu_per_wall`` where it
     may flag (a single-process case on a cpu rig pinned to ``cores`` cores), else None.
+    ``turns``: the case stepped in turns with the gate's other side (``bench_lib.turns``),
+    whose steps are other processes' CPU by design: other processes' CPU is not judged
+    then (steal and the per-step CPU time still are: a co-runner on the case's core during
+    its turn makes it wait).
     """
     reasons = []
-    if load is not None and load.other_cpu_pct > OTHER_CPU_PCT_MAX:
+    if load is not None and not turns and load.other_cpu_pct > OTHER_CPU_PCT_MAX:
         reasons.append(f"other processes used {load.other_cpu_pct:.0f}% of the machine's CPU "
                        "during the case")
     if load is not None and load.cpu_steal_pct > STEAL_PCT_MAX:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torchvision
 
+from bench_lib import turns
 from bench_lib.fault_hooks import TEST_HOOK_VARIABLES
 from bench_lib.math_modes import DEFAULT_MATH_MODE, set_math_mode
 from bench_lib.measure import speed_probe
@@ -318,6 +319,9 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         "cpu_heap": heap_policy() if rig.kind == "cpu" else None,
         # The machine's speed control each cpu rank times before each step (steps.csv probe_s).
         "speed_probe": speed_probe.PROBE if rig.kind == "cpu" else None,
+        # The gate's side whose steps this run's ranks took in turns with the other's
+        # (bench_lib.turns: base or head); None: alone.
+        "turns": os.environ.get(turns.TURNS_SIDE_ENV) if turns.requested() else None,
         # /dev/shm, GPU ordering and NCCL variables; on GPUs links, P2P and bus ids (NVML).
         "multi_gpu": multi_gpu_environment(rig),
         # What every worker and the peak probe set (math_modes.set_math_mode), read back here.

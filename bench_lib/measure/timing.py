@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bench_lib.analysis.stats import MIN_SAMPLES_FOR_BOOTSTRAP, Stats
+from bench_lib.turns import Turns
 
 if TYPE_CHECKING:
     import torch
@@ -197,6 +198,7 @@ def time_steps(
     warmup_times: list[float] | None = None,
     probe: Callable[[], float] | None = None,
     probe_times: list[float] | None = None,
+    turns: Turns | None = None,
 ) -> list[float]:
     """Run ``warmup_steps`` discarded steps, then time up to ``timed_steps`` steps.
 
@@ -216,18 +218,30 @@ def time_steps(
     receives each timed step's CPU time of this process (``time.process_time``: all its
     threads), read just outside the step's wall-clock bracket. ``probe`` (the machine's
     speed control, ``measure.speed_probe``), when given, runs just before each timed step,
-    outside its bracket, and ``probe_times`` receives its seconds.
+    outside its bracket, and ``probe_times`` receives its seconds. ``turns`` (the gate's
+    two sides stepping in turns, ``bench_lib.turns``), when given, is waited for before each
+    step, warm-up and timed, and handed on after it, outside its bracket.
     """
     from bench_lib.rig import synchronize
+
+    def wait() -> None:
+        if turns is not None:
+            turns.before()
+
+    def done() -> None:
+        if turns is not None:
+            turns.after()
 
     devices = list(devices)
     warm: list[float] = []
     while len(warm) < warmup_steps or (
             warmup_done is not None and warm and not warmup_done(warm)):
+        wait()
         t0 = time.perf_counter()
         step()
         synchronize(devices)
         warm.append(time.perf_counter() - t0)
+        done()
     if warmup_times is not None:
         warmup_times.extend(warm)
     synchronize(devices)
@@ -238,6 +252,7 @@ def time_steps(
     times: list[float] = []
     window_start = time.time()
     for _ in range(timed_steps):
+        wait()
         if probe is not None:
             seconds = probe()
             if probe_times is not None:
@@ -249,6 +264,7 @@ def time_steps(
         times.append(time.perf_counter() - t0)
         if cpu_times is not None:
             cpu_times.append(time.process_time() - c0)
+        done()
         if should_stop is not None and should_stop(times):
             break
     if on_window is not None:
@@ -289,7 +305,8 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
                   group_device: torch.device | None = None,
                   after_warmup: Callable[[], None] | None = None,
                   warmup_rule: bool = True,
-                  probe: Callable[[], float] | None = None) -> TimedSteps:
+                  probe: Callable[[], float] | None = None,
+                  turns: Turns | None = None) -> TimedSteps:
     """Warm up (at least ``warmup_steps``, under ``WarmupRule``; exactly ``warmup_steps``
     with ``warmup_rule`` False: a count an earlier launch found), then time ``step`` under
     the adaptive stop rule: rules 1 to 4 above.
@@ -301,6 +318,8 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     collectives run on; the ranks then start together and stop after the same step.
     ``after_warmup``: called between the warm-up and the timed steps (``time_steps``).
     ``probe``: the machine's speed control, timed before each timed step (``time_steps``).
+    ``turns``: steps taken in turns with the gate's other side (``time_steps``); the
+    caller closes it.
     """
     rule = AdaptiveStop(interval_target_pct / 100, max_time_s, min_time_s=min_time_s,
                         max_steps=timed_steps)
@@ -323,7 +342,7 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     times = time_steps(step, devices, warmup_steps, loop_steps, should_stop=stop,
                        barrier=barrier, on_window=lambda t0, t1: window.extend((t0, t1)),
                        after_warmup=after_warmup, cpu_times=cpu, warmup_done=warmed,
-                       warmup_times=warm, probe=probe, probe_times=probes)
+                       warmup_times=warm, probe=probe, probe_times=probes, turns=turns)
     return TimedSteps(times, (window[0], window[1]), rule.final_reason(len(times), timed_steps),
                       cpu, warmup_steps=len(warm), warmup_time_s=sum(warm),
                       warmup_first_step_s=warm[0] if warm else 0.0, probe_times_s=probes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 
+from bench_lib import turns
 from bench_lib.analysis.launch_spread import describe, kernels_note, launch_spread
 from bench_lib.analysis.stats import Stats, lag1_autocorr_within, launch_interval
 from bench_lib.launch.protocol import CaseOutcome
@@ -186,7 +187,7 @@ def contention_columns(case: Case, rig: Rig, outcome: CaseOutcome) -> Row:
         ratio = cpu_per_wall(cpu, wall, cores)
     if load is None and ratio is None:
         return {}
-    cols: Row = {"contention": contention(load, ratio, cores)}
+    cols: Row = {"contention": contention(load, ratio, cores, turns=turns.requested())}
     if load is not None:
         cols |= {"cpu_steal_pct": round(load.cpu_steal_pct, 2),
                  "other_cpu_pct": round(load.other_cpu_pct, 2)}

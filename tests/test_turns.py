@@ -1,0 +1,248 @@
+"""The gate's two sides taking turns step by step (``bench_lib.turns``): the order A B B A, a
+counterpart that ends early, never comes or dies, the end's wait, the steps' loop that asks
+for each turn, contention not judged on the other side's CPU, and the verdict over each
+round's step pairs (``compare.paired.pair_figures``): on synthetic gates whose machine moves
+step by step, it covers what it claims under common-mode noise, a case-only slowdown and
+drift, shows a planted slowdown at its full size, and is narrower than the sides apart."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench_lib import turns
+from bench_lib.compare import paired
+from bench_lib.compare.runs import Run
+from bench_lib.measure.contention import MachineLoad, contention
+from bench_lib.measure.timing import time_steps
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_order_is_abba_so_a_drift_within_a_launch_hits_both_sides_alike():
+    order = [turns.owner(t) for t in range(8)]
+    assert order == ["base", "head", "head", "base", "base", "head", "head", "base"]
+
+
+def side_steps(folder: Path, side: str, steps: int, log: list[str], *,
+               key: str = "case/0", delay_s: float = 0.0, **meet: float) -> turns.Turns:
+    time.sleep(delay_s)
+    t = turns.Turns.meet(folder, side, key, **meet)
+    for _ in range(steps):
+        t.before()
+        log.append(side[0])
+        time.sleep(0.005)
+        t.after()
+    t.close()
+    return t
+
+
+def together(folder: Path, base_steps: int, head_steps: int, head_delay_s: float = 0.0,
+             **meet: float) -> tuple[str, dict[str, turns.Turns]]:
+    log: list[str] = []
+    done: dict[str, turns.Turns] = {}
+
+    def run(side: str, steps: int, delay: float) -> None:
+        done[side] = side_steps(folder, side, steps, log, delay_s=delay, **meet)
+
+    threads = [threading.Thread(target=run, args=("base", base_steps, 0.0)),
+               threading.Thread(target=run, args=("head", head_steps, head_delay_s))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert not any(th.is_alive() for th in threads)
+    return "".join(log), done
+
+
+def test_two_sides_alternate_and_the_longer_goes_on_alone(tmp_path: Path):
+    log, done = together(tmp_path, 5, 8, head_delay_s=0.2)  # the base waits for the head
+    assert log == "bhhbbhhbb" + "hhhh"  # A B B A A B B A A, then the head alone
+    assert done["base"].met and done["head"].met
+    assert not list(tmp_path.iterdir())  # the meeting point is removed once met
+
+
+def test_a_counterpart_that_never_comes_leaves_the_rank_alone_after_the_wait(tmp_path: Path):
+    log: list[str] = []
+    t0 = time.monotonic()
+    t = side_steps(tmp_path, "head", 3, log, timeout_s=0.5)
+    assert log == ["h", "h", "h"] and not t.met
+    assert 0.4 < time.monotonic() - t0 < 5
+
+
+DIES_AFTER_ONE_STEP = """
+import os, sys
+from pathlib import Path
+from bench_lib.turns import Turns
+t = Turns.meet(Path(sys.argv[1]), "base", "case/0", timeout_s=20)
+t.before(); t.after()
+os._exit(0)  # no close: as a rank killed mid-case
+"""
+
+
+def test_a_counterpart_that_dies_mid_case_leaves_the_other_to_go_on(tmp_path: Path):
+    proc = subprocess.Popen([sys.executable, "-c", DIES_AFTER_ONE_STEP, str(tmp_path)],
+                            cwd=REPO)
+    log: list[str] = []
+    t = side_steps(tmp_path, "head", 4, log, timeout_s=20, turn_timeout_s=20)
+    assert proc.wait(timeout=30) == 0
+    assert log == ["h"] * 4 and t.met and t.peer_done
+
+
+def test_a_silent_counterpart_is_waited_for_the_turn_timeout_only(tmp_path: Path):
+    def hang() -> None:  # meets, never steps, never ends
+        t = turns.Turns.meet(tmp_path, "base", "case/0", timeout_s=5)
+        time.sleep(2.0)
+        assert t.conn is not None
+        t.conn.close()
+
+    th = threading.Thread(target=hang)
+    th.start()
+    log: list[str] = []
+    t0 = time.monotonic()
+    t = side_steps(tmp_path, "head", 2, log, timeout_s=5, turn_timeout_s=0.5)
+    waited = time.monotonic() - t0
+    th.join()
+    assert log == ["h", "h"] and t.met and waited < 1.8
+
+
+def test_each_key_meets_its_own_counterpart(tmp_path: Path):
+    """The ranks of a two-rank case each take turns with their own counterpart."""
+    logs: dict[str, list[str]] = {"0": [], "1": []}
+    threads = [threading.Thread(target=side_steps,
+                                args=(tmp_path, side, 4, logs[rank]), kwargs={"key": f"c/{rank}"})
+               for side in ("head", "base") for rank in ("0", "1")]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert "".join(logs["0"]) == "bhhbbhhb" == "".join(logs["1"])
+
+
+def test_turns_are_asked_for_only_where_the_gate_set_both_variables(tmp_path: Path):
+    assert turns.from_env("c/0", {}) is None and not turns.requested({})
+    only_dir = {turns.TURNS_DIR_ENV: str(tmp_path)}
+    assert turns.from_env("c/0", only_dir) is None and not turns.requested(only_dir)
+    both = {**only_dir, turns.TURNS_SIDE_ENV: "sideways"}
+    assert turns.requested(both)
+    with pytest.raises(ValueError, match="base or head"):
+        turns.Turns("sideways", None)
+
+
+class Recorder:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def before(self) -> None:
+        self.log.append("wait")
+
+    def after(self) -> None:
+        self.log.append("pass")
+
+
+def test_every_step_warm_up_included_waits_for_its_turn_outside_its_time():
+    log: list[str] = []
+
+    def step() -> None:
+        log.append("step")
+
+    def probe() -> float:
+        log.append("probe")
+        return 0.001
+
+    times = time_steps(step, [], 2, 3, probe=probe, turns=Recorder(log))  # type: ignore[arg-type]
+    assert len(times) == 3
+    assert log == ["wait", "step", "pass"] * 2 + ["wait", "probe", "step", "pass"] * 3
+
+
+def test_the_other_sides_cpu_is_not_contention_when_taking_turns():
+    load = MachineLoad(cpu_steal_pct=0.5, other_cpu_pct=45.0)
+    assert "other processes" in contention(load)
+    assert contention(load, turns=True) == ""
+    stolen = MachineLoad(cpu_steal_pct=20.0, other_cpu_pct=45.0)
+    assert contention(stolen, turns=True).startswith("steal")
+    assert "waited for a core" in contention(load, ratio=0.5, turns=True)
+
+
+# ---- the verdict over step pairs, on synthetic gates -------------------------------------
+
+ROW = {"model": "resnet50", "image_size": 64, "batch_size": 16, "precision": "fp32",
+       "loss": "ce", "status": "ok"}
+CASES = {"single_a": 0.6, "ddp_a": 0.55}
+STEPS = 6
+
+
+def machine(rng: np.random.Generator, rounds: int, slot_sd: float = 0.06,
+            step_sd: float = 0.05, drift: float = 0.0) -> np.ndarray:
+    """The machine's speed for each (round, case, step): a level per launch and a move
+    from step to step (a random walk), plus a linear drift over the rounds; what both steps
+    of a pair taken in turns meet."""
+    shape = (rounds, len(CASES))
+    level = rng.normal(0, slot_sd, shape)[..., None] + drift * np.arange(rounds)[:, None, None]
+    walk = np.cumsum(rng.normal(0, step_sd / math.sqrt(STEPS), (*shape, STEPS)), axis=2)
+    return np.exp(level + walk)
+
+
+def side(rng: np.random.Generator, speed: np.ndarray, slow: dict[str, float], name: str,
+         own_sd: float = 0.03, hiccup: float = 0.15) -> Run:
+    """One side's rounds in the speed ``speed``, each step with its own noise (``own_sd``)
+    and, one step in ``1/hiccup``, a 25% slowdown of this side's process alone; the case
+    slowed by ``slow[case]``."""
+    launches = {}
+    for c, (cid, level) in enumerate(CASES.items()):
+        launches[cid] = {}
+        for r in range(speed.shape[0]):
+            hiccups = 1 + 0.25 * (rng.random(STEPS) < hiccup)
+            launches[cid][r] = (level * (1 + slow.get(cid, 0.0)) * speed[r, c] * hiccups
+                                * np.exp(rng.normal(0, own_sd, STEPS)))
+    cases = {cid: dict(ROW, strategy=cid.split("_")[0], case_id=cid) for cid in CASES}
+    return Run(Path(name), {"turns": name}, cases, launches)
+
+
+@pytest.mark.parametrize("slow, drift, cid, metric", [
+    ({}, 0.0, "single_a", "step_time"),  # A/A: common-mode noise alone
+    ({"single_a": 0.03}, 0.0, "single_a", "step_time"),  # a slowdown of the step itself
+    ({"ddp_a": 0.03}, 0.0, "ddp_a", "speedup"),  # one case only, judged over single
+    ({"single_a": 0.03}, 0.02, "single_a", "step_time"),  # and a machine drifting 2% a round
+])
+def test_the_intervals_over_step_pairs_cover_the_true_change(slow, drift, cid, metric):
+    rng = np.random.default_rng(23)
+    true = 1 + slow.get(cid, 0.0)
+    covered, points, widths, apart_widths = 0, [], [], []
+    trials = 400
+    for _ in range(trials):
+        speed = machine(rng, 5, drift=drift)  # both sides meet the same machine
+        base, head = side(rng, speed, {}, "base"), side(rng, speed, slow, "head")
+        ch = paired.paired_changes(base, head, cid)[metric]
+        assert ch.method == paired.METHOD_TURNS
+        covered += ch.ci_low <= true - 1 <= ch.ci_high
+        points.append(ch.value)
+        widths.append((ch.ci_high - ch.ci_low) / 2)
+        # The same sides one after the other: each meets the machine of its own moment.
+        base = side(rng, machine(rng, 5, drift=drift), {}, "")
+        head = side(rng, machine(rng, 5, drift=drift), slow, "")
+        apart = paired.paired_changes(base, head, cid)[metric]
+        assert apart.method == paired.METHOD_PAIRED
+        apart_widths.append((apart.ci_high - apart.ci_low) / 2)
+    assert 0.90 <= covered / trials <= 0.99
+    assert np.median(points) == pytest.approx(true - 1, abs=0.006)  # not hidden, full size
+    assert np.median(widths) < 0.5 * np.median(apart_widths)  # the lever pays
+
+
+def test_pairs_are_the_kth_timed_steps_of_each_side_as_many_as_the_shorter_has():
+    cases = {"single_a": dict(ROW, strategy="single", case_id="single_a")}
+    base = Run(Path("b"), {"turns": "base"}, cases,
+               {"single_a": {0: np.array([1.0, 2.0, 1.0]), 1: np.array([1.0, 1.0])}})
+    head = Run(Path("h"), {"turns": "head"}, cases,
+               {"single_a": {0: np.array([1.1, 2.2, 1.1, 9.0]), 1: np.array([2.0, 2.0])}})
+    assert paired.pair_figures(base, head, "single_a") == pytest.approx({0: 1.1, 1: 2.0})
+    assert paired.took_turns(base, head) and not paired.took_turns(head, base)
+    one_alone = Run(Path("b"), {}, cases, base.launches)
+    assert paired.figures(one_alone, head, "single_a", 1.0)[2] == paired.METHOD_PAIRED
