@@ -4,7 +4,9 @@
   given): both sides' sweeps at once, each case's ranks taking turns step by step with
   the other side's on the same devices (``bench_lib.turns``): each pair of steps
   meets the machine in the same second. In the first round the head starts once the base's
-  first rank waits for it, so that each side's calibration runs alone.
+  first rank waits for it, so that each side calibrates its first workload alone (a
+  profile's later workloads are calibrated on both sides at once in that round: the ``ci``
+  profile has one).
 * **Apart**: base then head in even rounds and head then base in odd ones (B H | H B | B H
   | ...: ABBA), so that a linear drift, and a co-runner that lasts about a round, hit both
   sides alike.
@@ -83,7 +85,7 @@ def _round_together(r: int, envs: Mapping[str, Mapping[str, str]], gate_dir: Pat
     """Round ``r`` with both sides at once, taking turns (``bench_lib.turns``) through a
     folder of the round's own; each side's seconds. In the first round the head starts once
     the base's first rank waits at its turns (or the base has ended): each side then
-    calibrates alone."""
+    calibrates its first workload alone."""
     folder = Path(tempfile.mkdtemp(prefix="pb-turns-"))  # short: a socket path's limit
     side_of = {"base": FIRST, "head": SECOND}
     started: dict[str, tuple[SideRun, float]] = {}
