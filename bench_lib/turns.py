@@ -20,7 +20,7 @@ side's collectives keep its own ranks together, so the turns of every slot agree
 
 A side that ends its steps says so, and the other goes on alone; at the end each waits
 (bounded) for the other to end too, so that neither side's next case starts beside the
-other's steps. A counterpart that never comes (the other side's case failed or is missing)
+other's steps (a rank whose steps failed does not wait: its result is not held back). A counterpart that never comes (the other side's case failed or is missing)
 is waited for ``MEET_TIMEOUT_S``; one that stops answering, ``TURN_TIMEOUT_S``; then the
 rank steps alone. Torch-free.
 """
@@ -38,6 +38,7 @@ from pathlib import Path
 TURNS_DIR_ENV = "PARABENCH_TURNS_DIR"
 TURNS_SIDE_ENV = "PARABENCH_TURNS_SIDE"
 FIRST, SECOND = "base", "head"
+"""The sides' names, as the gate names them (``gate.sides.SIDES``): the base steps first."""
 MEET_TIMEOUT_S = 120.0
 """How long a rank waits for its counterpart to arrive: the two sides' runs start together,
 but one may reach a case later by a calibration, a process start or a failed case."""
@@ -134,15 +135,14 @@ class Turns:
         if not self.peer_done:
             self._say(STEP)
 
-    def close(self, timeout_s: float | None = None) -> None:
-        """Say this side is done, then wait (up to the turn timeout, or ``timeout_s``) for
-        the counterpart to be done too."""
+    def close(self, wait: bool = True) -> None:
+        """Say this side is done, then, where ``wait``, wait (up to the turn timeout) for
+        the counterpart to be done too. A rank whose steps failed does not wait: its result
+        and its exit are not held back by the other side's steps."""
         if self.conn is None:
             return
         self._say(END)
-        if timeout_s is not None:
-            self.conn.settimeout(timeout_s)
-        while not self.peer_done:
+        while wait and not self.peer_done:
             self._hear()
         self.conn.close()
         self.conn = None
@@ -171,18 +171,17 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-def requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process's ranks take turns with the gate's other side (both variables
-    set)."""
+def requested_side(environ: Mapping[str, str] | None = None) -> str | None:
+    """The gate's side whose turns this process's ranks take (``TURNS_SIDE_ENV``), where
+    the gate asked for turns (both variables set); None otherwise."""
     environ = os.environ if environ is None else environ
-    return bool(environ.get(TURNS_DIR_ENV) and environ.get(TURNS_SIDE_ENV))
+    side = environ.get(TURNS_SIDE_ENV)
+    return side if side and environ.get(TURNS_DIR_ENV) else None
 
 
 def from_env(key: str, environ: Mapping[str, str] | None = None) -> Turns | None:
-    """The turns ``key``'s rank takes where the gate asked for them (``TURNS_DIR_ENV`` and
-    ``TURNS_SIDE_ENV`` set); None otherwise."""
+    """The turns ``key``'s rank takes where the gate asked for them (``requested_side``);
+    None otherwise."""
     environ = os.environ if environ is None else environ
-    folder, side = environ.get(TURNS_DIR_ENV), environ.get(TURNS_SIDE_ENV)
-    if not folder or not side:
-        return None
-    return Turns.meet(Path(folder), side, key)
+    side = requested_side(environ)
+    return None if side is None else Turns.meet(Path(environ[TURNS_DIR_ENV]), side, key)

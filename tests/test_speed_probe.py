@@ -58,16 +58,21 @@ def machine(rng: np.random.Generator, rounds: int, slot_sd: float = 0.06,
     return np.exp(level + walk)
 
 
-def changes(base: Run, head: Run, cid: str, metric: str):
-    return paired.paired_changes(base, head, cid)[metric]
-
-
-@pytest.mark.parametrize("slow, drift, cid, metric", [
+SCENARIOS = [
     ({}, 0.0, "single_a", "step_time"),  # A/A: common-mode noise alone
     ({"single_a": 0.03}, 0.0, "single_a", "step_time"),  # a slowdown of the step itself
     ({"ddp_a": 0.03}, 0.0, "ddp_a", "speedup"),  # one case only, judged over single
     ({"single_a": 0.03}, 0.02, "single_a", "step_time"),  # and a machine drifting 2% a round
-])
+]
+"""What a synthetic gate's interval must cover: (slowdown per case, drift a round, the case
+judged, its metric); ``test_turns`` judges the same."""
+
+
+def changes(base: Run, head: Run, cid: str, metric: str):
+    return paired.paired_changes(base, head, cid)[metric]
+
+
+@pytest.mark.parametrize("slow, drift, cid, metric", SCENARIOS)
 def test_the_intervals_over_the_probe_cover_the_true_change(slow, drift, cid, metric):
     rng = np.random.default_rng(17)
     true = 1 + slow.get(cid, 0.0)

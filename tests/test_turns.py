@@ -7,7 +7,6 @@ drift, shows a planted slowdown at its full size, and is narrower than the sides
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 import threading
@@ -22,6 +21,8 @@ from bench_lib.compare import paired
 from bench_lib.compare.runs import Run
 from bench_lib.measure.contention import MachineLoad, contention
 from bench_lib.measure.timing import time_steps
+from tests.test_speed_probe import CASES, ROW, SCENARIOS, STEPS
+from tests.test_speed_probe import machine as probe_machine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,6 +97,36 @@ def test_a_counterpart_that_dies_mid_case_leaves_the_other_to_go_on(tmp_path: Pa
     assert log == ["h"] * 4 and t.met and t.peer_done
 
 
+def test_a_rank_whose_steps_failed_ends_without_waiting_for_the_other_side(tmp_path: Path):
+    """``close(wait=False)``: the failing rank says it is done and goes (its result is not
+    held back); the other side, told so, steps on alone."""
+    log: list[str] = []
+    closing: list[float] = []
+
+    def base() -> None:
+        t = turns.Turns.meet(tmp_path, "base", "case/0", timeout_s=5)
+        t.before()
+        log.append("b")
+        t.after()
+        t0 = time.monotonic()
+        t.close(wait=False)  # as after an exception in its second step
+        closing.append(time.monotonic() - t0)
+        log.append("closed")
+
+    th = threading.Thread(target=base)
+    th.start()
+    head = turns.Turns.meet(tmp_path, "head", "case/0", timeout_s=5, turn_timeout_s=20)
+    for _ in range(2):
+        head.before()
+        time.sleep(0.5)  # the head's steps are slow: the base's close must not wait for them
+        log.append("h")
+        head.after()
+    th.join(timeout=30)
+    head.close()
+    assert log == ["b", "closed", "h", "h"]  # closed before the head's first step ended
+    assert closing[0] < 0.4 and head.peer_done
+
+
 def test_a_silent_counterpart_is_waited_for_the_turn_timeout_only(tmp_path: Path):
     def hang() -> None:  # meets, never steps, never ends
         t = turns.Turns.meet(tmp_path, "base", "case/0", timeout_s=5)
@@ -127,11 +158,13 @@ def test_each_key_meets_its_own_counterpart(tmp_path: Path):
 
 
 def test_turns_are_asked_for_only_where_the_gate_set_both_variables(tmp_path: Path):
-    assert turns.from_env("c/0", {}) is None and not turns.requested({})
+    assert turns.from_env("c/0", {}) is None and turns.requested_side({}) is None
     only_dir = {turns.TURNS_DIR_ENV: str(tmp_path)}
-    assert turns.from_env("c/0", only_dir) is None and not turns.requested(only_dir)
+    assert turns.from_env("c/0", only_dir) is None and turns.requested_side(only_dir) is None
+    only_side = {turns.TURNS_SIDE_ENV: "head"}
+    assert turns.from_env("c/0", only_side) is None and turns.requested_side(only_side) is None
     both = {**only_dir, turns.TURNS_SIDE_ENV: "sideways"}
-    assert turns.requested(both)
+    assert turns.requested_side(both) == "sideways"
     with pytest.raises(ValueError, match="base or head"):
         turns.Turns("sideways", None)
 
@@ -173,21 +206,11 @@ def test_the_other_sides_cpu_is_not_contention_when_taking_turns():
 
 # ---- the verdict over step pairs, on synthetic gates -------------------------------------
 
-ROW = {"model": "resnet50", "image_size": 64, "batch_size": 16, "precision": "fp32",
-       "loss": "ce", "status": "ok"}
-CASES = {"single_a": 0.6, "ddp_a": 0.55}
-STEPS = 6
-
-
-def machine(rng: np.random.Generator, rounds: int, slot_sd: float = 0.06,
-            step_sd: float = 0.05, drift: float = 0.0) -> np.ndarray:
-    """The machine's speed for each (round, case, step): a level per launch and a move
-    from step to step (a random walk), plus a linear drift over the rounds; what both steps
-    of a pair taken in turns meet."""
-    shape = (rounds, len(CASES))
-    level = rng.normal(0, slot_sd, shape)[..., None] + drift * np.arange(rounds)[:, None, None]
-    walk = np.cumsum(rng.normal(0, step_sd / math.sqrt(STEPS), (*shape, STEPS)), axis=2)
-    return np.exp(level + walk)
+def machine(rng: np.random.Generator, rounds: int, drift: float = 0.0) -> np.ndarray:
+    """The speed probe's synthetic machine (a level per launch, a random walk over its
+    steps, a drift over the rounds), moving 5% within a launch: what both steps of a pair
+    taken in turns meet."""
+    return probe_machine(rng, rounds, within_sd=0.05, drift=drift)
 
 
 def side(rng: np.random.Generator, speed: np.ndarray, slow: dict[str, float], name: str,
@@ -206,12 +229,7 @@ def side(rng: np.random.Generator, speed: np.ndarray, slow: dict[str, float], na
     return Run(Path(name), {"turns": name}, cases, launches)
 
 
-@pytest.mark.parametrize("slow, drift, cid, metric", [
-    ({}, 0.0, "single_a", "step_time"),  # A/A: common-mode noise alone
-    ({"single_a": 0.03}, 0.0, "single_a", "step_time"),  # a slowdown of the step itself
-    ({"ddp_a": 0.03}, 0.0, "ddp_a", "speedup"),  # one case only, judged over single
-    ({"single_a": 0.03}, 0.02, "single_a", "step_time"),  # and a machine drifting 2% a round
-])
+@pytest.mark.parametrize("slow, drift, cid, metric", SCENARIOS)
 def test_the_intervals_over_step_pairs_cover_the_true_change(slow, drift, cid, metric):
     rng = np.random.default_rng(23)
     true = 1 + slow.get(cid, 0.0)

@@ -24,7 +24,7 @@ from typing import Any
 
 from bench_lib.gate.sides import SIDES, Progress, SideRun, run_side, say_on_stderr, start_side
 from bench_lib.results.schema import CALIBRATION_FILE
-from bench_lib.turns import FIRST, SECOND, TURNS_DIR_ENV, TURNS_SIDE_ENV
+from bench_lib.turns import TURNS_DIR_ENV, TURNS_SIDE_ENV
 
 FIRST_ARRIVAL_TIMEOUT_S = 600.0
 """How long the first round waits for the base's first rank to reach its turns before
@@ -87,11 +87,10 @@ def _round_together(r: int, envs: Mapping[str, Mapping[str, str]], gate_dir: Pat
     the base's first rank waits at its turns (or the base has ended): each side then
     calibrates its first workload alone."""
     folder = Path(tempfile.mkdtemp(prefix="pb-turns-"))  # short: a socket path's limit
-    side_of = {"base": FIRST, "head": SECOND}
     started: dict[str, tuple[SideRun, float]] = {}
     try:
         for name in SIDES:
-            env = {**envs[name], TURNS_DIR_ENV: str(folder), TURNS_SIDE_ENV: side_of[name]}
+            env = {**envs[name], TURNS_DIR_ENV: str(folder), TURNS_SIDE_ENV: name}
             started[name] = (start_side(work / name, env, python,
                                         gate_dir / name / f"round-{r + 1}", profile,
                                         args_for(name)), time.monotonic())

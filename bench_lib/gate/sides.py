@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from bench_lib.fault_hooks import TEST_HOOK_VARIABLES
 from bench_lib.gate.plan import GateError
@@ -156,7 +156,7 @@ class SideRun:
     worktree: Path
     out: Path
     proc: subprocess.Popen[bytes]
-    stderr: Any
+    stderr: IO[bytes]
     """A temporary file: two sides at once must not fill a pipe nobody reads."""
 
     def finish(self) -> Path:

@@ -193,6 +193,7 @@ def run_rank(spec: CaseSpec, place: RankPlace, workdir: Path,
     # In a gate that runs both sides at once, this rank steps in turns with the same
     # case's rank on the other side (bench_lib.turns); None otherwise.
     taking_turns = turns.from_env(f"{case.case_id}/{rank}")
+    failed = True
     try:
         timed = measure_steps(
             faults.with_injected_slowdown(lambda: trainer.step(x, y), trainer.devices),
@@ -206,9 +207,10 @@ def run_rank(spec: CaseSpec, place: RankPlace, workdir: Path,
             probe=speed_probe.make_probe() if rig.kind == "cpu" else None,
             turns=taking_turns,
         )
+        failed = False
     finally:
         if taking_turns is not None:
-            taking_turns.close()
+            taking_turns.close(wait=not failed)
     stamp(stamps, "diagnostics_start")  # everything after the timed steps, to the result
     peaks, reserved = memory.read(), peak_reserved_mib(trainer.devices, labels)
     partition = getattr(trainer, "partition", None)  # strategies that cut the model say where

@@ -321,7 +321,7 @@ def collect(rig: Rig, profile: dict[str, Any], argv: list[str],
         "speed_probe": speed_probe.PROBE if rig.kind == "cpu" else None,
         # The gate's side whose steps this run's ranks took in turns with the other's
         # (bench_lib.turns: base or head); None: alone.
-        "turns": os.environ.get(turns.TURNS_SIDE_ENV) if turns.requested() else None,
+        "turns": turns.requested_side(),
         # /dev/shm, GPU ordering and NCCL variables; on GPUs links, P2P and bus ids (NVML).
         "multi_gpu": multi_gpu_environment(rig),
         # What every worker and the peak probe set (math_modes.set_math_mode), read back here.

@@ -187,7 +187,8 @@ def contention_columns(case: Case, rig: Rig, outcome: CaseOutcome) -> Row:
         ratio = cpu_per_wall(cpu, wall, cores)
     if load is None and ratio is None:
         return {}
-    cols: Row = {"contention": contention(load, ratio, cores, turns=turns.requested())}
+    took_turns = turns.requested_side() is not None  # the gate's other side stepped beside it
+    cols: Row = {"contention": contention(load, ratio, cores, turns=took_turns)}
     if load is not None:
         cols |= {"cpu_steal_pct": round(load.cpu_steal_pct, 2),
                  "other_cpu_pct": round(load.other_cpu_pct, 2)}
