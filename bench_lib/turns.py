@@ -20,9 +20,10 @@ side's collectives keep its own ranks together, so the turns of every slot agree
 
 A side that ends its steps says so, and the other goes on alone; at the end each waits
 (bounded) for the other to end too, so that neither side's next case starts beside the
-other's steps (a rank whose steps failed does not wait: its result is not held back). A counterpart that never comes (the other side's case failed or is missing)
-is waited for ``MEET_TIMEOUT_S``; one that stops answering, ``TURN_TIMEOUT_S``; then the
-rank steps alone. Torch-free.
+other's steps (a rank whose steps failed does not wait: its result is not held back). A
+counterpart that never comes (the other side's case failed or is missing) is waited for
+``MEET_TIMEOUT_S``; one that stops answering, ``TURN_TIMEOUT_S``; then the rank steps
+alone. Torch-free.
 """
 
 from __future__ import annotations
