@@ -13,7 +13,8 @@ Runs real gates (``python -m bench_lib gate``), each base and head measured in t
 The kinds alternate (A/A, planted, A/A, ...) until each count is reached, so a machine that
 changes over the hour hits both. Each gate's line gives its verdict, its duration and every
 case's change with its interval; the last lines sum up: A/A passed, planted caught, the
-durations (min, median, max) and the median half-width of the deciding intervals. Arguments
+durations (min, median, max) and the median half-width of the deciding intervals, beside
+the same steps' by the rule before the gate's lever (``without_lever``). Arguments
 after ``--`` go to every gate (e.g. ``-- --rounds 6`` or ``-- --profile smoke``).
 """
 
@@ -29,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_lib.analysis.stats import MIN_LAUNCHES_FOR_CI, launch_interval
 from bench_lib.compare import paired
 from bench_lib.fault_hooks import INJECT_SLOWDOWN_ENV
 from bench_lib.measure.environment import cpu_model
@@ -37,9 +39,10 @@ from bench_lib.measure.environment import cpu_model
 def one_gate(ref: str, slowdown: float, out: Path, gate_args: list[str]) -> tuple[int, dict, float]:
     """One real gate into ``out``: its exit code, its gate.json and its seconds."""
     cmd = [sys.executable, "-m", "bench_lib", "gate", "--base", ref, "--head", ref,
-           "--out", str(out), *gate_args]
-    if slowdown:
+           "--out", str(out)]
+    if slowdown:  # before the gate args: after their ``--`` it would go to each side's run
         cmd += ["--head-env", f"{INJECT_SLOWDOWN_ENV}={slowdown}"]
+    cmd += gate_args
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.monotonic() - t0
@@ -72,14 +75,27 @@ def half_widths(record: dict) -> list[float]:
     return out
 
 
-def without_probe(gate_dir: Path, record: dict) -> list[float]:
-    """The same gate's deciding intervals' half-widths from launch medians in seconds, its
-    speed probes left out: what the probe bought, on the same launches."""
-    base, head = (dataclasses.replace(side, probes={}) for side in paired.gate_sides(gate_dir))
+def without_lever(gate_dir: Path, record: dict) -> tuple[str, list[float]]:
+    """The same gate's step-time half-widths by the rule before its lever, on the same
+    steps: where the sides took turns, the t over rounds of each round's median pair (the
+    rule before the pairs were pooled); apart, launch medians in seconds (the speed probes
+    left out). What the lever bought; (the rule's name, the half-widths)."""
+    base, head = paired.gate_sides(gate_dir)
+    if paired.took_turns(base, head):
+        widths = []
+        for cid in head.cases:
+            if cid in head.launches and cid in base.launches:
+                rounds = paired.pair_figures(base, head, cid)
+                if len(rounds) >= MIN_LAUNCHES_FOR_CI:
+                    widths.append(launch_interval(list(rounds.values()), "rounds")
+                                  .half_width_rel)
+        return "by the t over rounds of their median pairs", widths
+    base, head = (dataclasses.replace(side, probes={}) for side in (base, head))
     results = paired.judge_cases(base, head, record["threshold_pct"],
                                  record.get("metric", "auto"))
-    return [(c.ci_high - c.ci_low) / 2 for r in results
-            if (c := r.changes.get(r.by)) is not None and c.ci_low == c.ci_low]
+    return "in seconds, without the speed probe", [
+        (c.ci_high - c.ci_low) / 2 for r in results
+        if (c := r.changes.get(r.by)) is not None and c.ci_low == c.ci_low]
 
 
 def main() -> int:
@@ -107,7 +123,8 @@ def main() -> int:
     passed = caught = 0
     durations: list[float] = []
     widths: list[float] = []
-    unprobed: list[float] = []
+    before: list[float] = []
+    rule = ""
     with tempfile.TemporaryDirectory(prefix="parabench-gate-demo-") as tmp:
         for i, (kind, k) in enumerate(plan):
             out = (args.keep or Path(tmp)) / f"gate-{i}"
@@ -115,7 +132,8 @@ def main() -> int:
                                              else 0.0, out, gate_args)
             durations.append(seconds)
             widths += half_widths(record)
-            unprobed += without_probe(next(out.iterdir()), record)
+            rule, widths_before = without_lever(next(out.iterdir()), record)
+            before += widths_before
             if kind == "A/A":
                 passed += code == 0
             else:
@@ -126,9 +144,9 @@ def main() -> int:
     print(f"gate duration {min(durations):.0f} / {statistics.median(durations):.0f} / "
           f"{max(durations):.0f} s (min / median / max over {len(durations)}); median "
           f"half-width of the deciding intervals "
-          f"{statistics.median(widths):.1%} (over {len(widths)}); from the same launches in "
-          f"seconds, without the speed probe: {statistics.median(unprobed):.1%}"
-          if widths and unprobed else "no intervals")
+          f"{statistics.median(widths):.1%} (over {len(widths)}); from the same steps "
+          f"{rule}: {statistics.median(before):.1%}"
+          if widths and before else "no intervals")
     return 0
 
 

@@ -1,9 +1,10 @@
 """The gate's two sides taking turns step by step (``bench_lib.turns``): the order A B B A, a
-counterpart that ends early, never comes or dies, the end's wait, the steps' loop that asks
-for each turn, contention not judged on the other side's CPU, and the verdict over each
-round's step pairs (``compare.paired.pair_figures``): on synthetic gates whose machine moves
-step by step, it covers what it claims under common-mode noise, a case-only slowdown and
-drift, shows a planted slowdown at its full size, and is narrower than the sides apart."""
+counterpart that ends early, never comes or dies, the end's wait, the steps' loop that asks for
+each turn after a fixed warm-up, contention not judged on the other side's CPU, and the verdict
+over each case's step pairs (``compare.paired.turns_change``: every round's pairs pooled unless the
+rounds differ): on synthetic gates whose machine moves step by step, it covers what it claims
+under common-mode noise, a case-only slowdown and drift, shows a planted slowdown at its full
+size, and is narrower than the sides apart; the method line says how each was had."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +20,10 @@ import pytest
 
 from bench_lib import turns
 from bench_lib.compare import paired
+from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.runs import Run
 from bench_lib.measure.contention import MachineLoad, contention
-from bench_lib.measure.timing import time_steps
+from bench_lib.measure.timing import measure_steps, time_steps
 from tests.test_speed_probe import CASES, ROW, SCENARIOS, STEPS
 from tests.test_speed_probe import machine as probe_machine
 
@@ -195,6 +198,25 @@ def test_every_step_warm_up_included_waits_for_its_turn_outside_its_time():
     assert log == ["wait", "step", "pass"] * 2 + ["wait", "probe", "step", "pass"] * 3
 
 
+def test_taking_turns_the_warm_up_is_the_fixed_count_so_the_sides_steps_pair_in_time():
+    # Steps that still get faster: alone, the warm-up rule runs on past its minimum of 2;
+    # taking turns, both sides run exactly 2, whatever their own steps did, so that each
+    # side's k-th timed step follows the other's k-th at once.
+    def falling() -> Callable[[], None]:
+        sleeps = iter([0.2, 0.1, 0.05])
+        return lambda: time.sleep(next(sleeps, 0.05))
+
+    def warm_up(taking_turns: Recorder | None) -> int:
+        return measure_steps(falling(), [], warmup_steps=2, timed_steps=2, max_time_s=60,
+                             interval_target_pct=0,
+                             turns=taking_turns).warmup_steps  # type: ignore[arg-type]
+
+    assert warm_up(None) > 2
+    log: list[str] = []
+    assert warm_up(Recorder(log)) == 2
+    assert log == ["wait", "pass"] * 4  # 2 warm-up and 2 timed steps, each in its turn
+
+
 def test_the_other_sides_cpu_is_not_contention_when_taking_turns():
     load = MachineLoad(cpu_steal_pct=0.5, other_cpu_pct=45.0)
     assert "other processes" in contention(load)
@@ -233,13 +255,15 @@ def side(rng: np.random.Generator, speed: np.ndarray, slow: dict[str, float], na
 def test_the_intervals_over_step_pairs_cover_the_true_change(slow, drift, cid, metric):
     rng = np.random.default_rng(23)
     true = 1 + slow.get(cid, 0.0)
-    covered, points, widths, apart_widths = 0, [], [], []
+    covered, pooled, points, widths, apart_widths = 0, 0, [], [], []
     trials = 400
     for _ in range(trials):
         speed = machine(rng, 5, drift=drift)  # both sides meet the same machine
         base, head = side(rng, speed, {}, "base"), side(rng, speed, slow, "head")
         ch = paired.paired_changes(base, head, cid)[metric]
-        assert ch.method == paired.METHOD_TURNS
+        assert ch.method in ((paired.METHOD_TURNS, paired.METHOD_TURNS_ROUNDS)
+                             if metric == "step_time" else (paired.METHOD_TURNS_ROUNDS,))
+        pooled += ch.method == paired.METHOD_TURNS
         covered += ch.ci_low <= true - 1 <= ch.ci_high
         points.append(ch.value)
         widths.append((ch.ci_high - ch.ci_low) / 2)
@@ -252,6 +276,8 @@ def test_the_intervals_over_step_pairs_cover_the_true_change(slow, drift, cid, m
     assert 0.90 <= covered / trials <= 0.99
     assert np.median(points) == pytest.approx(true - 1, abs=0.006)  # not hidden, full size
     assert np.median(widths) < 0.5 * np.median(apart_widths)  # the lever pays
+    if metric == "step_time":  # the rounds' pairs pooled, unless a round stood apart
+        assert pooled >= 0.65 * trials
 
 
 def test_pairs_are_the_kth_timed_steps_of_each_side_as_many_as_the_shorter_has():
@@ -261,6 +287,27 @@ def test_pairs_are_the_kth_timed_steps_of_each_side_as_many_as_the_shorter_has()
     head = Run(Path("h"), {"turns": "head"}, cases,
                {"single_a": {0: np.array([1.1, 2.2, 1.1, 9.0]), 1: np.array([2.0, 2.0])}})
     assert paired.pair_figures(base, head, "single_a") == pytest.approx({0: 1.1, 1: 2.0})
+    logs = paired.pair_logs(base, head, "single_a")
+    assert logs[0] == pytest.approx(np.log([1.1, 1.1, 1.1])) and logs[1] == pytest.approx(
+        np.log([2.0, 2.0]))
     assert paired.took_turns(base, head) and not paired.took_turns(head, base)
     one_alone = Run(Path("b"), {}, cases, base.launches)
     assert paired.figures(one_alone, head, "single_a", 1.0)[2] == paired.METHOD_PAIRED
+
+
+def test_the_method_line_says_which_cases_pooled_their_pairs_and_which_took_rounds():
+    def result(cid: str, method: str, speedup: bool = False) -> cmp.CaseResult:
+        changes = {"step_time": cmp.Change("step_time", 0.01, -0.01, 0.03, method, 5, 5)}
+        if speedup:
+            changes["speedup"] = cmp.Change("speedup", 0.0, -0.02, 0.02,
+                                            paired.METHOD_TURNS_ROUNDS, 5, 5)
+        return cmp.CaseResult(cid, cid.split("_")[0], 1.0, 1.0, changes, "unchanged",
+                              "step_time")
+
+    pooled = paired.method_line([result("single_a", paired.METHOD_TURNS)], 5)
+    assert "Hodges-Lehmann estimate over every round's pairs" in pooled
+    assert "differed" not in pooled and "speedups" not in pooled
+    mixed = paired.method_line([result("single_a", paired.METHOD_TURNS),
+                                result("ddp_a", paired.METHOD_TURNS_ROUNDS, speedup=True)], 5)
+    assert "the step times of ddp_a, whose rounds differed (Kruskal-Wallis p < 0.25)" in mixed
+    assert "speedups, the t over 5 rounds of each round's median pair" in mixed

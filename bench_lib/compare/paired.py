@@ -5,8 +5,11 @@ rule (``judge_cases``), and what the gate says and writes of them (notes, Markdo
 gate.json's cases).
 
 What a round shares, the machine's state, cancels in each ratio; what remains is
-launch-to-launch noise. ``bench_lib.gate`` measures the rounds (git, worktrees, each side's
-``run`` in its own process); this module only reads what they wrote. Never imports torch.
+launch-to-launch noise. Where the sides took turns step by step (``bench_lib.turns``), each
+pair of steps shares its second: a case's step-time change pools every round's pairs
+(``turns_change``), and the rounds are the units only where they differ.
+``bench_lib.gate`` measures the rounds (git, worktrees, each side's ``run`` in its own
+process); this module only reads what they wrote. Never imports torch.
 """
 
 from __future__ import annotations
@@ -19,15 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from bench_lib.analysis.stats import paired_ratio_interval
+from bench_lib.analysis.stats import (
+    POOLING_TEST_LEVEL,
+    pair_rounds_interval,
+    paired_ratio_interval,
+)
 from bench_lib.compare import output
 from bench_lib.compare import verdicts as cmp
 from bench_lib.compare.runs import Launches, Run, load_run
 from bench_lib.results.read import number
 
 METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
-METHOD_TURNS = ("paired t over rounds of each round's median log ratio of its step pairs "
-                "(base and head at once, taking turns step by step on the same devices)")
+METHOD_TURNS = ("signed rank over the step pairs of every round (base and head at once, "
+                "taking turns step by step on the same devices)")
+METHOD_TURNS_ROUNDS = ("paired t over rounds of each round's median log ratio of its step pairs "
+                       "(base and head taking turns; the rounds differed)")
 METHOD_CONTROLLED = ("paired t over rounds of steps over the speed probe timed before each, "
                      "to the power the gate's steps follow the probe (base and head in the "
                      "same job)")
@@ -115,19 +124,39 @@ def took_turns(base: Run, head: Run) -> bool:
     return base.env.get("turns") == "base" and head.env.get("turns") == "head"
 
 
-def pair_figures(base: Run, head: Run, case_id: str) -> dict[int, float]:
-    """Per round, head over base as the exponential of the median over the round's step
-    pairs of their log ratio: the k-th timed step of the head's launch with the k-th of the
-    base's (as many pairs as the shorter launch has steps). Taken in turns, the two steps of
-    a pair met the machine in the same second, so its speed cancels in each ratio; the
-    median keeps a step that a neighbour hit on one side only from moving the round."""
+def pair_logs(base: Run, head: Run, case_id: str) -> dict[int, np.ndarray]:
+    """Per round, the log ratio of each pair of steps: the k-th timed step of the head's
+    launch over the k-th of the base's (as many pairs as the shorter launch has steps).
+    Taken in turns after the same warm-up, the two steps of a pair ran one right after the
+    other on the same devices (``bench_lib.turns``): the machine's speed of that second
+    cancels in each ratio."""
     hb, bb = head.launches[case_id], base.launches[case_id]
     out = {}
     for r in hb:
         if r in bb:
             n = min(hb[r].size, bb[r].size)
-            out[r] = float(np.exp(np.median(np.log(hb[r][:n]) - np.log(bb[r][:n]))))
+            out[r] = np.log(hb[r][:n]) - np.log(bb[r][:n])
     return out
+
+
+def pair_figures(base: Run, head: Run, case_id: str) -> dict[int, float]:
+    """Per round, head over base as the exponential of the median of its pairs' log ratios
+    (``pair_logs``): the median keeps a step that a neighbour hit on one side only from
+    moving the round. What a speedup's rounds are paired by where the sides took turns."""
+    return {r: float(np.exp(np.median(logs)))
+            for r, logs in pair_logs(base, head, case_id).items()}
+
+
+def turns_change(base: Run, head: Run, case_id: str) -> cmp.Change:
+    """The step-time change head over base of a case whose sides took turns: every round's
+    step pairs pooled, the Hodges-Lehmann estimate and its signed-rank interval; the t over
+    rounds of their medians where the rounds differ (``pair_rounds_interval``). ``n_base``:
+    the rounds."""
+    logs = pair_logs(base, head, case_id)
+    ratio = pair_rounds_interval(list(logs.values()))
+    method = METHOD_TURNS if ratio.method.startswith("signed rank") else METHOD_TURNS_ROUNDS
+    return cmp.Change("step_time", ratio.point - 1, ratio.low - 1, ratio.high - 1, method,
+                      len(logs), len(logs))
 
 
 def probe_coefficient(base: Run, head: Run) -> float:
@@ -186,8 +215,9 @@ def paired_changes(base: Run, head: Run, case_id: str,
         coefficient = probe_coefficient(base, head)
     hb, bb, method = figures(base, head, case_id, coefficient)
     rounds = [r for r in hb if r in bb]
-    out = {"step_time": paired_change("step_time", [hb[r] for r in rounds],
-                                      [bb[r] for r in rounds], method)}
+    out = {"step_time": turns_change(base, head, case_id) if method == METHOD_TURNS else
+           paired_change("step_time", [hb[r] for r in rounds], [bb[r] for r in rounds],
+                         method)}
     single = head.single_of(case_id)
     if single and single != case_id and single == base.single_of(case_id):
         hs, bs, single_method = figures(base, head, single, coefficient)
@@ -196,9 +226,11 @@ def paired_changes(base: Run, head: Run, case_id: str,
             hs, bs, method = head.launch_medians(single), base.launch_medians(single), \
                 METHOD_PAIRED
         both = [r for r in rounds if r in hs and r in bs]
-        if both:
+        if both:  # taking turns: the t over rounds of the rounds' median pairs
             out["speedup"] = paired_change("speedup", [hb[r] / hs[r] for r in both],
-                                           [bb[r] / bs[r] for r in both], method)
+                                           [bb[r] / bs[r] for r in both],
+                                           METHOD_TURNS_ROUNDS if method == METHOD_TURNS
+                                           else method)
     return out
 
 
@@ -266,11 +298,22 @@ def method_line(results: list[cmp.CaseResult], rounds: int,
         return "no intervals: no case ran ok on both sides"
     methods = {ch.method for r in results for ch in r.changes.values()}
     power = "" if coefficient is None else f"^{coefficient:.2f}"
-    if METHOD_TURNS in methods:
-        return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of "
-                f"{rounds} rounds of head over base, each round the median over its step "
-                "pairs (base and head at once, taking turns step by step on the same "
-                "devices: each pair met the machine in the same second)")
+    if methods & {METHOD_TURNS, METHOD_TURNS_ROUNDS}:
+        step = {r.case_id: ch.method for r in results if (ch := r.changes.get("step_time"))}
+        apart = [cid for cid, method in step.items() if method == METHOD_TURNS_ROUNDS]
+        parts = []
+        if METHOD_TURNS in step.values():
+            parts.append("step times, the Hodges-Lehmann estimate over every round's pairs "
+                         "and its signed-rank interval")
+        if apart:
+            parts.append(f"the step times of {', '.join(apart)}, whose rounds differed "
+                         f"(Kruskal-Wallis p < {POOLING_TEST_LEVEL:g}), the t over the "
+                         f"rounds of each round's median pair")
+        if any("speedup" in r.changes for r in results):
+            parts.append(f"speedups, the t over {rounds} rounds of each round's median pair")
+        return (f"{cmp.CONFIDENCE:.0%} intervals of head over base from step pairs (base and "
+                "head at once, taking turns step by step on the same devices: each pair met "
+                "the machine in the same second): " + "; ".join(parts))
     return (f"{cmp.CONFIDENCE:.0%} intervals: t over {', '.join(map(str, ns))} of {rounds} "
             "rounds of head over base, paired by round"
             + (f"; one process's cases as each step over the speed probe before it{power} "

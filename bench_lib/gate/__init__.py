@@ -30,12 +30,16 @@ here and now instead:
   ``rounds``): each pair of steps meets the machine in the same second. Otherwise base then
   head in even rounds and head then base in odd ones (B H | H B | B H | ...: ABBA), so that
   a linear drift, and a co-runner that lasts about a round, hit both sides alike.
-* **The verdict.** Per case and round r, head over base: taking turns, the median over the
-  round's step pairs of their log ratio (the k-th timed step of each side: a step's time
-  its slowest rank's); apart, head_r / base_r of the two launch medians (over the speed
-  probe where both timed it). The change is their geometric mean over the rounds less 1 (+
-  is slower), its interval the t interval over rounds (``paired_ratio_interval``: R - 1
-  degrees of freedom). What a round shares, the machine's state, cancels in each ratio;
+* **The verdict.** Taking turns, per case: the log ratio head over base of each pair of
+  steps (the k-th timed step of each side, after the same fixed warm-up, so that the two
+  ran one right after the other; a step's time its slowest rank's), every round's pairs
+  pooled: the change is their Hodges-Lehmann estimate less 1 (+ is slower), its interval
+  the signed-rank interval (``analysis.stats.pair_rounds_interval``); where a
+  Kruskal-Wallis test tells the rounds apart (p < 0.25), the rounds are the units as
+  apart. Apart, per round r, head_r / base_r of the two launch medians (over the speed
+  probe where both timed it): the change is their geometric mean over the rounds less 1,
+  its interval the t interval over rounds (``paired_ratio_interval``: R - 1 degrees of
+  freedom). What a round shares, the machine's state, cancels in each ratio;
   what remains is launch-to-launch and step-to-step noise. The
   rule is ``compare``'s: a regression only beyond ``--threshold-pct`` AND with the interval
   wholly above 0 (improvement likewise), the exit codes 0, 1 (a regression, or a case
@@ -43,11 +47,12 @@ here and now instead:
   time (``--metric step_time``); in the same job, pairing does what the ``speedup``
   metric does for runs made apart. ``--metric speedup`` (or ``auto``: speedup for all
   but ``single``) judges each case on its time over its round's ``single``, paired the same.
-* **Threshold.** 5% by default (``compare``'s is 10%). On a 2-core AMD EPYC VM a round's
-  paired ratio spread 2.5-10% (sd of its log, a median 4.5%, in 6 gates of 4 rounds): the
-  machine's speed moves that much from one 35-s run to the next, every case of a run alike
-  (CPU time moves with it: it is not stolen time). That, not a launch's steps, sets the
-  interval; ``benchmarks/same_job_gate.py`` measures the false-alarm and detection rates.
+* **Threshold.** 3% by default (``compare``'s is 10%). Taking turns on 2 Intel Xeon
+  cores, a pair's log ratio spread 4-6% (robust SD) and the deciding intervals' median
+  half-width was 2.6% (24 intervals of 6 gates re-judged on 5 rounds of 6 pairs): a case's
+  change of 3% lies beyond its interval's reach about as often as not, and an unchanged
+  one rarely. ``benchmarks/same_job_gate.py`` measures the false-alarm and detection
+  rates (docs/ci-gate.md).
 * **Output.** ``--out`` (default ``results/gates``) receives a gate folder: each round's
   run folders (``base/round-1/<run>``, ...), ``gate.json`` (sides, order, per-case
   verdicts, durations) and ``gate.md`` (the pull-request comment); ``--markdown`` and

@@ -203,10 +203,7 @@ def run_rank(spec: CaseSpec, place: RankPlace, workdir: Path,
             group_device=devices[0] if case.process_group else None,
             after_warmup=memory.reset,
             warmup_steps=m.warmup_steps if spec.warmup_steps is None else spec.warmup_steps,
-            # Taking turns, both sides run the same fixed warm-up, so that each side's k-th
-            # timed step meets the other's k-th in the same turns (bench_lib.turns); a rule
-            # that judged each side's own warm-up noise would part them by steps.
-            warmup_rule=spec.warmup_steps is None and taking_turns is None,
+            warmup_rule=spec.warmup_steps is None,
             probe=speed_probe.make_probe() if rig.kind == "cpu" else None,
             turns=taking_turns,
         )

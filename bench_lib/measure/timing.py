@@ -7,8 +7,10 @@ rule, the collective stop, and the slowest rank per step.
    multi-process case every rank judges the slowest rank's warm-up times and the decision
    is reduced, so all ranks run the same warm-up. A case's later launches run the first
    launch's warm-up as a fixed count, less the two steps that showed it was over
-   (``protocol.reused_warmup``). Then ``after_warmup`` runs (the worker resets the
-   peak-memory counters there, so peaks cover the timed steps only).
+   (``protocol.reused_warmup``); a gate's sides taking turns run ``warmup_steps`` exactly
+   (``measure_steps``), so that their timed steps pair in time. Then ``after_warmup``
+   runs (the worker resets the peak-memory counters there, so peaks cover the timed steps
+   only).
 2. Multi-process strategies start the timed window together (a process-group barrier).
 3. Every timed step is bracketed by ``rig.synchronize`` of every device the step touches,
    so a step's time is the wall time until its last kernel finished. The process's CPU
@@ -318,8 +320,8 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     collectives run on; the ranks then start together and stop after the same step.
     ``after_warmup``: called between the warm-up and the timed steps (``time_steps``).
     ``probe``: the machine's speed control, timed before each timed step (``time_steps``).
-    ``turns``: steps taken in turns with the gate's other side (``time_steps``); the
-    caller closes it.
+    ``turns``: steps taken in turns with the gate's other side (``time_steps``), after
+    exactly ``warmup_steps`` warm-up steps (no ``WarmupRule``); the caller closes it.
     """
     rule = AdaptiveStop(interval_target_pct / 100, max_time_s, min_time_s=min_time_s,
                         max_steps=timed_steps)
@@ -327,7 +329,11 @@ def measure_steps(step: Callable[[], None], devices: Iterable[torch.device], *,
     # the launch (every step takes time), so the loop itself needs no cap.
     loop_steps = sys.maxsize if min_time_s > 0 else timed_steps
     stop: StopRule = rule
-    warmed: StopRule | None = WarmupRule(warmup_steps) if warmup_rule else None
+    # Taking turns, both sides run the same fixed warm-up, so that each side's k-th timed
+    # step meets the other's k-th in the same turns; a rule that judged each side's own
+    # noisy warm-up would end them at different counts and part the pairs by steps.
+    warmed: StopRule | None = (WarmupRule(warmup_steps) if warmup_rule and turns is None
+                               else None)
     barrier: Callable[[], object] | None = None
     if group_device is not None:
         import torch.distributed as dist
