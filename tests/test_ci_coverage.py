@@ -405,6 +405,16 @@ def test_signed_rank_depths_are_the_tables():
     assert signed_rank_depth(5) is None
 
 
+def test_pair_rounds_interval_takes_the_rounds_below_six_pairs_and_says_why():
+    few = pair_rounds_interval([[0.01, 0.03], [0.0, 0.02]])
+    assert few.method == "t over 2 rounds" and few.n == 2
+    assert few.note == "4 pairs: too few for a 95% signed-rank interval: the rounds are the units"
+    assert few.point == pytest.approx(math.exp(0.015))
+    same = pair_rounds_interval([[0.02] * 3, [0.02] * 3])  # nothing to tell apart: pooled
+    assert same.method == "signed rank over 6 pairs of 2 rounds"
+    assert same.low == same.high == pytest.approx(math.exp(0.02))
+
+
 @pytest.mark.parametrize("noise,round_sd", [("normal", 0.0), ("t3", 0.0), ("hits", 0.0),
                                             ("normal", 0.5), ("normal", 1.0),
                                             ("normal", 3.0)])

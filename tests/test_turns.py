@@ -310,4 +310,5 @@ def test_the_method_line_says_which_cases_pooled_their_pairs_and_which_took_roun
     mixed = paired.method_line([result("single_a", paired.METHOD_TURNS),
                                 result("ddp_a", paired.METHOD_TURNS_ROUNDS, speedup=True)], 5)
     assert "the step times of ddp_a, whose rounds differed (Kruskal-Wallis p < 0.25)" in mixed
+    assert "or whose pairs were under 6" in mixed
     assert "speedups, the t over 5 rounds of each round's median pair" in mixed

@@ -336,9 +336,10 @@ def pair_rounds_interval(rounds: Sequence[Sequence[float] | np.ndarray],
     """A ratio from paired log ratios grouped by round (the gate's sides taking turns: per
     round, log(head step k / base step k)): exp of their Hodges-Lehmann centre with its
     signed-rank interval, every round's pairs pooled (``n``: the pairs), where the rounds
-    cannot be told apart (Kruskal-Wallis p >= ``POOLING_TEST_LEVEL``); else the rounds are
-    the units: the t interval over the rounds' median log ratios (``n``: the rounds), as
-    wide as what differs from one round to the next demands. Each pair's two steps met the
+    cannot be told apart (Kruskal-Wallis p >= ``POOLING_TEST_LEVEL``); else, and below 6
+    pairs, the rounds are the units: the t interval over the rounds' median log ratios
+    (``n``: the rounds; the note says why), as wide as what differs from one round to the
+    next demands. Each pair's two steps met the
     machine in the same second, so the pairs of one round are independent as far as the
     machine goes; what could tie them is their round's launches (a process's placement,
     its allocator): the test looks for it."""
@@ -347,17 +348,14 @@ def pair_rounds_interval(rounds: Sequence[Sequence[float] | np.ndarray],
         raise ValueError("no pairs")
     pooled = np.concatenate(groups)
     p_rounds = _rounds_differ(groups)
-    if p_rounds < POOLING_TEST_LEVEL:
+    hl = hodges_lehmann_interval(pooled, confidence)
+    if p_rounds < POOLING_TEST_LEVEL or hl is None:
         medians = [math.exp(float(np.median(g))) for g in groups]
         interval = launch_interval(medians, "rounds", confidence)
-        return replace(interval, note=f"the rounds differ (Kruskal-Wallis p = {p_rounds:.2f}): "
-                                      "the rounds are the units")
-    hl = hodges_lehmann_interval(pooled, confidence)
-    if hl is None:
-        nan = float("nan")
-        return LaunchInterval(math.exp(float(np.median(pooled))), nan, nan, int(pooled.size),
-                              "", f"{pooled.size} pairs: too few for a {confidence:.0%} "
-                              "signed-rank interval (needs 6)")
+        why = (f"{pooled.size} pairs: too few for a {confidence:.0%} signed-rank interval"
+               if hl is None else f"the rounds differ (Kruskal-Wallis p = {p_rounds:.2f})")
+        return replace(interval, note=f"{why}: the rounds are the units"
+                       + (f"; {interval.note}" if interval.note else ""))
     point, low, high = hl
     return LaunchInterval(math.exp(point), math.exp(low), math.exp(high), int(pooled.size),
                           f"signed rank over {pooled.size} pairs of {len(groups)} rounds")

@@ -36,7 +36,7 @@ METHOD_PAIRED = "paired t over rounds (base and head in the same job)"
 METHOD_TURNS = ("signed rank over the step pairs of every round (base and head at once, "
                 "taking turns step by step on the same devices)")
 METHOD_TURNS_ROUNDS = ("paired t over rounds of each round's median log ratio of its step pairs "
-                       "(base and head taking turns; the rounds differed)")
+                       "(base and head taking turns; the rounds differed, or too few pairs)")
 METHOD_CONTROLLED = ("paired t over rounds of steps over the speed probe timed before each, "
                      "to the power the gate's steps follow the probe (base and head in the "
                      "same job)")
@@ -150,8 +150,8 @@ def pair_figures(base: Run, head: Run, case_id: str) -> dict[int, float]:
 def turns_change(base: Run, head: Run, case_id: str) -> cmp.Change:
     """The step-time change head over base of a case whose sides took turns: every round's
     step pairs pooled, the Hodges-Lehmann estimate and its signed-rank interval; the t over
-    rounds of their medians where the rounds differ (``pair_rounds_interval``). ``n_base``:
-    the rounds."""
+    rounds of their medians where the rounds differ, or the pairs are too few
+    (``pair_rounds_interval``). ``n_base``: the rounds."""
     logs = pair_logs(base, head, case_id)
     ratio = pair_rounds_interval(list(logs.values()))
     method = METHOD_TURNS if ratio.method.startswith("signed rank") else METHOD_TURNS_ROUNDS
@@ -307,8 +307,8 @@ def method_line(results: list[cmp.CaseResult], rounds: int,
                          "and its signed-rank interval")
         if apart:
             parts.append(f"the step times of {', '.join(apart)}, whose rounds differed "
-                         f"(Kruskal-Wallis p < {POOLING_TEST_LEVEL:g}), the t over the "
-                         f"rounds of each round's median pair")
+                         f"(Kruskal-Wallis p < {POOLING_TEST_LEVEL:g}) or whose pairs were "
+                         "under 6, the t over the rounds of each round's median pair")
         if any("speedup" in r.changes for r in results):
             parts.append(f"speedups, the t over {rounds} rounds of each round's median pair")
         return (f"{cmp.CONFIDENCE:.0%} intervals of head over base from step pairs (base and "
