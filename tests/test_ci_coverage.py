@@ -403,6 +403,12 @@ def test_signed_rank_depths_are_the_tables():
     assert signed_rank_depth(6)[1] == 1 - 2 / 64  # [min, max]
     assert all(signed_rank_depth(n)[1] >= 0.95 for n in range(6, 80))
     assert signed_rank_depth(5) is None
+    # Past 1,024 pairs the counts pass float64's range (a gate of 5 rounds of 206 steps):
+    # the depth is still had, where the normal approximation puts it.
+    n = 1030
+    k, achieved = signed_rank_depth(n)
+    normal = n * (n + 1) / 4 - 1.959964 * math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+    assert abs(k - normal) < 10 and 0.95 <= achieved < 0.9501
 
 
 def test_pair_rounds_interval_takes_the_rounds_below_six_pairs_and_says_why():

@@ -285,6 +285,8 @@ def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[fl
     return launch_interval(ratios, "rounds", confidence)
 
 
+SIGNED_RANK_METHOD = "signed rank"
+"""How ``pair_rounds_interval``'s method starts where it pooled the pairs."""
 POOLING_TEST_LEVEL = 0.25
 """``pair_rounds_interval`` pools the rounds' step pairs unless a Kruskal-Wallis test tells
 their rounds apart at this level: a preliminary test's level, set high so that a round
@@ -301,11 +303,14 @@ def signed_rank_depth(n: int, confidence: float = CI_CONFIDENCE) -> tuple[int, f
     statistic T, counted). None when even [min, max] falls short (n < 6 at 95%)."""
     if n < 1:
         return None
-    counts = np.zeros(n * (n + 1) // 2 + 1)
-    counts[0] = 1.0
-    for i in range(1, n + 1):  # T's distribution: each rank i in or out of the sum
-        counts[i:] = counts[i:] + counts[:-i].copy()
-    below = np.cumsum(counts) / 2.0**n  # P(T <= t)
+    # T's distribution, each rank i in or out of the sum with probability 1/2: kept as
+    # probabilities, not counts, which pass float64's range (2^1024) past 1,000 pairs.
+    prob = np.zeros(n * (n + 1) // 2 + 1)
+    prob[0] = 1.0
+    for i in range(1, n + 1):
+        prob[i:] = (prob[i:] + prob[:-i]) / 2
+        prob[:i] /= 2
+    below = np.cumsum(prob)  # P(T <= t)
     tail = (1 - confidence) / 2
     k = int(np.searchsorted(below, tail, side="right"))  # P(T <= k - 1) <= tail < P(T <= k)
     if k < 1:
@@ -358,7 +363,8 @@ def pair_rounds_interval(rounds: Sequence[Sequence[float] | np.ndarray],
                        + (f"; {interval.note}" if interval.note else ""))
     point, low, high = hl
     return LaunchInterval(math.exp(point), math.exp(low), math.exp(high), int(pooled.size),
-                          f"signed rank over {pooled.size} pairs of {len(groups)} rounds")
+                          f"{SIGNED_RANK_METHOD} over {pooled.size} pairs of {len(groups)} "
+                          "rounds")
 
 
 def _rounds_differ(groups: Sequence[np.ndarray]) -> float:

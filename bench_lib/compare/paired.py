@@ -24,6 +24,7 @@ import numpy as np
 
 from bench_lib.analysis.stats import (
     POOLING_TEST_LEVEL,
+    SIGNED_RANK_METHOD,
     pair_rounds_interval,
     paired_ratio_interval,
 )
@@ -154,7 +155,8 @@ def turns_change(base: Run, head: Run, case_id: str) -> cmp.Change:
     (``pair_rounds_interval``). ``n_base``: the rounds."""
     logs = pair_logs(base, head, case_id)
     ratio = pair_rounds_interval(list(logs.values()))
-    method = METHOD_TURNS if ratio.method.startswith("signed rank") else METHOD_TURNS_ROUNDS
+    method = (METHOD_TURNS if ratio.method.startswith(SIGNED_RANK_METHOD)
+              else METHOD_TURNS_ROUNDS)
     return cmp.Change("step_time", ratio.point - 1, ratio.low - 1, ratio.high - 1, method,
                       len(logs), len(logs))
 
