@@ -47,11 +47,11 @@ here and now instead:
   time (``--metric step_time``); in the same job, pairing does what the ``speedup``
   metric does for runs made apart. ``--metric speedup`` (or ``auto``: speedup for all
   but ``single``) judges each case on its time over its round's ``single``, paired the same.
-* **Threshold.** 3% by default (``compare``'s is 10%). Taking turns on 2 Intel Xeon
+* **Threshold.** 2.5% by default (``compare``'s is 10%). Taking turns on 2 Intel Xeon
   cores, a pair's log ratio spread 3-7% (robust SD) and the deciding intervals' median
-  half-width was 2.5% (40 intervals of 10 gates at 5 rounds of 6 pairs): a case slowed by
-  3% reads over the threshold about half the time, an unchanged one rarely with its
-  interval above 0. ``benchmarks/same_job_gate.py`` measures the false-alarm and detection
+  half-width was 2.3-2.6% (5 rounds of 6 pairs); over 24 gates the A/A cases' estimates
+  spread 0.97% (SD): an unchanged case reads over 2.5% about 0.5% of the time, a case
+  slowed by 3% more often than not. ``benchmarks/same_job_gate.py`` measures the false-alarm and detection
   rates (docs/ci-gate.md).
 * **Output.** ``--out`` (default ``results/gates``) receives a gate folder: each round's
   run folders (``base/round-1/<run>``, ...), ``gate.json`` (sides, order, per-case
