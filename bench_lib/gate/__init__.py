@@ -51,8 +51,8 @@ here and now instead:
   cores, a pair's log ratio spread 3-7% (robust SD) and the deciding intervals' median
   half-width was 2.3-2.6% (5 rounds of 6 pairs); over 24 gates the A/A cases' estimates
   spread 0.97% (SD): an unchanged case reads over 2.5% about 0.5% of the time, a case
-  slowed by 3% more often than not. ``benchmarks/same_job_gate.py`` measures the false-alarm and detection
-  rates (docs/ci-gate.md).
+  slowed by 3% more often than not. ``benchmarks/same_job_gate.py`` measures the
+  false-alarm and detection rates (docs/ci-gate.md).
 * **Output.** ``--out`` (default ``results/gates``) receives a gate folder: each round's
   run folders (``base/round-1/<run>``, ...), ``gate.json`` (sides, order, per-case
   verdicts, durations) and ``gate.md`` (the pull-request comment); ``--markdown`` and
