@@ -17,10 +17,12 @@ DEFAULT_STEPS = ("--warmup-steps", "2", "--timed-steps", "6")
 """Each launch's steps unless the run flags say otherwise. Taking turns, the pairs of every
 round are pooled, so each timed step counts; the rounds guard against what a round's
 launches share, and each costs its start and its warm-up (about 30 s of a 65-s round on 2
-cores): 5 rounds of 6 pairs keep a ``ci`` gate near 6 minutes."""
+cores): 5 rounds of 6 pairs keep a ``ci`` gate near 6 minutes (302-430 s over ten gates).
+Ten or eleven steps a launch would reach intervals of about 2%, at about 30 s a gate for
+each pair more (docs/ci-gate.md, "What 2% costs")."""
 MIN_ROUNDS = 2
 DEFAULT_THRESHOLD_PCT = 2.5
-"""Over 24 gates of the defaults re-judged at 5 rounds of 6 pairs (2 Intel Xeon cores,
+"""Over 24 gates re-judged at the default 5 rounds of 6 pairs (2 Intel Xeon cores,
 docs/ci-gate.md): the 48 A/A cases' estimates spread 0.97% (SD), so an unchanged case reads
 over 2.5% about 0.5% of the time (about 2% a gate of four; at 2%, about 7.5%); 12 of 12
 A/A gates passed and 11 of 12 with a planted 3% failed (at 3%: 9 of 12)."""
